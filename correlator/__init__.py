@@ -1,0 +1,1 @@
+"""The correlator: subscribes to every source, aligns, decides, and writes the store."""

@@ -1,0 +1,5 @@
+"""Entry point for `python -m gpuwhy`."""
+
+from gpuwhy.cli import cli
+
+cli()

@@ -1,0 +1,251 @@
+"""The `gpuwhy` command line: one group, one subcommand per part, mirroring the library."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+
+from gpuwhy import __version__
+from gpuwhy.clock import NS_PER_SECOND, now_ns
+from gpuwhy.config import SETTINGS, Config, load_config
+from gpuwhy.errors import GpuwhyError
+
+STALE_AFTER_S = 10
+
+
+class _Context:
+    """What the group passes to subcommands: the config, loaded on first use."""
+
+    def __init__(self, config_path: str | None):
+        self.config_path = config_path
+        self._config: Config | None = None
+
+    def config(self, **overrides: object) -> Config:
+        try:
+            if self._config is None:
+                self._config = load_config(self.config_path)
+            changes = {k: v for k, v in overrides.items() if v is not None}
+            return self._config.replace(changes) if changes else self._config
+        except GpuwhyError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s gpuwhy[%(process)d] %(name)s %(levelname)s: "
+                               "%(message)s")
+
+
+def _stop_on_signals(stop: threading.Event | None = None,
+                     callback: object = None) -> threading.Event:
+    stop = stop or threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        logging.getLogger("gpuwhy").info("%s received: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+@click.group(epilog="""\b
+Examples:
+  gpuwhy up                      # everything, web view at http://127.0.0.1:8000
+  gpuwhy status --json           # health of every part and source
+  gpuwhy settings                # every setting, its default and environment variable
+  GPUWHY_DEVICE_GLOB='/tmp/fake/nvidia*' gpuwhy up --port 8001
+""")
+@click.version_option(__version__, prog_name="gpuwhy")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="GPUWHY_CONFIG", help="TOML config file (default: $GPUWHY_CONFIG).")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
+    """gpuwhy: why is this GPU not busy, and what broke it?
+
+    Watches every process on an NVIDIA GPU host without touching it (eBPF), correlates
+    what it sees, keeps it in SQLite and shows it in a web view.
+    """
+    ctx.obj = _Context(config_path)
+
+
+def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int | None,
+                 pidfile: str | None) -> None:
+    from gpuwhy.service import Service
+
+    config = ctx.config(**{"web.host": host, "web.port": port})
+    _setup_logging(config["log.level"])
+    stop = _stop_on_signals()
+    try:
+        service = Service(config, with_probes=with_probes, config_path=ctx.config_path)
+    except GpuwhyError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {config['web.host']}:"
+                                   f"{config['web.port']}: {exc.strerror}") from None
+    service.stop_event = stop
+    if pidfile:
+        Path(pidfile).write_text(f"{os.getpid()}\n")
+    try:
+        service.start()
+        service.wait()
+    finally:
+        service.stop()
+        if pidfile:
+            Path(pidfile).unlink(missing_ok=True)
+        logging.getLogger("gpuwhy").info("stopped cleanly")
+
+
+@cli.command()
+@click.option("--host", help="Address of the web view (loopback only) [web.host].")
+@click.option("--port", type=int, help="Port of the web view [web.port].")
+@click.option("--pidfile", type=click.Path(dir_okay=False), help="Write our pid here.")
+@click.pass_obj
+def up(ctx: _Context, host: str | None, port: int | None, pidfile: str | None) -> None:
+    """Run everything: probes, bus, correlator, store and web view.
+
+    \b
+    Examples:
+      sudo gpuwhy up
+      sudo gpuwhy up --port 8001 --config /etc/gpuwhy/config.toml
+    SIGTERM or SIGINT stops every part cleanly.
+    """
+    _run_service(ctx, True, host, port, pidfile)
+
+
+@cli.command()
+@click.option("--host", help="Address of the web view (loopback only) [web.host].")
+@click.option("--port", type=int, help="Port of the web view [web.port].")
+@click.pass_obj
+def serve(ctx: _Context, host: str | None, port: int | None) -> None:
+    """Run the unprivileged parts only: correlator, store and web view.
+
+    \b
+    Example (the probes run elsewhere, e.g. as their own systemd unit):
+      gpuwhy serve --port 8000
+    """
+    _run_service(ctx, False, host, port, None)
+
+
+@cli.command()
+@click.option("--ebpf", is_flag=True, help="Print the BPF C programs and exit.")
+@click.pass_obj
+def probes(ctx: _Context, ebpf: bool) -> None:
+    """Run the privileged eBPF probes and publish on the bus (needs root).
+
+    \b
+    Examples:
+      sudo gpuwhy probes
+      gpuwhy probes --ebpf | less
+    """
+    from gpuwhy.probes import fdtrack
+
+    if ebpf:
+        click.echo(fdtrack.ebpf_text())
+        return
+    from gpuwhy.probes.service import run_probes
+
+    config = ctx.config()
+    _setup_logging(config["log.level"])
+    stop = _stop_on_signals()
+    try:
+        run_probes(config, stop)
+    except GpuwhyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _web_health(config: Config) -> tuple[str, str]:
+    url = f"http://{config['web.host']}:{config['web.port']}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            json.load(response)
+            return "ok", url
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return "down", f"{url}: {getattr(exc, 'reason', exc)}"
+
+
+def collect_status(config: Config) -> dict:
+    """Health of the web view, the store and every source, as one dict."""
+    from gpuwhy.store import open_store
+    from gpuwhy.store.queries import source_health
+
+    web_state, web_detail = _web_health(config)
+    parts = [{"part": "web", "state": web_state, "detail": web_detail, "age_s": None,
+              "counters": {}}]
+    try:
+        db = open_store(config["store.path"], readonly=True)
+        try:
+            rows = source_health(db)
+        finally:
+            db.close()
+    except Exception as exc:  # noqa: BLE001 - any store failure is a status to report
+        rows = []
+        parts.append({"part": "store", "state": "down", "detail": str(exc), "age_s": None,
+                      "counters": {}})
+    now = now_ns()
+    for row in rows:
+        age = (now - row["last_seen"]) / NS_PER_SECOND
+        state = row["state"]
+        if age > STALE_AFTER_S and row["source"] != "gpu":
+            state = "stale"
+        parts.append({"part": row["source"], "state": state, "detail": row["detail"],
+                      "age_s": round(age, 1), "counters": row["counters"]})
+    required = {"web", "correlator"}
+    healthy = all(p["state"] == "ok" for p in parts if p["part"] in required) and \
+        required <= {p["part"] for p in parts}
+    return {"healthy": healthy, "store": config["store.path"], "parts": parts}
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--quiet", is_flag=True, help="Print nothing; exit 0 when healthy.")
+@click.pass_obj
+def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
+    """Health of every part and source; exit status 1 when the service is not healthy.
+
+    \b
+    Examples:
+      gpuwhy status
+      gpuwhy status --json | jq '.parts[] | select(.state != "ok")'
+    """
+    report = collect_status(ctx.config())
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    elif not quiet:
+        click.echo(f"gpuwhy {'healthy' if report['healthy'] else 'NOT healthy'} "
+                   f"(store {report['store']})")
+        for part in report["parts"]:
+            age = "" if part["age_s"] is None else f"{part['age_s']:>6.1f}s ago"
+            counters = " ".join(f"{k}={v}" for k, v in sorted(part["counters"].items()) if v)
+            detail = "  ".join(x for x in (part["detail"], counters) if x)
+            click.echo(f"  {part['part']:<11} {part['state']:<9} {age:>11}  {detail}")
+    sys.exit(0 if report["healthy"] else 1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def settings(ctx: _Context, as_json: bool) -> None:
+    """Every setting: name, value in effect, default, environment variable, meaning.
+
+    \b
+    Example:
+      gpuwhy --config /etc/gpuwhy/config.toml settings
+    """
+    config = ctx.config()
+    rows = [{"name": s.name, "value": config[s.name], "default": s.default, "env": s.env,
+             "help": s.help} for s in SETTINGS]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<26} {row['value']!r:<30} ${row['env']}\n    {row['help']}")

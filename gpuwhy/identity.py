@@ -1,0 +1,77 @@
+"""Identity of processes (pid + start time), GPUs (UUID, PCI, index) and NVIDIA device files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+
+@dataclass(frozen=True, order=True)
+class ProcessKey:
+    """A process: its pid plus its start time in clock ticks since boot (/proc/PID/stat
+    field 22). Pids are reused; the pair is not."""
+
+    pid: int
+    start_time: int
+
+    def __str__(self) -> str:
+        return f"{self.pid}-{self.start_time}"
+
+    @classmethod
+    def parse(cls, text: str) -> ProcessKey:
+        """``"1234-5678"`` -> ``ProcessKey(1234, 5678)``; raises ValueError otherwise."""
+        pid, sep, start = text.partition("-")
+        if not sep or not pid.isdigit() or not start.isdigit():
+            raise ValueError(f"not a process key (PID-STARTTIME): {text!r}")
+        return cls(int(pid), int(start))
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """Everything one GPU is called by. ``id`` prefers the UUID, then the PCI bus id,
+    then the index (the kernel log knows PCI, device files the minor, NVML/DCGM index+UUID)."""
+
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    index: int | None = None
+    minor: int | None = None
+
+    @property
+    def id(self) -> str:
+        if self.uuid:
+            return self.uuid
+        if self.pci_bus_id:
+            return self.pci_bus_id
+        if self.index is not None:
+            return f"index:{self.index}"
+        if self.minor is not None:
+            return f"minor:{self.minor}"
+        raise ValueError("a GPU identity needs at least one of uuid, pci_bus_id, index, minor")
+
+
+DEVICE_KINDS = ("nvidiactl", "nvidiaN", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset",
+                "nvidia-caps", "other")
+_GPU_NODE = re.compile(r"nvidia(\d+)\Z")
+
+
+def classify_device(path: str) -> tuple[str, int | None]:
+    """Device kind of an NVIDIA device path and, for ``/dev/nvidiaN``, its minor N.
+
+    Works on the basename so that tests can use look-alike files anywhere:
+
+    >>> classify_device("/dev/nvidia3")
+    ('nvidiaN', 3)
+    >>> classify_device("/dev/nvidia-caps/nvidia-cap1")
+    ('nvidia-caps', None)
+    """
+    p = PurePosixPath(path)
+    name = p.name
+    if name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+        return name, None
+    if p.parent.name.startswith("nvidia-caps"):
+        return "nvidia-caps", None
+    match = _GPU_NODE.search(name)
+    if match:
+        return "nvidiaN", int(match.group(1))
+    return "other", None

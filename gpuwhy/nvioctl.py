@@ -1,0 +1,78 @@
+"""NVIDIA driver ioctl command numbers and their names (x86-64), from the driver's own headers.
+
+Frontend escapes on /dev/nvidiactl and /dev/nvidiaN are ``_IOWR('F', nr, size)``; only
+``nr`` and ``size`` matter to the driver, and some sizes changed between driver versions,
+so names are looked up by ``nr``. UVM commands on /dev/nvidia-uvm are bare numbers with
+no ``_IOC`` encoding: they can only be told apart by the device they are sent on.
+"""
+
+from __future__ import annotations
+
+NV_IOCTL_MAGIC = 0x46  # 'F'
+
+ESCAPES: dict[int, str] = {
+    0x27: "NV_ESC_RM_ALLOC_MEMORY", 0x28: "NV_ESC_RM_ALLOC_OBJECT", 0x29: "NV_ESC_RM_FREE",
+    0x2A: "NV_ESC_RM_CONTROL", 0x2B: "NV_ESC_RM_ALLOC", 0x34: "NV_ESC_RM_DUP_OBJECT",
+    0x35: "NV_ESC_RM_SHARE", 0x39: "NV_ESC_RM_I2C_ACCESS", 0x41: "NV_ESC_RM_IDLE_CHANNELS",
+    0x4A: "NV_ESC_RM_VID_HEAP_CONTROL", 0x4D: "NV_ESC_RM_ACCESS_REGISTRY",
+    0x4E: "NV_ESC_RM_MAP_MEMORY", 0x4F: "NV_ESC_RM_UNMAP_MEMORY",
+    0x52: "NV_ESC_RM_GET_EVENT_DATA", 0x54: "NV_ESC_RM_ALLOC_CONTEXT_DMA2",
+    0x57: "NV_ESC_RM_MAP_MEMORY_DMA", 0x58: "NV_ESC_RM_UNMAP_MEMORY_DMA",
+    0x59: "NV_ESC_RM_BIND_CONTEXT_DMA", 0x5E: "NV_ESC_RM_UPDATE_DEVICE_MAPPING_INFO",
+    0x5F: "NV_ESC_RM_LOCKLESS_DIAGNOSTIC", 0xC8: "NV_ESC_CARD_INFO",
+    0xC9: "NV_ESC_REGISTER_FD", 0xCE: "NV_ESC_ALLOC_OS_EVENT", 0xCF: "NV_ESC_FREE_OS_EVENT",
+    0xD1: "NV_ESC_STATUS_CODE", 0xD2: "NV_ESC_CHECK_VERSION_STR",
+    0xD3: "NV_ESC_IOCTL_XFER_CMD", 0xD4: "NV_ESC_ATTACH_GPUS_TO_FD",
+    0xD5: "NV_ESC_QUERY_DEVICE_INTR", 0xD6: "NV_ESC_SYS_PARAMS", 0xD7: "NV_ESC_NUMA_INFO",
+    0xD8: "NV_ESC_SET_NUMA_STATUS", 0xD9: "NV_ESC_EXPORT_TO_DMABUF_FD",
+    0xDA: "NV_ESC_WAIT_OPEN_COMPLETE",
+}
+
+UVM_COMMANDS: dict[int, str] = {
+    0x30000001: "UVM_INITIALIZE", 0x30000002: "UVM_DEINITIALIZE",
+    23: "UVM_CREATE_RANGE_GROUP", 24: "UVM_DESTROY_RANGE_GROUP",
+    25: "UVM_REGISTER_GPU_VASPACE", 26: "UVM_UNREGISTER_GPU_VASPACE",
+    27: "UVM_REGISTER_CHANNEL", 28: "UVM_UNREGISTER_CHANNEL", 29: "UVM_ENABLE_PEER_ACCESS",
+    30: "UVM_DISABLE_PEER_ACCESS", 31: "UVM_SET_RANGE_GROUP",
+    33: "UVM_MAP_EXTERNAL_ALLOCATION", 34: "UVM_FREE", 35: "UVM_MEM_MAP",
+    37: "UVM_REGISTER_GPU", 38: "UVM_UNREGISTER_GPU", 39: "UVM_PAGEABLE_MEM_ACCESS",
+    40: "UVM_PREVENT_MIGRATION_RANGE_GROUPS", 41: "UVM_ALLOW_MIGRATION_RANGE_GROUPS",
+    42: "UVM_SET_PREFERRED_LOCATION", 43: "UVM_UNSET_PREFERRED_LOCATION",
+    44: "UVM_ENABLE_READ_DUPLICATION", 45: "UVM_DISABLE_READ_DUPLICATION",
+    46: "UVM_SET_ACCESSED_BY", 47: "UVM_UNSET_ACCESSED_BY", 51: "UVM_MIGRATE",
+    53: "UVM_MIGRATE_RANGE_GROUP", 56: "UVM_TOOLS_INIT_EVENT_TRACKER",
+    57: "UVM_TOOLS_SET_NOTIFICATION_THRESHOLD", 58: "UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS",
+    59: "UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS", 60: "UVM_TOOLS_ENABLE_COUNTERS",
+    61: "UVM_TOOLS_DISABLE_COUNTERS", 62: "UVM_TOOLS_READ_PROCESS_MEMORY",
+    63: "UVM_TOOLS_WRITE_PROCESS_MEMORY", 64: "UVM_TOOLS_GET_PROCESSOR_UUID_TABLE",
+    65: "UVM_MAP_DYNAMIC_PARALLELISM_REGION", 66: "UVM_UNMAP_EXTERNAL",
+    67: "UVM_TOOLS_FLUSH_EVENTS", 68: "UVM_ALLOC_SEMAPHORE_POOL",
+    69: "UVM_CLEAN_UP_ZOMBIE_RESOURCES", 70: "UVM_PAGEABLE_MEM_ACCESS_ON_GPU",
+    71: "UVM_POPULATE_PAGEABLE", 72: "UVM_VALIDATE_VA_RANGE",
+    73: "UVM_CREATE_EXTERNAL_RANGE", 74: "UVM_MAP_EXTERNAL_SPARSE", 75: "UVM_MM_INITIALIZE",
+    76: "UVM_TOOLS_INIT_EVENT_TRACKER_V2", 77: "UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2",
+    78: "UVM_ALLOC_DEVICE_P2P", 79: "UVM_CLEAR_ALL_ACCESS_COUNTERS", 80: "UVM_DISCARD",
+    2047: "UVM_IS_8_SUPPORTED",
+}
+
+UVM_DEVICES = ("nvidia-uvm", "nvidia-uvm-tools")
+
+
+def iowr(nr: int, size: int, magic: int = NV_IOCTL_MAGIC) -> int:
+    """``_IOWR(magic, nr, size)`` as the Linux x86-64 headers define it.
+
+    >>> hex(iowr(0x2A, 32))   # NV_ESC_RM_CONTROL with NVOS54_PARAMETERS
+    '0xc020462a'
+    """
+    return (3 << 30) | ((size & 0x3FFF) << 16) | (magic << 8) | nr
+
+
+def ioctl_name(cmd: int, device: str) -> str:
+    """The driver's name for ``cmd`` sent on ``device`` (a kind from classify_device)."""
+    if device in UVM_DEVICES:
+        return UVM_COMMANDS.get(cmd, f"UVM_{cmd}")
+    if (cmd >> 8) & 0xFF == NV_IOCTL_MAGIC:
+        name = ESCAPES.get(cmd & 0xFF)
+        if name:
+            return name
+    return f"0x{cmd:08x}"

@@ -1,0 +1,136 @@
+"""Run gpuwhy's parts together: correlator and web view in threads, probes as a child process.
+
+The probes need privilege and the rest does not, so they never share a process: `up`
+starts `gpuwhy probes` as a child and runs the unprivileged parts here. Shutdown order
+(SIGTERM or SIGINT): stop the probes (they flush their last counts), let the correlator
+drain the bus and write its last batch, then stop the web server.
+"""
+
+from __future__ import annotations
+
+import glob
+import ipaddress
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from gpuwhy.bus import Subscriber
+from gpuwhy.clock import now_ns
+from gpuwhy.config import Config
+from gpuwhy.correlator.service import Correlator
+from gpuwhy.errors import ConfigError
+from gpuwhy.store import open_store
+from gpuwhy.store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+PROBE_STOP_TIMEOUT = 3.0
+
+
+def check_bind_address(host: str) -> None:
+    """The web view has no authentication yet, so it only binds loopback addresses."""
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(f"refusing to serve the web view on {host!r} without authentication; "
+                          "use 127.0.0.1 (and an SSH tunnel or a reverse proxy with auth)",
+                          key="web.host")
+
+
+def gpu_devices_present(pattern: str = "/dev/nvidia[0-9]*") -> bool:
+    return bool(glob.glob(pattern))
+
+
+class Service:
+    """Correlator + web view (+ the probes child when ``with_probes``)."""
+
+    def __init__(self, config: Config, with_probes: bool = True, config_path: str | None = None):
+        check_bind_address(config["web.host"])
+        self.config = config
+        self.with_probes = with_probes
+        self.config_path = config_path
+        self.stop_event = threading.Event()
+        self.db = open_store(config["store.path"])
+        self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
+        self.correlator = Correlator(config, self.db, self.subscriber)
+        from gpuwhy.webui import create_app
+
+        self.web: BaseWSGIServer = make_server(config["web.host"], config["web.port"],
+                                               create_app(config), threaded=True)
+        self.probes: subprocess.Popen | None = None
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config['web.host']}:{self.web.server_port}"
+
+    def start(self) -> None:
+        if not gpu_devices_present():
+            log.warning("!!! no NVIDIA GPU device (/dev/nvidia0...) on this host: gpuwhy runs "
+                        "on, tracing processes; GPU counters stay empty")
+            StoreWriter(self.db).record_health(
+                "gpu", "degraded", "no NVIDIA GPU device on this host", {}, now_ns())
+        for name, target in (("correlator", self._run_correlator),
+                             ("web", self.web.serve_forever)):
+            thread = threading.Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        if self.with_probes:
+            self._start_probes()
+        log.info("gpuwhy is up: web view at %s, bus at %s", self.url, self.subscriber.endpoint)
+
+    def _run_correlator(self) -> None:
+        try:
+            self.correlator.run(self.stop_event)
+        finally:
+            self.subscriber.close()
+            self.db.close()
+
+    def _start_probes(self) -> None:
+        command = [sys.executable, "-m", "gpuwhy"]
+        if self.config_path:
+            command += ["--config", self.config_path]
+        command += ["probes"]
+        env = {**os.environ, "GPUWHY_BUS": self.subscriber.endpoint}
+        self.probes = subprocess.Popen(command, env=env)
+
+    def probes_state(self) -> str:
+        if self.probes is None:
+            return "not started"
+        code = self.probes.poll()
+        return "running" if code is None else f"exited with status {code}"
+
+    def wait(self) -> None:
+        """Block until ``stop_event`` is set (a signal handler sets it)."""
+        reported = False
+        while not self.stop_event.wait(0.5):
+            if self.probes is not None and self.probes.poll() is not None and not reported:
+                log.error("the probes process %s; gpuwhy runs on without it",
+                          self.probes_state())
+                reported = True
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.probes is not None and self.probes.poll() is None:
+            self.probes.terminate()
+            try:
+                self.probes.wait(PROBE_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.probes.kill()
+                self.probes.wait()
+        deadline = time.monotonic() + PROBE_STOP_TIMEOUT
+        for thread in self._threads:
+            if thread.name == "gpuwhy-web":
+                continue
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.web.shutdown()
+        self.web.server_close()

@@ -1,0 +1,1 @@
+"""Event sources: eBPF probes (privileged) and, later, GPU counters, kernel log and cron."""

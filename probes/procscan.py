@@ -1,0 +1,53 @@
+"""Start-up scan of /proc/*/fd for device files opened before gpuwhy started."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpenDevice:
+    """One fd on a device file, as found in /proc/PID/fd."""
+
+    pid: int
+    fd: int
+    path: str
+
+
+def scan_open_devices(device_glob: str, proc_root: str = "/proc") -> Iterator[OpenDevice]:
+    """Every fd of every process whose target matches ``device_glob``.
+
+    Processes and fds can vanish while we look; those are skipped, not errors.
+    """
+    try:
+        pids = [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+    except OSError:
+        return
+    for pid in sorted(pids):
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if fnmatch.fnmatchcase(target, device_glob):
+                yield OpenDevice(pid, int(name), target)
+
+
+def literal_prefix(glob: str) -> str:
+    """The part of a glob before its first wildcard: what the kernel side can compare.
+
+    >>> literal_prefix("/dev/nvidia*")
+    '/dev/nvidia'
+    """
+    for i, char in enumerate(glob):
+        if char in "*?[":
+            return glob[:i]
+    return glob

@@ -1,0 +1,35 @@
+"""SQLite store: open (WAL, migrations applied), write from the correlator, read for the views."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from sqlite_utils import Database
+
+from gpuwhy.errors import StoreError
+from gpuwhy.store.migrations import migrations
+
+
+def open_store(path: str | os.PathLike[str], *, readonly: bool = False) -> Database:
+    """Open the database at ``path``: WAL mode, busy timeout, every migration applied.
+
+    ``readonly`` opens an existing database for the views without migrating it.
+    Raises :class:`StoreError` with the path when it cannot be opened or migrated.
+    """
+    path = Path(path)
+    try:
+        if readonly:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout = 5000")
+            return Database(conn)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = Database(sqlite3.connect(path, check_same_thread=False))
+        db.execute("PRAGMA busy_timeout = 5000")
+        db.enable_wal()
+        db.execute("PRAGMA synchronous = NORMAL")
+        migrations.apply(db)
+        return db
+    except (sqlite3.Error, OSError) as exc:
+        raise StoreError(f"cannot open store {path}: {exc}") from None

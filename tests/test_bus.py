@@ -1,0 +1,91 @@
+import zmq
+
+from gpuwhy.bus import Publisher, Subscriber
+from gpuwhy.events import ProcessExited, SourceHealth
+from gpuwhy.identity import ProcessKey
+
+
+def _connected(pub, sub, timeout=5.0):
+    """Wait for the subscription to reach ``pub`` while keeping ``sub`` polling."""
+    for _ in range(int(timeout / 0.02)):
+        sub.process_commands()
+        if pub.wait_for_subscriber(0.02):
+            return True
+    return False
+
+
+def _pair(tmp_path, hwm=1000):
+    sub = Subscriber(f"ipc://{tmp_path}/sock/bus.sock", hwm=hwm)
+    pub = Publisher(sub.endpoint, src="test", hwm=hwm)
+    assert _connected(pub, sub), "subscription never reached the publisher"
+    return pub, sub
+
+
+def test_publish_and_receive_in_order(tmp_path):
+    pub, sub = _pair(tmp_path)
+    events = [SourceHealth(ts=i, source="s", state="ok") for i in range(50)]
+    for event in events:
+        assert pub.publish(event)
+    received = [sub.receive(timeout=2).event for _ in events]
+    assert received == events
+    assert sub.counters["received"] == 50
+    assert sub.counters["gap_messages"] == 0
+    pub.close(), sub.close()
+
+
+def test_sequence_gaps_and_restarts_are_counted(tmp_path):
+    pub, sub = _pair(tmp_path)
+    pub.publish(SourceHealth(ts=1, source="s", state="ok"))
+    pub.seq += 4   # as if four messages had been dropped on the way
+    pub.publish(SourceHealth(ts=2, source="s", state="ok"))
+    assert sub.receive(timeout=2).seq == 1
+    assert sub.receive(timeout=2).seq == 6
+    assert sub.counters["gap_messages"] == 4
+    pub.seq = 0    # the publisher restarted
+    pub.publish(SourceHealth(ts=3, source="s", state="ok"))
+    assert sub.receive(timeout=2).seq == 1
+    assert sub.counters["publisher_restarts"] == 1
+    pub.close(), sub.close()
+
+
+def test_garbage_is_counted_not_fatal(tmp_path):
+    sub = Subscriber(f"ipc://{tmp_path}/bus.sock")
+    raw = zmq.Context.instance().socket(zmq.PUB)
+    raw.connect(sub.endpoint)
+    good = Publisher(sub.endpoint, src="good")
+    assert _connected(good, sub)
+    for _ in range(100):  # the raw PUB may still be joining: send until one garbage arrives
+        raw.send_multipart([b"proc", b"\x00garbage"])
+        good.publish(ProcessExited(ts=1, process=ProcessKey(1, 2)))
+        envelope = sub.receive(timeout=0.05)
+        if envelope and sub.counters["decode_errors"]:
+            break
+    assert sub.counters["decode_errors"] >= 1
+    assert envelope.event == ProcessExited(ts=1, process=ProcessKey(1, 2))
+    raw.close(0), good.close(), sub.close()
+
+
+def test_resubscription_is_noticed(tmp_path):
+    pub, sub = _pair(tmp_path)
+    assert not pub.poll_subscriptions()
+    endpoint = sub.endpoint
+    sub.close()
+    again = Subscriber(endpoint)
+    seen = False
+    for _ in range(100):
+        again.process_commands()
+        if pub.poll_subscriptions(0.05):
+            seen = True
+            break
+    assert seen, "a restarted subscriber must trigger a re-send of state"
+    pub.close(), again.close()
+
+
+def test_full_queue_drops_are_counted(tmp_path):
+    sub = Subscriber(f"ipc://{tmp_path}/bus.sock", hwm=10)
+    pub = Publisher(sub.endpoint, src="fast", hwm=10)
+    assert _connected(pub, sub)
+    sent = sum(pub.publish(SourceHealth(ts=i, source="s", state="ok")) for i in range(20000))
+    assert pub.dropped > 0
+    assert sent + pub.dropped == 20000
+    pub.close(), sub.close()

@@ -1,0 +1,99 @@
+import sqlite3
+
+import pytest
+
+from gpuwhy.errors import StoreError
+from gpuwhy.events import (
+    DeviceClosed,
+    DeviceOpened,
+    Envelope,
+    IoctlCounts,
+    ProcessExited,
+    ProcessSeen,
+    SourceHealth,
+)
+from gpuwhy.identity import ProcessKey
+from gpuwhy.store import open_store
+from gpuwhy.store.queries import processes_holding_devices, source_health
+from gpuwhy.store.writer import StoreWriter
+
+KEY = ProcessKey(4242, 987654)
+TABLES = {"processes", "gpus", "device_fds", "gpu_bindings", "ioctl_counts", "events",
+          "gpu_samples", "incidents", "source_health"}
+
+
+def _session():
+    return [Envelope("fdtrack", i, e) for i, e in enumerate([
+        ProcessSeen(ts=10, process=KEY, comm="python", cmdline="python train.py"),
+        DeviceOpened(ts=11, process=KEY, fd=3, path="/dev/nvidiactl", device="nvidiactl"),
+        DeviceOpened(ts=12, process=KEY, fd=4, path="/dev/nvidia1", device="nvidiaN", minor=1),
+        IoctlCounts(ts=13, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
+                    counts={str(0xC020462A): 11, str(0xC030462B): 7}),
+        SourceHealth(ts=14, source="fdtrack", state="ok", counters={"records": 2}),
+    ], start=1)]
+
+
+def test_migrations_create_the_schema_in_wal_mode(db):
+    assert TABLES <= set(db.table_names())
+    assert db.journal_mode == "wal"
+
+
+def test_migrations_are_applied_once(tmp_path):
+    open_store(tmp_path / "a.db").close()
+    db = open_store(tmp_path / "a.db")
+    names = [r[0] for r in db.execute("select name from _sqlite_migrations")]
+    assert len(names) == len(set(names)) >= 1
+
+
+def test_session_is_stored_and_queryable(db):
+    StoreWriter(db).write_batch(_session())
+    [row] = processes_holding_devices(db)
+    assert row["key"] == "4242-987654"
+    assert [d["path"] for d in row["devices"]] == ["/dev/nvidiactl", "/dev/nvidia1"]
+    assert row["ioctl_total"] == 18
+    assert {i["name"] for i in row["ioctls"]} == {"NV_ESC_RM_CONTROL", "NV_ESC_RM_ALLOC"}
+    binding = db.execute("select gpu_id, until from gpu_bindings").fetchall()
+    assert binding == [("minor:1", None)]
+    assert source_health(db)[0]["counters"] == {"records": 2}
+
+
+def test_replayed_snapshot_changes_nothing(db):
+    writer = StoreWriter(db)
+    writer.write_batch(_session())
+    before = {t: db[t].count for t in TABLES}
+    writer.write_batch(_session()[:4])   # a resync re-sends process, fds and counts
+    after = {t: db[t].count for t in TABLES}
+    assert after == {**before, "events": before["events"] + 2}  # the log keeps both sends
+    assert processes_holding_devices(db)[0]["ioctl_total"] == 18
+
+
+def test_close_and_exit_end_holdings_and_bindings(db):
+    writer = StoreWriter(db)
+    writer.write_batch(_session())
+    writer.write_batch([Envelope("fdtrack", 9, DeviceClosed(ts=20, process=KEY, fd=3,
+                                                            path="/dev/nvidiactl")),
+                        Envelope("fdtrack", 10, ProcessExited(ts=21, process=KEY))])
+    assert processes_holding_devices(db) == []
+    [row] = processes_holding_devices(db, include_exited=True)
+    assert row["exited_at"] == 21
+    assert db.execute("select until from gpu_bindings").fetchone()[0] == 21
+
+
+def test_a_failing_batch_leaves_nothing_half_written(db):
+    writer = StoreWriter(db)
+    batch = _session()
+    db.execute("create trigger boom before insert on source_health "
+               "begin select raise(abort, 'disk full'); end")
+    with pytest.raises(sqlite3.IntegrityError):
+        writer.write_batch(batch)
+    assert db["processes"].count == 0 and db["device_fds"].count == 0
+
+
+def test_unopenable_store_is_a_store_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="cannot open store"):
+        open_store(tmp_path / "file" / "db.sqlite")
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError):
+        open_store(garbage)

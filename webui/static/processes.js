@@ -1,0 +1,57 @@
+// Refreshes the process table from /api/processes. Every value a process controls is
+// set with textContent, never innerHTML: names and command lines are untrusted.
+(function () {
+  "use strict";
+  const body = document.querySelector("#processes tbody");
+
+  function cell(row, text, className) {
+    const td = row.insertCell();
+    if (className) td.className = className;
+    td.textContent = text;
+    return td;
+  }
+
+  function lines(row, items, className) {
+    const td = row.insertCell();
+    for (const text of items) {
+      const div = document.createElement("div");
+      div.className = className;
+      div.textContent = text;
+      td.appendChild(div);
+    }
+  }
+
+
+  function render(processes) {
+    body.replaceChildren();
+    if (processes.length === 0) {
+      const row = body.insertRow();
+      row.className = "empty";
+      const td = cell(row, "No process holds a GPU device right now.");
+      td.colSpan = 7;
+      return;
+    }
+    for (const p of processes) {
+      const row = body.insertRow();
+      row.dataset.key = p.key;
+      cell(row, p.key, "mono");
+      cell(row, p.comm);
+      cell(row, p.cmdline, "cmdline");
+      cell(row, p.tag || "");
+      lines(row, p.devices.map((d) => `${d.path} (fd ${d.fd}${d.scanned ? ", found at start-up" : ""})`), "mono");
+      cell(row, String(p.ioctl_total), "num");
+      lines(row, p.ioctls.slice(0, 4).map((i) => `${i.name} × ${i.count}`), "mono");
+    }
+  }
+
+  async function refresh() {
+    try {
+      const response = await fetch("/api/processes");
+      if (response.ok) render(await response.json());
+    } catch (err) {
+      console.warn("gpuwhy: refresh failed", err);
+    }
+  }
+
+  setInterval(refresh, window.GPUWHY_REFRESH_MS || 2000);
+})();
