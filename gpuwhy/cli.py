@@ -86,13 +86,13 @@ def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int |
     _setup_logging(config["log.level"])
     stop = _stop_on_signals()
     try:
-        service = Service(config, with_probes=with_probes, config_path=ctx.config_path)
+        service = Service(config, with_probes=with_probes, config_path=ctx.config_path,
+                          shutdown=stop)
     except GpuwhyError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {config['web.host']}:"
                                    f"{config['web.port']}: {exc.strerror}") from None
-    service.stop_event = stop
     if pidfile:
         Path(pidfile).write_text(f"{os.getpid()}\n")
     try:
@@ -233,14 +233,21 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--markdown", is_flag=True, help="Print the table of docs/settings.md.")
 @click.pass_obj
-def settings(ctx: _Context, as_json: bool) -> None:
+def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
     """Every setting: name, value in effect, default, environment variable, meaning.
 
     \b
-    Example:
+    Examples:
       gpuwhy --config /etc/gpuwhy/config.toml settings
+      gpuwhy settings --markdown      # the table in docs/settings.md
     """
+    if markdown:
+        click.echo("| setting | default | environment | meaning |\n|---|---|---|---|")
+        for s in SETTINGS:
+            click.echo(f"| `{s.name}` | `{json.dumps(s.default)}` | `{s.env}` | {s.help} |")
+        return
     config = ctx.config()
     rows = [{"name": s.name, "value": config[s.name], "default": s.default, "env": s.env,
              "help": s.help} for s in SETTINGS]
@@ -249,3 +256,11 @@ def settings(ctx: _Context, as_json: bool) -> None:
         return
     for row in rows:
         click.echo(f"{row['name']:<26} {row['value']!r:<30} ${row['env']}\n    {row['help']}")
+
+
+# --- commands of the probes (eBPF probes issue) ---
+# --- end commands of the probes ---
+# --- commands of the GPU sources (GPU sources issue) ---
+# --- end commands of the GPU sources ---
+# --- commands of the kernel log and cron sources (kernel-log and cron issue) ---
+# --- end commands of the kernel log and cron sources ---

@@ -49,6 +49,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("correlator.flush_interval", 0.5, "GPUWHY_FLUSH_INTERVAL",
             "seconds a batch waits before it is written even when not full"),
     Setting("log.level", "info", "GPUWHY_LOG_LEVEL", "debug, info, warning or error"),
+    # --- probes settings (eBPF probes issue) ---
+    # --- end probes settings ---
+    # --- GPU source settings (GPU sources issue) ---
+    # --- end GPU source settings ---
+    # --- kernel log and cron settings (kernel-log and cron issue) ---
+    # --- end kernel log and cron settings ---
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

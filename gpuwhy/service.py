@@ -16,20 +16,39 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from gpuwhy.bus import Subscriber
+from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.service import Correlator
 from gpuwhy.errors import ConfigError
+from gpuwhy.events import SourceHealth
 from gpuwhy.store import open_store
 from gpuwhy.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
 PROBE_STOP_TIMEOUT = 3.0
+SOURCE_STOP_TIMEOUT = 2.0
+
+SourceRunner = Callable[[Config, threading.Event], None]
+
+
+def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
+    """The sources that run inside the unprivileged service, by name.
+
+    Each runner connects its own Publisher to ``config["bus.endpoint"]`` and publishes
+    until the event it is given is set; it must return within SOURCE_STOP_TIMEOUT then.
+    """
+    sources: dict[str, SourceRunner] = {}
+    # --- GPU source (GPU sources issue) ---
+    # --- end GPU source ---
+    # --- kernel log and cron sources (kernel-log and cron issue) ---
+    # --- end kernel log and cron sources ---
+    return sources
 
 
 def check_bind_address(host: str) -> None:
@@ -53,12 +72,17 @@ def gpu_devices_present(pattern: str = "/dev/nvidia[0-9]*") -> bool:
 class Service:
     """Correlator + web view (+ the probes child when ``with_probes``)."""
 
-    def __init__(self, config: Config, with_probes: bool = True, config_path: str | None = None):
+    def __init__(self, config: Config, with_probes: bool = True, config_path: str | None = None,
+                 shutdown: threading.Event | None = None,
+                 sources: dict[str, SourceRunner] | None = None):
         check_bind_address(config["web.host"])
         self.config = config
         self.with_probes = with_probes
         self.config_path = config_path
-        self.stop_event = threading.Event()
+        self.shutdown = shutdown or threading.Event()   # set by signal handlers
+        self.sources = unprivileged_sources(config) if sources is None else sources
+        self._sources_stop = threading.Event()
+        self._correlator_stop = threading.Event()
         self.db = open_store(config["store.path"])
         self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
         self.correlator = Correlator(config, self.db, self.subscriber)
@@ -68,6 +92,7 @@ class Service:
                                                create_app(config), threaded=True)
         self.probes: subprocess.Popen | None = None
         self._threads: list[threading.Thread] = []
+        self._source_threads: list[threading.Thread] = []
 
     @property
     def url(self) -> str:
@@ -84,13 +109,30 @@ class Service:
             thread = threading.Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        self._source_threads = [
+            threading.Thread(target=self._run_source, args=(name, runner),
+                             name=f"gpuwhy-source-{name}", daemon=True)
+            for name, runner in self.sources.items()]
+        for thread in self._source_threads:
+            thread.start()
         if self.with_probes:
             self._start_probes()
         log.info("gpuwhy is up: web view at %s, bus at %s", self.url, self.subscriber.endpoint)
 
+    def _run_source(self, name: str, runner: SourceRunner) -> None:
+        try:
+            runner(self.config, self._sources_stop)
+        except Exception as exc:  # noqa: BLE001 - a crashed source is reported, the rest runs on
+            log.exception("source %s failed; gpuwhy runs on without it", name)
+            publisher = Publisher(self.subscriber.endpoint, src=f"service:{name}")
+            publisher.wait_for_subscriber(1.0)
+            publisher.publish(SourceHealth(ts=now_ns(), source=name, state="failed",
+                                           detail=f"{type(exc).__name__}: {exc}"))
+            publisher.close()
+
     def _run_correlator(self) -> None:
         try:
-            self.correlator.run(self.stop_event)
+            self.correlator.run(self._correlator_stop)
         finally:
             self.subscriber.close()
             self.db.close()
@@ -110,16 +152,18 @@ class Service:
         return "running" if code is None else f"exited with status {code}"
 
     def wait(self) -> None:
-        """Block until ``stop_event`` is set (a signal handler sets it)."""
+        """Block until ``shutdown`` is set (a signal handler sets it)."""
         reported = False
-        while not self.stop_event.wait(0.5):
+        while not self.shutdown.wait(0.5):
             if self.probes is not None and self.probes.poll() is not None and not reported:
                 log.error("the probes process %s; gpuwhy runs on without it",
                           self.probes_state())
                 reported = True
 
     def stop(self) -> None:
-        self.stop_event.set()
+        """Sources first (their last events still reach the store), then the correlator."""
+        self.shutdown.set()
+        self._sources_stop.set()
         if self.probes is not None and self.probes.poll() is None:
             self.probes.terminate()
             try:
@@ -127,6 +171,10 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.probes.kill()
                 self.probes.wait()
+        deadline = time.monotonic() + SOURCE_STOP_TIMEOUT
+        for thread in self._source_threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._correlator_stop.set()
         deadline = time.monotonic() + PROBE_STOP_TIMEOUT
         for thread in self._threads:
             if thread.name == "gpuwhy-web":

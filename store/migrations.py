@@ -57,3 +57,13 @@ def m001_core_tables(db: Database) -> None:
     db["source_health"].create({
         "source": str, "state": str, "detail": str, "counters": str, "last_seen": int,
     }, pk="source")
+
+
+# --- probes migrations: name them m1NN_* (eBPF probes issue) ---
+# --- end probes migrations ---
+
+# --- GPU source migrations: name them m2NN_* (GPU sources issue) ---
+# --- end GPU source migrations ---
+
+# --- kernel log and cron migrations: name them m3NN_* (kernel-log and cron issue) ---
+# --- end kernel log and cron migrations ---

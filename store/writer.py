@@ -112,6 +112,15 @@ class StoreWriter:
             for cmd, count in event.counts.items()
         ], pk=("pid", "start_time", "path", "cmd"))
 
+    # --- probes handlers (eBPF probes issue) ---
+    # --- end probes handlers ---
+
+    # --- GPU source handlers (GPU sources issue) ---
+    # --- end GPU source handlers ---
+
+    # --- kernel log and cron handlers (kernel-log and cron issue) ---
+    # --- end kernel log and cron handlers ---
+
     def _on_source_health(self, envelope: Envelope, event: SourceHealth) -> None:
         self.record_health(event.source, event.state, event.detail, event.counters, event.ts)
 
