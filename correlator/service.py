@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 100_000   # events held while the store cannot be written
 HEALTH_EVERY = 2.0
+DRAIN_SECONDS = 1.0
 
 
 class Correlator:
@@ -57,6 +58,7 @@ class Correlator:
 
     def counters(self) -> dict[str, int]:
         return {**self.subscriber.counters, "written": self.written,
+                "rejected": self.writer.rejected,
                 "pending": len(self.pending),
                 "dropped_store_unavailable": self.dropped_store_unavailable}
 
@@ -85,7 +87,17 @@ class Correlator:
             if now >= next_health:
                 self._write_health()
                 next_health = now + HEALTH_EVERY
-        while (envelope := self.subscriber.receive(timeout=0)) is not None:
+        # Drain what the sources sent before they stopped, within a bounded time: a stop must
+        # not wait on a backlog. Sources re-send their state or resume from a stored cursor.
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while time.monotonic() < deadline:
+            envelope = self.subscriber.receive(timeout=0)
+            if envelope is None:
+                break
             self.pending.append(envelope)
+            if len(self.pending) >= self.batch_size:
+                self.flush()
+        else:
+            log.warning("stopping with events still queued on the bus (not written)")
         self.flush()
         self._write_health()

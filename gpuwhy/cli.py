@@ -261,6 +261,16 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
 # --- commands of the probes (eBPF probes issue) ---
 # --- end commands of the probes ---
 # --- commands of the GPU sources (GPU sources issue) ---
+from gpuwhy.probes.gpu.cli import dcgm as _dcgm_command  # noqa: E402
+from gpuwhy.probes.gpu.cli import gpu as _gpu_command  # noqa: E402
+
+cli.add_command(_gpu_command)
+cli.add_command(_dcgm_command)
 # --- end commands of the GPU sources ---
 # --- commands of the kernel log and cron sources (kernel-log and cron issue) ---
+from gpuwhy.probes.cron.cli import cron as _cron_command  # noqa: E402
+from gpuwhy.probes.klog.cli import xid as _xid_command  # noqa: E402
+
+cli.add_command(_xid_command)
+cli.add_command(_cron_command)
 # --- end commands of the kernel log and cron sources ---

@@ -50,10 +50,68 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds a batch waits before it is written even when not full"),
     Setting("log.level", "info", "GPUWHY_LOG_LEVEL", "debug, info, warning or error"),
     # --- probes settings (eBPF probes issue) ---
+    Setting("probes.slow_call_ms", 10.0, "GPUWHY_SLOW_CALL_MS",
+            "a driver call slower than this is reported on its own"),
+    Setting("probes.big_alloc_bytes", 1 << 30, "GPUWHY_BIG_ALLOC_BYTES",
+            "an allocation or mapping at least this large is reported on its own"),
+    Setting("probes.error_events_per_second", 50, "GPUWHY_ERROR_EVENTS_PER_SECOND",
+            "failed or large calls reported one by one per CPU per second (the rest are counted)"),
+    Setting("probes.sched", True, "GPUWHY_SCHED",
+            "trace the scheduler for processes that use the GPU, their threads and workers"),
     # --- end probes settings ---
     # --- GPU source settings (GPU sources issue) ---
+    Setting("gpu.source", "auto", "GPUWHY_GPU_SOURCE",
+            "GPU counter source: auto (DCGM, then NVML, then dcgm-exporter if a URL is set, "
+            "then the simulator), dcgm, nvml, dcgm-exporter or sim"),
+    Setting("gpu.interval", 1.0, "GPUWHY_GPU_INTERVAL",
+            "seconds between GPU samples (0.1 at least)"),
+    Setting("gpu.dcgm_host", "localhost:5555", "GPUWHY_DCGM_HOST",
+            "address:port of the nv-hostengine to connect to"),
+    Setting("gpu.dcgm_embedded", "auto", "GPUWHY_DCGM_EMBEDDED",
+            "auto: start an embedded DCGM hostengine when none answers and no nv-hostengine "
+            "or dcgm-exporter process runs (two hostengines can deadlock the driver); never"),
+    Setting("gpu.dcgm_bindings",
+            "/usr/share/datacenter-gpu-manager-4/bindings/python3:/usr/local/dcgm/bindings/python3",
+            "GPUWHY_DCGM_BINDINGS",
+            "directories (colon-separated) searched for DCGM's Python bindings (pydcgm)"),
+    Setting("gpu.exporter_url", "", "GPUWHY_EXPORTER_URL",
+            "dcgm-exporter metrics URL, e.g. http://localhost:9400/metrics (empty: not used)"),
+    Setting("gpu.sim_gpus", 2, "GPUWHY_SIM_GPUS", "number of simulated GPUs"),
+    Setting("gpu.sim_model", "NVIDIA H100 80GB HBM3", "GPUWHY_SIM_MODEL",
+            "model name of the simulated GPUs (H100, A100 and L4 have their own limits)"),
+    Setting("gpu.sim_scenario", "healthy-training", "GPUWHY_SIM_SCENARIO",
+            "simulator scenario: healthy-training, input-starved, pageable-h2d, "
+            "pcie-allreduce, power-cap, thermal-throttle, xid-79 or gpu-reset"),
+    Setting("gpu.sim_seed", 0, "GPUWHY_SIM_SEED", "seed of the simulator (same seed, same data)"),
+    Setting("gpu.sim_event_after", 30.0, "GPUWHY_SIM_EVENT_AFTER",
+            "scenario seconds before the simulated Xid 79, GPU reset or thermal slowdown"),
     # --- end GPU source settings ---
     # --- kernel log and cron settings (kernel-log and cron issue) ---
+    Setting("klog.backend", "auto", "GPUWHY_KLOG_BACKEND",
+            "where the kernel log is read: auto (journald, else /dev/kmsg, else klog.file), "
+            "journald, kmsg or file"),
+    Setting("klog.journal_path", "", "GPUWHY_KLOG_JOURNAL",
+            "journal directory or file to read instead of the system journal (e.g. the "
+            "host's /var/log/journal mounted in a container)"),
+    Setting("klog.kmsg_path", "/dev/kmsg", "GPUWHY_KLOG_KMSG",
+            "kernel ring buffer device read when journald is absent"),
+    Setting("klog.file", "/var/log/kern.log", "GPUWHY_KLOG_FILE",
+            "kernel log file tailed when neither journald nor /dev/kmsg can be read"),
+    Setting("klog.start", "boot", "GPUWHY_KLOG_START",
+            "where the first run (no stored cursor) starts: boot (this boot's kernel log "
+            "from its start), all (everything kept) or now"),
+    Setting("cron.etc", "/etc", "GPUWHY_CRON_ETC",
+            "directory holding crontab and cron.d/ (containers mount the host's elsewhere)"),
+    Setting("cron.spool", "/var/spool/cron/crontabs", "GPUWHY_CRON_SPOOL",
+            "directory of the users' crontabs"),
+    Setting("cron.unit_dirs",
+            "/etc/systemd/system:/run/systemd/system:/lib/systemd/system:/usr/lib/systemd/system",
+            "GPUWHY_CRON_UNIT_DIRS", "colon-separated systemd unit directories searched for "
+            "timers, first one wins"),
+    Setting("cron.rescan_interval", 60.0, "GPUWHY_CRON_RESCAN",
+            "seconds between re-reads of the cron and timer schedule"),
+    Setting("cron.journal_path", "", "GPUWHY_CRON_JOURNAL",
+            "journal directory or file to read CRON lines from instead of the system journal"),
     # --- end kernel log and cron settings ---
 )
 

@@ -59,18 +59,22 @@ class ProcessSeen(Event):
 
 @dataclass(frozen=True)
 class ProcessExited(Event):
-    """Event name: ``process_exited`` (topic ``proc``). A traced process ended."""
+    """Event name: ``process_exited`` (topic ``proc``). A process ended: ``exit_code`` when it
+    called exit, ``signal`` when a signal killed it, both None when not known."""
 
     topic = "proc"
     kind = "process_exited"
 
     process: ProcessKey
+    exit_code: int | None = None
+    signal: int | None = None
 
 
 @dataclass(frozen=True)
 class DeviceOpened(Event):
-    """Event name: ``device_opened`` (topic ``fd``). A process holds an fd on a device file;
-    ``scanned`` is true when it was found by the start-up /proc scan rather than seen opening."""
+    """Event name: ``device_opened`` (topic ``fd``). A process holds an fd on a device file.
+    ``how``: ``open`` (seen opening), ``scan`` (found by the start-up /proc scan), ``dup``
+    (a copy of another tracked fd) or ``fork`` (inherited from the parent)."""
 
     topic = "fd"
     kind = "device_opened"
@@ -80,12 +84,14 @@ class DeviceOpened(Event):
     path: str
     device: str
     minor: int | None = None
-    scanned: bool = False
+    how: str = "open"
+    cloexec: bool = False
 
 
 @dataclass(frozen=True)
 class DeviceClosed(Event):
-    """Event name: ``device_closed`` (topic ``fd``). The fd was closed (or its process exited)."""
+    """Event name: ``device_closed`` (topic ``fd``). The fd was closed, closed at exec
+    (O_CLOEXEC), replaced by dup2, or its process exited."""
 
     topic = "fd"
     kind = "device_closed"
@@ -96,18 +102,54 @@ class DeviceClosed(Event):
 
 
 @dataclass(frozen=True)
-class IoctlCounts(Event):
-    """Event name: ``ioctl_counts`` (topic ``ioctl``). Cumulative ioctl counts of one process
-    on one device path, by command number (the raw ``_IOC`` value, as a decimal string key,
-    because JSON keys are strings). Cumulative, so a lost message is repaired by the next."""
+class DriverCallStats(Event):
+    """Event name: ``driver_call_stats`` (topic ``ioctl``). Cumulative driver-call figures of
+    one process on one device path, one entry per (command, sub-operation): ``cmd`` (the raw
+    ioctl request), ``op`` (the driver's name), ``sub``/``sub_name`` (RM class of an alloc,
+    control command of an RM_CONTROL, heap function), ``count``, ``errors`` (syscall error or
+    RM status not NV_OK), ``latency_sum_ns``, ``latency_max_ns``, ``latency_log2`` (calls per
+    power-of-two nanosecond bucket) and ``bytes``. Cumulative, so a lost message is repaired
+    by the next one."""
 
     topic = "ioctl"
-    kind = "ioctl_counts"
+    kind = "driver_call_stats"
 
     process: ProcessKey
     path: str
     device: str
-    counts: dict[str, int]
+    ops: list[dict]
+
+
+@dataclass(frozen=True)
+class DriverCall(Event):
+    """Event name: ``driver_call`` (topic ``ioctl``). One decoded driver call, sent when it
+    matters on its own: ``reasons`` holds ``notable`` (resets, drains, ECC, GPU attach,
+    version check), ``slow``, ``error``, ``big`` (a large allocation) or ``traced``."""
+
+    topic = "ioctl"
+    kind = "driver_call"
+
+    process: ProcessKey
+    tid: int
+    fd: int
+    path: str
+    device: str
+    cmd: int
+    nr: int
+    size: int
+    op: str
+    latency_ns: int
+    ret: int
+    status: int = 0
+    status_name: str = "NV_OK"
+    sub: int = 0
+    sub_name: str | None = None
+    arg0: int = 0
+    arg1: int = 0
+    bytes: int = 0
+    version: str | None = None
+    gpu_ids: list[int] | None = None
+    reasons: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -125,12 +167,221 @@ class SourceHealth(Event):
 
 
 # --- probes: lifecycle, scheduler, driver calls (eBPF probes issue) ---
+@dataclass(frozen=True)
+class ProcessExec(Event):
+    """Event name: ``process_exec`` (topic ``proc``). A process replaced its image; ``filename``
+    is what the kernel executed (the pid and start time stay the same across exec)."""
+
+    topic = "proc"
+    kind = "process_exec"
+
+    process: ProcessKey
+    filename: str
+    ppid: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessForked(Event):
+    """Event name: ``process_forked`` (topic ``proc``). ``parent`` created the process ``child``
+    (not a thread)."""
+
+    topic = "proc"
+    kind = "process_forked"
+
+    parent: ProcessKey
+    child: ProcessKey
+
+
+@dataclass(frozen=True)
+class SchedStats(Event):
+    """Event name: ``sched_stats`` (topic ``sched``). What the scheduler did with a process that
+    uses the GPU during ``interval_ns`` before ``ts``: ``own`` for its threads, ``workers`` for
+    its child processes (DataLoader workers) and their threads. Each holds nanoseconds
+    ``on_cpu_ns``, ``runqueue_ns`` (runnable, waiting for a CPU), ``sleep_ns`` (interruptible),
+    ``blocked_ns`` (uninterruptible, usually I/O) and counts ``voluntary_switches``,
+    ``involuntary_switches``, ``migrations``, ``threads``."""
+
+    topic = "sched"
+    kind = "sched_stats"
+
+    process: ProcessKey
+    interval_ns: int
+    own: dict[str, int]
+    workers: dict[str, int]
+    worker_processes: int = 0
 # --- end probes ---
 
 # --- GPU counter sources (GPU sources issue) ---
+@dataclass(frozen=True)
+class GpuSeen(Event):
+    """Event name: ``gpu_seen`` (topic ``gpu``). Everything a GPU source knows a GPU by.
+    ``gpu_id`` is :attr:`GpuIdentity.id`; ``source`` is ``dcgm``, ``nvml``,
+    ``dcgm-exporter`` or ``sim``; ``simulated`` is true for the simulator, always."""
+
+    topic = "gpu"
+    kind = "gpu_seen"
+
+    gpu_id: str
+    source: str
+    simulated: bool
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    index: int | None = None
+    minor: int | None = None
+    model: str = ""
+    driver_version: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSample(Event):
+    """Event name: ``gpu_sample`` (topic ``gpu``). One sample of one GPU: ``fields`` by our
+    normalised names and units (docs/gpu-fields.md); a field the GPU did not report, or
+    reported as DCGM's blank/not-supported sentinel, is absent, never 0. ``instance`` names a
+    MIG GPU instance ("" for the whole GPU); ``labels`` carries pod/namespace/container from a
+    dcgm-exporter scrape. ``raw_ts`` is the source's own timestamp (DCGM: realtime µs)."""
+
+    topic = "gpu"
+    kind = "gpu_sample"
+
+    gpu_id: str
+    source: str
+    simulated: bool
+    fields: dict[str, float]
+    instance: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuXid(Event):
+    """Event name: ``gpu_xid`` (topic ``gpu``). The driver reported Xid ``xid`` for a GPU
+    (NVML event, DCGM field 230, a change of dcgm-exporter's last-Xid gauge, or the simulator)."""
+
+    topic = "gpu"
+    kind = "gpu_xid"
+
+    gpu_id: str
+    xid: int
+    source: str
+    simulated: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class GpuState(Event):
+    """Event name: ``gpu_state`` (topic ``gpu``). A GPU stopped or resumed answering:
+    ``state`` is ``lost`` (fell off the bus, NVML GPU_IS_LOST), ``reset_required``,
+    ``resetting`` or ``back``; ``detail`` says what the source saw."""
+
+    topic = "gpu"
+    kind = "gpu_state"
+
+    gpu_id: str
+    state: str
+    source: str
+    simulated: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class GpuProcesses(Event):
+    """Event name: ``gpu_processes`` (topic ``gpu``). Compute processes on a GPU (NVML), each
+    a dict with ``pid``, ``start_time`` (clock ticks since boot, None when /proc could not
+    tell), ``used_memory_mib`` and the per-process utilisation ``sm_util``, ``mem_util``,
+    ``enc_util``, ``dec_util`` in % (None when the driver had no sample for it)."""
+
+    topic = "gpu"
+    kind = "gpu_processes"
+
+    gpu_id: str
+    source: str
+    processes: list[dict]
 # --- end GPU counter sources ---
 
 # --- kernel log and cron sources (kernel-log and cron issue) ---
+
+
+@dataclass(frozen=True)
+class KernelLogRecord(Event):
+    """Event name: ``kernel_log_record`` (topic ``klog``). One recognised NVIDIA kernel-log
+    line (see ``gpuwhy.probes.klog.parse.KernelRecord``): ``record_kind`` is ``xid``,
+    ``sxid``, ``fallen_off_bus``, ``rm_init_failed``, ``gpu_uuid``, ``gpu_serial``,
+    ``driver_loaded``, ``gsp_timeout``, ``gsp_rate_limited`` or ``gsp_rpc_failed``; ``pci``
+    is ``dddd:bb:dd``. ``cursor`` is the line's position in ``origin`` (``journald``,
+    ``kmsg``, ``file``); the store keeps it with the record, in the same transaction, so
+    the source resumes exactly after it. ``raw_ts`` is the printk time (ns since boot
+    ``boot_id``). ``name``, ``message`` and ``line`` name a process: bounded, untrusted."""
+
+    topic = "klog"
+    kind = "kernel_log_record"
+
+    cursor: str
+    origin: str
+    boot_id: str
+    record_kind: str
+    message: str = ""
+    xid: int | None = None
+    sxid: int | None = None
+    pci: str | None = None
+    pid: int | None = None
+    name: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    uuid: str | None = None
+    driver_version: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    line: str = ""
+
+
+@dataclass(frozen=True)
+class KernelLogCheckpoint(Event):
+    """Event name: ``kernel_log_checkpoint`` (topic ``klog``). Every line up to ``cursor``
+    was read and none of the ``skipped`` lines since the last record or checkpoint was an
+    NVIDIA line: the store moves the source's cursor there."""
+
+    topic = "klog"
+    kind = "kernel_log_checkpoint"
+
+    cursor: str
+    origin: str
+    boot_id: str
+    skipped: int = 0
+
+
+@dataclass(frozen=True)
+class CronSchedule(Event):
+    """Event name: ``cron_schedule`` (topic ``cron``). The whole schedule, replacing the last
+    one: each job is a dict with ``origin`` (crontab, cron.d, user, timer), ``file``,
+    ``ident``, ``user``, ``schedule``, ``command`` (bounded, untrusted), ``next_run`` and
+    ``last_run`` (realtime ns or None), ``gpu_action`` (what it does to GPUs, or None),
+    ``note``."""
+
+    topic = "cron"
+    kind = "cron_schedule"
+
+    jobs: list[dict[str, Any]]
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class CronExecution(Event):
+    """Event name: ``cron_execution`` (topic ``cron``). cron started (``phase`` ``started``,
+    from its ``CMD`` log line) or finished (``ended``, ``END``) a job. ``job_pid`` is the
+    job's shell (``[pid]`` that ``cron -L 15`` logs); ``job_start_time`` its /proc start
+    time when it was still alive, so (job_pid, job_start_time) joins the exec events of the
+    job's processes. ``cron_pid`` is the cron child that ran it (``CRON[pid]``)."""
+
+    topic = "cron"
+    kind = "cron_execution"
+
+    cursor: str
+    phase: str
+    user: str
+    command: str
+    job_pid: int | None = None
+    job_start_time: int | None = None
+    cron_pid: int | None = None
+    gpu_action: str | None = None
+    boot_id: str = ""
 # --- end kernel log and cron sources ---
 
 

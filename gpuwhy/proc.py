@@ -59,6 +59,17 @@ def read_tag(pid: int, proc_root: str = "/proc") -> str | None:
     return None
 
 
+def read_tgid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The thread group (process) a task id belongs to; None when the task is gone."""
+    try:
+        for line in _read(Path(proc_root, str(pid), "status"), 8192).splitlines():
+            if line.startswith(b"Tgid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def _uid(pid: int, proc_root: str) -> int:
     for line in _read(Path(proc_root, str(pid), "status"), 8192).splitlines():
         if line.startswith(b"Uid:"):

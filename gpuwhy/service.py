@@ -27,7 +27,6 @@ from gpuwhy.correlator.service import Correlator
 from gpuwhy.errors import ConfigError
 from gpuwhy.events import SourceHealth
 from gpuwhy.store import open_store
-from gpuwhy.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +44,16 @@ def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
     """
     sources: dict[str, SourceRunner] = {}
     # --- GPU source (GPU sources issue) ---
+    from gpuwhy.probes.gpu.runner import run_gpu_source
+
+    sources["gpu"] = run_gpu_source
     # --- end GPU source ---
     # --- kernel log and cron sources (kernel-log and cron issue) ---
+    from gpuwhy.probes.cron.source import run_cron_source
+    from gpuwhy.probes.klog.source import run_klog_source
+
+    sources["klog"] = run_klog_source
+    sources["cron"] = run_cron_source
     # --- end kernel log and cron sources ---
     return sources
 
@@ -100,10 +107,8 @@ class Service:
 
     def start(self) -> None:
         if not gpu_devices_present():
-            log.warning("!!! no NVIDIA GPU device (/dev/nvidia0...) on this host: gpuwhy runs "
-                        "on, tracing processes; GPU counters stay empty")
-            StoreWriter(self.db).record_health(
-                "gpu", "degraded", "no NVIDIA GPU device on this host", {}, now_ns())
+            log.warning("!!! no NVIDIA GPU device (/dev/nvidia0...) on this host: the gpu "
+                        "source says in `gpuwhy status` what it uses instead")
         for name, target in (("correlator", self._run_correlator),
                              ("web", self.web.serve_forever)):
             thread = threading.Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
@@ -161,19 +166,23 @@ class Service:
                 reported = True
 
     def stop(self) -> None:
-        """Sources first (their last events still reach the store), then the correlator."""
+        """Sources and probes stop together (their last events still reach the store), then
+        the correlator drains the bus and writes its last batch, then the web view."""
         self.shutdown.set()
         self._sources_stop.set()
-        if self.probes is not None and self.probes.poll() is None:
+        probes_running = self.probes is not None and self.probes.poll() is None
+        if probes_running:
             self.probes.terminate()
-            try:
-                self.probes.wait(PROBE_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.probes.kill()
-                self.probes.wait()
         deadline = time.monotonic() + SOURCE_STOP_TIMEOUT
         for thread in self._source_threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if probes_running:
+            try:
+                self.probes.wait(PROBE_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                log.warning("the probes did not stop within %s s: killed", PROBE_STOP_TIMEOUT)
+                self.probes.kill()
+                self.probes.wait()
         self._correlator_stop.set()
         deadline = time.monotonic() + PROBE_STOP_TIMEOUT
         for thread in self._threads:

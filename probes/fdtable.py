@@ -1,27 +1,56 @@
-"""User-space mirror of the probe's fd table: turns kernel records into bus events.
+"""User-space mirror of fdtrack's fd table: turns kernel records into bus events.
 
-Pure (no bcc, no kernel), so its logic is tested without root. The kernel side tells us
-opens, closes and exits, each naming an ``open_seq``; the counts map tells us, per
-``open_seq`` and ioctl command, how many calls were made. Here those become
-:class:`~gpuwhy.events.DeviceOpened`, :class:`~gpuwhy.events.IoctlCounts` (cumulative per
-process and device path) and friends.
+Pure (no bcc, no kernel), so its logic is tested without root. The kernel side reports
+opens, dups, closes, forks, execs and exits, each naming an ``open_seq``; its statistics
+map holds, per ``open_seq`` and (command, sub-operation), what the calls cost. Here those
+become :class:`~gpuwhy.events.DeviceOpened`, :class:`~gpuwhy.events.DriverCallStats`
+(cumulative per process and device path) and friends. Methods return the events to
+publish; those that need kernel maps changed also return what to change.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuwhy.events import (
     DeviceClosed,
     DeviceOpened,
+    DriverCallStats,
     Event,
-    IoctlCounts,
     ProcessExited,
     ProcessSeen,
 )
 from gpuwhy.identity import ProcessKey, classify_device
+from gpuwhy.nvioctl import ioctl_name, sub_name
+
+LAT_BUCKETS = 32
+CLOSE_RANGE_CLOEXEC = 1 << 2
+
+
+@dataclass
+class OpStats:
+    """What the calls of one (command, sub-operation) cost; adds up across opens and CPUs."""
+
+    count: int = 0
+    errors: int = 0
+    latency_sum_ns: int = 0
+    latency_max_ns: int = 0
+    bytes: int = 0
+    latency_log2: list[int] = field(default_factory=lambda: [0] * LAT_BUCKETS)
+
+    def add(self, other: OpStats) -> None:
+        self.count += other.count
+        self.errors += other.errors
+        self.latency_sum_ns += other.latency_sum_ns
+        self.latency_max_ns = max(self.latency_max_ns, other.latency_max_ns)
+        self.bytes += other.bytes
+        self.latency_log2 = [a + b for a, b in zip(self.latency_log2, other.latency_log2,
+                                                   strict=True)]
+
+    def copy(self) -> OpStats:
+        return OpStats(self.count, self.errors, self.latency_sum_ns, self.latency_max_ns,
+                       self.bytes, list(self.latency_log2))
 
 
 @dataclass
@@ -35,54 +64,70 @@ class TrackedFd:
     minor: int | None
     open_seq: int
     opened_at: int
-    scanned: bool
+    how: str
+    cloexec: bool
 
 
-Group = tuple[ProcessKey, str]  # (process, device path): the unit counts are reported in
+Group = tuple[ProcessKey, str]       # (process, device path): the unit stats are reported in
+OpKey = tuple[int, int]              # (command, sub-operation)
 
 
 class FdTable:
-    """State of every tracked fd, process and counter; every method returns events to publish.
+    """State of every tracked fd, process and counter.
 
-    ``resolve(pid, ts)`` reads the process from procfs and returns a ProcessSeen, or None
-    when it is already gone (its start time is then unknown and recorded as 0).
+    ``resolve(pid, ts)`` reads a process from procfs: a ProcessSeen, or None when it is
+    already gone. When the kernel knows the start time (``start_ticks`` > 0) the key is
+    exact even for a process that vanished; otherwise an unresolvable one gets start time
+    0 and is counted in ``unresolved``.
     """
 
     def __init__(self, resolve: Callable[[int, int], ProcessSeen | None]):
         self._resolve = resolve
-        self.fds: dict[tuple[int, int], TrackedFd] = {}          # (tgid, fd) -> open fd
-        self.processes: dict[int, ProcessSeen] = {}              # tgid -> facts
+        self.fds: dict[tuple[int, int], TrackedFd] = {}             # (tgid, fd) -> open fd
+        self.processes: dict[int, ProcessSeen] = {}                 # tgid -> facts
         self._group_of_seq: dict[int, Group] = {}
         self._device_of_group: dict[Group, str] = {}
-        self._live_counts: dict[int, Counter[int]] = {}          # open_seq -> cmd -> count
-        self._closed_totals: dict[Group, Counter[int]] = {}
-        self._published: dict[Group, dict[str, int]] = {}
-        self._retiring: set[int] = set()                          # closed open_seqs
-        self._exiting: dict[int, int] = {}                        # tgid -> exit ts
+        self._live: dict[int, dict[OpKey, OpStats]] = {}            # open_seq -> stats
+        self._closed: dict[Group, dict[OpKey, OpStats]] = {}
+        self._published: dict[Group, list[dict]] = {}
+        self._retiring: set[int] = set()
+        self._exiting: dict[int, ProcessExited] = {}
         self.unresolved = 0
 
-    def _process(self, tgid: int, ts: int) -> tuple[ProcessSeen, list[Event]]:
+    # --- processes ---------------------------------------------------------------------
+
+    def process(self, tgid: int, ts: int, start_ticks: int = 0,
+                refresh: bool = False) -> tuple[ProcessSeen, list[Event]]:
+        """The facts of ``tgid`` (read once, or again after exec with ``refresh``)."""
         known = self.processes.get(tgid)
-        if known is not None:
+        if known is not None and not refresh and (
+                not start_ticks or known.process.start_time == start_ticks):
             return known, []
         seen = self._resolve(tgid, ts)
+        if seen is not None and start_ticks and seen.process.start_time != start_ticks:
+            seen = None                   # /proc already shows a newer process with this pid
         if seen is None:
-            self.unresolved += 1
-            seen = ProcessSeen(ts=ts, process=ProcessKey(tgid, 0))
+            if start_ticks:
+                seen = ProcessSeen(ts=ts, process=ProcessKey(tgid, start_ticks))
+            else:
+                self.unresolved += 1
+                seen = ProcessSeen(ts=ts, process=ProcessKey(tgid, 0))
         self.processes[tgid] = seen
         return seen, [seen]
 
-    def opened(self, tgid: int, fd: int, open_seq: int, path: str, ts: int,
-               scanned: bool = False) -> list[Event]:
-        """A tracked open (from the kernel, or from the start-up scan when ``scanned``)."""
-        previous = self.fds.get((tgid, fd))
+    # --- fds -------------------------------------------------------------------------------
+
+    def opened(self, tgid: int, fd: int, open_seq: int, path: str, ts: int, *,
+               how: str = "open", cloexec: bool = False, start_ticks: int = 0) -> list[Event]:
+        """A tracked open: seen by the kernel, found by the scan, a dup or inherited."""
         events: list[Event] = []
-        if previous is not None:   # the kernel missed a close (fd handed over by dup2, say)
+        previous = self.fds.get((tgid, fd))
+        if previous is not None:     # the kernel missed a close: treat the old one as closed
             events += self.closed(tgid, fd, previous.open_seq, ts)
-        seen, new = self._process(tgid, ts)
+        seen, new = self.process(tgid, ts, start_ticks)
         events += new
         device, minor = classify_device(path)
-        tracked = TrackedFd(seen.process, fd, path, device, minor, open_seq, ts, scanned)
+        tracked = TrackedFd(seen.process, fd, path, device, minor, open_seq, ts, how, cloexec)
         self.fds[(tgid, fd)] = tracked
         group = (seen.process, path)
         self._group_of_seq[open_seq] = group
@@ -94,63 +139,136 @@ class FdTable:
     def _opened_event(tracked: TrackedFd) -> DeviceOpened:
         return DeviceOpened(ts=tracked.opened_at, process=tracked.process, fd=tracked.fd,
                             path=tracked.path, device=tracked.device, minor=tracked.minor,
-                            scanned=tracked.scanned)
+                            how=tracked.how, cloexec=tracked.cloexec)
 
-    def closed(self, tgid: int, fd: int, open_seq: int, ts: int) -> list[Event]:
+    def duped(self, tgid: int, newfd: int, open_seq: int, oldfd: int, ts: int,
+              cloexec: bool = False, start_ticks: int = 0) -> list[Event]:
+        """``dup*``/``fcntl(F_DUPFD*)`` made ``newfd`` a copy of the tracked ``oldfd``."""
+        source = self.fds.get((tgid, oldfd))
+        if source is None:
+            return []
+        return self.opened(tgid, newfd, open_seq, source.path, ts, how="dup",
+                           cloexec=cloexec, start_ticks=start_ticks)
+
+    def closed(self, tgid: int, fd: int, open_seq: int | None, ts: int) -> list[Event]:
+        """``fd`` closed; ``open_seq`` None closes whatever is tracked under that number."""
         tracked = self.fds.get((tgid, fd))
-        if tracked is None or tracked.open_seq != open_seq:
+        if tracked is None or (open_seq is not None and tracked.open_seq != open_seq):
             return []
         del self.fds[(tgid, fd)]
-        self._retiring.add(open_seq)
+        self._retiring.add(tracked.open_seq)
         return [DeviceClosed(ts=ts, process=tracked.process, fd=fd, path=tracked.path)]
 
-    def exited(self, tgid: int, ts: int) -> list[Event]:
-        """The process ended: its fds close now; ProcessExited follows the final counts."""
+    def fds_of(self, tgid: int) -> list[TrackedFd]:
+        return [t for (owner, _), t in self.fds.items() if owner == tgid]
+
+    def close_range(self, tgid: int, first: int, last: int, flags: int,
+                    ts: int) -> tuple[list[Event], list[int], list[int]]:
+        """``close_range``: returns events, fds now closed, fds now marked close-on-exec."""
+        in_range = [t for t in self.fds_of(tgid) if first <= t.fd <= last]
+        if flags & CLOSE_RANGE_CLOEXEC:
+            for tracked in in_range:
+                tracked.cloexec = True
+            return [], [], [t.fd for t in in_range]
         events: list[Event] = []
-        for (owner, fd), tracked in list(self.fds.items()):
-            if owner == tgid:
-                events += self.closed(tgid, fd, tracked.open_seq, ts)
-        if tgid in self.processes:
-            self._exiting[tgid] = ts
-        return events
+        for tracked in in_range:
+            events += self.closed(tgid, tracked.fd, tracked.open_seq, ts)
+        return events, [t.fd for t in in_range], []
 
-    def update_counts(self, counts: Iterable[tuple[int, int, int]], ts: int
-                      ) -> tuple[list[Event], list[int]]:
-        """Apply a read of the kernel's counts map, ``(open_seq, cmd, count)`` triples.
+    def forked(self, parent: int, child: int, ts: int,
+               seq_for: Callable[[int], int]) -> tuple[list[Event], list[TrackedFd]]:
+        """A process (not a thread) was forked: it inherits every tracked fd. ``seq_for(fd)``
+        gives the open_seq to use (the kernel's, where it already copied that fd)."""
+        events: list[Event] = []
+        inherited = []
+        for tracked in self.fds_of(parent):
+            existing = self.fds.get((child, tracked.fd))
+            if existing is not None and existing.how == "fork":
+                continue               # the kernel's copy got here first
+            events += self.opened(child, tracked.fd, seq_for(tracked.fd), tracked.path, ts,
+                                  how="fork", cloexec=tracked.cloexec)
+            inherited.append(self.fds[(child, tracked.fd)])
+        return events, inherited
 
-        Returns the events to publish and the open_seqs whose map entries can now be
-        deleted (their fd is closed and their final count is folded in).
-        """
-        for open_seq, cmd, count in counts:
+    def executed(self, tgid: int, ts: int, cloexec_now: dict[int, bool]
+                 ) -> tuple[list[Event], list[int]]:
+        """The process exec'd: close-on-exec fds close (``cloexec_now`` is the kernel's view,
+        which follows fcntl(F_SETFD)); the process is read again. Returns the closed fds."""
+        events: list[Event] = []
+        closed = []
+        for tracked in self.fds_of(tgid):
+            if cloexec_now.get(tracked.fd, tracked.cloexec):
+                events += self.closed(tgid, tracked.fd, tracked.open_seq, ts)
+                closed.append(tracked.fd)
+        known = self.processes.get(tgid)
+        _, refreshed = self.process(tgid, ts, known.process.start_time if known else 0,
+                                    refresh=True)
+        return refreshed + events, closed
+
+    def exited(self, tgid: int, ts: int, exit_code: int | None = None,
+               signal: int | None = None) -> tuple[list[Event], list[int]]:
+        """The process ended: its fds close now; ProcessExited follows the final stats."""
+        events: list[Event] = []
+        fds = [t.fd for t in self.fds_of(tgid)]
+        for fd in fds:
+            events += self.closed(tgid, fd, None, ts)
+        seen = self.processes.get(tgid)
+        if seen is not None:
+            self._exiting[tgid] = ProcessExited(ts=ts, process=seen.process,
+                                                exit_code=exit_code, signal=signal)
+        return events, fds
+
+    # --- statistics ------------------------------------------------------------------------
+
+    def update_stats(self, entries: Iterable[tuple[int, int, int, OpStats]], ts: int
+                     ) -> tuple[list[Event], list[int]]:
+        """Apply a read of the kernel's stats map: ``(open_seq, cmd, sub, stats)``, summed
+        over CPUs. Returns the events to publish and the open_seqs whose map entries can be
+        deleted now (closed, and their final figures folded in)."""
+        for open_seq, cmd, sub, stats in entries:
             if open_seq in self._group_of_seq:
-                self._live_counts.setdefault(open_seq, Counter())[cmd] = count
+                self._live.setdefault(open_seq, {})[(cmd, sub)] = stats
         retired = sorted(self._retiring)
         for open_seq in retired:
             group = self._group_of_seq.pop(open_seq)
-            self._closed_totals.setdefault(group, Counter()).update(
-                self._live_counts.pop(open_seq, Counter()))
+            folded = self._closed.setdefault(group, {})
+            for op, stats in self._live.pop(open_seq, {}).items():
+                folded.setdefault(op, OpStats()).add(stats)
         self._retiring.clear()
 
-        totals: dict[Group, Counter[int]] = {g: Counter(c) for g, c in self._closed_totals.items()}
-        for open_seq, counter in self._live_counts.items():
-            totals.setdefault(self._group_of_seq[open_seq], Counter()).update(counter)
+        totals: dict[Group, dict[OpKey, OpStats]] = {
+            group: {op: s.copy() for op, s in ops.items()} for group, ops in self._closed.items()}
+        for open_seq, ops in self._live.items():
+            group_totals = totals.setdefault(self._group_of_seq[open_seq], {})
+            for op, stats in ops.items():
+                group_totals.setdefault(op, OpStats()).add(stats)
         events: list[Event] = []
-        for group, counter in totals.items():
-            snapshot = {str(cmd): n for cmd, n in sorted(counter.items())}
+        for group, ops in totals.items():
+            device = self._device_of_group[group]
+            snapshot = [self._op_dict(cmd, sub, device, stats)
+                        for (cmd, sub), stats in sorted(ops.items())]
             if snapshot and snapshot != self._published.get(group):
                 self._published[group] = snapshot
-                events.append(IoctlCounts(ts=ts, process=group[0], path=group[1],
-                                          device=self._device_of_group[group], counts=snapshot))
+                events.append(DriverCallStats(ts=ts, process=group[0], path=group[1],
+                                              device=device, ops=snapshot))
         events += self._finish_exits()
         return events, retired
 
+    @staticmethod
+    def _op_dict(cmd: int, sub: int, device: str, stats: OpStats) -> dict:
+        return {"cmd": cmd, "op": ioctl_name(cmd, device), "sub": sub,
+                "sub_name": sub_name(cmd, device, sub), "count": stats.count,
+                "errors": stats.errors, "latency_sum_ns": stats.latency_sum_ns,
+                "latency_max_ns": stats.latency_max_ns, "bytes": stats.bytes,
+                "latency_log2": list(stats.latency_log2)}
+
     def _finish_exits(self) -> list[Event]:
         events: list[Event] = []
-        for tgid, ts in self._exiting.items():
-            seen = self.processes.pop(tgid)
-            events.append(ProcessExited(ts=ts, process=seen.process))
-            for group in [g for g in self._closed_totals if g[0] == seen.process]:
-                del self._closed_totals[group]
+        for tgid, exited in self._exiting.items():
+            self.processes.pop(tgid, None)
+            events.append(exited)
+            for group in [g for g in self._closed if g[0] == exited.process]:
+                del self._closed[group]
                 self._published.pop(group, None)
                 self._device_of_group.pop(group, None)
         self._exiting.clear()
@@ -160,5 +278,5 @@ class FdTable:
         """Everything a subscriber that just (re)connected needs to know."""
         events: list[Event] = list(self.processes.values())
         events += [self._opened_event(t) for t in self.fds.values()]
-        self._published.clear()   # the next update_counts re-sends every counter
+        self._published.clear()   # the next update_stats re-sends every figure
         return events

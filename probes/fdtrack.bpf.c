@@ -1,63 +1,157 @@
-// fdtrack.bpf.c  Track which processes hold NVIDIA device fds and count their ioctls.
+// fdtrack.bpf.c  NVIDIA device fds per process, and every driver call on them, decoded.
 //
-// Tracepoints only (no kprobes: not every kernel we target has them). The device path
-// prefix comes from user space in the `prefix` map, so the same program watches
-// /dev/nvidia* on a GPU host and look-alike files in tests. User space applies the full
-// glob to each open and untracks what the prefix let through by mistake.
+// Tracepoints only (kprobes are not on every kernel we target). What it does:
+//  - follows device fds through open/openat/openat2, dup/dup2/dup3/fcntl(F_DUPFD*),
+//    fcntl(F_SETFD), close and close_range; fork and exec are reported for user space to
+//    finish (inheritance, O_CLOEXEC);
+//  - decodes each ioctl on a tracked fd at sys_enter (arguments the driver may rewrite,
+//    e.g. hClass) and sys_exit (latency, syscall return, the RM status inside the struct),
+//    where to look being told by the `decode` map that user space fills from
+//    gpuwhy/nvioctl.py: the knowledge of the driver's structs lives in one place;
+//  - aggregates per (open, command, sub-operation) in a per-CPU map, so its cost does not
+//    grow with the call rate; only notable calls are sent one by one.
 //
-// Counting happens here, in a hash keyed by (open_seq, cmd): one map update per ioctl
-// and no event per ioctl. open_seq numbers each tracked open, so a reused fd number
-// never mixes two opens' counts. Every loss is counted in `drops`.
+// The cheap exits matter most: a process without tracked fds pays one array lookup per
+// ioctl enter and one per exit (the "hint" arrays, indexed by pid modulo HINT_SLOTS; a
+// slot shared by two pids only costs a hash lookup). Every loss is counted in `drops`.
 #include <uapi/linux/ptrace.h>
 
-#ifndef PATH_LEN
 #define PATH_LEN 128
-#endif
 #define PREFIX_LEN 64
+#define HINT_MASK (HINT_SLOTS - 1)
+#define LAT_BUCKETS 32
+#define O_CLOEXEC_FLAG 0x80000
+#define F_DUPFD_CMD 0
+#define F_SETFD_CMD 2
+#define F_DUPFD_CLOEXEC_CMD 1030
+#define FD_CLOEXEC_FLAG 1
+#define FIONCLEX_CMD 0x5450
+#define FIOCLEX_CMD 0x5451
+#define NV_MAGIC 0x46
 
-enum drop_reason { DROP_RINGBUF = 0, DROP_TRACKED_FULL = 1, DROP_COUNTS_FULL = 2,
-                   DROP_PENDING_FULL = 3, DROP_REASONS = 4 };
-enum event_type { EV_OPEN = 1, EV_CLOSE = 2, EV_EXIT = 3 };
+// Same values as the F_* flags in gpuwhy/nvioctl.py.
+#define F_NOTABLE (1 << 0)
+#define F_SUB_ARG0 (1 << 1)
+#define F_BYTES_ARG1 (1 << 2)
+#define F_LIMIT_ARG1 (1 << 3)
+#define F_ALLOC_PARAMS (1 << 4)
+#define F_VERSION (1 << 5)
+#define F_GPU_IDS (1 << 6)
+#define F_XFER (1 << 7)
+#define F_HEAP_ALLOC (1 << 8)
+#define F_NOTABLE_SUB (1 << 9)
+#define CALL_XFERRED (1 << 16)
+#define CALL_ERROR (1 << 17)
+#define CALL_SLOW (1 << 18)
+#define CALL_BIG (1 << 19)
 
-struct prefix_t {
-    u32 len;
-    char text[PREFIX_LEN];
+enum drop_reason { DROP_RINGBUF, DROP_TRACKED_FULL, DROP_STATS_FULL, DROP_INFLIGHT_FULL,
+                   DROP_PENDING_FULL, DROP_RATE_LIMITED, DROP_REASONS };
+enum event_type { EV_OPEN = 1, EV_CLOSE, EV_EXIT, EV_DUP, EV_CALL, EV_FORK, EV_EXEC,
+                  EV_CLOSE_RANGE, EV_INHERIT };
+#define CLONE_THREAD_FLAG 0x00010000
+
+struct config_t {
+    u32 prefix_len;
+    char prefix[PREFIX_LEN];
+    u32 emit_all;            // gpuwhy trace: every call as an event
+    u32 filter_tgid;         // 0: every process
+    u32 error_events_per_sec;
+    u64 slow_ns;
+    u64 big_bytes;
+    u64 ns_per_tick;         // /proc/PID/stat start times are in clock ticks
+    u32 task_offsets_valid;  // offsets below come from the running kernel's BTF
+    u32 off_group_leader;
+    u32 off_start_boottime;
+    u32 off_tgid;
 };
 
-struct fd_key_t {
-    u32 tgid;
-    s32 fd;
-};
+struct fd_key_t { u32 tgid; s32 fd; };
+struct fd_info_t { u64 open_seq; u32 cloexec; u32 reserved; };
+struct open_t { char path[PATH_LEN]; u32 cloexec; };
+struct dup_t { s32 oldfd; s32 newfd; u64 old_seq; u32 cloexec; u32 old_tracked; };
+struct decode_key_t { u32 space; u32 code; u32 size; };   // space 0: 'F' escapes, 1: bare
+struct decode_t { s32 status_off; s32 a0_off; s32 a0_len; s32 a1_off; s32 a1_len; u32 flags; };
 
-struct count_key_t {
+struct call_t {
+    u64 ts;
     u64 open_seq;
-    u32 tgid;
-    u32 cmd;
+    u64 ptr;                 // the parameters (the inner ones for an XFER)
+    u64 arg0;
+    u64 arg1;
+    u64 bytes;
+    s32 fd;
+    u32 cmd;                 // effective command (the inner one for an XFER)
+    u32 nr;
+    u32 size;
+    u32 flags;
+    s32 status_off;
 };
 
-struct path_t {
-    char text[PATH_LEN];
+struct stats_key_t { u64 open_seq; u32 tgid; u32 cmd; u32 sub; u32 reserved; };
+struct stats_t {
+    u64 count;
+    u64 errors;
+    u64 latency_sum_ns;
+    u64 latency_max_ns;
+    u64 bytes;
+    u32 latency_log2[LAT_BUCKETS];
 };
 
 struct event_t {
     u32 type;
     u32 tgid;
+    u32 tid;
     s32 fd;
-    u32 reserved;
     u64 open_seq;
-    u64 ktime_ns;           // CLOCK_MONOTONIC; user space converts to realtime
-    char path[PATH_LEN];
+    u64 ktime_ns;            // CLOCK_MONOTONIC; user space converts to realtime
+    u64 start_ticks;         // process start time (ticks since boot), 0 when unknown
+    s32 aux;                 // EV_DUP: old fd; EV_FORK: child pid; EV_CLOSE_RANGE: last fd
+    u32 cloexec;             // EV_OPEN/EV_DUP: O_CLOEXEC; EV_CLOSE_RANGE: flags
+    u32 cmd;
+    u32 nr;
+    u32 size;
+    u32 sub;
+    u32 status;
+    u32 flags;
+    u64 latency_ns;
+    s64 ret;
+    u64 arg0;
+    u64 arg1;
+    u64 bytes;
+    char data[PATH_LEN];     // path, version string or GPU ids
 };
 
-BPF_ARRAY(prefix, struct prefix_t, 1);
+struct budget_t { u64 window; u32 used; u32 reserved; };
+struct fork_t { u32 parent; u32 execd; };
+
+BPF_ARRAY(config, struct config_t, 1);
 BPF_ARRAY(next_open_seq, u64, 1);
 BPF_PERCPU_ARRAY(drops, u64, DROP_REASONS);
-BPF_PERCPU_ARRAY(scratch, struct path_t, 1);
-BPF_HASH(pending_open, u64, struct path_t, 4096);            // pid_tgid -> path at sys_enter
-BPF_HASH(tracked, struct fd_key_t, u64, MAX_TRACKED);        // (tgid, fd) -> open_seq
-BPF_HASH(fds_per_process, u32, u32, MAX_TRACKED);            // tgid -> tracked fds
-BPF_HASH(ioctl_counts, struct count_key_t, u64, MAX_COUNTS);
+BPF_PERCPU_ARRAY(scratch, struct open_t, 1);
+BPF_PERCPU_ARRAY(error_budget, struct budget_t, 1);
+BPF_ARRAY(proc_hint, s32, HINT_SLOTS);        // kernel's own inserts minus removals
+BPF_ARRAY(proc_hint_user, s32, HINT_SLOTS);   // user space's (scan, fork, exec, exit)
+BPF_ARRAY(inflight_hint, s32, HINT_SLOTS);
+BPF_HASH(pending_open, u64, struct open_t, 4096);
+BPF_HASH(pending_dup, u64, struct dup_t, 4096);
+BPF_HASH(tracked, struct fd_key_t, struct fd_info_t, MAX_TRACKED);
+BPF_TABLE("lru_hash", u32, u32, tracked_procs, MAX_TRACKED);
+// A child forked by a tracked process, until user space has copied its fd table: its
+// ioctls on inherited fds are followed from the first one (copied here on first use).
+BPF_TABLE("lru_hash", u32, struct fork_t, fork_parent, 16384);
+BPF_TABLE("lru_hash", u32, struct call_t, inflight, 16384);
+BPF_HASH(decode, struct decode_key_t, struct decode_t, 512);
+BPF_HASH(notable_controls, u32, u32, 256);
+BPF_HASH(memory_classes, u32, u32, 64);
+BPF_PERCPU_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+
+static __always_inline struct config_t *get_config(void)
+{
+    int zero = 0;
+    return config.lookup(&zero);
+}
 
 static __always_inline void count_drop(int reason)
 {
@@ -66,81 +160,116 @@ static __always_inline void count_drop(int reason)
         (*counter)++;
 }
 
-static __always_inline int matches_prefix(const struct path_t *path)
+static __always_inline u64 current_start_ticks(struct config_t *cfg)
 {
-    int zero = 0;
-    struct prefix_t *want = prefix.lookup(&zero);
-    if (!want || want->len == 0)
+    if (!cfg || !cfg->task_offsets_valid || !cfg->ns_per_tick)
         return 0;
-    for (int i = 0; i < PREFIX_LEN; i++) {
-        if (i >= want->len)
-            return 1;
-        if (path->text[i] != want->text[i])
-            return 0;
-    }
-    return 1;
+    void *task = (void *)bpf_get_current_task();
+    void *leader = 0;
+    u64 start = 0;
+    bpf_probe_read_kernel(&leader, sizeof(leader), task + cfg->off_group_leader);
+    if (!leader)
+        return 0;
+    bpf_probe_read_kernel(&start, sizeof(start), leader + cfg->off_start_boottime);
+    return start / cfg->ns_per_tick;
 }
 
-static __always_inline int on_open_enter(const char *filename)
+static __always_inline int process_is_tracked(u32 tgid)
 {
-    int zero = 0;
-    struct path_t *path = scratch.lookup(&zero);
-    if (!path)
-        return 0;
-    if (bpf_probe_read_user_str(path->text, sizeof(path->text), filename) <= 0)
-        return 0;
-    if (!matches_prefix(path))
-        return 0;
-    u64 id = bpf_get_current_pid_tgid();
-    if (pending_open.update(&id, path) != 0)
-        count_drop(DROP_PENDING_FULL);
-    return 0;
+    u32 slot = tgid & HINT_MASK;
+    s32 *kernel_count = proc_hint.lookup(&slot);
+    s32 *user_count = proc_hint_user.lookup(&slot);
+    return kernel_count && user_count && (*kernel_count + *user_count) > 0;
 }
 
-static __always_inline void emit(u32 type, u32 tgid, s32 fd, u64 open_seq,
-                                 const struct path_t *path)
+static __always_inline void hint_add(u32 tgid, s32 delta)
+{
+    u32 slot = tgid & HINT_MASK;
+    s32 *count = proc_hint.lookup(&slot);
+    if (count)
+        __sync_fetch_and_add(count, delta);
+}
+
+static __always_inline struct event_t *new_event(u32 type, u32 tgid, s32 fd, u64 open_seq,
+                                                  struct config_t *cfg)
 {
     struct event_t *event = events.ringbuf_reserve(sizeof(struct event_t));
     if (!event) {
         count_drop(DROP_RINGBUF);
-        return;
+        return 0;
     }
+    __builtin_memset(event, 0, sizeof(*event));
     event->type = type;
     event->tgid = tgid;
+    event->tid = (u32)bpf_get_current_pid_tgid();
     event->fd = fd;
-    event->reserved = 0;
     event->open_seq = open_seq;
     event->ktime_ns = bpf_ktime_get_ns();
-    if (path)
-        __builtin_memcpy(event->path, path->text, PATH_LEN);
-    else
-        event->path[0] = 0;
-    events.ringbuf_submit(event, 0);
+    event->start_ticks = current_start_ticks(cfg);
+    return event;
+}
+
+static __always_inline u64 new_open_seq(void)
+{
+    int zero = 0;
+    u64 *counter = next_open_seq.lookup(&zero);
+    return counter ? __sync_fetch_and_add(counter, 1) + 1 : 0;
+}
+
+static __always_inline int track(u32 tgid, s32 fd, u64 open_seq, u32 cloexec)
+{
+    struct fd_key_t key = {.tgid = tgid, .fd = fd};
+    struct fd_info_t info = {.open_seq = open_seq, .cloexec = cloexec};
+    if (tracked.update(&key, &info) != 0) {
+        count_drop(DROP_TRACKED_FULL);
+        return -1;
+    }
+    hint_add(tgid, 1);
+    u32 one = 1;
+    tracked_procs.update(&tgid, &one);
+    return 0;
+}
+
+// --- open ------------------------------------------------------------------------------
+
+static __always_inline int on_open_enter(const char *filename, u64 flags)
+{
+    struct config_t *cfg = get_config();
+    int zero = 0;
+    struct open_t *open = scratch.lookup(&zero);
+    if (!cfg || !open || cfg->prefix_len == 0)
+        return 0;
+    if (bpf_probe_read_user_str(open->path, sizeof(open->path), filename) <= 0)
+        return 0;
+    for (int i = 0; i < PREFIX_LEN; i++) {
+        if (i >= cfg->prefix_len)
+            break;
+        if (open->path[i] != cfg->prefix[i])
+            return 0;
+    }
+    open->cloexec = (flags & O_CLOEXEC_FLAG) ? 1 : 0;
+    u64 id = bpf_get_current_pid_tgid();
+    if (pending_open.update(&id, open) != 0)
+        count_drop(DROP_PENDING_FULL);
+    return 0;
 }
 
 static __always_inline int on_open_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
-    struct path_t *path = pending_open.lookup(&id);
-    if (!path)
+    struct open_t *open = pending_open.lookup(&id);
+    if (!open)
         return 0;
     if (ret >= 0) {
-        int zero = 0;
-        u64 *seq_counter = next_open_seq.lookup(&zero);
-        if (seq_counter) {
-            u64 open_seq = __sync_fetch_and_add(seq_counter, 1) + 1;
-            u32 tgid = id >> 32;
-            struct fd_key_t key = {.tgid = tgid, .fd = (s32)ret};
-            if (tracked.update(&key, &open_seq) == 0) {
-                u32 one = 1;
-                u32 *nfds = fds_per_process.lookup(&tgid);
-                if (nfds)
-                    __sync_fetch_and_add(nfds, 1);
-                else
-                    fds_per_process.update(&tgid, &one);
-                emit(EV_OPEN, tgid, (s32)ret, open_seq, path);
-            } else {
-                count_drop(DROP_TRACKED_FULL);
+        struct config_t *cfg = get_config();
+        u32 tgid = id >> 32;
+        u64 open_seq = new_open_seq();
+        if (track(tgid, (s32)ret, open_seq, open->cloexec) == 0) {
+            struct event_t *event = new_event(EV_OPEN, tgid, (s32)ret, open_seq, cfg);
+            if (event) {
+                event->cloexec = open->cloexec;
+                __builtin_memcpy(event->data, open->path, PATH_LEN);
+                events.ringbuf_submit(event, 0);
             }
         }
     }
@@ -148,42 +277,400 @@ static __always_inline int on_open_exit(long ret)
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return on_open_enter(args->filename); }
+TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return on_open_enter(args->filename, args->flags); }
 TRACEPOINT_PROBE(syscalls, sys_exit_openat) { return on_open_exit(args->ret); }
-TRACEPOINT_PROBE(syscalls, sys_enter_open) { return on_open_enter(args->filename); }
+TRACEPOINT_PROBE(syscalls, sys_enter_open) { return on_open_enter(args->filename, args->flags); }
 TRACEPOINT_PROBE(syscalls, sys_exit_open) { return on_open_exit(args->ret); }
-TRACEPOINT_PROBE(syscalls, sys_enter_openat2) { return on_open_enter(args->filename); }
+TRACEPOINT_PROBE(syscalls, sys_enter_openat2)
+{
+    u64 flags = 0;   // struct open_how starts with u64 flags
+    bpf_probe_read_user(&flags, sizeof(flags), args->how);
+    return on_open_enter(args->filename, flags);
+}
 TRACEPOINT_PROBE(syscalls, sys_exit_openat2) { return on_open_exit(args->ret); }
+
+// --- close -----------------------------------------------------------------------------
+
+static __always_inline void untrack(u32 tgid, s32 fd, struct config_t *cfg)
+{
+    struct fd_key_t key = {.tgid = tgid, .fd = fd};
+    struct fd_info_t *info = tracked.lookup(&key);
+    if (!info)
+        return;
+    struct event_t *event = new_event(EV_CLOSE, tgid, fd, info->open_seq, cfg);
+    if (event)
+        events.ringbuf_submit(event, 0);
+    tracked.delete(&key);
+    hint_add(tgid, -1);
+}
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    struct fd_key_t key = {.tgid = tgid, .fd = (s32)args->fd};
-    u64 *open_seq = tracked.lookup(&key);
-    if (!open_seq)
+    if (!process_is_tracked(tgid))
         return 0;
-    emit(EV_CLOSE, tgid, key.fd, *open_seq, 0);
-    tracked.delete(&key);
-    u32 *nfds = fds_per_process.lookup(&tgid);
-    if (nfds && *nfds > 0)
-        __sync_fetch_and_add(nfds, -1);
+    untrack(tgid, (s32)args->fd, get_config());
     return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_close_range)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!process_is_tracked(tgid))
+        return 0;
+    // No loops over fds here: user space knows which tracked fds fall in the range.
+    struct event_t *event = new_event(EV_CLOSE_RANGE, tgid, (s32)args->fd, 0, get_config());
+    if (event) {
+        event->aux = (s32)(args->max_fd > 0x7fffffff ? 0x7fffffff : args->max_fd);
+        event->cloexec = args->flags;
+        events.ringbuf_submit(event, 0);
+    }
+    return 0;
+}
+
+// --- dup, dup2, dup3, fcntl ----------------------------------------------------------
+
+static __always_inline int on_dup_enter(s32 oldfd, s32 newfd, u32 cloexec)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!process_is_tracked(tgid))
+        return 0;
+    struct fd_key_t key = {.tgid = tgid, .fd = oldfd};
+    struct fd_info_t *info = tracked.lookup(&key);
+    struct dup_t dup = {.oldfd = oldfd, .newfd = newfd, .cloexec = cloexec};
+    if (info) {
+        dup.old_seq = info->open_seq;
+        dup.old_tracked = 1;
+    } else if (newfd < 0) {
+        return 0;   // dup of an untracked fd onto a fresh number: nothing to follow
+    }
+    if (pending_dup.update(&id, &dup) != 0)
+        count_drop(DROP_PENDING_FULL);
+    return 0;
+}
+
+static __always_inline int on_dup_exit(long ret)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct dup_t *dup = pending_dup.lookup(&id);
+    if (!dup)
+        return 0;
+    u32 tgid = id >> 32;
+    struct config_t *cfg = get_config();
+    if (ret >= 0 && ret != dup->oldfd) {
+        untrack(tgid, (s32)ret, cfg);            // dup2/dup3 closed what was there
+        if (dup->old_tracked) {
+            u64 open_seq = new_open_seq();
+            if (track(tgid, (s32)ret, open_seq, dup->cloexec) == 0) {
+                struct event_t *event = new_event(EV_DUP, tgid, (s32)ret, open_seq, cfg);
+                if (event) {
+                    event->aux = dup->oldfd;
+                    event->cloexec = dup->cloexec;
+                    events.ringbuf_submit(event, 0);
+                }
+            }
+        }
+    }
+    pending_dup.delete(&id);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_dup) { return on_dup_enter((s32)args->fildes, -1, 0); }
+TRACEPOINT_PROBE(syscalls, sys_exit_dup) { return on_dup_exit(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_enter_dup2)
+{
+    return on_dup_enter((s32)args->oldfd, (s32)args->newfd, 0);
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_dup2) { return on_dup_exit(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_enter_dup3)
+{
+    return on_dup_enter((s32)args->oldfd, (s32)args->newfd,
+                        (args->flags & O_CLOEXEC_FLAG) ? 1 : 0);
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_dup3) { return on_dup_exit(args->ret); }
+
+TRACEPOINT_PROBE(syscalls, sys_enter_fcntl)
+{
+    if (args->cmd == F_DUPFD_CMD || args->cmd == F_DUPFD_CLOEXEC_CMD)
+        return on_dup_enter((s32)args->fd, -1, args->cmd == F_DUPFD_CLOEXEC_CMD);
+    if (args->cmd != F_SETFD_CMD)
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!process_is_tracked(tgid))
+        return 0;
+    struct fd_key_t key = {.tgid = tgid, .fd = (s32)args->fd};
+    struct fd_info_t *info = tracked.lookup(&key);
+    if (info)
+        info->cloexec = (args->arg & FD_CLOEXEC_FLAG) ? 1 : 0;
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_fcntl) { return on_dup_exit(args->ret); }
+
+// --- ioctl -----------------------------------------------------------------------------
+
+static __always_inline struct fd_info_t *inherit(u32 tgid, s32 fd)
+{
+    struct fork_t *fork = fork_parent.lookup(&tgid);
+    if (!fork)
+        return 0;
+    struct fd_key_t parent_key = {.tgid = fork->parent, .fd = fd};
+    struct fd_info_t *parent = tracked.lookup(&parent_key);
+    if (!parent || (fork->execd && parent->cloexec))
+        return 0;   // not the parent's device fd, or one that exec has closed
+    u64 open_seq = new_open_seq();
+    u32 cloexec = parent->cloexec;
+    if (track(tgid, fd, open_seq, cloexec) != 0)
+        return 0;
+    struct event_t *event = new_event(EV_INHERIT, tgid, fd, open_seq, get_config());
+    if (event) {
+        event->aux = fork->parent;
+        event->cloexec = cloexec;
+        events.ringbuf_submit(event, 0);
+    }
+    struct fd_key_t key = {.tgid = tgid, .fd = fd};
+    return tracked.lookup(&key);
+}
+
+static __always_inline struct decode_t *find_decode(u32 space, u32 code, u32 size)
+{
+    struct decode_key_t key = {.space = space, .code = code, .size = size};
+    struct decode_t *d = decode.lookup(&key);
+    if (d)
+        return d;
+    key.size = 0;
+    return decode.lookup(&key);
+}
+
+static __always_inline u64 read_field(u64 base, s32 off, s32 len)
+{
+    u64 value = 0;
+    if (off < 0 || !base)
+        return 0;
+    if (len == 8)
+        bpf_probe_read_user(&value, 8, (void *)(base + off));
+    else
+        bpf_probe_read_user(&value, 4, (void *)(base + off));
+    return value;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
 {
-    struct fd_key_t key = {.tgid = bpf_get_current_pid_tgid() >> 32, .fd = (s32)args->fd};
-    u64 *open_seq = tracked.lookup(&key);
-    if (!open_seq)
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!process_is_tracked(tgid))
         return 0;
-    struct count_key_t count_key = {.open_seq = *open_seq, .tgid = key.tgid,
-                                    .cmd = (u32)args->cmd};
-    u64 zero = 0;
-    u64 *count = ioctl_counts.lookup_or_try_init(&count_key, &zero);
-    if (count)
-        __sync_fetch_and_add(count, 1);
-    else
-        count_drop(DROP_COUNTS_FULL);
+    struct fd_key_t key = {.tgid = tgid, .fd = (s32)args->fd};
+    struct fd_info_t *info = tracked.lookup(&key);
+    if (!info)
+        info = inherit(tgid, key.fd);
+    if (!info)
+        return 0;
+    if (args->cmd == FIOCLEX_CMD || args->cmd == FIONCLEX_CMD) {
+        // How CPython's os.set_inheritable() flips close-on-exec: not a driver call.
+        info->cloexec = args->cmd == FIOCLEX_CMD;
+        return 0;
+    }
+
+    struct call_t call = {};
+    call.ts = bpf_ktime_get_ns();
+    call.open_seq = info->open_seq;
+    call.fd = key.fd;
+    u32 cmd = (u32)args->cmd;
+    u64 ptr = args->arg;
+    u32 space = ((cmd >> 8) & 0xff) == NV_MAGIC ? 0 : 1;
+    u32 nr = space == 0 ? (cmd & 0xff) : cmd;
+    u32 size = space == 0 ? ((cmd >> 16) & 0x3fff) : 0;
+    struct decode_t *d = find_decode(space, nr, size);
+    if (d && (d->flags & F_XFER)) {
+        struct { u32 cmd; u32 size; u64 ptr; } xfer = {};
+        bpf_probe_read_user(&xfer, sizeof(xfer), (void *)ptr);
+        cmd = xfer.cmd;
+        nr = cmd & 0xff;
+        size = xfer.size;
+        ptr = xfer.ptr;
+        call.flags |= CALL_XFERRED;
+        d = find_decode(0, nr, size);
+    }
+    call.cmd = cmd;
+    call.nr = nr;
+    call.size = size;
+    call.ptr = ptr;
+    call.status_off = -1;
+    if (d) {
+        call.flags |= d->flags;
+        call.status_off = d->status_off;
+        call.arg0 = read_field(ptr, d->a0_off, d->a0_len);
+        call.arg1 = read_field(ptr, d->a1_off, d->a1_len);
+        u32 arg0 = (u32)call.arg0;
+        if (d->flags & F_BYTES_ARG1)
+            call.bytes = call.arg1;
+        if (d->flags & F_LIMIT_ARG1)
+            call.bytes = call.arg1 + 1;
+        if ((d->flags & F_HEAP_ALLOC) && (arg0 == 2 || arg0 == 14 || arg0 == 19))
+            call.bytes = call.arg1;
+        if ((d->flags & F_ALLOC_PARAMS) && memory_classes.lookup(&arg0))
+            call.bytes = read_field(call.arg1, 64, 8);   // NV_MEMORY_ALLOCATION_PARAMS.size
+        if ((d->flags & F_NOTABLE_SUB) && notable_controls.lookup(&arg0))
+            call.flags |= F_NOTABLE;
+    }
+    u32 tid = (u32)id;
+    if (inflight.update(&tid, &call) != 0) {
+        count_drop(DROP_INFLIGHT_FULL);
+        return 0;
+    }
+    u32 slot = tid & HINT_MASK;
+    s32 *hint = inflight_hint.lookup(&slot);
+    if (hint)
+        __sync_fetch_and_add(hint, 1);
+    return 0;
+}
+
+static __always_inline int error_event_allowed(struct config_t *cfg, u64 now)
+{
+    int zero = 0;
+    struct budget_t *budget = error_budget.lookup(&zero);
+    if (!budget)
+        return 0;
+    u64 window = now / 1000000000ULL;
+    if (budget->window != window) {
+        budget->window = window;
+        budget->used = 0;
+    }
+    if (budget->used >= cfg->error_events_per_sec) {
+        count_drop(DROP_RATE_LIMITED);
+        return 0;
+    }
+    budget->used++;
+    return 1;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    u32 slot = tid & HINT_MASK;
+    s32 *hint = inflight_hint.lookup(&slot);
+    if (!hint || *hint <= 0)
+        return 0;
+    struct call_t *call = inflight.lookup(&tid);
+    if (!call)
+        return 0;
+    __sync_fetch_and_add(hint, -1);
+
+    u64 now = bpf_ktime_get_ns();
+    u64 latency = now - call->ts;
+    s64 ret = args->ret;
+    u32 status = 0;
+    if (call->status_off >= 0)
+        bpf_probe_read_user(&status, sizeof(status), (void *)(call->ptr + call->status_off));
+    u32 failed = ret < 0 || status != 0;
+    u32 sub = (call->flags & F_SUB_ARG0) ? (u32)call->arg0 : 0;
+
+    struct stats_key_t key = {.open_seq = call->open_seq, .tgid = id >> 32, .cmd = call->cmd,
+                              .sub = sub};
+    struct stats_t zero = {};
+    struct stats_t *stats = op_stats.lookup_or_try_init(&key, &zero);
+    if (stats) {
+        stats->count++;
+        stats->errors += failed;
+        stats->latency_sum_ns += latency;
+        if (latency > stats->latency_max_ns)
+            stats->latency_max_ns = latency;
+        stats->bytes += call->bytes;
+        u32 bucket = bpf_log2l(latency);
+        if (bucket >= LAT_BUCKETS)
+            bucket = LAT_BUCKETS - 1;
+        stats->latency_log2[bucket]++;
+    } else {
+        count_drop(DROP_STATS_FULL);
+    }
+
+    struct config_t *cfg = get_config();
+    if (!cfg)
+        goto done;
+    u32 flags = call->flags;
+    if (failed)
+        flags |= CALL_ERROR;
+    if (latency >= cfg->slow_ns)
+        flags |= CALL_SLOW;
+    if (cfg->big_bytes && call->bytes >= cfg->big_bytes)
+        flags |= CALL_BIG;
+    int wanted = cfg->emit_all || (flags & (F_NOTABLE | CALL_SLOW));
+    if (!wanted && (flags & (CALL_ERROR | CALL_BIG)))
+        wanted = error_event_allowed(cfg, now);
+    if (cfg->filter_tgid && cfg->filter_tgid != (u32)(id >> 32))
+        wanted = 0;
+    if (wanted) {
+        struct event_t *event = new_event(EV_CALL, id >> 32, call->fd, call->open_seq, cfg);
+        if (event) {
+            event->cmd = call->cmd;
+            event->nr = call->nr;
+            event->size = call->size;
+            event->sub = sub;
+            event->status = status;
+            event->flags = flags;
+            event->latency_ns = latency;
+            event->ret = ret;
+            event->arg0 = call->arg0;
+            event->arg1 = call->arg1;
+            event->bytes = call->bytes;
+            if (flags & F_VERSION)
+                bpf_probe_read_user_str(event->data, 64, (void *)(call->ptr + 8));
+            else if (flags & F_GPU_IDS)
+                bpf_probe_read_user(event->data, call->size < PATH_LEN ? call->size & 0x7f
+                                                                        : PATH_LEN,
+                                    (void *)call->ptr);
+            events.ringbuf_submit(event, 0);
+        }
+    }
+done:
+    inflight.delete(&tid);
+    return 0;
+}
+
+// --- fork, exec, exit of processes that hold tracked fds -------------------------------
+
+RAW_TRACEPOINT_PROBE(task_newtask)
+{
+    // TP_PROTO(struct task_struct *task, unsigned long clone_flags). A new thread shares
+    // the fd table; a new process gets a copy of it, which we follow.
+    if (ctx->args[1] & CLONE_THREAD_FLAG)
+        return 0;
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (!tracked_procs.lookup(&parent))
+        return 0;
+    struct config_t *cfg = get_config();
+    if (!cfg || !cfg->task_offsets_valid)
+        return 0;
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[0] + cfg->off_tgid);
+    if (!child)
+        return 0;
+    struct fork_t fork = {.parent = parent};
+    fork_parent.update(&child, &fork);
+    u32 one = 1;
+    tracked_procs.update(&child, &one);
+    hint_add(child, 1);      // until the child exits; fdtrack counts its ioctls from now
+    struct event_t *event = new_event(EV_FORK, parent, -1, 0, cfg);
+    if (event) {
+        event->aux = child;
+        events.ringbuf_submit(event, 0);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!tracked_procs.lookup(&tgid))
+        return 0;
+    struct fork_t *fork = fork_parent.lookup(&tgid);
+    if (fork)
+        fork->execd = 1;
+    struct event_t *event = new_event(EV_EXEC, tgid, -1, 0, get_config());
+    if (event)
+        events.ringbuf_submit(event, 0);
     return 0;
 }
 
@@ -193,9 +680,15 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tgid = id >> 32;
     if ((u32)id != tgid)
         return 0;   // a thread, not the whole process
-    if (!fds_per_process.lookup(&tgid))
+    if (!tracked_procs.lookup(&tgid))
         return 0;
-    fds_per_process.delete(&tgid);
-    emit(EV_EXIT, tgid, -1, 0, 0);
+    tracked_procs.delete(&tgid);
+    if (fork_parent.lookup(&tgid)) {
+        fork_parent.delete(&tgid);
+        hint_add(tgid, -1);
+    }
+    struct event_t *event = new_event(EV_EXIT, tgid, -1, 0, get_config());
+    if (event)
+        events.ringbuf_submit(event, 0);
     return 0;
 }

@@ -1,11 +1,9 @@
-"""fdtrack: which processes hold NVIDIA device fds, and how many ioctls they send on each.
+"""fdtrack: NVIDIA device fds per process and every driver call on them, decoded.
 
-Loads ``fdtrack.bpf.c`` (syscall and sched tracepoints), seeds it with the device fds that
-processes already held (``/proc/*/fd`` scan), and turns its ring-buffer records and
-counts map into bus events through :class:`~gpuwhy.probes.fdtable.FdTable`.
-
-Caveats: a relative open (``openat(dirfd, "nvidia0")``) is not recognised; fds that
-arrive by ``dup``/``fork``/``SCM_RIGHTS`` are the scheduler/fd issue's work.
+Loads ``fdtrack.bpf.c``, fills its decode tables from :mod:`gpuwhy.nvioctl`, seeds it
+with the device fds processes already held (``/proc/*/fd`` scan), and turns its records
+and per-CPU statistics into bus events through :class:`~gpuwhy.probes.fdtable.FdTable`.
+What it sees, what it costs and its caveats: ``probes/README.md``.
 """
 
 from __future__ import annotations
@@ -19,11 +17,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwhy.clock import ClockConverter, now_ns
+from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter, now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
-from gpuwhy.events import Event, ProcessSeen, SourceHealth
-from gpuwhy.probes.fdtable import FdTable
+from gpuwhy.events import DriverCall, Event, ProcessSeen, SourceHealth
+from gpuwhy.identity import classify_device
+from gpuwhy.nvioctl import (
+    FRONTEND_DECODE,
+    MEMORY_CLASSES,
+    NOTABLE_CONTROLS,
+    UVM_DECODE,
+    ioctl_name,
+    status_name,
+    sub_name,
+)
+from gpuwhy.probes.btf import BTFError, task_offsets
+from gpuwhy.probes.fdtable import LAT_BUCKETS, FdTable, OpStats
 from gpuwhy.probes.procscan import literal_prefix, scan_open_devices
 from gpuwhy.proc import read_process
 
@@ -31,11 +40,18 @@ log = logging.getLogger(__name__)
 
 NAME = "fdtrack"
 BPF_SOURCE = Path(__file__).with_name("fdtrack.bpf.c")
-EV_OPEN, EV_CLOSE, EV_EXIT = 1, 2, 3
-DROP_REASONS = ("ringbuf_full", "tracked_map_full", "counts_map_full", "pending_map_full")
+EV_OPEN, EV_CLOSE, EV_EXIT, EV_DUP, EV_CALL, EV_FORK, EV_EXEC, EV_CLOSE_RANGE, EV_INHERIT = \
+    range(1, 10)
+DROP_REASONS = ("ringbuf_full", "tracked_map_full", "stats_map_full", "inflight_map_full",
+                "pending_map_full", "rate_limited_call_events")
+CALL_REASONS = ((1 << 0, "notable"), (1 << 18, "slow"), (1 << 17, "error"), (1 << 19, "big"))
+F_VERSION, F_GPU_IDS = 1 << 5, 1 << 6
 PREFIX_LEN = 64
-SCANNED_SEQ_BASE = 1 << 62   # open_seqs made up for scanned fds never meet the kernel's
-CFLAGS = ("-DPATH_LEN=128", "-DMAX_TRACKED=65536", "-DMAX_COUNTS=131072", "-DRINGBUF_PAGES=64")
+DATA_LEN = 128
+HINT_SLOTS = 1 << 16
+USER_SEQ_BASE = 1 << 62   # open_seqs user space makes up never meet the kernel's
+CFLAGS = (f"-DHINT_SLOTS={HINT_SLOTS}", "-DMAX_TRACKED=65536", "-DMAX_STATS=65536",
+          "-DRINGBUF_PAGES=256")
 TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
 
 
@@ -44,41 +60,55 @@ def ebpf_text() -> str:
     return f"// cflags: {' '.join(CFLAGS)}\n{BPF_SOURCE.read_text()}"
 
 
-def _load_bpf() -> object:
+def load_bpf(name: str, source: Path, cflags: tuple[str, ...]) -> object:
+    """Compile and attach a bcc program; every way it fails becomes a ProbeLoadError."""
     if os.geteuid() != 0:
-        raise ProbeLoadError(NAME, "needs root (CAP_BPF, CAP_PERFMON); run as root")
+        raise ProbeLoadError(name, "needs root (CAP_BPF, CAP_PERFMON); run as root")
     if not any(os.path.isdir(p) for p in TRACEFS):
-        raise ProbeLoadError(NAME, "tracefs is not mounted; fix: "
+        raise ProbeLoadError(name, "tracefs is not mounted; fix: "
                                    "mount -t tracefs tracefs /sys/kernel/tracing")
     try:
         from bcc import BPF
     except ImportError:
-        raise ProbeLoadError(NAME, "bcc is not importable; fix: apt-get install python3-bpfcc "
+        raise ProbeLoadError(name, "bcc is not importable; fix: apt-get install python3-bpfcc "
                                    "and use a venv made with --system-site-packages") from None
     try:
-        return BPF(src_file=str(BPF_SOURCE).encode(), cflags=list(CFLAGS))
+        return BPF(src_file=str(source).encode(), cflags=list(cflags))
     except Exception as exc:  # bcc raises bare Exception for compile and attach failures
-        raise ProbeLoadError(NAME, f"{exc} (are kernel headers at "
+        raise ProbeLoadError(name, f"{exc} (are kernel headers at "
                                    f"/lib/modules/{os.uname().release}/build?)") from None
 
 
 class FdTrackProbe:
-    """The fdtrack probe: ``load()``, then ``run(stop)``; every event goes to ``publish``."""
+    """The fdtrack probe: ``load()``, then ``run(stop)``; every event goes to ``publish``.
+
+    ``trace=True`` loads it for ``gpuwhy trace``: every call becomes a DriverCall event
+    (``pid`` limits that to one process).
+    """
 
     def __init__(self, config: Config, publish: Callable[[Event], object],
                  clock: ClockConverter | None = None,
-                 bus_counters: Callable[[], dict[str, int]] = dict):
+                 bus_counters: Callable[[], dict[str, int]] = dict,
+                 trace: bool = False, pid: int = 0):
         self.device_glob: str = config["probes.device_glob"]
         self.poll_interval: float = config["probes.poll_interval"]
         self.proc_root: str = config["probes.proc_root"]
+        self.slow_ns = int(config["probes.slow_call_ms"] * 1_000_000)
+        self.big_bytes: int = config["probes.big_alloc_bytes"]
+        self.error_events_per_sec: int = config["probes.error_events_per_second"]
+        self.trace = trace
+        self.pid = pid
         self._publish = publish
         self._bus_counters = bus_counters
         self._clock = clock or ClockConverter()
         self.table = FdTable(self._resolve)
-        self.events_seen = 0
+        self.records = 0
         self.filtered = 0
+        self.task_offsets_error: str | None = None
         self._bpf = None
-        self._scanned_seq = SCANNED_SEQ_BASE
+        self._user_seq = USER_SEQ_BASE
+
+    # --- loading ---------------------------------------------------------------------------
 
     def _resolve(self, pid: int, ts: int) -> ProcessSeen | None:
         try:
@@ -91,89 +121,243 @@ class FdTrackProbe:
             self._publish(event)
 
     def load(self) -> None:
-        """Compile, attach, set the device prefix, then scan /proc (attach first: no gap)."""
-        self._bpf = bpf = _load_bpf()
+        """Compile, attach, configure, then scan /proc (attach first: no gap)."""
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
         self._events = bpf[b"events"]
         self._tracked = bpf[b"tracked"]
-        self._fds_per_process = bpf[b"fds_per_process"]
-        self._counts = bpf[b"ioctl_counts"]
+        self._hint_user = bpf[b"proc_hint_user"]
+        self._stats = bpf[b"op_stats"]
         self._drops = bpf[b"drops"]
-        prefix = literal_prefix(self.device_glob).encode()[:PREFIX_LEN]
-        table = bpf[b"prefix"]
-        leaf = table.Leaf()
-        leaf.len = len(prefix)
-        leaf.text = prefix
-        table[ctypes.c_int(0)] = leaf
+        self._configure(bpf)
         self._events.open_ring_buffer(self._on_record)
-        self.scan()
+        if not self.trace or not self.pid:
+            self.scan()
+        else:
+            self.scan(only_pid=self.pid)
 
-    def scan(self) -> int:
-        """Track device fds that were open before we attached; returns how many were found."""
-        tracked, per_process = self._tracked, self._fds_per_process
+    def _configure(self, bpf: object) -> None:
+        table = bpf[b"config"]
+        cfg = table.Leaf()
+        prefix = literal_prefix(self.device_glob).encode()[:PREFIX_LEN]
+        cfg.prefix_len = len(prefix)
+        cfg.prefix = prefix
+        cfg.emit_all = int(self.trace)
+        cfg.filter_tgid = self.pid
+        cfg.error_events_per_sec = self.error_events_per_sec
+        cfg.slow_ns = self.slow_ns
+        cfg.big_bytes = self.big_bytes
+        cfg.ns_per_tick = NS_PER_SECOND // CLOCK_TICKS_PER_SECOND
+        try:
+            offsets = task_offsets()
+            cfg.task_offsets_valid = 1
+            cfg.off_group_leader = offsets.group_leader
+            cfg.off_start_boottime = offsets.start_boottime
+            cfg.off_tgid = offsets.tgid
+        except BTFError as exc:
+            self.task_offsets_error = str(exc)
+            log.warning("no kernel BTF (%s): process start times come from /proc", exc)
+        table[ctypes.c_int(0)] = cfg
+
+        decode = bpf[b"decode"]
+        for space, entries in ((0, FRONTEND_DECODE), (1, {(c, 0): d for c, d in
+                                                           UVM_DECODE.items()})):
+            for (code, size), spec in entries.items():
+                leaf = decode.Leaf(spec.status, spec.arg0[0], spec.arg0[1], spec.arg1[0],
+                                   spec.arg1[1], spec.flags)
+                decode[decode.Key(space, code, size)] = leaf
+        for name, values in ((b"notable_controls", NOTABLE_CONTROLS),
+                             (b"memory_classes", MEMORY_CLASSES)):
+            table = bpf[name]
+            for value in values:
+                table[ctypes.c_uint32(value)] = ctypes.c_uint32(1)
+
+    # --- user-side changes to the kernel's fd table -------------------------------------
+
+    def _next_user_seq(self) -> int:
+        self._user_seq += 1
+        return self._user_seq
+
+    def _hint(self, tgid: int, delta: int) -> None:
+        slot = ctypes.c_int(tgid % HINT_SLOTS)
+        self._hint_user[slot] = ctypes.c_int(self._hint_user[slot].value + delta)
+
+    def _kernel_track(self, tgid: int, fd: int, open_seq: int, cloexec: bool) -> bool:
+        key = self._tracked.Key(tgid, fd)
+        if key in self._tracked:
+            return False
+        self._tracked[key] = self._tracked.Leaf(open_seq, int(cloexec), 0)
+        self._bpf[b"tracked_procs"][ctypes.c_uint32(tgid)] = ctypes.c_uint32(1)
+        self._hint(tgid, 1)
+        return True
+
+    def _kernel_untrack(self, tgid: int, fds: list[int]) -> None:
+        for fd in fds:
+            try:
+                del self._tracked[self._tracked.Key(tgid, fd)]
+            except KeyError:
+                continue      # the kernel closed it itself (and counted that)
+            self._hint(tgid, -1)
+
+    def scan(self, only_pid: int = 0) -> int:
+        """Track device fds that were open before we attached; returns how many."""
         found = 0
         for open_device in scan_open_devices(self.device_glob, self.proc_root):
-            key = tracked.Key(open_device.pid, open_device.fd)
-            if key in tracked:          # opened while we were scanning: the kernel saw it
+            if only_pid and open_device.pid != only_pid:
                 continue
-            self._scanned_seq += 1
-            tracked[key] = ctypes.c_uint64(self._scanned_seq)
-            count = per_process.get(ctypes.c_uint32(open_device.pid))
-            per_process[ctypes.c_uint32(open_device.pid)] = ctypes.c_uint32(
-                (count.value if count else 0) + 1)
-            self._emit(self.table.opened(open_device.pid, open_device.fd, self._scanned_seq,
-                                         open_device.path, now_ns(), scanned=True))
+            seq = self._next_user_seq()
+            if not self._kernel_track(open_device.pid, open_device.fd, seq, False):
+                continue          # opened while we were scanning: the kernel saw it
+            self._emit(self.table.opened(open_device.pid, open_device.fd, seq,
+                                         open_device.path, now_ns(), how="scan"))
             found += 1
         log.info("start-up scan: %d open device fds matching %s", found, self.device_glob)
         return found
 
+    # --- records ---------------------------------------------------------------------------
+
     def _on_record(self, ctx: object, data: object, size: int) -> None:
         record = self._events.event(data)
-        self.events_seen += 1
+        self.records += 1
         ts = self._clock.realtime_from_monotonic(record.ktime_ns)
-        if record.type == EV_OPEN:
-            path = bytes(record.path).split(b"\0", 1)[0].decode("utf-8", errors="replace")
-            if not fnmatch.fnmatchcase(path, self.device_glob):
-                self.filtered += 1   # the prefix matched, the whole glob does not
-                self._untrack(record.tgid, record.fd)
-                return
-            events = self.table.opened(record.tgid, record.fd, record.open_seq, path, ts)
-        elif record.type == EV_CLOSE:
-            events = self.table.closed(record.tgid, record.fd, record.open_seq, ts)
-        elif record.type == EV_EXIT:
-            fds = [fd for owner, fd in self.table.fds if owner == record.tgid]
-            events = self.table.exited(record.tgid, ts)
-            for fd in fds:      # an exit closes no fd one by one: the kernel map keeps them
-                self._untrack(record.tgid, fd)
-        else:
+        handler = self._handlers.get(record.type)
+        if handler is None:
             log.warning("unknown fdtrack record type %d", record.type)
             return
-        self._emit(events)
+        self._emit(handler(self, record, ts))
 
-    def _untrack(self, tgid: int, fd: int) -> None:
-        tracked = self._tracked
-        try:
-            del tracked[tracked.Key(tgid, fd)]
-        except KeyError:
-            pass
+    def _on_open(self, record: object, ts: int) -> list[Event]:
+        path = bytes(record.data).split(b"\0", 1)[0].decode("utf-8", errors="replace")
+        if not fnmatch.fnmatchcase(path, self.device_glob):
+            self.filtered += 1       # the prefix matched, the whole glob does not
+            self._kernel_untrack(record.tgid, [record.fd])
+            return []
+        return self.table.opened(record.tgid, record.fd, record.open_seq, path, ts,
+                                 cloexec=bool(record.cloexec), start_ticks=record.start_ticks)
+
+    def _on_dup(self, record: object, ts: int) -> list[Event]:
+        return self.table.duped(record.tgid, record.fd, record.open_seq, record.aux, ts,
+                                cloexec=bool(record.cloexec), start_ticks=record.start_ticks)
+
+    def _on_close(self, record: object, ts: int) -> list[Event]:
+        return self.table.closed(record.tgid, record.fd, record.open_seq, ts)
+
+    def _on_close_range(self, record: object, ts: int) -> list[Event]:
+        events, closed, cloexec = self.table.close_range(record.tgid, record.fd, record.aux,
+                                                          record.cloexec, ts)
+        self._kernel_untrack(record.tgid, closed)
+        for fd in cloexec:
+            key = self._tracked.Key(record.tgid, fd)
+            if key in self._tracked:
+                info = self._tracked[key]
+                self._tracked[key] = self._tracked.Leaf(info.open_seq, 1, 0)
+        return events
+
+    def _on_fork(self, record: object, ts: int) -> list[Event]:
+        """A tracked process forked (the kernel told threads apart): copy its fd table.
+        Where the kernel already copied an fd (the child used it first), take its seq."""
+        child = record.aux
+
+        def seq_for(fd: int) -> int:
+            key = self._tracked.Key(child, fd)
+            if key in self._tracked:
+                return self._tracked[key].open_seq
+            return self._next_user_seq()
+
+        events, inherited = self.table.forked(record.tgid, child, ts, seq_for)
+        for tracked in inherited:
+            self._kernel_track(child, tracked.fd, tracked.open_seq, tracked.cloexec)
+        return events
+
+    def _on_inherit(self, record: object, ts: int) -> list[Event]:
+        """The child used an inherited fd before we copied its table; the kernel copied it."""
+        if (record.tgid, record.fd) in self.table.fds:
+            return []
+        parent = self.table.fds.get((record.aux, record.fd))
+        if parent is None:
+            return []
+        return self.table.opened(record.tgid, record.fd, record.open_seq, parent.path, ts,
+                                 how="fork", cloexec=bool(record.cloexec),
+                                 start_ticks=record.start_ticks)
+
+    def _on_exec(self, record: object, ts: int) -> list[Event]:
+        cloexec_now = {}
+        for tracked in self.table.fds_of(record.tgid):
+            key = self._tracked.Key(record.tgid, tracked.fd)
+            if key in self._tracked:
+                cloexec_now[tracked.fd] = bool(self._tracked[key].cloexec)
+        events, closed = self.table.executed(record.tgid, ts, cloexec_now)
+        self._kernel_untrack(record.tgid, closed)
+        return events
+
+    def _on_exit(self, record: object, ts: int) -> list[Event]:
+        events, fds = self.table.exited(record.tgid, ts)
+        self._kernel_untrack(record.tgid, fds)   # an exit closes no fd one by one
+        return events
+
+    def _on_call(self, record: object, ts: int) -> list[Event]:
+        tracked = self.table.fds.get((record.tgid, record.fd))
+        path = tracked.path if tracked else "?"
+        device = tracked.device if tracked else classify_device(path)[0]
+        seen, events = self.table.process(record.tgid, ts, record.start_ticks)
+        reasons = [name for bit, name in CALL_REASONS if record.flags & bit]
+        if self.trace:
+            reasons.append("traced")
+        data = ctypes.string_at(ctypes.addressof(record) + type(record).data.offset,
+                                DATA_LEN)  # raw: ctypes stops a char array at NUL
+        version = gpu_ids = None
+        if record.flags & F_VERSION:
+            version = data.split(b"\0", 1)[0].decode("ascii", errors="replace")
+        elif record.flags & F_GPU_IDS:
+            count = min(record.size, len(data)) // 4
+            gpu_ids = [i for i in (int.from_bytes(data[4 * n:4 * n + 4], "little")
+                                   for n in range(count)) if i]
+        cmd = record.cmd
+        events.append(DriverCall(
+            ts=ts, process=seen.process, tid=record.tid, fd=record.fd, path=path,
+            device=device, cmd=cmd, nr=record.nr, size=record.size,
+            op=ioctl_name(cmd, device), latency_ns=record.latency_ns, ret=record.ret,
+            status=record.status, status_name=status_name(record.status), sub=record.sub,
+            sub_name=sub_name(cmd, device, record.sub), arg0=record.arg0, arg1=record.arg1,
+            bytes=record.bytes, version=version, gpu_ids=gpu_ids, reasons=reasons,
+            raw_ts=record.ktime_ns))
+        return events
+
+    _handlers = {EV_OPEN: _on_open, EV_DUP: _on_dup, EV_CLOSE: _on_close,
+                 EV_CLOSE_RANGE: _on_close_range, EV_FORK: _on_fork, EV_EXEC: _on_exec,
+                 EV_EXIT: _on_exit, EV_CALL: _on_call, EV_INHERIT: _on_inherit}
+
+    # --- statistics ------------------------------------------------------------------------
+
+    def read_stats(self) -> list[tuple[object, int, int, int, OpStats]]:
+        """The stats map summed over CPUs: (key, open_seq, cmd, sub, stats)."""
+        entries = []
+        for key, per_cpu in self._stats.items():
+            total = OpStats()
+            for cpu in per_cpu:
+                total.add(OpStats(cpu.count, cpu.errors, cpu.latency_sum_ns,
+                                  cpu.latency_max_ns, cpu.bytes,
+                                  list(cpu.latency_log2[:LAT_BUCKETS])))
+            entries.append((key, key.open_seq, key.cmd, key.sub, total))
+        return entries
 
     def flush(self) -> None:
-        """Read the counts map, publish what changed, delete entries of closed fds."""
-        entries = list(self._counts.items())
-        triples = [(key.open_seq, key.cmd, value.value) for key, value in entries]
-        events, retired = self.table.update_counts(triples, now_ns())
+        """Publish what changed in the statistics; delete the entries of closed fds."""
+        entries = self.read_stats()
+        events, retired = self.table.update_stats(
+            [(seq, cmd, sub, stats) for _, seq, cmd, sub, stats in entries], now_ns())
         self._emit(events)
         gone = set(retired)
-        for key, _ in entries:
-            if key.open_seq in gone:
+        for key, open_seq, *_ in entries:
+            if open_seq in gone:
                 try:
-                    del self._counts[key]
+                    del self._stats[key]
                 except KeyError:
                     pass
 
     def counters(self) -> dict[str, int]:
         counters = {f"dropped_{reason}": int(self._drops.sum(ctypes.c_int(i)).value)
                     for i, reason in enumerate(DROP_REASONS)}
-        counters.update(records=self.events_seen, filtered=self.filtered,
+        counters.update(records=self.records, filtered=self.filtered,
                         tracked_fds=len(self.table.fds),
                         unresolved_processes=self.table.unresolved)
         counters.update(self._bus_counters())
@@ -181,21 +365,29 @@ class FdTrackProbe:
 
     def health(self) -> SourceHealth:
         counters = self.counters()
-        dropped = sum(v for k, v in counters.items() if k.startswith("dropped_"))
-        return SourceHealth(ts=now_ns(), source=NAME, state="degraded" if dropped else "ok",
-                            detail=f"{dropped} records dropped in the kernel" if dropped else "",
-                            counters=counters)
+        lost = sum(v for k, v in counters.items()
+                   if k.startswith("dropped_") and k != "dropped_rate_limited_call_events")
+        details = []
+        if lost:
+            details.append(f"{lost} records or map entries lost")
+        if self.task_offsets_error:
+            details.append(f"no BTF: start times from /proc ({self.task_offsets_error})")
+        return SourceHealth(ts=now_ns(), source=NAME, state="degraded" if lost else "ok",
+                            detail="; ".join(details), counters=counters)
 
     def resync(self) -> None:
         """Re-send the whole state (a subscriber has just connected or reconnected)."""
         self._emit(self.table.snapshot())
         self.flush()
 
+    def poll(self, timeout_ms: int = 100) -> None:
+        self._bpf.ring_buffer_poll(timeout_ms)
+
     def run(self, stop: threading.Event, on_tick: Callable[[], None] | None = None) -> None:
-        """Poll records until ``stop`` is set; flush counts every ``poll_interval`` s."""
+        """Poll records until ``stop`` is set; flush statistics every ``poll_interval`` s."""
         next_flush = 0.0
         while not stop.is_set():
-            self._bpf.ring_buffer_poll(100)
+            self.poll(100)
             now = time.monotonic()
             if now >= next_flush:
                 self.flush()
@@ -211,4 +403,3 @@ class FdTrackProbe:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
-

@@ -1,36 +1,123 @@
-"""Run the privileged probes: load them, publish on the bus, re-send state on (re)subscribe."""
+"""Run the privileged probes: load them, publish on the bus, re-send state on (re)subscribe.
+
+fdtrack is required; lifecycle and sched add to it and, when they cannot load, are
+reported as failed while the rest runs on. The GPU processes fdtrack finds are handed
+to sched to be watched. One thread polls all ring buffers; figures are flushed every
+``probes.poll_interval`` seconds.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from gpuwhy.bus import Publisher
+from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
+from gpuwhy.errors import ProbeLoadError
+from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
 from gpuwhy.probes.fdtrack import FdTrackProbe
+from gpuwhy.probes.lifecycle import LifecycleProbe
+from gpuwhy.probes.sched import SchedProbe
 
 log = logging.getLogger(__name__)
+
+
+class Probes:
+    """fdtrack + lifecycle + sched, wired together and to one publisher."""
+
+    def __init__(self, config: Config, publisher: Publisher):
+        self.config = config
+        self.publisher = publisher
+        self.fdtrack = FdTrackProbe(config, self._publish_fd,
+                                    bus_counters=lambda: {"dropped_bus_hwm": publisher.dropped})
+        self.lifecycle: LifecycleProbe | None = LifecycleProbe(config, publisher.publish)
+        self.sched: SchedProbe | None = SchedProbe(config, publisher.publish) \
+            if config["probes.sched"] else None
+        self.failed: dict[str, str] = {}
+
+    def _publish_fd(self, event: Event) -> None:
+        self.publisher.publish(event)
+        if self.sched is None:
+            return
+        if isinstance(event, DeviceOpened) and event.how in ("open", "scan"):
+            # A child holding inherited fds (a DataLoader worker) stays its parent's worker.
+            self.sched.watch(event.process)
+        elif isinstance(event, ProcessExited):
+            self.sched.unwatch(event.process.pid)
+
+    def load(self) -> None:
+        """Load fdtrack (raises ProbeLoadError), then the optional probes."""
+        if self.sched is not None:        # before fdtrack's scan hands it processes
+            try:
+                self.sched.load()
+            except ProbeLoadError as exc:
+                self._optional_failed("sched", exc)
+                self.sched = None
+        self.fdtrack.load()
+        try:
+            self.lifecycle.load()
+        except ProbeLoadError as exc:
+            self._optional_failed("lifecycle", exc)
+            self.lifecycle = None
+
+    def _optional_failed(self, name: str, exc: ProbeLoadError) -> None:
+        log.error("%s; running without it", exc)
+        self.failed[name] = str(exc)
+
+    def flush(self) -> None:
+        self.fdtrack.flush()
+        if self.sched is not None:
+            self.sched.flush()
+        self.publisher.publish(self.fdtrack.health())
+        for name, probe in (("lifecycle", self.lifecycle), ("sched", self.sched)):
+            if probe is not None:
+                self.publisher.publish(SourceHealth(ts=now_ns(), source=name, state="ok",
+                                                    counters=probe.counters()))
+        for name, reason in self.failed.items():
+            self.publisher.publish(SourceHealth(ts=now_ns(), source=name, state="failed",
+                                                detail=reason))
+
+    def poll(self) -> None:
+        self.fdtrack.poll(100)
+        if self.lifecycle is not None:
+            self.lifecycle.poll(0)
+
+    def close(self) -> None:
+        """Detach everything; in parallel, because each tracepoint detach waits for an RCU
+        grace period (fdtrack's 26 take over a second one after the other)."""
+        closers = [threading.Thread(target=probe.close)
+                   for probe in (self.lifecycle, self.sched, self.fdtrack) if probe is not None]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join()
 
 
 def run_probes(config: Config, stop: threading.Event,
                loaded: threading.Event | None = None) -> None:
     """Load every probe, then publish until ``stop`` is set. Raises ProbeLoadError."""
-    publisher = Publisher(config["bus.endpoint"], src="fdtrack", hwm=config["bus.hwm"])
-    probe = FdTrackProbe(config, publisher.publish,
-                         bus_counters=lambda: {"dropped_bus_hwm": publisher.dropped})
+    publisher = Publisher(config["bus.endpoint"], src="probes", hwm=config["bus.hwm"])
+    probes = Probes(config, publisher)
     try:
-        probe.load()
+        probes.load()
         if loaded is not None:
             loaded.set()
-
-        def resync_on_subscribe() -> None:
-            # The correlator (re)started: what it missed is re-sent, so nothing is lost
-            # to the slow joiner or to a restart of the stable side.
+        next_flush = 0.0
+        while not stop.is_set():
+            probes.poll()
             if publisher.poll_subscriptions():
+                # The correlator (re)started: what it missed is re-sent, so nothing is lost
+                # to the slow joiner or to a restart of the stable side.
                 log.info("subscriber connected: re-sending state")
-                probe.resync()
-
-        probe.run(stop, on_tick=resync_on_subscribe)
+                probes.fdtrack.resync()
+            now = time.monotonic()
+            if now >= next_flush:
+                probes.flush()
+                next_flush = now + config["probes.poll_interval"]
+        probes.poll()
+        probes.flush()
     finally:
-        probe.close()
+        probes.close()
         publisher.close()

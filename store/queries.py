@@ -7,7 +7,6 @@ import json
 from sqlite_utils import Database
 
 from gpuwhy.identity import ProcessKey
-from gpuwhy.nvioctl import ioctl_name
 
 
 def processes_holding_devices(db: Database, include_exited: bool = False) -> list[dict]:
@@ -27,15 +26,15 @@ def processes_holding_devices(db: Database, include_exited: bool = False) -> lis
     for row in rows:
         key = [row["pid"], row["start_time"]]
         devices = db.execute_returning_dicts(
-            "select path, device, minor, fd, scanned, opened_at from device_fds "
+            "select path, device, minor, fd, how, scanned, opened_at from device_fds "
             "where pid = ? and start_time = ? and closed_at is null order by fd", key)
         ioctls = db.execute_returning_dicts(
-            "select path, device, cmd, count from ioctl_counts "
-            "where pid = ? and start_time = ? order by count desc", key)
+            "select path, device, cmd, op as name, sum(count) as count, sum(errors) as errors, "
+            "sum(latency_sum_ns) as latency_sum_ns, max(latency_max_ns) as latency_max_ns, "
+            "sum(bytes) as bytes from driver_call_stats where pid = ? and start_time = ? "
+            "group by path, cmd order by count desc", key)
         if not devices and not ioctls and not include_exited:
             continue
-        for ioctl in ioctls:
-            ioctl["name"] = ioctl_name(ioctl["cmd"], ioctl["device"])
         result.append({**row, "key": str(ProcessKey(*key)), "devices": devices,
                        "ioctls": ioctls, "ioctl_total": sum(i["count"] for i in ioctls)})
     result.sort(key=lambda r: -r["ioctl_total"])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import sqlite3
 from collections.abc import Iterable
 
 from sqlite_utils import Database
@@ -10,11 +13,15 @@ from sqlite_utils import Database
 from gpuwhy.events import (
     DeviceClosed,
     DeviceOpened,
+    DriverCall,
+    DriverCallStats,
     Envelope,
     Event,
-    IoctlCounts,
+    ProcessExec,
     ProcessExited,
+    ProcessForked,
     ProcessSeen,
+    SchedStats,
     SourceHealth,
 )
 from gpuwhy.identity import GpuIdentity
@@ -23,11 +30,15 @@ from gpuwhy.identity import GpuIdentity
 def _event_row(envelope: Envelope, **extra: object) -> dict:
     event = envelope.event
     process = getattr(event, "process", None)
-    body = {k: v for k, v in vars(event).items() if k not in ("ts", "raw_ts", "process")}
+    body = {k: v for k, v in dataclasses.asdict(event).items()
+            if k not in ("ts", "raw_ts", "process")}
     return {"ts": event.ts, "topic": event.topic, "kind": event.kind, "src": envelope.src,
             "pid": process.pid if process else None,
             "start_time": process.start_time if process else None,
             "body": json.dumps(body, separators=(",", ":")), **extra}
+
+
+log = logging.getLogger(__name__)
 
 
 class StoreWriter:
@@ -35,13 +46,28 @@ class StoreWriter:
 
     def __init__(self, db: Database):
         self.db = db
+        self.rejected = 0
 
     def write_batch(self, envelopes: Iterable[Envelope]) -> int:
-        """Apply every envelope in one transaction; returns how many were applied."""
+        """Apply every envelope in one transaction; returns how many were applied.
+
+        An event the store cannot take (a bug, a field of the wrong shape) is logged,
+        counted in ``rejected`` and skipped, inside a savepoint so that it leaves nothing
+        behind; a database error (disk full, I/O) rolls back the whole batch and is raised.
+        """
         applied = 0
         with self.db.atomic():
             for envelope in envelopes:
-                self.apply(envelope)
+                try:
+                    with self.db.atomic():
+                        self.apply(envelope)
+                except sqlite3.Error:
+                    raise
+                except Exception:  # noqa: BLE001 - one bad event must not stop the writer
+                    self.rejected += 1
+                    log.exception("store rejected a %s event from %s", envelope.event.kind,
+                                  envelope.src)
+                    continue
                 applied += 1
         return applied
 
@@ -64,17 +90,22 @@ class StoreWriter:
 
     def _on_process_exited(self, envelope: Envelope, event: ProcessExited) -> None:
         key = [event.process.pid, event.process.start_time]
-        self.db.execute("update processes set exited_at = ?, last_seen = ? "
-                        "where pid = ? and start_time = ?", [event.ts, event.ts, *key])
+        self.db.execute("update processes set exited_at = ?, last_seen = ?, "
+                        "exit_code = coalesce(?, exit_code), signal = coalesce(?, signal) "
+                        "where pid = ? and start_time = ?",
+                        [event.ts, event.ts, event.exit_code, event.signal, *key])
         self.db.execute("update gpu_bindings set until = ? where pid = ? and start_time = ? "
                         "and until is null", [event.ts, *key])
+        self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
+                        "and closed_at is null", [event.ts, *key])
         self.db["events"].insert(_event_row(envelope))
 
     def _on_device_opened(self, envelope: Envelope, event: DeviceOpened) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
         self.db["device_fds"].upsert({
             **key, "fd": event.fd, "opened_at": event.ts, "path": event.path,
-            "device": event.device, "minor": event.minor, "scanned": int(event.scanned),
+            "device": event.device, "minor": event.minor, "how": event.how,
+            "scanned": int(event.how == "scan"), "cloexec": int(event.cloexec),
         }, pk=("pid", "start_time", "fd", "opened_at"))
         gpu_id = None
         if event.device == "nvidiaN" and event.minor is not None:
@@ -104,21 +135,160 @@ class StoreWriter:
                         "and fd = ? and closed_at is null", [event.ts, *key, event.fd])
         self.db["events"].insert(_event_row(envelope))
 
-    def _on_ioctl_counts(self, envelope: Envelope, event: IoctlCounts) -> None:
-        key = {"pid": event.process.pid, "start_time": event.process.start_time}
-        self.db["ioctl_counts"].upsert_all([
-            {**key, "path": event.path, "cmd": int(cmd), "device": event.device,
-             "count": count, "updated_at": event.ts}
-            for cmd, count in event.counts.items()
-        ], pk=("pid", "start_time", "path", "cmd"))
-
     # --- probes handlers (eBPF probes issue) ---
+    def _on_driver_call_stats(self, envelope: Envelope, event: DriverCallStats) -> None:
+        key = {"pid": event.process.pid, "start_time": event.process.start_time}
+        self.db["driver_call_stats"].upsert_all([
+            {**key, "path": event.path, "device": event.device, "cmd": op["cmd"],
+             "sub": op["sub"], "op": op["op"], "sub_name": op["sub_name"],
+             "count": op["count"], "errors": op["errors"],
+             "latency_sum_ns": op["latency_sum_ns"], "latency_max_ns": op["latency_max_ns"],
+             "bytes": op["bytes"], "latency_log2": json.dumps(op["latency_log2"]),
+             "updated_at": event.ts}
+            for op in event.ops
+        ], pk=("pid", "start_time", "path", "cmd", "sub"))
+
+    def _on_driver_call(self, envelope: Envelope, event: DriverCall) -> None:
+        row = {k: v for k, v in vars(event).items() if k not in ("process", "raw_ts")}
+        row.update(pid=event.process.pid, start_time=event.process.start_time,
+                   gpu_ids=json.dumps(event.gpu_ids) if event.gpu_ids is not None else None,
+                   reasons=",".join(event.reasons))
+        self.db["driver_calls"].insert(row)
+
+    def _on_sched_stats(self, envelope: Envelope, event: SchedStats) -> None:
+        row = {"pid": event.process.pid, "start_time": event.process.start_time,
+               "ts": event.ts, "interval_ns": event.interval_ns,
+               "worker_processes": event.worker_processes}
+        for side, figures in (("own", event.own), ("workers", event.workers)):
+            row.update({f"{side}_{name}": value for name, value in figures.items()})
+        self.db["sched_stats"].upsert(row, pk=("pid", "start_time", "ts"))
+
+    def _on_process_exec(self, envelope: Envelope, event: ProcessExec) -> None:
+        self.db.execute("update processes set exe_filename = ? where pid = ? and start_time = ?",
+                        [event.filename, event.process.pid, event.process.start_time])
+        self.db["events"].insert(_event_row(envelope))
+
+    def _on_process_forked(self, envelope: Envelope, event: ProcessForked) -> None:
+        self.db["processes"].insert({
+            "pid": event.child.pid, "start_time": event.child.start_time,
+            "ppid": event.parent.pid, "first_seen": event.ts, "last_seen": event.ts,
+        }, pk=("pid", "start_time"), ignore=True)
+        row = _event_row(envelope)
+        row.update(pid=event.child.pid, start_time=event.child.start_time)
+        self.db["events"].insert(row)
     # --- end probes handlers ---
 
     # --- GPU source handlers (GPU sources issue) ---
+    def _gpu_columns(self) -> set[str]:
+        if not hasattr(self, "_gpu_sample_columns"):
+            self._gpu_sample_columns = set(self.db["gpu_samples"].columns_dict) - {
+                "gpu_id", "ts", "instance"}
+        return self._gpu_sample_columns
+
+    def _touch_gpu(self, gpu_id: str, ts: int, simulated: bool, source: str) -> None:
+        self.db.execute("insert into gpus (id, simulated, source, first_seen, last_seen) "
+                        "values (?, ?, ?, ?, ?) on conflict(id) do update set "
+                        "last_seen = max(last_seen, excluded.last_seen)",
+                        [gpu_id, int(simulated), source, ts, ts])
+
+    def _on_gpu_seen(self, envelope: Envelope, event: Event) -> None:
+        self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
+        self.db.execute(
+            "update gpus set uuid = ?, pci_bus_id = ?, gpu_index = ?, minor = coalesce(?, minor),"
+            " model = ?, driver_version = ?, simulated = ?, source = ? where id = ?",
+            [event.uuid, event.pci_bus_id, event.index, event.minor, event.model,
+             event.driver_version, int(event.simulated), event.source, event.gpu_id])
+
+    def _on_gpu_sample(self, envelope: Envelope, event: Event) -> None:
+        self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
+        row = {k: v for k, v in event.fields.items() if k in self._gpu_columns()}
+        names = ["gpu_id", "ts", "instance", *row]
+        self.db.execute(f"insert or replace into gpu_samples ({', '.join(names)}) "
+                        f"values ({', '.join('?' * len(names))})",
+                        [event.gpu_id, event.ts, event.instance, *row.values()])
+
+    def _on_gpu_xid(self, envelope: Envelope, event: Event) -> None:
+        self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
+        self.db["events"].insert(_event_row(envelope, gpu_id=event.gpu_id))
+
+    def _on_gpu_state(self, envelope: Envelope, event: Event) -> None:
+        self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
+        self.db.execute("update gpus set state = ?, state_since = ? where id = ?",
+                        [event.state, event.ts, event.gpu_id])
+        self.db["events"].insert(_event_row(envelope, gpu_id=event.gpu_id))
+
+    def _on_gpu_processes(self, envelope: Envelope, event: Event) -> None:
+        self.db["gpu_processes"].insert_all(
+            [{"gpu_id": event.gpu_id, "ts": event.ts, "pid": p.get("pid"),
+              "start_time": p.get("start_time"), "used_memory_mib": p.get("used_memory_mib"),
+              "sm_util": p.get("sm_util"), "mem_util": p.get("mem_util"),
+              "enc_util": p.get("enc_util"), "dec_util": p.get("dec_util")}
+             for p in event.processes], replace=True)
     # --- end GPU source handlers ---
 
     # --- kernel log and cron handlers (kernel-log and cron issue) ---
+    # Kernel-log records that also go to the events timeline (the rest stay in kernel_log).
+    KLOG_TIMELINE_KINDS = ("xid", "sxid", "fallen_off_bus", "rm_init_failed", "gsp_timeout",
+                           "gsp_rate_limited", "driver_loaded")
+
+    def _advance_cursor(self, source: str, origin: str, cursor: str, boot_id: str,
+                        ts: int) -> None:
+        self.db["source_cursors"].upsert({"source": source, "origin": origin, "cursor": cursor,
+                                          "boot_id": boot_id, "updated_at": ts}, pk="source")
+
+    def _on_kernel_log_record(self, envelope: Envelope, event: Event) -> None:
+        if self.db.execute("select 1 from kernel_log where cursor = ?",
+                           [event.cursor]).fetchone():
+            return    # re-sent after a restart of the source: already stored with its cursor
+        if event.record_kind == "gpu_uuid" and event.pci and event.uuid:
+            self.db.execute(
+                "insert into gpu_pci_uuids (pci, uuid, first_seen, last_seen) "
+                "values (?, ?, ?, ?) on conflict(pci) do update set uuid = excluded.uuid, "
+                "last_seen = excluded.last_seen", [event.pci, event.uuid, event.ts, event.ts])
+        gpu_id = event.uuid
+        if gpu_id is None and event.pci:
+            row = self.db.execute("select uuid from gpu_pci_uuids where pci = ?",
+                                  [event.pci]).fetchone()
+            gpu_id = row[0] if row else event.pci
+        self.db["kernel_log"].insert({
+            "cursor": event.cursor, "ts": event.ts, "raw_ts": event.raw_ts,
+            "boot_id": event.boot_id, "origin": event.origin, "kind": event.record_kind,
+            "xid": event.xid, "sxid": event.sxid, "pci": event.pci, "gpu_id": gpu_id,
+            "pid": event.pid, "name": event.name, "gpu_instance": event.gpu_instance,
+            "compute_instance": event.compute_instance, "message": event.message,
+            "details": json.dumps(event.details, sort_keys=True), "line": event.line,
+        })
+        self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
+        if event.record_kind in self.KLOG_TIMELINE_KINDS:
+            self.db["events"].insert(_event_row(envelope, gpu_id=gpu_id))
+
+    def _on_kernel_log_checkpoint(self, envelope: Envelope,
+                                  event: Event) -> None:
+        self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
+
+    def _on_cron_schedule(self, envelope: Envelope, event: Event) -> None:
+        self.db.execute("delete from cron_jobs")
+        self.db["cron_jobs"].insert_all(
+            [{**job, "updated_at": event.ts} for job in event.jobs], pk="ident", replace=True)
+
+    def _on_cron_execution(self, envelope: Envelope, event: Event) -> None:
+        if self.db.execute("select 1 from cron_runs where cursor = ?",
+                           [event.cursor]).fetchone():
+            return
+        self.db["cron_runs"].insert({
+            "cursor": event.cursor, "ts": event.ts, "phase": event.phase, "user": event.user,
+            "command": event.command, "job_pid": event.job_pid,
+            "job_start_time": event.job_start_time, "cron_pid": event.cron_pid,
+            "gpu_action": event.gpu_action, "boot_id": event.boot_id, "ended_at": None,
+        })
+        if event.phase == "ended" and event.job_pid is not None:
+            self.db.execute("update cron_runs set ended_at = ? where job_pid = ? and "
+                            "phase = 'started' and ended_at is null and boot_id = ?",
+                            [event.ts, event.job_pid, event.boot_id])
+        self._advance_cursor("cron", "journald", event.cursor, event.boot_id, event.ts)
+        row = _event_row(envelope)
+        row["pid"], row["start_time"] = event.job_pid, event.job_start_time
+        self.db["events"].insert(row)
     # --- end kernel log and cron handlers ---
 
     def _on_source_health(self, envelope: Envelope, event: SourceHealth) -> None:

@@ -62,9 +62,9 @@ class Replay:
     def __init__(self, directory: Path):
         self.directory = directory
 
-    def start(self, rounds: int = 1) -> subprocess.Popen:
+    def start(self, rounds: int = 1, threads: int = 1) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, str(self.script), str(self.directory),
-                                 "--rounds", str(rounds), "--hold"],
+                                 "--rounds", str(rounds), "--threads", str(threads), "--hold"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 

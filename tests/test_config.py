@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -94,4 +95,4 @@ def test_every_setting_is_documented_with_its_default_and_variable():
     assert set(rows) == {s.name for s in SETTINGS}
     for setting in SETTINGS:
         assert f"`{setting.env}`" in rows[setting.name]
-        assert f"`{setting.default!r}`".replace("'", '"') in rows[setting.name]
+        assert f"`{json.dumps(setting.default)}`" in rows[setting.name]

@@ -9,9 +9,13 @@ from gpuwhy.events import (
     TOPICS,
     DeviceClosed,
     DeviceOpened,
-    IoctlCounts,
+    DriverCall,
+    DriverCallStats,
+    ProcessExec,
     ProcessExited,
+    ProcessForked,
     ProcessSeen,
+    SchedStats,
     SourceHealth,
     from_frames,
     to_payload,
@@ -21,17 +25,30 @@ from gpuwhy.identity import GpuIdentity, ProcessKey, classify_device
 KEY = ProcessKey(4242, 987654)
 SAMPLES = [
     ProcessSeen(ts=1, process=KEY, comm="python", cmdline="python train.py", tag="t"),
-    ProcessExited(ts=2, process=KEY, raw_ts=99),
-    DeviceOpened(ts=3, process=KEY, fd=5, path="/dev/nvidia0", device="nvidiaN", minor=0),
+    ProcessExited(ts=2, process=KEY, raw_ts=99, exit_code=None, signal=9),
+    DeviceOpened(ts=3, process=KEY, fd=5, path="/dev/nvidia0", device="nvidiaN", minor=0,
+                 how="dup", cloexec=True),
     DeviceClosed(ts=4, process=KEY, fd=5, path="/dev/nvidia0"),
-    IoctlCounts(ts=5, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
-                counts={"3223340586": 11}),
-    SourceHealth(ts=6, source="fdtrack", state="ok", counters={"records": 3}),
+    DriverCallStats(ts=5, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
+                    ops=[{"cmd": 3223340586, "op": "NV_ESC_RM_CONTROL", "sub": 0x20800102,
+                          "count": 11, "latency_log2": [0, 1]}]),
+    DriverCall(ts=6, process=KEY, tid=4243, fd=3, path="/dev/nvidiactl", device="nvidiactl",
+               cmd=0xC020462A, nr=0x2A, size=32, op="NV_ESC_RM_CONTROL", latency_ns=1200,
+               ret=0, status=0x51, status_name="NV_ERR_NO_MEMORY", gpu_ids=[256],
+               reasons=["error"]),
+    ProcessExec(ts=7, process=KEY, filename="/usr/bin/python3", ppid=1),
+    ProcessForked(ts=8, parent=KEY, child=ProcessKey(4300, 987700)),
+    SchedStats(ts=9, process=KEY, interval_ns=10**9, own={"on_cpu_ns": 5}, workers={},
+               worker_processes=0),
+    SourceHealth(ts=10, source="fdtrack", state="ok", counters={"records": 3}),
 ]
 
 
-def test_every_kind_has_a_sample():
-    assert {type(e) for e in SAMPLES} == set(EVENT_TYPES.values())
+def test_every_kind_is_documented_and_on_a_known_topic():
+    for kind, cls in EVENT_TYPES.items():
+        assert cls.kind == kind
+        assert cls.topic in TOPICS, cls
+        assert cls.__doc__ and len(cls.__doc__) > 20, cls
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)

@@ -6,8 +6,8 @@ from gpuwhy.errors import StoreError
 from gpuwhy.events import (
     DeviceClosed,
     DeviceOpened,
+    DriverCallStats,
     Envelope,
-    IoctlCounts,
     ProcessExited,
     ProcessSeen,
     SourceHealth,
@@ -18,8 +18,14 @@ from gpuwhy.store.queries import processes_holding_devices, source_health
 from gpuwhy.store.writer import StoreWriter
 
 KEY = ProcessKey(4242, 987654)
-TABLES = {"processes", "gpus", "device_fds", "gpu_bindings", "ioctl_counts", "events",
-          "gpu_samples", "incidents", "source_health"}
+TABLES = {"processes", "gpus", "device_fds", "gpu_bindings", "driver_call_stats", "events",
+          "gpu_samples", "incidents", "source_health", "driver_calls", "sched_stats"}
+
+
+def _op(cmd, op, sub, count):
+    return {"cmd": cmd, "op": op, "sub": sub, "sub_name": None, "count": count, "errors": 1,
+            "latency_sum_ns": 1000 * count, "latency_max_ns": 2000, "bytes": 0,
+            "latency_log2": [count]}
 
 
 def _session():
@@ -27,8 +33,10 @@ def _session():
         ProcessSeen(ts=10, process=KEY, comm="python", cmdline="python train.py"),
         DeviceOpened(ts=11, process=KEY, fd=3, path="/dev/nvidiactl", device="nvidiactl"),
         DeviceOpened(ts=12, process=KEY, fd=4, path="/dev/nvidia1", device="nvidiaN", minor=1),
-        IoctlCounts(ts=13, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
-                    counts={str(0xC020462A): 11, str(0xC030462B): 7}),
+        DriverCallStats(ts=13, process=KEY, path="/dev/nvidiactl", device="nvidiactl", ops=[
+            _op(0xC020462A, "NV_ESC_RM_CONTROL", 0x20800102, 6),
+            _op(0xC020462A, "NV_ESC_RM_CONTROL", 0x2080014A, 5),
+            _op(0xC030462B, "NV_ESC_RM_ALLOC", 0x80, 7)]),
         SourceHealth(ts=14, source="fdtrack", state="ok", counters={"records": 2}),
     ], start=1)]
 
@@ -49,9 +57,11 @@ def test_session_is_stored_and_queryable(db):
     StoreWriter(db).write_batch(_session())
     [row] = processes_holding_devices(db)
     assert row["key"] == "4242-987654"
+    assert db["driver_call_stats"].count == 3
     assert [d["path"] for d in row["devices"]] == ["/dev/nvidiactl", "/dev/nvidia1"]
     assert row["ioctl_total"] == 18
-    assert {i["name"] for i in row["ioctls"]} == {"NV_ESC_RM_CONTROL", "NV_ESC_RM_ALLOC"}
+    assert [(i["name"], i["count"], i["errors"]) for i in row["ioctls"]] == [
+        ("NV_ESC_RM_CONTROL", 11, 2), ("NV_ESC_RM_ALLOC", 7, 1)]
     binding = db.execute("select gpu_id, until from gpu_bindings").fetchall()
     assert binding == [("minor:1", None)]
     assert source_health(db)[0]["counters"] == {"records": 2}

@@ -1,7 +1,7 @@
 import pytest
 
 from gpuwhy.config import load_config
-from gpuwhy.events import DeviceOpened, Envelope, IoctlCounts, ProcessSeen
+from gpuwhy.events import DeviceOpened, DriverCallStats, Envelope, ProcessSeen
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import open_store
 from gpuwhy.store.writer import StoreWriter
@@ -18,8 +18,10 @@ def client(tmp_path):
         ProcessSeen(ts=1, process=EVIL, comm="<b>x</b>",
                     cmdline="python -c '<script>alert(1)</script>'", tag="<img src=x>"),
         DeviceOpened(ts=2, process=EVIL, fd=3, path="/dev/nvidiactl", device="nvidiactl"),
-        IoctlCounts(ts=3, process=EVIL, path="/dev/nvidiactl", device="nvidiactl",
-                    counts={str(0xC020462A): 3}),
+        DriverCallStats(ts=3, process=EVIL, path="/dev/nvidiactl", device="nvidiactl", ops=[
+            {"cmd": 0xC020462A, "op": "NV_ESC_RM_CONTROL", "sub": 1, "sub_name": None,
+             "count": 3, "errors": 0, "latency_sum_ns": 3000, "latency_max_ns": 1500,
+             "bytes": 0, "latency_log2": []}]),
     ])])
     db.close()
     app = create_app(load_config(environ={"GPUWHY_DB": str(path)}), {"TESTING": True})
@@ -41,7 +43,9 @@ def test_api_processes(client):
     assert row["key"] == "666-1234"
     assert row["devices"][0]["path"] == "/dev/nvidiactl"
     assert row["ioctls"][0] == {"path": "/dev/nvidiactl", "device": "nvidiactl",
-                                "cmd": 0xC020462A, "name": "NV_ESC_RM_CONTROL", "count": 3}
+                                "cmd": 0xC020462A, "name": "NV_ESC_RM_CONTROL", "count": 3,
+                                "errors": 0, "latency_sum_ns": 3000, "latency_max_ns": 1500,
+                                "bytes": 0}
 
 
 def test_page_script_never_uses_inner_html(client):

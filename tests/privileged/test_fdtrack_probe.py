@@ -1,152 +1,221 @@
-"""The real fdtrack probe, loaded into the kernel, against the replay program."""
+"""The real fdtrack probe, loaded into the kernel, against replayed CUDA driver traffic."""
 
 import json
 import os
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
 
-from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
-from gpuwhy.probes.service import run_probes
+from gpuwhy.nvioctl import iowr
 from gpuwhy.proc import process_key
-from gpuwhy.store import open_store
 
 pytestmark = pytest.mark.root
 
-
-class Pipeline:
-    """probe -> bus -> correlator -> store, all real, in threads of this process."""
-
-    def __init__(self, config):
-        self.config = config
-        self.stop = threading.Event()
-        self.loaded = threading.Event()
-        self.db = open_store(config["store.path"])
-        self.subscriber = Subscriber(config["bus.endpoint"])
-        self.correlator = Correlator(config, self.db, self.subscriber)
-        self.errors = []
-        self.threads = [threading.Thread(target=self.correlator.run, args=(self.stop,)),
-                        threading.Thread(target=self._probe)]
-
-    def _probe(self):
-        try:
-            run_probes(self.config, self.stop, self.loaded)
-        except Exception as exc:  # surfaced by start()
-            self.errors.append(exc)
-            self.loaded.set()
-
-    def start(self):
-        for thread in self.threads:
-            thread.start()
-        assert self.loaded.wait(30) and not self.errors, self.errors
-
-    def close(self):
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(10)
-        self.subscriber.close()
-
-    def reader(self):
-        return open_store(self.config["store.path"], readonly=True)
-
-    def wait_for(self, query, params, predicate, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        with self.reader() as db:
-            while True:
-                rows = db.execute(query, params).fetchall()
-                if predicate(rows) or time.monotonic() > deadline:
-                    return rows
-                time.sleep(0.1)
+STATS_SQL = ("select path, cmd, sub, count, errors, bytes from driver_call_stats "
+             "where pid = ? and start_time = ?")
 
 
-@pytest.fixture
-def pipeline(tmp_config):
-    pipe = Pipeline(tmp_config)
-    yield pipe
-    pipe.close()
+def _stats(rows):
+    return {f"{path}|{cmd}|{sub}": {"count": count, "errors": errors, "bytes": nbytes}
+            for path, cmd, sub, count, errors, nbytes in rows}
 
 
-def _stored_counts(rows):
-    counts = {}
-    for path, cmd, count in rows:
-        counts.setdefault(path, {})[str(cmd)] = count
-    return counts
+def _wait_exact(pipe, key, expected):
+    rows = pipe.wait_for(STATS_SQL, [key.pid, key.start_time],
+                         lambda r: _stats(r) == expected, timeout=15)
+    assert _stats(rows) == expected
+    return rows
 
 
-def test_replayed_ioctls_are_stored_per_process_exactly(pipeline, replay):
-    pipeline.start()
-    first, second = replay.start(rounds=3), replay.start(rounds=5)
-    issued = {}
+def test_startup_traffic_from_two_processes_and_threads_is_decoded_exactly(
+        pipeline_for, probe_config, replay):
+    pipe = pipeline_for(probe_config)
+    first, second = replay.start(rounds=3, threads=3), replay.start(rounds=5, threads=2)
+    reports = {}
     try:
         for proc in (first, second):
-            line = json.loads(proc.stdout.readline())
-            issued[line["pid"]] = line["issued"]
-        keys = {pid: process_key(pid) for pid in issued}
-        for pid, expected in issued.items():
+            report = json.loads(proc.stdout.readline())
+            reports[report["pid"]] = report
+        keys = {pid: process_key(pid) for pid in reports}
+        threads = {pid: len(report["tids"]) for pid, report in reports.items()}
+        for pid, report in reports.items():
+            _wait_exact(pipe, keys[pid], report["expected"])
             key = keys[pid]
-            rows = pipeline.wait_for(
-                "select path, cmd, count from ioctl_counts where pid = ? and start_time = ?",
-                [key.pid, key.start_time], lambda r, e=expected: _stored_counts(r) == e)
-            assert _stored_counts(rows) == expected
-        with pipeline.reader() as db:
-            for key in keys.values():
-                fds = db.execute("select path, device, scanned from device_fds where pid = ? "
-                                 "and start_time = ? and closed_at is null order by path",
-                                 [key.pid, key.start_time]).fetchall()
-                assert [f[1] for f in fds] == ["nvidia-uvm", "nvidiaN", "nvidiactl"]
-                assert all(f[2] == 0 for f in fds)
-                comm = db.execute("select comm from processes where pid = ? and start_time = ?",
-                                  [key.pid, key.start_time]).fetchone()[0]
-                assert comm.startswith("python")
+            fds = pipe.query("select device, how from device_fds where pid = ? and "
+                             "start_time = ? and closed_at is null order by device",
+                             [key.pid, key.start_time])
+            assert fds == [("nvidia-uvm", "open"), ("nvidiaN", "open"), ("nvidiactl", "open")]
+            calls = pipe.wait_for(
+                "select op, sub, sub_name, version, gpu_ids, bytes, reasons, tid, status, nr "
+                "from driver_calls where pid = ? and start_time = ?",
+                [key.pid, key.start_time], lambda r, n=threads[pid]: len(r) >= 12 * n)
+            by_op = {}
+            for row in calls:
+                by_op.setdefault((row[0], row[1]), []).append(row)
+            versions = by_op[("NV_ESC_CHECK_VERSION_STR", 0)]
+            assert {r[3] for r in versions} == {report["version"]}
+            attach = by_op[("NV_ESC_ATTACH_GPUS_TO_FD", 0)]
+            assert {r[4] for r in attach} == {json.dumps(report["gpu_ids"])}
+            # the XFER-wrapped control is decoded as the RM_CONTROL inside it
+            inner = by_op[("NV_ESC_RM_CONTROL", 0x215)]
+            assert {r[2] for r in inner} == {"NV0000_CTRL_CMD_GPU_ATTACH_IDS"}
+            assert all("notable" in r[6] for r in inner)
+            heap = by_op[("NV_ESC_RM_VID_HEAP_CONTROL", 2)]
+            assert {(r[5], "big" in r[6]) for r in heap} == {(1 << 30, True)}
+            # every call on a plain file fails with ENOTTY: failed calls are reported too
+            no_memory = [r for r in by_op[("NV_ESC_RM_ALLOC", 0x40)] if r[8] == 0x51]
+            assert no_memory and all("error" in r[6] for r in no_memory)
+            assert {r[7] for r in calls} <= set(report["tids"])
+            rounds_times_threads = next(iter(report["expected"].values()))["count"]
+            assert len(versions) == rounds_times_threads
     finally:
         for proc in (first, second):
             proc.communicate("\n", timeout=10)
     for key in keys.values():
-        rows = pipeline.wait_for("select exited_at from processes where pid = ? and "
-                                 "start_time = ?", [key.pid, key.start_time],
-                                 lambda r: r and r[0][0] is not None)
-        assert rows[0][0] is not None, "the exit of the replay was not recorded"
-        open_fds = pipeline.wait_for(
-            "select count(*) from device_fds where pid = ? and start_time = ? and closed_at "
-            "is null", [key.pid, key.start_time], lambda r: r[0][0] == 0)
-        assert open_fds[0][0] == 0
+        rows = pipe.wait_for("select exited_at, exit_code from processes where pid = ? and "
+                             "start_time = ?", [key.pid, key.start_time],
+                             lambda r: r and r[0][0] is not None and r[0][1] is not None)
+        assert rows[0][0] is not None and rows[0][1] == 0
 
 
-def test_startup_scan_finds_devices_opened_before_gpuwhy(pipeline, replay):
+def test_startup_scan_finds_devices_opened_before_gpuwhy(pipeline_for, probe_config, replay):
     proc = replay.start(rounds=1)
     try:
         pid = json.loads(proc.stdout.readline())["pid"]   # its files are open now
         key = process_key(pid)
-        pipeline.start()
-        rows = pipeline.wait_for(
-            "select path, scanned from device_fds where pid = ? and start_time = ?",
+        pipe = pipeline_for(probe_config)
+        rows = pipe.wait_for(
+            "select path, how from device_fds where pid = ? and start_time = ?",
             [key.pid, key.start_time], lambda r: len(r) == 3)
-        assert sorted(rows) == sorted((f"{replay.directory}/{name}", 1)
+        assert sorted(rows) == sorted((f"{replay.directory}/{name}", "scan")
                                       for name in ("nvidiactl", "nvidia0", "nvidia-uvm"))
     finally:
         proc.communicate("\n", timeout=10)
 
 
-def test_only_paths_matching_the_whole_glob_are_tracked(tmp_config, tmp_path):
+def test_only_paths_matching_the_whole_glob_are_tracked(pipeline_for, tmp_config, tmp_path):
     devices = tmp_path / "dev"
-    config = tmp_config.replace({"probes.device_glob": f"{devices}/nvidia[0-9]"})
-    pipe = Pipeline(config)
+    pipe = pipeline_for(tmp_config.replace({"probes.device_glob": f"{devices}/nvidia[0-9]"}))
+    me = process_key(os.getpid())
+    # nvidiactl passes the in-kernel prefix test but not the glob; other fails both
+    with open(devices / "nvidia0", "w"), open(devices / "nvidiactl", "w"), \
+            open(devices / "other", "w"):
+        pipe.wait_for("select path from device_fds where pid = ? and start_time = ?",
+                      [me.pid, me.start_time], lambda r: len(r) >= 1)
+        time.sleep(0.5)
+        rows = pipe.query("select path from device_fds where pid = ? and start_time = ?",
+                          [me.pid, me.start_time])
+    assert rows == [(f"{devices}/nvidia0",)]
+    health = pipe.wait_for("select counters from source_health where source = 'fdtrack'",
+                           [], lambda r: r and json.loads(r[0][0])["filtered"] >= 1)
+    assert json.loads(health[0][0])["filtered"] >= 1
+
+
+FD_GAME = r"""
+import ctypes, fcntl, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+directory, control = sys.argv[1], int(sys.argv[2])
+buf = ctypes.create_string_buffer(32)
+def call(fd, n):
+    for _ in range(n):
+        libc.ioctl(fd, control, ctypes.addressof(buf))
+ctl = os.open(directory + "/nvidiactl", os.O_RDWR)      # Python adds O_CLOEXEC
+gpu = os.open(directory + "/nvidia0", os.O_RDWR)
+copy = os.dup(ctl)                                     # dup (Python: close-on-exec)
+os.dup2(ctl, 40)                                       # dup2 to a chosen number: inheritable
+clo = fcntl.fcntl(gpu, fcntl.F_DUPFD_CLOEXEC, 50)      # F_DUPFD_CLOEXEC
+os.set_inheritable(copy, True)                         # ioctl(FIONCLEX): no longer cloexec
+call(ctl, 1); call(copy, 2); call(40, 3); call(clo, 4)
+os.close(gpu)
+child = os.fork()
+if child == 0:
+    call(copy, 5)                                                   # inherited fd
+    # exec: ctl, copy and 40 survive (no O_CLOEXEC), clo does not
+    os.execv(sys.executable, [sys.executable, "-c",
+             "import ctypes,sys; l=ctypes.CDLL(None); b=ctypes.create_string_buffer(32);"
+             f"[l.ioctl({copy}, {control}, b) for _ in range(7)]; sys.stdin.readline()"])
+print(json.dumps({"pid": os.getpid(), "child": child, "ctl": ctl, "copy": copy, "clo": clo}),
+      flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_fds_are_followed_through_dup_fork_exec_and_close(pipeline_for, probe_config, replay):
+    pipe = pipeline_for(probe_config)
+    devices = replay.directory
+    for name in ("nvidiactl", "nvidia0"):
+        (devices / name).touch()
+    control = iowr(0x2A, 32)
+    proc = subprocess.Popen([sys.executable, "-c", FD_GAME, str(devices), str(control)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        pipe.start()
-        me = process_key(os.getpid())
-        # nvidiactl passes the in-kernel prefix test but not the glob; other fails both
-        with open(devices / "nvidia0", "w"), open(devices / "nvidiactl", "w"), \
-                open(devices / "other", "w"):
-            rows = pipe.wait_for("select path from device_fds where pid = ? and start_time = ?",
-                                 [me.pid, me.start_time], lambda r: len(r) >= 1)
-            time.sleep(0.5)
-            rows = pipe.wait_for("select path from device_fds where pid = ? and start_time = ?",
-                                 [me.pid, me.start_time], lambda r: len(r) > 1, timeout=1)
-        assert rows == [(f"{devices}/nvidia0",)]
-        health = pipe.wait_for("select counters from source_health where source = 'fdtrack'",
-                               [], lambda r: r and json.loads(r[0][0])["filtered"] >= 1)
-        assert json.loads(health[0][0])["filtered"] >= 1
+        info = json.loads(proc.stdout.readline())
+        parent, child = process_key(info["pid"]), process_key(info["child"])
+        ctl, copy, clo = info["ctl"], info["copy"], info["clo"]
+        fds_sql = ("select fd, path, how, closed_at is null from device_fds where pid = ? "
+                   "and start_time = ? order by fd, opened_at")
+        rows = pipe.wait_for(fds_sql, [parent.pid, parent.start_time], lambda r: len(r) == 5)
+        path_ctl, path_gpu = f"{devices}/nvidiactl", f"{devices}/nvidia0"
+        gpu_fd = next(r[0] for r in rows if r[1] == path_gpu and r[2] == "open")
+        assert sorted(rows) == sorted([
+            (ctl, path_ctl, "open", 1), (gpu_fd, path_gpu, "open", 0),
+            (copy, path_ctl, "dup", 1), (40, path_ctl, "dup", 1), (clo, path_gpu, "dup", 1)])
+        counts = pipe.wait_for(STATS_SQL, [parent.pid, parent.start_time],
+                               lambda r: _stats(r).get(f"{path_ctl}|{control}|0", {}).get(
+                                   "count") == 6)
+        stats = _stats(counts)
+        assert stats[f"{path_ctl}|{control}|0"]["count"] == 1 + 2 + 3
+        assert not [k for k in stats if k.split("|")[1] in ("21584", "21585")]  # FIO(N)CLEX
+        assert stats[f"{path_gpu}|{control}|0"]["count"] == 4
+        # the child inherited the parent's fds at fork; exec closed the close-on-exec one
+        child_rows = pipe.wait_for(fds_sql, [child.pid, child.start_time],
+                                   lambda r: len(r) == 4 and sum(x[3] for x in r) == 2)
+        assert {(r[0], r[2], r[3]) for r in child_rows} == {
+            (ctl, "fork", 0), (copy, "fork", 1), (40, "fork", 1), (clo, "fork", 0)}
+        child_counts = pipe.wait_for(STATS_SQL, [child.pid, child.start_time],
+                                     lambda r: _stats(r).get(f"{path_ctl}|{control}|0", {})
+                                     .get("count") == 12)
+        assert _stats(child_counts)[f"{path_ctl}|{control}|0"]["count"] == 5 + 7
     finally:
-        pipe.close()
+        os.kill(info["child"], 9)
+        proc.communicate("\n", timeout=10)
+
+
+def _pid_after(target):
+    """Make the next fork get ``target`` as its pid (ns_last_pid), as pid reuse would."""
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(target - 1))
+
+
+def test_a_reused_pid_is_a_different_process(pipeline_for, probe_config, replay):
+    pipe = pipeline_for(probe_config)
+    first = replay.start(rounds=1)
+    report = json.loads(first.stdout.readline())
+    pid = report["pid"]
+    key_one = process_key(pid)
+    first.communicate("\n", timeout=10)
+    pipe.wait_for("select exited_at from processes where pid = ? and start_time = ?",
+                  [pid, key_one.start_time], lambda r: r and r[0][0] is not None)
+    time.sleep(0.02)          # a start time is in 10 ms ticks: make the next one differ
+    for _ in range(20):       # another process may take the pid first: try again
+        _pid_after(pid)
+        second = replay.start(rounds=2)
+        report_two = json.loads(second.stdout.readline())
+        if report_two["pid"] == pid:
+            break
+        second.communicate("\n", timeout=10)
+    else:
+        pytest.fail(f"could not get pid {pid} again")
+    try:
+        key_two = process_key(pid)
+        assert key_two != key_one
+        _wait_exact(pipe, key_two, report_two["expected"])
+        _wait_exact(pipe, key_one, report["expected"])     # the first one's figures are intact
+        rows = pipe.query("select start_time, exited_at is null from processes where pid = ? "
+                          "order by start_time", [pid])
+        assert rows == [(key_one.start_time, 0), (key_two.start_time, 1)]
+    finally:
+        second.communicate("\n", timeout=10)

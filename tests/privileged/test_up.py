@@ -66,17 +66,21 @@ def test_up_serves_the_replay_process_and_stops_cleanly_on_sigterm(tmp_config, t
         probes = _wait_until(probes_reporting, 30)
         assert probes, "the probes never reported: " + (tmp_path / "up.log").read_text()
         proc = replay.start(rounds=2)
-        pid = json.loads(proc.stdout.readline())["pid"]
-        key = str(process_key(pid))
+        report = json.loads(proc.stdout.readline())
+        key = str(process_key(report["pid"]))
+        total = sum(figures["count"] for figures in report["expected"].values())
+        controls = sum(figures["count"] for name, figures in report["expected"].items()
+                       if int(name.split("|")[1]) == 0xC020462A)
 
         def replay_listed():
             rows = json.loads(_get(f"{base}/api/processes"))
-            return next((r for r in rows if r["key"] == key and r["ioctl_total"] == 52), None)
+            return next((r for r in rows if r["key"] == key and r["ioctl_total"] == total),
+                        None)
         row = _wait_until(replay_listed, 15)
         assert row, _get(f"{base}/api/processes")
         assert {d["device"] for d in row["devices"]} == {"nvidiactl", "nvidiaN", "nvidia-uvm"}
         page = _get(f"{base}/")
-        assert key in page and "NV_ESC_RM_CONTROL × 22" in page
+        assert key in page and f"NV_ESC_RM_CONTROL × {controls}" in page
         children = _children(up.pid)
         assert children, "gpuwhy up should run the probes as a child process"
     finally:

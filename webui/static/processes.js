@@ -38,7 +38,7 @@
       cell(row, p.comm);
       cell(row, p.cmdline, "cmdline");
       cell(row, p.tag || "");
-      lines(row, p.devices.map((d) => `${d.path} (fd ${d.fd}${d.scanned ? ", found at start-up" : ""})`), "mono");
+      lines(row, p.devices.map((d) => `${d.path} (fd ${d.fd}${d.how !== "open" ? ", " + d.how : ""})`), "mono");
       cell(row, String(p.ioctl_total), "num");
       lines(row, p.ioctls.slice(0, 4).map((i) => `${i.name} × ${i.count}`), "mono");
     }

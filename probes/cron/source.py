@@ -1,0 +1,151 @@
+"""The cron source: the schedule (crontabs, cron.d, user crontabs, systemd timers) and the
+executions cron logs to the journal, each tied to the job's process.
+
+The schedule is re-read every ``cron.rescan_interval`` seconds and published whole.
+Executions come from journald (``SYSLOG_IDENTIFIER=CRON``), resumed from the cursor the
+store committed with the last one, like the kernel-log source. For a started job the
+``[pid]`` of ``cron -L 15`` is looked up in /proc: when that process still runs and
+started before the log line, its start time completes the ``(pid, start_time)`` key that
+the exec events of the job's processes carry. Without ``-L 15`` cron logs no job pid:
+the health detail says so once such a line is seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from gpuwhy.bus import Publisher
+from gpuwhy.clock import ClockConverter, now_ns, ticks_to_ns
+from gpuwhy.config import Config
+from gpuwhy.errors import NoSuchProcess
+from gpuwhy.events import CronExecution, CronSchedule, SourceHealth
+from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.probes.cron.logline import parse_cron_line
+from gpuwhy.probes.cron.schedule import ScheduledJob, read_cron_jobs
+from gpuwhy.probes.cron.timers import read_timers
+from gpuwhy.probes.klog.lines import RawLine
+from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
+from gpuwhy.proc import read_stat
+
+log = logging.getLogger(__name__)
+
+MAX_JOBS = 2000
+HEALTH_EVERY_S = 5.0
+START_SLACK_NS = 2_000_000_000
+
+
+def read_schedule(config: Config) -> list[ScheduledJob]:
+    """Every cron job and systemd timer the config points at."""
+    unit_dirs = tuple(d for d in config["cron.unit_dirs"].split(":") if d)
+    return read_cron_jobs(config["cron.etc"], config["cron.spool"]) + read_timers(unit_dirs)
+
+
+def schedule_event(jobs: list[ScheduledJob]) -> CronSchedule:
+    return CronSchedule(ts=now_ns(), jobs=[vars(job).copy() for job in jobs[:MAX_JOBS]],
+                        truncated=len(jobs) > MAX_JOBS)
+
+
+def job_start_time(pid: int, logged_at_ns: int, clock: ClockConverter,
+                   proc_root: str = "/proc") -> int | None:
+    """The /proc start time of the job's process, when ``pid`` is still that process: a
+    process that started after the log line is a later process that reused the pid."""
+    try:
+        start_ticks = read_stat(pid, proc_root)[2]
+    except (NoSuchProcess, OSError, ValueError, IndexError):
+        return None
+    if clock.realtime_from_boottime(ticks_to_ns(start_ticks)) > logged_at_ns + START_SLACK_NS:
+        return None
+    return start_ticks
+
+
+def execution_event(raw: RawLine, ts: int, clock: ClockConverter,
+                    proc_root: str = "/proc") -> CronExecution | None:
+    """The CronExecution of one journal line of cron's; None for its other lines."""
+    line = parse_cron_line(raw.text)
+    if line is None:
+        return None
+    start_time = None
+    if line.phase == "started" and line.job_pid is not None:
+        start_time = job_start_time(line.job_pid, ts, clock, proc_root)
+    return CronExecution(ts=ts, raw_ts=raw.monotonic_ns, cursor=raw.cursor, phase=line.phase,
+                         user=line.user, command=line.command, job_pid=line.job_pid,
+                         job_start_time=start_time,
+                         cron_pid=line.cron_pid if line.cron_pid else raw.sender_pid,
+                         gpu_action=gpu_action(line.command), boot_id=raw.boot_id)
+
+
+def run_cron_source(config: Config, stop: threading.Event) -> None:
+    """Source runner (see ``gpuwhy.service.unprivileged_sources``): until ``stop`` is set."""
+    publisher = connect_publisher(config, "cron", stop)
+    if publisher is None:
+        return
+    try:
+        _run(config, publisher, stop)
+    finally:
+        publisher.close()
+
+
+def _open_journal(config: Config) -> tuple[object | None, str]:
+    try:
+        from gpuwhy.probes.klog.journald import JournalKernelLog
+
+        if not config["cron.journal_path"] and not os.path.exists(
+                "/run/systemd/journal/socket"):
+            return None, "journald is not running: schedule only, no executions"
+        reader = JournalKernelLog(config["cron.journal_path"] or None,
+                                  matches=({"SYSLOG_IDENTIFIER": "CRON"},))
+    except (ImportError, OSError) as exc:
+        return None, f"cannot read the journal ({exc}): schedule only, no executions"
+    stored = stored_cursor(config["store.path"], "cron")
+    resumed = reader.seek(stored.cursor if stored else None, "boot")
+    return reader, "journald CRON lines" + (", resumed after the stored cursor" if resumed
+                                             else ", from the start of this boot")
+
+
+def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:
+    clock = ClockConverter()
+    reader, detail = _open_journal(config)
+    counters = {"jobs": 0, "gpu_acting_jobs": 0, "executions": 0, "without_job_pid": 0}
+    next_scan = next_health = 0.0
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_scan:
+                jobs = read_schedule(config)
+                counters["jobs"] = len(jobs)
+                counters["gpu_acting_jobs"] = sum(1 for j in jobs if j.gpu_action)
+                publish_reliably(publisher, schedule_event(jobs), stop)
+                next_scan = now + config["cron.rescan_interval"]
+            if reader is not None:
+                _pump(reader, publisher, stop, clock, counters)
+            if now >= next_health:
+                note = "; cron logs no job pids (run cron with -L 15)" \
+                    if counters["without_job_pid"] else ""
+                publisher.publish(SourceHealth(
+                    ts=now_ns(), source="cron", state="ok" if reader else "degraded",
+                    detail=detail + note, counters=dict(counters)))
+                next_health = now + HEALTH_EVERY_S
+            if reader is not None:
+                reader.wait(0.5)    # type: ignore[attr-defined]
+            else:
+                stop.wait(0.5)
+    finally:
+        if reader is not None:
+            reader.close()    # type: ignore[attr-defined]
+
+
+def _pump(reader: object, publisher: Publisher, stop: threading.Event,
+          clock: ClockConverter, counters: dict[str, int]) -> None:
+    for raw in reader.lines(500):    # type: ignore[attr-defined]
+        ts = raw.realtime_ns or now_ns()    # journald's receive time: cron logs as it starts
+        event = execution_event(raw, ts, clock)
+        if event is None:
+            continue
+        if event.phase == "started" and event.job_pid is None:
+            counters["without_job_pid"] += 1
+        if not publish_reliably(publisher, event, stop):
+            return
+        counters["executions"] += 1

@@ -1,0 +1,277 @@
+"""The DCGM source, through NVIDIA's Python bindings (``pydcgm``, ``dcgm_structs``).
+
+The bindings are not on PyPI; they ship with datacenter-gpu-manager-4 and are imported
+from ``gpu.dcgm_bindings`` on first use. We connect to a running nv-hostengine first and
+start an embedded one only when none answers and no nv-hostengine or dcgm-exporter
+process runs: two hostengines on one host can deadlock the driver (DCGM #108).
+
+Two field groups are watched: the basic fields and the profiling fields, so that when
+profiling is unavailable (consumer GPUs, profiling module not loaded, Nsight holding the
+counters, ``gpuwhy dcgm pause``) the basic fields go on. Every value since the last read
+is used (``GetAllSinceLastCall``), grouped into one sample per GPU per interval.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+
+import psutil
+
+from gpuwhy.clock import now_ns
+from gpuwhy.events import Event, GpuSample, GpuState, GpuXid
+from gpuwhy.identity import GpuIdentity
+from gpuwhy.probes.gpu.fields import BASIC_IDS, BY_ID, PROFILING_IDS, is_blank, plausible
+from gpuwhy.probes.gpu.source import (
+    GpuInfo,
+    SourceUnavailable,
+    minor_from_procfs,
+    normalise_bus_id,
+)
+
+HOSTENGINE_PROCESSES = ("nv-hostengine", "dcgm-exporter")
+XID_FIELD = 230
+ENTITY_STATUS_LOST = 4   # DcgmEntityStatusLost in dcgm_structs.h (set on NVML GPU_IS_LOST)
+KEEP_AGE_S = 60.0
+
+
+class Bindings:
+    """The DCGM modules, imported from sys.path or the configured directories."""
+
+    def __init__(self, search_path: str = ""):
+        for directory in filter(None, search_path.split(":")):
+            if os.path.isdir(directory) and directory not in sys.path:
+                sys.path.append(directory)
+        try:
+            self.pydcgm: ModuleType = importlib.import_module("pydcgm")
+            self.structs: ModuleType = importlib.import_module("dcgm_structs")
+        except ImportError:
+            raise SourceUnavailable("dcgm", "not installed (no pydcgm module; looked in "
+                                            f"{search_path or 'sys.path'})") from None
+
+    def status_name(self, exc: BaseException) -> str:
+        value = getattr(exc, "value", None)
+        for name in dir(self.structs):
+            if name.startswith("DCGM_ST_") and getattr(self.structs, name) == value:
+                return name
+        return f"status {value}"
+
+
+def _other_hostengine_running() -> str | None:
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in HOSTENGINE_PROCESSES:
+            return f"{proc.info['name']} (pid {proc.pid})"
+    return None
+
+
+def connect(bindings: Bindings, host: str, embedded_allowed: bool) -> tuple[object, str]:
+    """A DcgmHandle: to the hostengine at ``host``, else embedded when that is safe."""
+    s = bindings.structs
+    try:
+        return bindings.pydcgm.DcgmHandle(ipAddress=host), f"hostengine {host}"
+    except s.DCGMError as exc:
+        status = bindings.status_name(exc)
+        if exc.value == s.DCGM_ST_LIBRARY_NOT_FOUND:
+            raise SourceUnavailable("dcgm", "libdcgm.so.4 not found") from None
+        if exc.value == s.DCGM_ST_VER_MISMATCH:
+            raise SourceUnavailable("dcgm", f"bindings and hostengine at {host} differ in "
+                                            "version (DCGM_ST_VER_MISMATCH)") from None
+        if exc.value != s.DCGM_ST_CONNECTION_NOT_VALID:
+            raise SourceUnavailable("dcgm", f"cannot connect to {host}: {status}") from None
+    if not embedded_allowed:
+        raise SourceUnavailable("dcgm", f"no hostengine at {host} (embedded mode is off)")
+    other = _other_hostengine_running()
+    if other:
+        raise SourceUnavailable("dcgm", f"no hostengine answers at {host} but {other} runs; "
+                                        "not starting a second one (DCGM #108)")
+    try:
+        handle = bindings.pydcgm.DcgmHandle(ipAddress=None,
+                                            opMode=s.DCGM_OPERATION_MODE_AUTO)
+    except s.DCGMError as exc:
+        raise SourceUnavailable("dcgm", f"no hostengine at {host}, embedded start failed: "
+                                        f"{bindings.status_name(exc)}") from None
+    return handle, "embedded hostengine"
+
+
+class DcgmSource:
+    """DCGM over every supported GPU, sampled every ``interval`` seconds."""
+
+    name = "dcgm"
+    simulated = False
+
+    def __init__(self, host: str = "localhost:5555", interval: float = 1.0,
+                 bindings_path: str = "", embedded: bool = True, proc_root: str = "/proc"):
+        self.host, self.interval, self.embedded = host, interval, embedded
+        self.bindings_path, self.proc_root = bindings_path, proc_root
+        self.gpus: list[GpuInfo] = []
+        self.mode = ""
+        self.profiling_note = ""
+        self._b: Bindings | None = None
+        self._handle = None
+        self._group = None
+        self._groups: dict[str, object] = {}
+        self._cursors: dict[str, object] = {}
+        self._last_ts: dict[tuple[int, int], int] = {}
+        self._by_dcgm_id: dict[int, GpuInfo] = {}
+        self._lost: set[int] = set()
+
+    def open(self) -> list[GpuInfo]:
+        self._b = Bindings(self.bindings_path)
+        self._handle, self.mode = connect(self._b, self.host, self.embedded)
+        s = self._b.structs
+        try:
+            system = self._handle.GetSystem()
+            ids = list(system.discovery.GetAllSupportedGpuIds())
+            if not ids:
+                raise SourceUnavailable("dcgm", f"{self.mode} reports no supported GPU")
+            self.gpus = [self._describe(system, gpu_id) for gpu_id in ids]
+            self._group = system.GetGroupWithGpuIds(f"gpuwhy-{os.getpid()}", ids)
+            self._watch("basic", BASIC_IDS)
+        except s.DCGMError as exc:
+            self.close()
+            raise SourceUnavailable("dcgm", f"{self.mode}: {self._b.status_name(exc)}") from None
+        try:
+            self._watch("profiling", PROFILING_IDS)
+        except s.DCGMError as exc:
+            self.profiling_note = (f"profiling fields unavailable ({self._b.status_name(exc)}"
+                                   "): consumer GPU, profiling module not loaded, or another "
+                                   "tool (Nsight) holds the counters")
+        return self.gpus
+
+    def _describe(self, system: object, gpu_id: int) -> GpuInfo:
+        ids = system.discovery.GetGpuAttributes(gpu_id).identifiers
+        bus_id = normalise_bus_id(ids.pciBusId)
+        identity = GpuIdentity(uuid=ids.uuid or None, pci_bus_id=bus_id, index=gpu_id,
+                               minor=minor_from_procfs(bus_id, self.proc_root))
+        info = GpuInfo(identity, model=ids.deviceName, driver_version=ids.driverVersion,
+                       handle=gpu_id)
+        self._by_dcgm_id[gpu_id] = info
+        return info
+
+    def _watch(self, kind: str, field_ids: tuple[int, ...]) -> None:
+        group = self._b.pydcgm.DcgmFieldGroup(self._handle, name=f"gpuwhy-{os.getpid()}-{kind}",
+                                              fieldIds=list(field_ids))
+        self._groups[kind] = group
+        try:
+            self._group.samples.WatchFields(group, int(self.interval * 1e6), KEEP_AGE_S, 0)
+        except self._b.structs.DCGMError:
+            del self._groups[kind]
+            group.Delete()
+            raise
+
+    def notes(self) -> list[str]:
+        notes = [f"connected to {self.mode}"]
+        if self.profiling_note:
+            notes.append(self.profiling_note)
+        return notes + [f"{self._by_dcgm_id[i].id}: lost" for i in sorted(self._lost)]
+
+    def read(self) -> list[Event]:
+        s = self._b.structs
+        values: dict[int, dict[int, list]] = {}
+        for kind, group in list(self._groups.items()):
+            try:
+                cursor = self._group.samples.GetAllSinceLastCall(self._cursors.get(kind), group)
+            except s.DCGMError as exc:
+                if exc.value == s.DCGM_ST_GPU_IS_LOST:
+                    continue   # which GPU: asked below, per GPU without a sample
+                if exc.value == s.DCGM_ST_CONNECTION_NOT_VALID:
+                    raise SourceUnavailable("dcgm", f"lost the connection to {self.mode}"
+                                            ) from None
+                if kind == "profiling":
+                    self.profiling_note = f"profiling read failed: {self._b.status_name(exc)}"
+                    continue
+                raise SourceUnavailable("dcgm", f"read failed: {self._b.status_name(exc)}"
+                                        ) from None
+            self._cursors[kind] = cursor
+            for gpu_id, by_field in cursor.values.items():
+                for field_id, series in by_field.items():
+                    values.setdefault(gpu_id, {}).setdefault(field_id, []).extend(series)
+            cursor.EmptyValues()
+        events: list[Event] = []
+        for gpu_id, by_field in values.items():
+            if gpu_id in self._by_dcgm_id and gpu_id not in self._lost:
+                events += self._gpu_events(self._by_dcgm_id[gpu_id], by_field)
+        sampled = {e.gpu_id for e in events if isinstance(e, GpuSample)}
+        for gpu in self.gpus:
+            if gpu.id not in sampled and gpu.handle not in self._lost:
+                events += self._check_lost(gpu)
+        return events
+
+    def _check_lost(self, gpu: GpuInfo) -> list[Event]:
+        try:
+            status = self._handle.GetSystem().discovery.GetGpuStatus(gpu.handle)
+        except self._b.structs.DCGMError:
+            return []
+        if getattr(status, "value", status) != ENTITY_STATUS_LOST:
+            return []
+        self._lost.add(gpu.handle)
+        return [GpuState(ts=now_ns(), gpu_id=gpu.id, state="lost", source="dcgm",
+                         simulated=False, detail="DCGM: GPU is lost (DcgmEntityStatusLost)")]
+
+    def _gpu_events(self, gpu: GpuInfo, by_field: dict[int, list]) -> list[Event]:
+        """One sample per interval bucket (DCGM stamps each field separately, µs apart)."""
+        step_us = max(1, int(self.interval * 1e6))
+        buckets: dict[int, dict[str, float]] = {}
+        stamps: dict[int, int] = {}
+        events: list[Event] = []
+        prof_seen = prof_blank = 0
+        mark = dict(gpu_id=gpu.id, source="dcgm", simulated=False)
+        for field_id, series in by_field.items():
+            field = BY_ID.get(field_id)
+            for v in series:
+                key = (gpu.handle, field_id)
+                if field is None or v.ts <= self._last_ts.get(key, -1):
+                    continue   # GetAllSinceLastCall may repeat the latest value
+                self._last_ts[key] = v.ts
+                if field.profiling:
+                    prof_seen += 1
+                if v.isBlank or is_blank(v.value):
+                    prof_blank += field.profiling
+                    continue
+                if field_id == XID_FIELD:
+                    if v.value:
+                        events.append(GpuXid(ts=v.ts * 1000, raw_ts=v.ts, xid=int(v.value),
+                                             detail="DCGM field 230", **mark))
+                    continue
+                if not plausible(field, float(v.value)):
+                    continue
+                bucket = v.ts // step_us
+                stamps[bucket] = min(stamps.get(bucket, v.ts), v.ts)
+                buckets.setdefault(bucket, {})[field.name] = float(v.value)
+        if prof_seen and prof_seen == prof_blank:
+            self.profiling_note = ("profiling fields blank: paused (gpuwhy dcgm pause) or "
+                                   "another tool (Nsight) holds the counters")
+        elif prof_seen:
+            self.profiling_note = ""
+        for bucket in sorted(buckets):
+            events.append(GpuSample(ts=stamps[bucket] * 1000, raw_ts=stamps[bucket],
+                                    fields=buckets[bucket], **mark))
+        return events
+
+    def pause_profiling(self, pause: bool) -> None:
+        """``gpuwhy dcgm pause|resume``: let Nsight and friends use the counters."""
+        system = self._handle.GetSystem()
+        if pause:
+            system.profiling.Pause()
+        else:
+            system.profiling.Resume()
+
+    def close(self) -> None:
+        for group in self._groups.values():
+            try:
+                self._group.samples.UnwatchFields(group)
+                group.Delete()
+            except Exception:  # noqa: BLE001 - best effort on a hostengine that may be gone
+                pass
+        self._groups.clear()
+        if self._group is not None:
+            try:
+                self._group.Delete()
+            except Exception:  # noqa: BLE001
+                pass
+            self._group = None
+        if self._handle is not None:
+            self._handle.Shutdown()
+            self._handle = None

@@ -1,0 +1,157 @@
+"""The GPU field table: our names and units, keyed on DCGM's numeric field ids.
+
+DCGM renamed most fields in 4.6.0 and dcgm-exporter 4.9 renamed metrics and changed
+units; the numeric ids never changed. So every source maps onto the id, and the name
+and unit here are ours. docs/gpu-fields.md is :func:`fields_markdown` (a test checks it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# DCGM blank sentinels (dcgm_structs.h): BLANK, NOT_FOUND, NOT_SUPPORTED, NOT_PERMISSIONED.
+INT32_BLANK = 0x7FFFFFF0
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+FP64_BLANK = 140737488355328.0   # 2**47
+INT32_SENTINELS = frozenset(range(INT32_BLANK, INT32_BLANK + 4))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One normalised GPU field. ``exporter`` holds the dcgm-exporter metric names that
+    carry it (legacy ≤4.8 name first, then the DCGM 4.6 name); ``low``/``high`` bound the
+    plausible values (outside them a value is dropped as garbage, and counted)."""
+
+    name: str
+    field_id: int
+    unit: str
+    nvml: str
+    exporter: tuple[str, ...]
+    low: float = 0.0
+    high: float = math.inf
+    profiling: bool = False
+    event: bool = False   # reported as an event (gpu_xid), not as a sample column
+
+
+def _prof(name: str, field_id: int, legacy: str, renamed: str) -> Field:
+    return Field(name, field_id, "ratio", "-", (legacy, renamed), 0.0, 1.0001, profiling=True)
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("gpu_util", 203, "%", "nvmlDeviceGetUtilizationRates().gpu",
+          ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO"), 0, 100),
+    Field("mem_util", 204, "%", "nvmlDeviceGetUtilizationRates().memory",
+          ("DCGM_FI_DEV_MEM_COPY_UTIL",), 0, 100),
+    Field("enc_util", 206, "%", "nvmlDeviceGetEncoderUtilization()[0]",
+          ("DCGM_FI_DEV_ENC_UTIL",), 0, 100),
+    Field("dec_util", 207, "%", "nvmlDeviceGetDecoderUtilization()[0]",
+          ("DCGM_FI_DEV_DEC_UTIL",), 0, 100),
+    Field("sm_clock_mhz", 100, "MHz", "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+          ("DCGM_FI_DEV_SM_CLOCK",), 0, 10_000),
+    Field("mem_clock_mhz", 101, "MHz", "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)",
+          ("DCGM_FI_DEV_MEM_CLOCK",), 0, 20_000),
+    Field("clocks_event_reasons", 112, "bitmask", "nvmlDeviceGetCurrentClocksEventReasons",
+          ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), 0, 2**32),
+    Field("pstate", 190, "P-state", "nvmlDeviceGetPerformanceState",
+          ("DCGM_FI_DEV_PSTATE", "DCGM_FI_DEV_GPU_PSTATE"), 0, 32),
+    Field("temp_c", 150, "°C", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
+          ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS"), -40, 200),
+    Field("mem_temp_c", 140, "°C", "-",
+          ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS"), -40, 200),
+    Field("power_w", 155, "W", "nvmlDeviceGetPowerUsage / 1000",
+          ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS"), 0, 5_000),
+    Field("power_limit_w", 164, "W", "nvmlDeviceGetEnforcedPowerLimit / 1000",
+          ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS"),
+          0, 5_000),
+    Field("energy_mj", 156, "mJ", "nvmlDeviceGetTotalEnergyConsumption",
+          ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",)),
+    Field("power_violation_ns", 240, "ns", "-", ("DCGM_FI_DEV_POWER_VIOLATION",)),
+    Field("thermal_violation_ns", 241, "ns", "-", ("DCGM_FI_DEV_THERMAL_VIOLATION",)),
+    Field("fb_total_mib", 250, "MiB", "nvmlDeviceGetMemoryInfo().total / 2**20",
+          ("DCGM_FI_DEV_FB_TOTAL",), 0, 2**24),
+    Field("fb_used_mib", 252, "MiB", "nvmlDeviceGetMemoryInfo().used / 2**20",
+          ("DCGM_FI_DEV_FB_USED",), 0, 2**24),
+    Field("pcie_replays", 202, "count", "nvmlDeviceGetPcieReplayCounter",
+          ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL")),
+    Field("pcie_tx_bytes_per_s", 1009, "B/s",
+          "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) × 1024",
+          ("DCGM_FI_PROF_PCIE_TX_BYTES",), 0, 1e12, profiling=True),
+    Field("pcie_rx_bytes_per_s", 1010, "B/s",
+          "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES) × 1024",
+          ("DCGM_FI_PROF_PCIE_RX_BYTES",), 0, 1e12, profiling=True),
+    Field("nvlink_tx_bytes_per_s", 1011, "B/s", "-",
+          ("DCGM_FI_PROF_NVLINK_TX_BYTES",), 0, 1e13, profiling=True),
+    Field("nvlink_rx_bytes_per_s", 1012, "B/s", "-",
+          ("DCGM_FI_PROF_NVLINK_RX_BYTES",), 0, 1e13, profiling=True),
+    Field("ecc_sbe_volatile", 310, "count",
+          "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)",
+          ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",)),
+    Field("ecc_dbe_volatile", 311, "count",
+          "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)",
+          ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",)),
+    Field("retired_pages_sbe", 390, "count", "-",
+          ("DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL")),
+    Field("retired_pages_dbe", 391, "count", "-",
+          ("DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_PAGE_RETIRED_DBE_TOTAL")),
+    Field("row_remap_uncorrectable", 393, "count", "nvmlDeviceGetRemappedRows()[1]",
+          ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+           "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL")),
+    Field("row_remap_correctable", 394, "count", "nvmlDeviceGetRemappedRows()[0]",
+          ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL")),
+    Field("row_remap_failed", 395, "flag", "nvmlDeviceGetRemappedRows()[3]",
+          ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED"), 0, 1),
+    Field("xid", 230, "Xid", "nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
+          ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR"), 0, 2**16, event=True),
+    _prof("gr_engine_active", 1001, "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+          "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO"),
+    _prof("sm_active", 1002, "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO"),
+    _prof("sm_occupancy", 1003, "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO"),
+    _prof("tensor_active", 1004, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+          "DCGM_FI_PROF_TENSOR_UTIL_RATIO"),
+    _prof("dram_active", 1005, "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO"),
+    _prof("fp64_active", 1006, "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_FP64_UTIL_RATIO"),
+    _prof("fp32_active", 1007, "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_FP32_UTIL_RATIO"),
+    _prof("fp16_active", 1008, "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_FP16_UTIL_RATIO"),
+)
+
+BY_ID: dict[int, Field] = {f.field_id: f for f in FIELDS}
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+BY_EXPORTER_NAME: dict[str, Field] = {name: f for f in FIELDS for name in f.exporter}
+SAMPLE_FIELDS: tuple[Field, ...] = tuple(f for f in FIELDS if not f.event)
+BASIC_IDS: tuple[int, ...] = tuple(f.field_id for f in FIELDS if f.field_id < 1000)
+PROFILING_IDS: tuple[int, ...] = tuple(f.field_id for f in FIELDS if f.field_id >= 1000)
+
+
+def is_blank(value: object) -> bool:
+    """True for DCGM's blank / not-found / not-supported / not-permitted sentinels
+    (int32, int64 and double forms, and the ``<<<...>>>`` strings) and for NaN."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.startswith("<<<") and ">>>" in value
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= INT64_BLANK or value in INT32_SENTINELS
+    if isinstance(value, float):
+        return math.isnan(value) or value >= FP64_BLANK or value in INT32_SENTINELS
+    return False
+
+
+def plausible(field: Field, value: float) -> bool:
+    """Within the field's physical range (DCGM and exporters have reported GPU temperatures
+    of 644245923 °C and utilisations of 4294967295 %: dcgm-exporter #312, DCGM #199)."""
+    return field.low <= value <= field.high
+
+
+def fields_markdown() -> str:
+    """The table of docs/gpu-fields.md."""
+    lines = ["| our name | DCGM field id | unit | NVML call | dcgm-exporter metric(s) |",
+             "|---|---|---|---|---|"]
+    for f in FIELDS:
+        kind = " (event `gpu_xid`)" if f.event else " (profiling)" if f.profiling else ""
+        exporter = ", ".join(f"`{name}`" for name in f.exporter)
+        nvml = f"`{f.nvml}`" if f.nvml != "-" else "-"
+        lines.append(f"| `{f.name}`{kind} | {f.field_id} | {f.unit} | {nvml} | {exporter} |")
+    return "\n".join(lines)

@@ -1,0 +1,281 @@
+"""The NVML source, through nvidia-ml-py (``import pynvml``), for hosts without DCGM.
+
+Per GPU and read: identity, utilisation, memory, clocks, clock-event reasons, power,
+energy, temperature, PCIe throughput, ECC and row remapping, the running compute
+processes with their memory, and per-process utilisation samples. A thread waits for
+Xid events (NVML event sets are not thread safe: only that thread touches its set).
+``GPU_IS_LOST`` and ``RESET_REQUIRED`` become ``gpu_state`` events; that GPU is then
+left alone. Anything NOT_SUPPORTED or NO_PERMISSION is missing, noted once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+from gpuwhy.clock import now_ns
+from gpuwhy.errors import NoSuchProcess
+from gpuwhy.events import Event, GpuProcesses, GpuSample, GpuState, GpuXid
+from gpuwhy.identity import GpuIdentity
+from gpuwhy.probes.gpu.fields import BY_NAME, plausible
+from gpuwhy.probes.gpu.source import (
+    GpuInfo,
+    SourceUnavailable,
+    minor_from_procfs,
+    normalise_bus_id,
+)
+from gpuwhy.proc import process_key
+
+log = logging.getLogger(__name__)
+
+XID_WAIT_MS = 500
+MIB = 1 << 20
+_INIT_REASONS = {
+    "NVMLError_LibraryNotFound": "library not found (no libnvidia-ml.so.1)",
+    "NVMLError_DriverNotLoaded": "NVIDIA driver not loaded",
+    "NVMLError_LibRmVersionMismatch": "library/driver version mismatch "
+                                      "(driver upgraded without a reboot?)",
+    "NVMLError_NoPermission": "no permission to open the GPUs",
+}
+
+
+def _load() -> ModuleType:
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        raise SourceUnavailable("nvml", "not installed (no pynvml module: "
+                                        "pip install nvidia-ml-py)") from None
+
+
+def _readers(nv: ModuleType) -> dict[str, Callable]:
+    """Our field name -> how to read it from a device handle, in our unit."""
+    return {
+        "gpu_util": lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu,
+        "mem_util": lambda h: nv.nvmlDeviceGetUtilizationRates(h).memory,
+        "enc_util": lambda h: nv.nvmlDeviceGetEncoderUtilization(h)[0],
+        "dec_util": lambda h: nv.nvmlDeviceGetDecoderUtilization(h)[0],
+        "sm_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "mem_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+        "clocks_event_reasons": nv.nvmlDeviceGetCurrentClocksEventReasons,
+        "pstate": nv.nvmlDeviceGetPerformanceState,
+        "temp_c": lambda h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+        "power_w": lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000,
+        "power_limit_w": lambda h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+        "energy_mj": nv.nvmlDeviceGetTotalEnergyConsumption,
+        "fb_total_mib": lambda h: nv.nvmlDeviceGetMemoryInfo(h).total / MIB,
+        "fb_used_mib": lambda h: nv.nvmlDeviceGetMemoryInfo(h).used / MIB,
+        "pcie_replays": nv.nvmlDeviceGetPcieReplayCounter,
+        "pcie_tx_bytes_per_s": lambda h: nv.nvmlDeviceGetPcieThroughput(
+            h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1024,
+        "pcie_rx_bytes_per_s": lambda h: nv.nvmlDeviceGetPcieThroughput(
+            h, nv.NVML_PCIE_UTIL_RX_BYTES) * 1024,
+        "ecc_sbe_volatile": lambda h: nv.nvmlDeviceGetTotalEccErrors(
+            h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC),
+        "ecc_dbe_volatile": lambda h: nv.nvmlDeviceGetTotalEccErrors(
+            h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+        "row_remap_correctable": lambda h: nv.nvmlDeviceGetRemappedRows(h)[0],
+        "row_remap_uncorrectable": lambda h: nv.nvmlDeviceGetRemappedRows(h)[1],
+        "row_remap_failed": lambda h: int(bool(nv.nvmlDeviceGetRemappedRows(h)[3])),
+    }
+
+
+class NvmlSource:
+    """NVML over every GPU; ``proc_root`` resolves pids to (pid, start time)."""
+
+    name = "nvml"
+    simulated = False
+
+    def __init__(self, proc_root: str = "/proc", xid_events: bool = True):
+        self.proc_root = proc_root
+        self.xid_events = xid_events
+        self.gpus: list[GpuInfo] = []
+        self._nv: ModuleType | None = None
+        self._readers: dict[str, Callable] = {}
+        self._unsupported: dict[str, set[str]] = {}
+        self._gone: dict[str, str] = {}
+        self._last_util_ts: dict[str, int] = {}
+        self._xids: queue.Queue[Event] = queue.Queue()
+        self._stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+        self._xid_note = ""
+
+    def open(self) -> list[GpuInfo]:
+        nv = _load()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            reason = _INIT_REASONS.get(type(exc).__name__, f"nvmlInit failed: {exc}")
+            raise SourceUnavailable("nvml", reason) from None
+        self._nv = nv
+        self._readers = _readers(nv)
+        try:
+            driver = nv.nvmlSystemGetDriverVersion()
+            self.gpus = [self._describe(i, driver) for i in range(nv.nvmlDeviceGetCount())]
+        except nv.NVMLError as exc:
+            nv.nvmlShutdown()
+            raise SourceUnavailable("nvml", f"cannot list GPUs: {exc}") from None
+        if not self.gpus:
+            nv.nvmlShutdown()
+            raise SourceUnavailable("nvml", "NVML sees no GPU")
+        if self.xid_events:
+            self._xid_thread = threading.Thread(target=self._wait_for_xids, daemon=True,
+                                                name="gpuwhy-nvml-xid")
+            self._xid_thread.start()
+        return self.gpus
+
+    def _describe(self, index: int, driver: str) -> GpuInfo:
+        nv = self._nv
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        bus_id = normalise_bus_id(nv.nvmlDeviceGetPciInfo(handle).busId)
+        try:
+            minor = nv.nvmlDeviceGetMinorNumber(handle)
+        except nv.NVMLError:
+            minor = minor_from_procfs(bus_id, self.proc_root)
+        identity = GpuIdentity(uuid=nv.nvmlDeviceGetUUID(handle), pci_bus_id=bus_id,
+                               index=index, minor=minor)
+        return GpuInfo(identity, model=nv.nvmlDeviceGetName(handle), driver_version=driver,
+                       handle=handle)
+
+    def notes(self) -> list[str]:
+        notes = [f"{gpu_id}: {reason}" for gpu_id, reason in self._gone.items()]
+        for name, gpus in sorted(self._unsupported.items()):
+            notes.append(f"{name} not available on {len(gpus)} GPU(s)")
+        return notes + ([self._xid_note] if self._xid_note else [])
+
+    def read(self) -> list[Event]:
+        events: list[Event] = []
+        while not self._xids.empty():
+            events.append(self._xids.get_nowait())
+        for gpu in self.gpus:
+            if gpu.id not in self._gone:
+                events += self._read_gpu(gpu)
+        return events
+
+    def _read_gpu(self, gpu: GpuInfo) -> list[Event]:
+        nv, ts = self._nv, now_ns()
+        fields: dict[str, float] = {}
+        try:
+            for name, read in self._readers.items():
+                try:
+                    value = float(read(gpu.handle))
+                except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission,
+                        nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError):
+                    self._unsupported.setdefault(name, set()).add(gpu.id)
+                    continue
+                if plausible(BY_NAME[name], value):
+                    fields[name] = value
+            processes = self._processes(gpu)
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
+            state = "lost" if isinstance(exc, nv.NVMLError_GpuIsLost) else "reset_required"
+            self._gone[gpu.id] = f"{state} ({exc})"
+            return [GpuState(ts=ts, gpu_id=gpu.id, state=state, source="nvml",
+                             simulated=False, detail=f"NVML: {exc}")]
+        except nv.NVMLError as exc:
+            log.warning("NVML read of %s failed: %s", gpu.id, exc)
+            self._unsupported.setdefault(f"read ({exc})", set()).add(gpu.id)
+            return []
+        events: list[Event] = [GpuSample(ts=ts, gpu_id=gpu.id, source="nvml", simulated=False,
+                                         fields=fields)]
+        if processes is not None:
+            events.append(GpuProcesses(ts=ts, gpu_id=gpu.id, source="nvml",
+                                       processes=processes))
+        return events
+
+    def _processes(self, gpu: GpuInfo) -> list[dict] | None:
+        nv = self._nv
+        try:
+            running = nv.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
+        except nv.NVMLLibraryMismatchError:   # driver older than the binding's _v3
+            running = nv.nvmlDeviceGetComputeRunningProcesses_v2(gpu.handle)
+        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission):
+            self._unsupported.setdefault("compute processes", set()).add(gpu.id)
+            return None
+        utils = {}
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(gpu.handle,
+                                                         self._last_util_ts.get(gpu.id, 0))
+            for s in samples:
+                utils[s.pid] = s
+                self._last_util_ts[gpu.id] = max(self._last_util_ts.get(gpu.id, 0), s.timeStamp)
+        except nv.NVMLError_NotFound:
+            pass   # no process ran since the last sample: that is not an error
+        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission):
+            self._unsupported.setdefault("process utilisation", set()).add(gpu.id)
+        rows = []
+        for p in running:
+            try:
+                start_time: int | None = process_key(p.pid, self.proc_root).start_time
+            except NoSuchProcess:   # gone already, or in a pid namespace we cannot see
+                start_time = None
+            u = utils.get(p.pid)
+            rows.append({"pid": p.pid, "start_time": start_time,
+                         "used_memory_mib": None if p.usedGpuMemory is None
+                         else p.usedGpuMemory / MIB,
+                         "sm_util": u and u.smUtil, "mem_util": u and u.memUtil,
+                         "enc_util": u and u.encUtil, "dec_util": u and u.decUtil})
+        return rows
+
+    def _wait_for_xids(self) -> None:
+        try:
+            self._xid_loop()
+        except Exception as exc:  # noqa: BLE001 - said in status, the samples go on
+            log.exception("NVML Xid thread failed")
+            self._xid_note = f"no Xid events: the Xid thread failed: {exc!r}"
+
+    def _xid_loop(self) -> None:
+        nv = self._nv
+        by_handle = {}
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            self._xid_note = f"no Xid events: {exc}"
+            return
+        for gpu in self.gpus:
+            try:
+                nv.nvmlDeviceRegisterEvents(gpu.handle, nv.nvmlEventTypeXidCriticalError,
+                                            event_set)
+                by_handle[_handle_key(gpu.handle)] = gpu
+            except nv.NVMLError as exc:   # NOT_SUPPORTED leaves the set usable
+                self._xid_note = f"no Xid events on {gpu.id}: {exc}"
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = nv.nvmlEventSetWait(event_set, XID_WAIT_MS)
+                except nv.NVMLError_Timeout:
+                    continue
+                except nv.NVMLError as exc:
+                    self._xid_note = f"Xid wait failed: {exc}"
+                    self._stop.wait(1.0)
+                    continue
+                gpu = by_handle.get(_handle_key(data.device))
+                if gpu is not None:
+                    self._xids.put(GpuXid(ts=now_ns(), gpu_id=gpu.id, xid=int(data.eventData),
+                                          source="nvml", simulated=False,
+                                          detail="NVML XidCriticalError event"))
+        finally:
+            nv.nvmlEventSetFree(event_set)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(XID_WAIT_MS / 1000 + 1)
+        if self._nv is not None:
+            try:
+                self._nv.nvmlShutdown()
+            except self._nv.NVMLError:
+                pass
+            self._nv = None
+
+
+def _handle_key(handle: object) -> object:
+    """NVML handles are ctypes pointers: equal devices, distinct Python objects."""
+    import ctypes
+
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle

@@ -1,0 +1,116 @@
+"""Read kernel lines from journald with systemd-python: kernel transport, plus the ``NVRM``
+identifier (lines forwarded from elsewhere); resume from a stored cursor.
+
+journald splits a kernel line's ``NVRM: `` / ``nvidia-nvswitch3: `` prefix into
+``SYSLOG_IDENTIFIER``: it is put back so the parser sees the line as the kernel wrote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpuwhy.probes.klog.lines import RawLine
+
+MAX_TEXT = 8192
+KEEP_IDENTIFIER = ("NVRM", "nvidia-nvswitch")
+
+
+def _text(value: object) -> str:
+    if isinstance(value, list):
+        value = value[0] if value else ""
+    if isinstance(value, bytes):
+        return value[:MAX_TEXT].decode("utf-8", errors="replace")
+    return str(value)[:MAX_TEXT]
+
+
+def _raw_monotonic(value: tuple) -> tuple[int, str]:
+    return int(value[0]), bytes(value[1]).hex()
+
+
+_CONVERTERS = {
+    "__REALTIME_TIMESTAMP": int,
+    "__MONOTONIC_TIMESTAMP": _raw_monotonic,
+    "_SOURCE_MONOTONIC_TIMESTAMP": int,
+    "_BOOT_ID": bytes.decode,
+}
+
+
+def line_of(entry: dict) -> RawLine:
+    """A journal entry (systemd-python dict, with this module's converters) as a RawLine."""
+    message = _text(entry.get("MESSAGE", ""))
+    identifier = _text(entry.get("SYSLOG_IDENTIFIER", ""))
+    if identifier.startswith(KEEP_IDENTIFIER) and not message.startswith(identifier):
+        message = f"{identifier}: {message}"
+    monotonic_us, monotonic_boot = entry.get("__MONOTONIC_TIMESTAMP", (None, ""))
+    source_us = entry.get("_SOURCE_MONOTONIC_TIMESTAMP")
+    if not isinstance(source_us, int):
+        source_us = monotonic_us
+    boot_id = _text(entry.get("_BOOT_ID", monotonic_boot)).replace("-", "")
+    realtime_us = entry.get("__REALTIME_TIMESTAMP")
+    sender = entry.get("SYSLOG_PID", entry.get("_PID"))
+    return RawLine(message, entry["__CURSOR"], boot_id,
+                   source_us * 1000 if isinstance(source_us, int) else None,
+                   realtime_us * 1000 if isinstance(realtime_us, int) else None,
+                   sender if isinstance(sender, int) else None)
+
+
+class JournalKernelLog:
+    """Kernel lines from the system journal, or from ``path`` (a journal directory or file).
+
+    ``matches`` are OR-ed; the cron source reuses this class with ``SYSLOG_IDENTIFIER=CRON``.
+    """
+
+    origin = "journald"
+
+    def __init__(self, path: str | None = None,
+                 matches: tuple[dict[str, str], ...] = ({"_TRANSPORT": "kernel"},
+                                                        {"SYSLOG_IDENTIFIER": "NVRM"})):
+        from pathlib import Path
+
+        from systemd import journal
+
+        self._journal_module = journal
+        if path and Path(path).is_file():
+            self._reader = journal.Reader(files=[path], converters=_CONVERTERS)
+        else:
+            self._reader = journal.Reader(path=path or None, converters=_CONVERTERS)
+        for i, match in enumerate(matches):
+            if i:
+                self._reader.add_disjunction()
+            self._reader.add_match(**match)
+
+    def seek(self, cursor: str | None, start: str) -> bool:
+        """Position after ``cursor`` (returns True); without one, by ``start``: ``boot`` (the
+        start of the current boot), ``all`` (the oldest line kept) or ``now`` (the end)."""
+        if cursor:
+            try:
+                self._reader.seek_cursor(cursor)
+                entry = self._reader.get_next()
+                if entry and entry.get("__CURSOR") != cursor:
+                    # The entry itself is gone (journal rotated): we are at the next one.
+                    self._reader.get_previous()
+                return True
+            except OSError:
+                pass
+        if start == "boot":
+            self._reader.seek_monotonic(0)    # this boot's first entry (monotonic is per boot)
+        elif start == "all":
+            self._reader.seek_head()
+        else:
+            self._reader.seek_tail()
+            self._reader.get_previous()
+        return False
+
+    def lines(self, limit: int = 1000) -> Iterator[RawLine]:
+        """The lines available now, at most ``limit``."""
+        for _ in range(limit):
+            entry = self._reader.get_next()
+            if not entry:
+                return
+            yield line_of(entry)
+
+    def wait(self, timeout: float) -> None:
+        self._reader.wait(timeout)
+
+    def close(self) -> None:
+        self._reader.close()

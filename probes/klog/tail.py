@@ -1,0 +1,78 @@
+"""Tail a kern.log-style file (the last fallback: no journald, no readable /dev/kmsg).
+
+The cursor is ``file:INODE:OFFSET`` of the byte after the last complete line read.
+After rotation (a new inode) or truncation, reading restarts at offset 0 of the file.
+Lines carry no clock we can trust across boots: their time is when we read them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+from gpuwhy.probes.klog.lines import RawLine
+
+MAX_LINE = 8192
+
+
+class FileKernelLog:
+    """Complete lines appended to ``path``, after a stored cursor."""
+
+    origin = "file"
+
+    def __init__(self, path: str = "/var/log/kern.log", boot_id: str = ""):
+        self.path = path
+        self.boot_id = boot_id
+        self._file = None
+        self._inode = -1
+        self._offset = 0
+
+    def _open(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        if self._file is not None and (st.st_ino != self._inode or st.st_size < self._offset):
+            self._file.close()
+            self._file, self._offset = None, 0
+        if self._file is None:
+            self._file = open(self.path, "rb")
+            self._inode = st.st_ino
+            self._file.seek(self._offset)
+        return True
+
+    def seek(self, cursor: str | None, start: str) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if cursor and cursor.startswith("file:") and st is not None:
+            _, inode, offset = cursor.split(":", 2)
+            if inode == str(st.st_ino) and offset.isdigit() and int(offset) <= st.st_size:
+                self._inode, self._offset = st.st_ino, int(offset)
+                return True
+        if start == "now" and st is not None:
+            self._inode, self._offset = st.st_ino, st.st_size
+        return False
+
+    def lines(self, limit: int = 1000) -> Iterator[RawLine]:
+        if not self._open():
+            return
+        assert self._file is not None
+        for _ in range(limit):
+            self._file.seek(self._offset)
+            raw = self._file.readline(MAX_LINE + 1)
+            if not raw.endswith(b"\n") and len(raw) <= MAX_LINE:
+                return                      # no complete line yet
+            self._offset += len(raw)
+            text = raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+            yield RawLine(text, f"file:{self._inode}:{self._offset}", self.boot_id, None,
+                          time.time_ns())
+
+    def wait(self, timeout: float) -> None:
+        time.sleep(min(timeout, 0.5))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()

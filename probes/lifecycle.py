@@ -1,0 +1,121 @@
+"""lifecycle: exec, fork and exit of every process, keyed exactly by (pid, start_time).
+
+Loads ``lifecycle.bpf.c``. Execs are enriched from /proc (command line, uid, cgroup,
+container / pod / unit, tag) while the process is there to be read; fork and exit need
+nothing from /proc: the kernel record names both ends exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter
+from gpuwhy.config import Config
+from gpuwhy.errors import NoSuchProcess, ProbeLoadError
+from gpuwhy.events import Event, ProcessExec, ProcessExited, ProcessForked, ProcessSeen
+from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.btf import BTFError, task_offsets
+from gpuwhy.probes.fdtrack import load_bpf
+from gpuwhy.proc import read_process
+
+log = logging.getLogger(__name__)
+
+NAME = "lifecycle"
+BPF_SOURCE = Path(__file__).with_name("lifecycle.bpf.c")
+CFLAGS = ("-DRINGBUF_PAGES=128",)
+EV_EXEC, EV_FORK, EV_EXIT = 1, 2, 3
+
+
+def decode_exit_code(raw: int) -> tuple[int | None, int | None]:
+    """The kernel's exit_code as (exit status, killing signal): one of them is None.
+
+    >>> decode_exit_code(3 << 8)
+    (3, None)
+    >>> decode_exit_code(9)
+    (None, 9)
+    """
+    signal = raw & 0x7F
+    return (None, signal) if signal else ((raw >> 8) & 0xFF, None)
+
+
+class LifecycleProbe:
+    """Publishes ProcessSeen + ProcessExec, ProcessForked and ProcessExited events."""
+
+    def __init__(self, config: Config, publish: Callable[[Event], object],
+                 clock: ClockConverter | None = None,
+                 on_event: Callable[[Event], None] | None = None):
+        self.proc_root: str = config["probes.proc_root"]
+        self._publish = publish
+        self._on_event = on_event
+        self._clock = clock or ClockConverter()
+        self._bpf = None
+        self.records = 0
+        self.enrich_failures = 0
+
+    def load(self) -> None:
+        try:
+            offsets = task_offsets()
+        except BTFError as exc:
+            raise ProbeLoadError(NAME, f"needs kernel BTF for exact process identity: {exc}"
+                                 ) from None
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
+        table = bpf[b"config"]
+        cfg = table.Leaf()
+        cfg.ns_per_tick = NS_PER_SECOND // CLOCK_TICKS_PER_SECOND
+        cfg.valid = 1
+        cfg.off_group_leader = offsets.group_leader
+        cfg.off_start_boottime = offsets.start_boottime
+        cfg.off_real_parent = offsets.real_parent
+        cfg.off_tgid = offsets.tgid
+        cfg.off_exit_code = offsets.exit_code
+        table[ctypes.c_int(0)] = cfg
+        self._events = bpf[b"events"]
+        self._drops = bpf[b"drops"]
+        self._events.open_ring_buffer(self._on_record)
+
+    def _emit(self, event: Event) -> None:
+        self._publish(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def _on_record(self, ctx: object, data: object, size: int) -> None:
+        record = self._events.event(data)
+        self.records += 1
+        ts = self._clock.realtime_from_monotonic(record.ktime_ns)
+        key = ProcessKey(record.tgid, record.start_ticks)
+        if record.type == EV_EXEC:
+            filename = bytes(record.filename).split(b"\0", 1)[0].decode("utf-8", "replace")
+            try:
+                seen = read_process(record.tgid, ts, self.proc_root)
+            except NoSuchProcess:
+                seen = None
+            if seen is None or seen.process != key:
+                self.enrich_failures += 1      # gone already: what the kernel said is all
+                seen = ProcessSeen(ts=ts, process=key, comm=Path(filename).name[:15],
+                                   exe=filename, ppid=record.other_tgid)
+            self._emit(seen)
+            self._emit(ProcessExec(ts=ts, process=key, filename=filename,
+                                   ppid=record.other_tgid, raw_ts=record.ktime_ns))
+        elif record.type == EV_FORK:
+            child = ProcessKey(record.other_tgid, record.other_start_ticks)
+            self._emit(ProcessForked(ts=ts, parent=key, child=child, raw_ts=record.ktime_ns))
+        elif record.type == EV_EXIT:
+            exit_code, signal = decode_exit_code(record.exit_code)
+            self._emit(ProcessExited(ts=ts, process=key, exit_code=exit_code, signal=signal,
+                                     raw_ts=record.ktime_ns))
+
+    def counters(self) -> dict[str, int]:
+        return {"records": self.records, "enrich_failures": self.enrich_failures,
+                "dropped_ringbuf_full": int(self._drops.sum(ctypes.c_int(0)).value)}
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        self._bpf.ring_buffer_poll(timeout_ms)
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.ring_buffer_consume()
+            self._bpf.cleanup()
+            self._bpf = None

@@ -1,0 +1,134 @@
+// sched.bpf.c  Where the threads of GPU processes and of their workers spend their time.
+//
+// For the threads user space asks for (the `watched` map: threads of processes that hold
+// NVIDIA fds, and the processes they fork, e.g. DataLoader workers), accumulate on-CPU
+// time, time runnable but waiting for a CPU (run-queue latency), time asleep
+// (interruptible) and blocked (uninterruptible, usually I/O), voluntary and involuntary
+// context switches and migrations. New threads and children of a watched thread are
+// watched from their birth. Any other thread costs an array lookup per event.
+#include <uapi/linux/ptrace.h>
+
+#define HINT_MASK (HINT_SLOTS - 1)
+// sched_switch's prev_state as the tracepoint reports it (__trace_sched_switch_state):
+#define REPORT_UNINTERRUPTIBLE 0x2
+#define REPORT_PREEMPTED 0x100      // TASK_REPORT_MAX: switched out while runnable
+
+enum state { ST_RUNNING, ST_RUNNABLE, ST_SLEEPING, ST_BLOCKED, ST_DEAD };
+
+struct thread_t {
+    u64 last_ns;
+    u32 state;
+    u32 owner;               // the GPU process this thread is accounted to
+    u64 on_cpu_ns;
+    u64 runqueue_ns;
+    u64 sleep_ns;
+    u64 blocked_ns;
+    u64 voluntary;
+    u64 involuntary;
+    u64 migrations;
+};
+
+BPF_HASH(watched, u32, struct thread_t, MAX_WATCHED);
+BPF_ARRAY(watch_hint, s32, HINT_SLOTS);        // kernel's own additions (births)
+BPF_ARRAY(watch_hint_user, s32, HINT_SLOTS);   // user space's additions and removals
+BPF_PERCPU_ARRAY(drops, u64, 1);
+
+static __always_inline struct thread_t *find(u32 tid)
+{
+    u32 slot = tid & HINT_MASK;
+    s32 *kernel_count = watch_hint.lookup(&slot);
+    s32 *user_count = watch_hint_user.lookup(&slot);
+    if (!kernel_count || !user_count || (*kernel_count + *user_count) <= 0)
+        return 0;
+    return watched.lookup(&tid);
+}
+
+static __always_inline void settle(struct thread_t *t, u64 now)
+{
+    u64 delta = now - t->last_ns;
+    if (t->state == ST_RUNNING)
+        t->on_cpu_ns += delta;
+    else if (t->state == ST_RUNNABLE)
+        t->runqueue_ns += delta;
+    else if (t->state == ST_SLEEPING)
+        t->sleep_ns += delta;
+    else if (t->state == ST_BLOCKED)
+        t->blocked_ns += delta;
+    t->last_ns = now;
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u64 now = bpf_ktime_get_ns();
+    struct thread_t *prev = find(args->prev_pid);
+    if (prev && prev->state != ST_DEAD) {
+        settle(prev, now);
+        long state = args->prev_state;
+        if (state == 0 || (state & REPORT_PREEMPTED)) {
+            prev->state = ST_RUNNABLE;
+            prev->involuntary++;
+        } else {
+            prev->state = (state & REPORT_UNINTERRUPTIBLE) ? ST_BLOCKED : ST_SLEEPING;
+            prev->voluntary++;
+        }
+    }
+    struct thread_t *next = find(args->next_pid);
+    if (next && next->state != ST_DEAD) {
+        settle(next, now);
+        next->state = ST_RUNNING;
+    }
+    return 0;
+}
+
+static __always_inline int on_wakeup(u32 tid)
+{
+    struct thread_t *t = find(tid);
+    if (t && (t->state == ST_SLEEPING || t->state == ST_BLOCKED)) {
+        settle(t, bpf_ktime_get_ns());
+        t->state = ST_RUNNABLE;
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup) { return on_wakeup(args->pid); }
+TRACEPOINT_PROBE(sched, sched_wakeup_new) { return on_wakeup(args->pid); }
+
+TRACEPOINT_PROBE(sched, sched_migrate_task)
+{
+    struct thread_t *t = find(args->pid);
+    if (t)
+        t->migrations++;
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    struct thread_t *parent = find((u32)bpf_get_current_pid_tgid());
+    if (!parent)
+        return 0;
+    u32 child = args->child_pid;
+    struct thread_t born = {.last_ns = bpf_ktime_get_ns(), .state = ST_RUNNABLE,
+                            .owner = parent->owner};
+    if (watched.update(&child, &born) != 0) {
+        int zero = 0;
+        u64 *counter = drops.lookup(&zero);
+        if (counter)
+            (*counter)++;
+        return 0;
+    }
+    u32 slot = child & HINT_MASK;
+    s32 *count = watch_hint.lookup(&slot);
+    if (count)
+        __sync_fetch_and_add(count, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    struct thread_t *t = find((u32)bpf_get_current_pid_tgid());
+    if (t) {
+        settle(t, bpf_ktime_get_ns());
+        t->state = ST_DEAD;   // user space reads the last figures, then deletes the entry
+    }
+    return 0;
+}

@@ -1,0 +1,205 @@
+"""sched: on-CPU, run-queue, sleep and blocked time of GPU processes and their workers.
+
+Loads ``sched.bpf.c`` and keeps its ``watched`` map filled: every thread of a process
+that holds NVIDIA fds, and every thread of the processes it forked (the kernel adds
+threads and children born after that itself). Each flush turns the per-thread counters
+into one SchedStats event per GPU process: its own threads, and its workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuwhy.clock import now_ns
+from gpuwhy.config import Config
+from gpuwhy.events import Event, SchedStats
+from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.fdtrack import load_bpf
+from gpuwhy.proc import read_tgid
+
+log = logging.getLogger(__name__)
+
+NAME = "sched"
+BPF_SOURCE = Path(__file__).with_name("sched.bpf.c")
+HINT_SLOTS = 1 << 16
+CFLAGS = (f"-DHINT_SLOTS={HINT_SLOTS}", "-DMAX_WATCHED=65536")
+ST_RUNNING, ST_RUNNABLE, ST_SLEEPING, ST_BLOCKED, ST_DEAD = range(5)
+FIELDS = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns", "voluntary_switches",
+          "involuntary_switches", "migrations")
+_STATE_FIELD = {ST_RUNNING: 0, ST_RUNNABLE: 1, ST_SLEEPING: 2, ST_BLOCKED: 3}
+
+
+def thread_totals(thread: object, now_ktime: int) -> tuple[int, ...]:
+    """A thread's cumulative figures, counting the time spent in its current state so far
+    (a thread alone on a CPU may not switch for seconds)."""
+    values = [thread.on_cpu_ns, thread.runqueue_ns, thread.sleep_ns, thread.blocked_ns,
+              thread.voluntary, thread.involuntary, thread.migrations]
+    index = _STATE_FIELD.get(thread.state)
+    if index is not None and now_ktime > thread.last_ns:
+        values[index] += now_ktime - thread.last_ns
+    return tuple(values)
+
+
+def _descendants(pid: int, proc_root: str) -> list[int]:
+    """The child processes of ``pid``, recursively (from /proc/PID/task/*/children)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tasks = os.listdir(f"{proc_root}/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                children = Path(f"{proc_root}/{current}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.append(child)
+                    pending.append(child)
+    return found
+
+
+_PROC_STATES = {b"R": ST_RUNNING, b"S": ST_SLEEPING, b"D": ST_BLOCKED, b"I": ST_SLEEPING}
+
+
+def _current_state(proc_root: str, pid: int, tid: int) -> int:
+    """The thread's state now, from /proc (the switches we missed cannot tell us)."""
+    try:
+        raw = Path(f"{proc_root}/{pid}/task/{tid}/stat").read_bytes()
+    except OSError:
+        return ST_SLEEPING
+    state = raw[raw.rfind(b")") + 2:][:1]
+    return _PROC_STATES.get(state, ST_SLEEPING)
+
+
+class SchedProbe:
+    """``watch(process)`` a GPU process; ``flush()`` publishes a SchedStats per process."""
+
+    def __init__(self, config: Config, publish: Callable[[Event], object]):
+        self.proc_root: str = config["probes.proc_root"]
+        self._publish = publish
+        self._bpf = None
+        self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
+        self._last: dict[int, tuple[int, ...]] = {}      # tid -> totals at the last flush
+        self._tgid: dict[int, int] = {}                  # tid -> its process
+        self._last_flush = time.monotonic_ns()
+
+    def load(self) -> None:
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
+        self._watched = bpf[b"watched"]
+        self._hint_user = bpf[b"watch_hint_user"]
+        self._drops = bpf[b"drops"]
+
+    def _hint(self, tid: int, delta: int) -> None:
+        slot = ctypes.c_int(tid % HINT_SLOTS)
+        self._hint_user[slot] = ctypes.c_int(self._hint_user[slot].value + delta)
+
+    def _add(self, tid: int, owner: int, state: int) -> None:
+        key = ctypes.c_uint32(tid)
+        if key in self._watched:
+            thread = self._watched[key]     # born in another watched process's tree
+            if thread.owner != owner:
+                thread.owner = owner
+                self._watched[key] = thread
+            return
+        leaf = self._watched.Leaf()
+        leaf.last_ns = time.monotonic_ns()
+        leaf.state = state
+        leaf.owner = owner
+        self._watched[key] = leaf
+        self._hint(tid, 1)
+
+    def watch(self, process: ProcessKey) -> None:
+        """Watch every thread of ``process`` and of the processes it forked."""
+        if process.pid in self.owners:
+            return
+        self.owners[process.pid] = process
+        for pid in [process.pid, *_descendants(process.pid, self.proc_root)]:
+            if pid != process.pid and pid in self.owners:
+                continue                    # a GPU process of its own, not a worker
+            try:
+                tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                self._add(tid, process.pid, _current_state(self.proc_root, pid, tid))
+                self._tgid[tid] = pid
+
+    def unwatch(self, pid: int) -> None:
+        """The GPU process exited: publish its last figures, then forget its threads."""
+        if pid in self.owners:
+            self.flush(only_owner=pid)
+            self._forget(lambda owner: owner == pid)
+            del self.owners[pid]
+
+    def _forget(self, which: Callable[[int], bool]) -> None:
+        for key, thread in list(self._watched.items()):
+            if which(thread.owner):
+                del self._watched[key]
+                self._hint(key.value, -1)
+                self._last.pop(key.value, None)
+                self._tgid.pop(key.value, None)
+
+    def flush(self, only_owner: int | None = None) -> None:
+        """Publish, per watched GPU process, what its threads and workers did since the last
+        flush; drop the entries of threads that ended."""
+        now_ktime = time.monotonic_ns()
+        interval = now_ktime - self._last_flush
+        per_owner: dict[int, dict[str, dict]] = {}
+        dead = []
+        for key, thread in self._watched.items():
+            tid, owner = key.value, thread.owner
+            if only_owner is not None and owner != only_owner:
+                continue
+            totals = thread_totals(thread, now_ktime)
+            previous = self._last.get(tid, (0,) * len(FIELDS))
+            self._last[tid] = totals
+            tgid = self._tgid.get(tid) or read_tgid(tid, self.proc_root) or tid
+            self._tgid[tid] = tgid
+            side = "own" if tgid == owner else "workers"
+            group = per_owner.setdefault(owner, {"own": dict.fromkeys(FIELDS, 0),
+                                                 "workers": dict.fromkeys(FIELDS, 0),
+                                                 "threads": {"own": 0, "workers": 0},
+                                                 "worker_pids": set()})
+            for name, now_value, before in zip(FIELDS, totals, previous, strict=True):
+                group[side][name] += now_value - before
+            if thread.state == ST_DEAD:
+                dead.append(key)
+            else:
+                group["threads"][side] += 1
+                if side == "workers":
+                    group["worker_pids"].add(tgid)
+        for key in dead:
+            del self._watched[key]
+            self._hint(key.value, -1)
+            self._last.pop(key.value, None)
+            self._tgid.pop(key.value, None)
+        if only_owner is None:
+            self._last_flush = now_ktime
+        ts = now_ns()
+        for owner, group in per_owner.items():
+            process = self.owners.get(owner)
+            if process is None:
+                continue
+            own = {**group["own"], "threads": group["threads"]["own"]}
+            workers = {**group["workers"], "threads": group["threads"]["workers"]}
+            self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
+                                     workers=workers,
+                                     worker_processes=len(group["worker_pids"])))
+
+    def counters(self) -> dict[str, int]:
+        return {"watched_processes": len(self.owners), "watched_threads": len(self._last),
+                "dropped_watched_map_full": int(self._drops.sum(ctypes.c_int(0)).value)}
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None

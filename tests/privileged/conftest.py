@@ -1,0 +1,80 @@
+"""The real probe pipeline (probes -> bus -> correlator -> store) for privileged tests."""
+
+import threading
+import time
+
+import pytest
+
+from gpuwhy.bus import Subscriber
+from gpuwhy.correlator.service import Correlator
+from gpuwhy.probes.service import run_probes
+from gpuwhy.store import open_store
+
+
+class Pipeline:
+    """probes -> bus -> correlator -> store, all real, in threads of this process."""
+
+    def __init__(self, config):
+        self.config = config
+        self.stop = threading.Event()
+        self.loaded = threading.Event()
+        self.db = open_store(config["store.path"])
+        self.subscriber = Subscriber(config["bus.endpoint"])
+        self.correlator = Correlator(config, self.db, self.subscriber)
+        self.errors = []
+        self.threads = [threading.Thread(target=self.correlator.run, args=(self.stop,)),
+                        threading.Thread(target=self._probe)]
+
+    def _probe(self):
+        try:
+            run_probes(self.config, self.stop, self.loaded)
+        except Exception as exc:  # surfaced by start()
+            self.errors.append(exc)
+            self.loaded.set()
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+        assert self.loaded.wait(60) and not self.errors, self.errors
+
+    def close(self):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(15)
+        self.subscriber.close()
+
+    def reader(self):
+        return open_store(self.config["store.path"], readonly=True)
+
+    def query(self, sql, params=()):
+        with self.reader() as db:
+            return db.execute(sql, params).fetchall()
+
+    def wait_for(self, sql, params, predicate, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.query(sql, params)
+            if predicate(rows) or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def pipeline_for():
+    """pipeline_for(config) -> a started Pipeline, closed after the test."""
+    made = []
+
+    def start(config):
+        pipe = Pipeline(config)
+        made.append(pipe)
+        pipe.start()
+        return pipe
+    yield start
+    for pipe in made:
+        pipe.close()
+
+
+@pytest.fixture
+def probe_config(tmp_config):
+    """tmp_config with every failed or large call reported (no rate limit in the way)."""
+    return tmp_config.replace({"probes.error_events_per_second": 1_000_000})

@@ -1,0 +1,177 @@
+"""The kernel-log source against a real systemd-journald fed through /dev/kmsg: each line
+delivered exactly once with the right GPU, pid and time; and a kill -9 of the source in the
+middle of a 10 000-line burst loses and duplicates nothing.
+
+These tests write into the host's real kernel log. They run only with CI=true or
+GPUWHY_TEST_KMSG=1, and every line they write says it is a test.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwhy.bus import Subscriber
+from gpuwhy.correlator.service import Correlator
+from gpuwhy.store import open_store
+
+KMSG_ALLOWED = os.environ.get("CI") == "true" or os.environ.get("GPUWHY_TEST_KMSG") == "1"
+IN_CI = os.environ.get("CI") == "true"
+pytestmark = pytest.mark.kmsg
+MARK = "[gpuwhy test line, not a GPU error]"
+JOURNALD = "/lib/systemd/systemd-journald"
+SOCKET = Path("/run/systemd/journal/socket")
+LINES_PER_OPEN = 8      # /dev/kmsg rate-limits writers to 10 lines per open (printk_devkmsg)
+
+
+@pytest.fixture(autouse=True)
+def kmsg_allowed():
+    if not KMSG_ALLOWED:
+        pytest.skip("writes to the host kernel log: runs only with CI=true or GPUWHY_TEST_KMSG=1")
+    if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail("CI must run the kernel-log tests as root")
+        pytest.skip("writing /dev/kmsg needs root")
+
+
+@pytest.fixture
+def journald():
+    """A running systemd-journald: the host's if there is one, else one started (and
+    stopped) here."""
+    if SOCKET.exists() and subprocess.run(["pgrep", "-x", "systemd-journal"],
+                                          capture_output=True).returncode == 0:
+        yield None
+        return
+    Path("/run/systemd/journal").mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([JOURNALD], start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not SOCKET.exists():
+        assert process.poll() is None, "systemd-journald exited"
+        assert time.monotonic() < deadline, "systemd-journald did not come up"
+        time.sleep(0.05)
+    yield process
+    process.terminate()
+    process.wait(10)
+
+
+def write_kmsg(lines):
+    for start in range(0, len(lines), LINES_PER_OPEN):
+        with open("/dev/kmsg", "w") as kmsg:
+            for line in lines[start:start + LINES_PER_OPEN]:
+                kmsg.write(line + "\n")
+                kmsg.flush()
+
+
+@pytest.fixture
+def correlator(tmp_config):
+    db = open_store(tmp_config["store.path"])
+    subscriber = Subscriber(tmp_config["bus.endpoint"])
+    stop = threading.Event()
+    corr = Correlator(tmp_config, db, subscriber)
+    thread = threading.Thread(target=corr.run, args=(stop,), daemon=True)
+    thread.start()
+    yield db
+    stop.set()
+    thread.join(5)
+    subscriber.close()
+    db.close()
+
+
+def source_process(config):
+    env = {**os.environ, "GPUWHY_DB": config["store.path"], "GPUWHY_BUS": config["bus.endpoint"],
+           "GPUWHY_KLOG_BACKEND": "journald", "GPUWHY_KLOG_START": "now"}
+    code = ("import signal, threading; from gpuwhy.config import load_config; "
+            "from gpuwhy.probes.klog.source import run_klog_source; "
+            "stop = threading.Event(); "
+            "signal.signal(signal.SIGTERM, lambda *args: stop.set()); "
+            "run_klog_source(load_config(), stop)")
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def source_ready(db):
+    return db.execute("select 1 from source_health where source = 'klog'").fetchone() is not None
+
+
+def rows_of(db, run):
+    return db.execute("select line, xid, pci, pid, name, gpu_instance, ts, raw_ts from "
+                      "kernel_log where line like ?", [f"%run={run} %"]).fetchall()
+
+
+def test_each_line_is_delivered_once_with_gpu_pid_and_time(journald, tmp_config, correlator):
+    run = os.urandom(4).hex()
+    source = source_process(tmp_config)
+    try:
+        wait_for(lambda: source_ready(correlator), 15, "the source to start")
+        written_at = time.time_ns()
+        write_kmsg([
+            f"NVRM: Xid (PCI:0000:0A:00): 79, pid=4242, name=gpuwhy-test, {MARK} run={run} n=0",
+            f"NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:00): 13, pid=77, name=trainer, "
+            f"{MARK} run={run} n=1",
+            f"NVRM: some other NVRM line {MARK} run={run} n=2",
+        ])
+        wait_for(lambda: len(rows_of(correlator, run)) >= 2, 15, "both Xid lines")
+        time.sleep(1.0)               # a duplicate would have arrived by now
+        rows = sorted(rows_of(correlator, run), key=lambda r: r[0])
+    finally:
+        source.terminate()
+        source.wait(10)
+    assert source.returncode == 0
+    assert len(rows) == 2
+    first, second = rows
+    assert first[1:6] == (79, "0000:0a:00", 4242, "gpuwhy-test", None)
+    assert second[1:6] == (13, "0000:3b:00", 77, "trainer", 1)
+    for row in rows:
+        assert abs(row[6] - written_at) < 2_000_000_000          # realtime ns, near the write
+        boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert 0 < row[7] / 1e9 <= boot_s                          # raw printk time
+    health = correlator.execute("select state, detail from source_health "
+                                "where source = 'klog'").fetchone()
+    assert health[0] == "ok" and "journald" in health[1]
+
+
+@pytest.mark.slow
+def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(journald, tmp_config,
+                                                                      correlator):
+    run = os.urandom(4).hex()
+    total = 10_000
+    lines = [f"NVRM: Xid (PCI:0000:0a:00): 43, pid={n + 1}, name=gpuwhy-test, {MARK} "
+             f"run={run} n={n} " for n in range(total)]
+    source = source_process(tmp_config)
+    writer = threading.Thread(target=write_kmsg, args=(lines,))
+    try:
+        wait_for(lambda: source_ready(correlator), 15, "the source to start")
+        writer.start()
+        wait_for(lambda: len(rows_of(correlator, run)) >= 2000, 60, "2000 stored lines")
+        os.kill(source.pid, signal.SIGKILL)
+        source.wait(10)
+        stored_at_kill = len(rows_of(correlator, run))
+        source = source_process(tmp_config)
+        writer.join(120)
+        assert not writer.is_alive()
+        wait_for(lambda: len(rows_of(correlator, run)) >= total, 90, "all lines")
+        time.sleep(1.5)               # duplicates, if any, would be in by now
+        rows = rows_of(correlator, run)
+    finally:
+        if source.poll() is None:
+            source.terminate()
+            source.wait(10)
+    assert source.returncode == 0                     # the restarted one stopped cleanly
+    assert stored_at_kill < total, "the kill did not happen during the burst"
+    numbers = [int(re.search(r" n=(\d+) ", row[0])[1]) for row in rows]
+    assert len(numbers) == total
+    assert sorted(numbers) == list(range(total))
+    assert all(row[3] == int(re.search(r" n=(\d+) ", row[0])[1]) + 1 for row in rows)

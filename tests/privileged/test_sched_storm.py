@@ -1,0 +1,138 @@
+"""The scheduler probe against /proc's own accounting, and a storm of driver calls."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuwhy.proc import process_key
+
+pytestmark = pytest.mark.root
+
+WORKLOAD = r"""
+import json, os, sys, time
+device, kind = sys.argv[1], sys.argv[2]
+fd = os.open(device, os.O_RDWR)         # now a GPU process: the probes watch it
+time.sleep(0.7)
+def schedstat():
+    on_cpu, waited, _ = open("/proc/self/schedstat").read().split()
+    return int(on_cpu), int(waited)
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+before = schedstat()
+started = time.perf_counter()
+worker_on_cpu = 0
+if kind == "busy":
+    read_end, write_end = os.pipe()
+    worker = os.fork()
+    if worker == 0:                       # a DataLoader-like worker process
+        mine = schedstat()
+        spin(1.0)
+        os.write(write_end, str(schedstat()[0] - mine[0]).encode())
+        os._exit(0)
+    spin(2.0)
+    os.waitpid(worker, 0)
+    worker_on_cpu = int(os.read(read_end, 64))
+elif kind == "sleepy":
+    time.sleep(2.0)
+else:                                     # competing: pinned with a spinner on one CPU
+    spin(2.0)
+after = schedstat()
+print(json.dumps({"pid": os.getpid(), "on_cpu_ns": after[0] - before[0],
+                  "worker_on_cpu_ns": worker_on_cpu,
+                  "runqueue_ns": after[1] - before[1],
+                  "wall_ns": int((time.perf_counter() - started) * 1e9)}), flush=True)
+sys.stdin.readline()
+"""
+
+SUM_SQL = ("select count(*), sum(own_on_cpu_ns), sum(own_runqueue_ns), sum(own_sleep_ns), "
+           "sum(own_blocked_ns), sum(workers_on_cpu_ns), max(worker_processes), "
+           "sum(own_voluntary_switches), sum(own_involuntary_switches) "
+           "from sched_stats where pid = ? and start_time = ?")
+
+
+def _run(pipe, device, kind, pin=None):
+    command = [sys.executable, "-c", WORKLOAD, str(device), kind]
+    if pin is not None:
+        command = ["taskset", "-c", str(pin), *command]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        truth = json.loads(proc.stdout.readline())
+        key = process_key(truth["pid"])
+        time.sleep(1.0)               # the idle tail after the workload: a few more flushes
+    finally:
+        proc.communicate("\n", timeout=10)
+    before_exit = time.time_ns()
+    rows = pipe.wait_for("select max(ts) from sched_stats where pid = ? and start_time = ?",
+                         [key.pid, key.start_time],
+                         lambda r: r[0][0] is not None and r[0][0] >= before_exit - 10**8)
+    assert rows[0][0] is not None, "no scheduler figures were stored"
+    return truth, pipe.query(SUM_SQL, [key.pid, key.start_time])[0]
+
+
+def _close(ours, truth, tolerance=0.10, slack_ns=80_000_000):
+    return abs(ours - truth) <= tolerance * truth + slack_ns
+
+
+def test_scheduler_figures_agree_with_proc(pipeline_for, tmp_config, tmp_path):
+    pipe = pipeline_for(tmp_config)
+    device = tmp_path / "dev" / "nvidiactl"
+    subprocess.run(["touch", str(device)], check=True)   # not from here: we'd be a GPU process
+
+    truth, row = _run(pipe, device, "busy")
+    _, on_cpu, runqueue, sleep, blocked, worker_cpu, workers, *_ = row
+    assert _close(on_cpu, truth["on_cpu_ns"]), (on_cpu, truth)
+    assert _close(worker_cpu, truth["worker_on_cpu_ns"]), (worker_cpu, truth)
+    assert workers == 1
+
+    truth, row = _run(pipe, device, "sleepy")
+    _, on_cpu, runqueue, sleep, blocked, *_ = row
+    assert on_cpu < 100_000_000, on_cpu
+    assert sleep >= 0.9 * truth["wall_ns"], (sleep, truth)
+
+    spinner = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c",
+                                "import time\nend=time.time()+6\nwhile time.time()<end: pass"])
+    try:
+        truth, row = _run(pipe, device, "competing", pin=0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    _, on_cpu, runqueue, sleep, blocked, _, _, voluntary, involuntary = row
+    assert truth["runqueue_ns"] > 500_000_000, truth           # it did have to wait
+    assert _close(runqueue, truth["runqueue_ns"], 0.15), (runqueue, truth)
+    assert _close(on_cpu, truth["on_cpu_ns"], 0.15), (on_cpu, truth)
+    assert involuntary > 10
+
+
+def test_storm_never_blocks_the_caller_and_nothing_is_lost(pipeline_for, tmp_config,
+                                                           tmp_path):
+    storm = tmp_path / "storm"
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(storm),
+                    str(os.path.join(os.path.dirname(__file__), "..", "replay", "storm.c"))],
+                   check=True)
+    pipe = pipeline_for(tmp_config)
+    device = tmp_path / "dev" / "nvidiactl"
+    started = time.monotonic()
+    proc = subprocess.Popen([str(storm), str(device), "4", "2", "0xc020462a", "hold"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    report = json.loads(proc.stdout.readline())
+    elapsed = time.monotonic() - started
+    key = process_key(report["pid"])
+    proc.communicate("\n", timeout=10)
+    print(f"storm: {report['calls']} ioctls in {report['seconds']} s "
+          f"= {report['per_second']:.0f}/s traced")
+    assert elapsed < 5, f"the storm took {elapsed:.1f} s for 2 s of calls"
+    rows = pipe.wait_for("select sum(count) from driver_call_stats where pid = ? and "
+                         "start_time = ?", [key.pid, key.start_time],
+                         lambda r: r[0][0] == report["calls"], timeout=15)
+    health = json.loads(pipe.query("select counters from source_health where "
+                                   "source = 'fdtrack'")[0][0])
+    lost = health["dropped_stats_map_full"] + health["dropped_inflight_map_full"]
+    # in-kernel aggregation is exact: every call is counted, or its loss is
+    assert rows[0][0] + lost * 0 == report["calls"] or lost > 0, (rows, report, health)
+    assert rows[0][0] == report["calls"]

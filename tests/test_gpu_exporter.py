@@ -1,0 +1,149 @@
+"""The dcgm-exporter source against a real HTTP server on loopback."""
+
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuwhy.events import GpuSample, GpuSeen, GpuXid
+from gpuwhy.probes.gpu.exporter import ExporterSource
+from gpuwhy.probes.gpu.source import SourceUnavailable
+
+DATA = Path(__file__).parent / "data" / "gpu"
+T4 = "GPU-20c56d28-0da5-6d26-a36a-e7af1ce2586e"
+A, B = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+class Exporter:
+    """Serves whatever ``body`` is now; ``truncate`` promises more bytes than it sends."""
+
+    def __init__(self):
+        self.body = b""
+        self.truncate = False
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                length = len(owner.body) + (1000 if owner.truncate else 0)
+                self.send_header("Content-Length", str(length))
+                self.end_headers()
+                self.wfile.write(owner.body)
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def exporter():
+    server = Exporter()
+    yield server
+    server.close()
+
+
+def _samples(events):
+    return {(e.gpu_id, e.instance): e for e in events if isinstance(e, GpuSample)}
+
+
+def test_legacy_layout_hostname_no_pci_bus_id(exporter):
+    exporter.body = (DATA / "legacy-t4.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    gpus = source.open()
+    assert {g.id for g in gpus} == {T4, "GPU-9ef1b6d0-3643-5dd7-b823-c0ec20dcf2d5"}
+    t4 = next(g for g in gpus if g.id == T4)
+    assert (t4.model, t4.driver_version, t4.identity.minor, t4.identity.index) == \
+        ("Tesla T4", "460.106.00", 0, 0)
+    assert t4.identity.pci_bus_id is None
+    sample = _samples(source.read())[(T4, "")]
+    assert sample.fields["sm_clock_mhz"] == 300
+    assert sample.fields["power_w"] == pytest.approx(8.969)
+    assert sample.fields["energy_mj"] == 128996013   # a counter: the parser calls it *_total
+    assert sample.fields["fb_used_mib"] == 0 and "xid" not in sample.fields
+    assert sample.source == "dcgm-exporter" and sample.simulated is False
+
+
+def test_current_layout_sentinels_units_mig_and_pods(exporter):
+    exporter.body = (DATA / "current-mig-pod.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    source.open()
+    by_id = {g.id: g for g in source.gpus}
+    assert by_id[A].identity.pci_bus_id == "0000:1b:00.0"
+    assert by_id[B].identity.minor == 1
+    samples = _samples(source.read())
+    whole = samples[(A, "")]
+    assert whole.fields["temp_c"] == 61
+    assert "mem_temp_c" not in whole.fields            # 9223372036854775794 = NOT_SUPPORTED
+    assert whole.fields["sm_clock_mhz"] == pytest.approx(1410)   # HELP says Hz
+    assert whole.fields["gpu_util"] == pytest.approx(87)         # a 0-1 ratio, renamed metric
+    assert whole.labels == {"pod": "train-0", "namespace": "ml", "container": "trainer"}
+    assert "temp_c" not in samples.get((B, ""), GpuSample(0, gpu_id=B, source="x",
+                                                          simulated=False, fields={})).fields
+    assert "power_w" not in samples.get((B, ""), GpuSample(0, gpu_id=B, source="x",
+                                                           simulated=False, fields={})).fields
+    assert samples[(B, "1")].fields == {"gr_engine_active": 0.25}
+    assert samples[(B, "1")].labels["pod"] == "infer-7"
+    assert samples[(B, "1")].labels["mig_profile"] == "3g.40gb"
+    assert samples[(B, "2")].fields == {"gr_engine_active": 0.75}
+    assert source.dropped >= 3   # two sentinels and one absurd temperature per scrape
+
+
+def test_garbage_is_one_clear_error_and_the_source_keeps_trying(exporter):
+    exporter.body = (DATA / "current-mig-pod.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    source.open()
+    exporter.body = b"<html><body>502 Bad Gateway</body></html>\n"
+    with pytest.raises(SourceUnavailable, match="is not Prometheus text"):
+        source.read()
+    exporter.body = b"# HELP x\nnothing_here 1\n"
+    with pytest.raises(SourceUnavailable, match="no DCGM GPU metrics"):
+        source.read()
+    exporter.body = (DATA / "current-mig-pod.prom").read_bytes()
+    assert (A, "") in _samples(source.read())
+
+
+def test_truncated_response_is_an_error_not_half_a_sample(exporter):
+    exporter.body = (DATA / "current-mig-pod.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    source.open()
+    exporter.truncate = True
+    with pytest.raises(SourceUnavailable, match="truncated response"):
+        source.read()
+
+
+def test_xid_gauge_change_becomes_an_event(exporter):
+    text = (DATA / "current-mig-pod.prom").read_text()
+    exporter.body = text.encode()
+    source = ExporterSource(exporter.url)
+    first = source.open()
+    assert first and not [e for e in source.read() if isinstance(e, GpuXid)]
+    exporter.body = text.replace('DCGM_FI_DRIVER_VERSION="550.54.15"} 0',
+                                 'DCGM_FI_DRIVER_VERSION="550.54.15"} 79').encode()
+    [xid] = [e for e in source.read() if isinstance(e, GpuXid)]
+    assert (xid.gpu_id, xid.xid) == (A, 79)
+
+
+def test_unreachable_and_unconfigured():
+    with pytest.raises(SourceUnavailable, match="not configured"):
+        ExporterSource("")
+    with pytest.raises(SourceUnavailable, match="cannot scrape"):
+        ExporterSource("http://127.0.0.1:1/metrics", timeout=1).open()
+
+
+def test_new_gpu_is_announced_once(exporter):
+    exporter.body = (DATA / "current-mig-pod.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    seen = [e for e in source.read() if isinstance(e, GpuSeen)]
+    assert {e.gpu_id for e in seen} == {A, B}
+    assert not [e for e in source.read() if isinstance(e, GpuSeen)]
