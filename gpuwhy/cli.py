@@ -274,3 +274,11 @@ from gpuwhy.probes.klog.cli import xid as _xid_command  # noqa: E402
 cli.add_command(_xid_command)
 cli.add_command(_cron_command)
 # --- end commands of the kernel log and cron sources ---
+# --- commands of the correlator (correlator issue) ---
+# --- end commands of the correlator ---
+# --- commands of the rules (rules issue) ---
+# --- end commands of the rules ---
+# --- commands of the store (store issue) ---
+# --- end commands of the store ---
+# --- commands of the deployment (deployment issue) ---
+# --- end commands of the deployment ---

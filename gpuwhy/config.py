@@ -113,6 +113,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cron.journal_path", "", "GPUWHY_CRON_JOURNAL",
             "journal directory or file to read CRON lines from instead of the system journal"),
     # --- end kernel log and cron settings ---
+    # --- correlator settings (correlator issue) ---
+    # --- end correlator settings ---
+    # --- rules settings (rules issue) ---
+    # --- end rules settings ---
+    # --- store settings (store issue) ---
+    # --- end store settings ---
+    # --- deployment settings (deployment issue) ---
+    # --- end deployment settings ---
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -384,6 +384,15 @@ class CronExecution(Event):
     boot_id: str = ""
 # --- end kernel log and cron sources ---
 
+# --- correlator events (correlator issue) ---
+# --- end correlator events ---
+
+# --- rules events (rules issue) ---
+# --- end rules events ---
+
+# --- store events (store issue) ---
+# --- end store events ---
+
 
 def _concrete_event_types(base: type[Event]) -> list[type[Event]]:
     found = []

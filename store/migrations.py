@@ -161,3 +161,12 @@ def m301_kernel_log_and_cron(db: Database) -> None:
     }, pk="cursor")
     db["cron_runs"].create_index(["job_pid", "ts"])
 # --- end kernel log and cron migrations ---
+
+# --- correlator migrations: name them m4NN_* (correlator issue) ---
+# --- end correlator migrations ---
+
+# --- rules migrations: name them m5NN_* (rules issue) ---
+# --- end rules migrations ---
+
+# --- store migrations: name them m6NN_* (store issue) ---
+# --- end store migrations ---

@@ -291,6 +291,15 @@ class StoreWriter:
         self.db["events"].insert(row)
     # --- end kernel log and cron handlers ---
 
+    # --- correlator handlers (correlator issue) ---
+    # --- end correlator handlers ---
+
+    # --- rules handlers (rules issue) ---
+    # --- end rules handlers ---
+
+    # --- store handlers (store issue) ---
+    # --- end store handlers ---
+
     def _on_source_health(self, envelope: Envelope, event: SourceHealth) -> None:
         self.record_health(event.source, event.state, event.detail, event.counters, event.ts)
 
