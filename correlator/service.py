@@ -1,7 +1,10 @@
-"""Correlator service loop: bus -> batches -> store, with its own and the bus's health.
+"""Correlator service loop: bus -> batches -> store -> decide -> alerts, with health.
 
-Threads: one, the caller's. It owns the store's only writing connection. Shutdown:
-``stop`` is set, the loop ends, the last batch is written, the socket closes.
+Threads: one, the caller's. It owns the store's only writing connection. Each batch is one
+transaction: the writer applies the events, then the decide stage (incidents, chains,
+timelines) runs on the same connection, so incidents commit with the events they rest on;
+alerts go to the journal after the commit. Shutdown: ``stop`` is set, the loop ends, the
+bus is drained for at most DRAIN_SECONDS, the last batch is written, the socket closes.
 """
 
 from __future__ import annotations
@@ -10,13 +13,17 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 from sqlite_utils import Database
 
 from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
+from gpuwhy.correlator.alerts import Alerter
+from gpuwhy.correlator.incidents import IncidentBuilder
 from gpuwhy.events import Envelope
+from gpuwhy.store.maintenance import Maintenance
 from gpuwhy.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -24,26 +31,53 @@ log = logging.getLogger(__name__)
 MAX_PENDING = 100_000   # events held while the store cannot be written
 HEALTH_EVERY = 2.0
 DRAIN_SECONDS = 1.0
+DECIDE_EVERY = 1.0      # the decide stage runs this often even without events (stalls, settling)
 
 
 class Correlator:
     """Receives events and writes them in batches; ``run(stop)`` until stopped."""
 
-    def __init__(self, config: Config, db: Database, subscriber: Subscriber):
+    def __init__(self, config: Config, db: Database, subscriber: Subscriber,
+                 alerter: Alerter | None = None):
         self.batch_size: int = config["correlator.batch_size"]
         self.flush_interval: float = config["correlator.flush_interval"]
         self.subscriber = subscriber
         self.writer = StoreWriter(db)
+        self.maintenance = Maintenance(config, db)   # rollups, retention, size (store issue)
+        self.builder = IncidentBuilder(config)
+        self.alerter = alerter or Alerter(config["correlator.url"],
+                                          enabled=config["correlator.alerts"])
         self.pending: list[Envelope] = []
         self.written = 0
+        self.decide_errors = 0
         self.dropped_store_unavailable = 0
         self.store_error: str | None = None
+        self._last_decide = 0.0
+        # the decide stage's wall clock; a replay of recorded events sets it to return None
+        self.wall_clock: Callable[[], int | None] = now_ns
+
+    def _write_and_decide(self) -> list[int]:
+        db = self.writer.db
+        with db.atomic():
+            written = self.writer.write_batch(self.pending)
+            try:
+                with db.atomic():
+                    new = self.builder.decide(db, self.pending, self.wall_clock())
+            except sqlite3.Error:
+                raise
+            except Exception:  # noqa: BLE001 - a decide bug must not lose the batch's events
+                self.decide_errors += 1
+                log.exception("the decide stage failed on a batch; its events are stored")
+                new = []
+        self.written += written
+        return new
 
     def flush(self) -> None:
-        if not self.pending:
+        if not self.pending and time.monotonic() - self._last_decide < DECIDE_EVERY:
             return
+        self._last_decide = time.monotonic()
         try:
-            self.written += self.writer.write_batch(self.pending)
+            new = self._write_and_decide()
         except sqlite3.Error as exc:
             if self.store_error is None:
                 log.error("cannot write the store, holding events: %s", exc)
@@ -53,14 +87,32 @@ class Correlator:
                 self.dropped_store_unavailable += overflow
                 del self.pending[:overflow]
             return
+        if self.store_error is not None:   # store issue: say that it is over
+            log.warning("the store is writable again; wrote the %d events held", len(self.pending))
         self.store_error = None
         self.pending.clear()
+        if new:
+            self._alert(new)
+
+    def _alert(self, incident_ids: list[int]) -> None:
+        sent = self.alerter.alert(self.writer.db, incident_ids)
+        if not sent:
+            return
+        try:
+            with self.writer.db.atomic():
+                self.writer.db.execute(
+                    f"update incidents set alerted_at = ? where id in "
+                    f"({', '.join('?' * len(sent))})", [now_ns(), *sent])
+        except sqlite3.Error as exc:
+            log.warning("cannot record that alerts were sent: %s", exc)
 
     def counters(self) -> dict[str, int]:
         return {**self.subscriber.counters, "written": self.written,
                 "rejected": self.writer.rejected,
                 "pending": len(self.pending),
-                "dropped_store_unavailable": self.dropped_store_unavailable}
+                "dropped_store_unavailable": self.dropped_store_unavailable,
+                "decide_errors": self.decide_errors, **self.builder.counters(),
+                "alerts_sent": self.alerter.sent, "alerts_failed": self.alerter.failed}
 
     def _write_health(self) -> None:
         state = "failed" if self.store_error else "ok"
@@ -68,12 +120,13 @@ class Correlator:
             with self.writer.db.atomic():
                 self.writer.record_health("correlator", state, self.store_error or "",
                                           self.counters(), now_ns())
+                self.writer.record_health("store", *self.maintenance.health(), now_ns())
         except sqlite3.Error:
             pass   # already reported through store_error
 
     def run(self, stop: threading.Event) -> None:
         batch_started = None
-        next_health = 0.0
+        next_health = next_maintenance = 0.0
         while not stop.is_set():
             envelope = self.subscriber.receive(timeout=min(self.flush_interval, 0.2))
             now = time.monotonic()
@@ -84,9 +137,14 @@ class Correlator:
                                  or now - (batch_started or now) >= self.flush_interval):
                 self.flush()
                 batch_started = None if not self.pending else now
+            elif not self.pending and now - self._last_decide >= DECIDE_EVERY:
+                self.flush()       # no events: stalls and settling chains still move on
             if now >= next_health:
                 self._write_health()
                 next_health = now + HEALTH_EVERY
+            if now >= next_maintenance and not self.store_error:
+                more = self.maintenance.step()   # a few ms of rollups/retention (store issue)
+                next_maintenance = now if more else now + self.maintenance.interval
         # Drain what the sources sent before they stopped, within a bounded time: a stop must
         # not wait on a backlog. Sources re-send their state or resume from a stored cursor.
         deadline = time.monotonic() + DRAIN_SECONDS

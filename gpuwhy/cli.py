@@ -231,6 +231,16 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
     sys.exit(0 if report["healthy"] else 1)
 
 
+SECRET_SETTINGS = ("token", "password", "secret")
+
+
+def _shown(name: str, value: object) -> object:
+    """A setting's value as printed: secrets are masked."""
+    if value and any(word in name for word in SECRET_SETTINGS):
+        return "********"
+    return value
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--markdown", is_flag=True, help="Print the table of docs/settings.md.")
@@ -249,8 +259,8 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
             click.echo(f"| `{s.name}` | `{json.dumps(s.default)}` | `{s.env}` | {s.help} |")
         return
     config = ctx.config()
-    rows = [{"name": s.name, "value": config[s.name], "default": s.default, "env": s.env,
-             "help": s.help} for s in SETTINGS]
+    rows = [{"name": s.name, "value": _shown(s.name, config[s.name]), "default": s.default,
+             "env": s.env, "help": s.help} for s in SETTINGS]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -259,6 +269,11 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
 
 
 # --- commands of the probes (eBPF probes issue) ---
+from gpuwhy.probes.cuda_cli import cuda as _cuda_command  # noqa: E402
+from gpuwhy.probes.trace import trace as _trace_command  # noqa: E402
+
+cli.add_command(_trace_command)
+cli.add_command(_cuda_command)
 # --- end commands of the probes ---
 # --- commands of the GPU sources (GPU sources issue) ---
 from gpuwhy.probes.gpu.cli import dcgm as _dcgm_command  # noqa: E402
@@ -275,10 +290,44 @@ cli.add_command(_xid_command)
 cli.add_command(_cron_command)
 # --- end commands of the kernel log and cron sources ---
 # --- commands of the correlator (correlator issue) ---
+from gpuwhy.correlator.cli import incident as _incident_command  # noqa: E402
+from gpuwhy.correlator.cli import incidents as _incidents_command  # noqa: E402
+from gpuwhy.correlator.cli import resets as _resets_command  # noqa: E402
+from gpuwhy.correlator.demo import demo as _demo_command  # noqa: E402
+
+cli.add_command(_incidents_command)
+cli.add_command(_incident_command)
+cli.add_command(_resets_command)
+cli.add_command(_demo_command)
 # --- end commands of the correlator ---
 # --- commands of the rules (rules issue) ---
+from gpuwhy.correlator.rules.cli import record as _record_command  # noqa: E402
+from gpuwhy.correlator.rules.cli import rules as _rules_command  # noqa: E402
+
+cli.add_command(_rules_command)
+cli.add_command(_record_command)
 # --- end commands of the rules ---
 # --- commands of the store (store issue) ---
+from gpuwhy.store.cli import db as _db_command  # noqa: E402
+
+cli.add_command(_db_command)
 # --- end commands of the store ---
 # --- commands of the deployment (deployment issue) ---
+from gpuwhy.deploy_cli import check_env as _check_env_command  # noqa: E402
+
+cli.add_command(_check_env_command)
 # --- end commands of the deployment ---
+# --- commands of checks and reports (CI issue) ---
+from gpuwhy.correlator.checks.cli import baseline as _baseline_command  # noqa: E402
+from gpuwhy.correlator.checks.cli import check as _check_command  # noqa: E402
+from gpuwhy.correlator.checks.report_cli import report as _report_command  # noqa: E402
+
+cli.add_command(_check_command)
+cli.add_command(_baseline_command)
+cli.add_command(_report_command)
+# --- end commands of checks and reports ---
+# --- commands of the benchmarks (bench issue) ---
+from gpuwhy.bench_cli import bench as _bench_command  # noqa: E402
+
+cli.add_command(_bench_command)
+# --- end commands of the benchmarks ---

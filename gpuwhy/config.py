@@ -34,7 +34,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("bus.hwm", 10000, "GPUWHY_BUS_HWM",
             "high-water mark (messages) of each bus socket; past it messages drop, counted"),
     Setting("web.host", "127.0.0.1", "GPUWHY_HOST",
-            "address the web view binds; anything but loopback is refused for now (no auth yet)"),
+            "address the web view binds; anything but loopback needs web.auth_token"),
     Setting("web.port", 8000, "GPUWHY_PORT", "TCP port of the web view"),
     Setting("web.refresh_seconds", 2.0, "GPUWHY_REFRESH",
             "how often the web pages refresh their data"),
@@ -59,6 +59,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probes.sched", True, "GPUWHY_SCHED",
             "trace the scheduler for processes that use the GPU, their threads and workers"),
     # --- end probes settings ---
+    # --- cuda settings (cuda issue) ---
+    Setting("probes.cuda_uprobes", False, "GPUWHY_CUDA_UPROBES",
+            "attach uprobes to the CUDA libraries (libcuda, libcudart) of GPU processes: "
+            "launches, copies, syncs, allocations (opt-in; see probes/README.md)"),
+    Setting("probes.cuda_allowed_build_ids", "", "GPUWHY_CUDA_ALLOWED_BUILD_IDS",
+            "comma-separated build ids of the CUDA libraries uprobes may be attached to; "
+            "empty allows none, * allows any (`gpuwhy cuda allow-build-id PATH` prints one)"),
+    Setting("probes.cuda_control_dir", "/run/gpuwhy", "GPUWHY_CUDA_CONTROL_DIR",
+            "directory of the CUDA uprobes' kill switch (cuda.disabled) and state file"),
+    Setting("probes.cuda_slow_call_ms", 10.0, "GPUWHY_CUDA_SLOW_CALL_MS",
+            "a CUDA call (sync, copy, allocation, ...) slower than this is reported on its own"),
+    Setting("probes.cuda_big_copy_bytes", 256 << 20, "GPUWHY_CUDA_BIG_COPY_BYTES",
+            "a CUDA copy or allocation at least this large is reported on its own"),
+    Setting("probes.cuda_max_overhead_pct", 5.0, "GPUWHY_CUDA_MAX_OVERHEAD_PCT",
+            "estimated uprobe cost, in % of one CPU, past which a process's CUDA uprobes are "
+            "detached"),
+    Setting("probes.cuda_max_errors_per_second", 100, "GPUWHY_CUDA_MAX_ERRORS",
+            "probe errors (lost records, full maps, unreadable arguments) per second past "
+            "which every CUDA uprobe is detached and the kill switch set"),
+    # --- end cuda settings ---
     # --- GPU source settings (GPU sources issue) ---
     Setting("gpu.source", "auto", "GPUWHY_GPU_SOURCE",
             "GPU counter source: auto (DCGM, then NVML, then dcgm-exporter if a URL is set, "
@@ -114,13 +134,77 @@ SETTINGS: tuple[Setting, ...] = (
             "journal directory or file to read CRON lines from instead of the system journal"),
     # --- end kernel log and cron settings ---
     # --- correlator settings (correlator issue) ---
+    Setting("correlator.lag_seconds", 5.0, "GPUWHY_LAG",
+            "how late an event may arrive and still land in its incident's chain: chains are "
+            "rebuilt until this long after their last event"),
+    Setting("correlator.pending_max", 10000, "GPUWHY_PENDING_MAX",
+            "incidents held open for late events at most (past it the oldest settle, counted)"),
+    Setting("correlator.stall_seconds", 5.0, "GPUWHY_STALL_SECONDS",
+            "seconds a bound, living process's GPU must stay near idle to be a process stall"),
+    Setting("correlator.stall_util_pct", 5.0, "GPUWHY_STALL_UTIL",
+            "GPU utilisation (%) at or under which a GPU counts as near idle"),
+    Setting("correlator.dedup_seconds", 60.0, "GPUWHY_DEDUP_SECONDS",
+            "repeats of the same incident (kind, GPU, code) within this gap are one incident"),
+    Setting("correlator.alerts", True, "GPUWHY_ALERTS",
+            "log each new incident to the systemd journal (MESSAGE_ID per kind)"),
+    Setting("correlator.url", "http://127.0.0.1:8000", "GPUWHY_URL",
+            "base URL of the web view, used for the incident links in alerts"),
     # --- end correlator settings ---
     # --- rules settings (rules issue) ---
+    Setting("rules.interval", 10.0, "GPUWHY_RULES_INTERVAL",
+            "seconds between evaluations of the rules (a rule's own 'every' can be longer)"),
+    Setting("rules.paths", "", "GPUWHY_RULES_PATHS",
+            "extra rule files or folders of *.rules files, colon-separated"),
+    Setting("rules.builtin", True, "GPUWHY_RULES_BUILTIN", "load the rules shipped with gpuwhy"),
+    Setting("rules.shadow", False, "GPUWHY_RULES_SHADOW",
+            "every rule in shadow mode: findings are recorded, never alerted"),
     # --- end rules settings ---
     # --- store settings (store issue) ---
+    Setting("store.raw_days", 7.0, "GPUWHY_RAW_DAYS",
+            "days raw GPU samples and per-second rows are kept (once rolled up)"),
+    Setting("store.rollup_days", 90.0, "GPUWHY_ROLLUP_DAYS",
+            "days one-minute rollups (min/mean/max/p95) of the GPU samples are kept"),
+    Setting("store.event_days", 365.0, "GPUWHY_EVENT_DAYS",
+            "days events, closed incidents, kernel-log and cron rows and exited processes "
+            "are kept"),
+    Setting("store.max_mb", 10240.0, "GPUWHY_STORE_MAX_MB",
+            "size cap of the database in MB: past it the oldest raw samples go first"),
+    Setting("store.warn_fraction", 0.8, "GPUWHY_STORE_WARN_FRACTION",
+            "share of the size cap at which the store warns (health and log)"),
+    Setting("store.maintenance_interval", 60.0, "GPUWHY_MAINTENANCE_INTERVAL",
+            "seconds between the writer's rollup, retention and size checks"),
+    Setting("store.prune_batch", 500, "GPUWHY_PRUNE_BATCH",
+            "rows deleted per retention transaction (small: the writer waits for each)"),
     # --- end store settings ---
     # --- deployment settings (deployment issue) ---
     # --- end deployment settings ---
+    # --- web settings (web issue) ---
+    Setting("web.auth", False, "ENABLE_AUTH",
+            "require the token (web.auth_token) for every page and API call; on by itself "
+            "when a token is set. Binding anything but loopback needs it"),
+    Setting("web.auth_token", "", "GPUWHY_AUTH_TOKEN",
+            "the web view's shared secret: sent as 'Authorization: Bearer TOKEN' or typed "
+            "into the login form; changes (rules) always need it"),
+    Setting("web.vendor_path", "", "GPUWHY_VENDOR_PATH",
+            "folder of the npm packages the pages use (echarts); empty: node_modules/ beside "
+            "the source tree (scripts/setup.sh installs it there)"),
+    Setting("web.max_points", 720, "GPUWHY_MAX_POINTS",
+            "points per chart series at most: longer ranges are averaged into buckets"),
+    # --- end web settings ---
+    # --- checks and reports settings (CI issue) ---
+    Setting("checks.progress_seconds", 10.0, "GPUWHY_CHECK_PROGRESS",
+            "seconds between the progress lines (on stderr) of `gpuwhy check` and "
+            "`gpuwhy baseline` watches"),
+    Setting("checks.settle_seconds", 5.0, "GPUWHY_CHECK_SETTLE",
+            "seconds a watch waits, once over, for the store to receive its last samples"),
+    Setting("checks.threshold", 0.1, "GPUWHY_BASELINE_THRESHOLD",
+            "relative change past which `gpuwhy baseline compare` flags a figure that moved "
+            "in its bad direction"),
+    Setting("checks.chromium", "/usr/bin/chromium", "GPUWHY_CHROMIUM",
+            "headless Chromium used by `gpuwhy report --pdf`"),
+    Setting("checks.pdf_timeout", 60.0, "GPUWHY_PDF_TIMEOUT",
+            "seconds Chromium may take to print a report to PDF"),
+    # --- end checks and reports settings ---
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

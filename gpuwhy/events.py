@@ -14,6 +14,7 @@ prefix of another, because ZeroMQ subscriptions match by prefix.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from gpuwhy.identity import ProcessKey
 
 SCHEMA_VERSION = 1
 
-TOPICS = ("proc", "fd", "ioctl", "health", "gpu", "klog", "cron", "sched")
+TOPICS = ("proc", "fd", "ioctl", "health", "gpu", "klog", "cron", "sched", "rule", "cuda")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class ProcessSeen(Event):
     uid: int = -1
     cgroup: str = ""
     tag: str | None = None
+    # from the cgroup path (deployment issue): None when the path does not say
+    container_id: str | None = None
+    pod_uid: str | None = None
+    unit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,81 @@ class SchedStats(Event):
     workers: dict[str, int]
     worker_processes: int = 0
 # --- end probes ---
+
+# --- cuda uprobes events (cuda issue) ---
+@dataclass(frozen=True)
+class CudaStats(Event):
+    """Event name: ``cuda_stats`` (topic ``cuda``). What a GPU process asked of the CUDA
+    libraries during ``interval_ns`` before ``ts`` (sent only for intervals with calls):
+    ``calls`` (outermost traced calls: cudaMemcpy calling cuMemcpy is one), ``errors`` (calls
+    that returned an error), ``launches`` per API (cuLaunchKernel, cuLaunchKernelEx,
+    cudaLaunchKernel, cudaLaunchKernelExC), ``grid_log2``/``block_log2`` (launches per
+    power-of-two bucket of blocks per grid / threads per block), ``graph_launches``,
+    ``copies`` per direction (htod, dtoh, dtod, htoh, unknown): count, bytes, ns (time in the
+    call), async_count, pinned_bytes, pageable_bytes (host memory not allocated or
+    registered as pinned while traced); ``syncs`` per API: count, blocked_ns; ``sync_log2``
+    (syncs per power-of-two ns bucket); ``memory``: allocs, alloc_bytes, frees, free_bytes,
+    host_allocs, host_alloc_bytes, host_frees, registers, register_bytes;
+    ``traced_since_start`` (false when attached to a process found already running: its
+    earlier allocations are unknown); ``overhead_ns``, the probes' estimated cost."""
+
+    topic = "cuda"
+    kind = "cuda_stats"
+
+    process: ProcessKey
+    interval_ns: int
+    calls: int
+    errors: int
+    launches: dict[str, int]
+    grid_log2: list[int]
+    block_log2: list[int]
+    graph_launches: int
+    copies: dict[str, dict[str, int]]
+    syncs: dict[str, dict[str, int]]
+    sync_log2: list[int]
+    memory: dict[str, int]
+    traced_since_start: bool = True
+    overhead_ns: int = 0
+
+
+@dataclass(frozen=True)
+class CudaCall(Event):
+    """Event name: ``cuda_call`` (topic ``cuda``). One CUDA call worth seeing on its own:
+    ``reasons`` holds ``slow`` (latency at least ``probes.cuda_slow_call_ms``), ``big`` (a
+    copy or allocation of at least ``probes.cuda_big_copy_bytes``) or ``error`` (``ret`` not
+    0). ``direction`` and ``host`` (``pinned``/``pageable``) are set for copies."""
+
+    topic = "cuda"
+    kind = "cuda_call"
+
+    process: ProcessKey
+    tid: int
+    api: str
+    latency_ns: int
+    ret: int = 0
+    bytes: int = 0
+    direction: str | None = None
+    host: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CudaLibrary(Event):
+    """Event name: ``cuda_library`` (topic ``cuda``). What the CUDA uprobes did with a library
+    a GPU process mapped: ``state`` is ``attached`` (``probes`` uprobes and uretprobes),
+    ``refused`` (build id not allowed, or not readable), ``detached`` (kill switch, overhead,
+    errors) or ``failed``; ``reason`` says why. ``path`` is as the process sees it."""
+
+    topic = "cuda"
+    kind = "cuda_library"
+
+    process: ProcessKey
+    path: str
+    build_id: str | None
+    state: str
+    reason: str = ""
+    probes: int = 0
+# --- end cuda uprobes events ---
 
 # --- GPU counter sources (GPU sources issue) ---
 @dataclass(frozen=True)
@@ -388,6 +468,41 @@ class CronExecution(Event):
 # --- end correlator events ---
 
 # --- rules events (rules issue) ---
+@dataclass(frozen=True)
+class RuleFinding(Event):
+    """Event name: ``rule_finding`` (topic ``rule``). A rule's condition held (``state``
+    ``firing``; sent again only when its severity changes) or stopped holding (``cleared``).
+    ``finding_id`` is stable from onset to clearing. ``window_start``/``window_end`` bound the
+    samples that triggered it; ``evidence`` maps each evidence term to its value (None:
+    unknown). ``shadow`` findings are recorded, never alerted. ``process`` is the process the
+    finding is about (for GPU rules: the GPU's main compute process, if any)."""
+
+    topic = "rule"
+    kind = "rule_finding"
+
+    finding_id: str
+    rule_id: str
+    title: str
+    severity: str
+    state: str
+    gpu_id: str
+    process: ProcessKey | None = None
+    window_start: int = 0
+    window_end: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    root_cause: str = ""
+    fixes: list[str] = field(default_factory=list)
+    verify: str = ""
+    shadow: bool = False
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.process, dict):   # decoded from the wire
+            try:
+                key = ProcessKey(int(self.process["pid"]), int(self.process["start_time"]))
+            except (KeyError, ValueError) as exc:
+                raise TypeError(f"process is not a process key: {exc}") from None
+            object.__setattr__(self, "process", key)
 # --- end rules events ---
 
 # --- store events (store issue) ---
@@ -446,8 +561,14 @@ def from_frames(frames: list[bytes]) -> Envelope:
     return Envelope(src, seq, _build(cls, body))
 
 
+@functools.cache
+def _type_hints(cls: type[Event]) -> dict[str, Any]:
+    # get_type_hints evaluates every annotation string: ~0.5 ms an event if not cached
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type[Event], body: dict[str, Any]) -> Event:
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in body:

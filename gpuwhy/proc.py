@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwhy.errors import NoSuchProcess
@@ -12,6 +15,7 @@ from gpuwhy.identity import ProcessKey
 MAX_CMDLINE = 4096
 MAX_FIELD = 512
 MAX_TAG = 128
+MAX_CGROUP_FILE = 16384   # cgroup v1 lists one line per hierarchy: read them all to parse
 TAG_VARIABLES = (b"GPUWHY_TAG", b"AI_PROFILER_TAG")
 
 
@@ -77,6 +81,65 @@ def _uid(pid: int, proc_root: str) -> int:
     return -1
 
 
+# A container's cgroup leaf, by runtime: docker-<id>.scope (docker, systemd driver),
+# cri-containerd-<id>.scope (containerd), crio-<id>.scope (cri-o), libpod-<id>.scope
+# (podman), or a bare <id> (cgroupfs driver: /docker/<id>, /kubepods/.../pod<uid>/<id>).
+# crio-conmon-<id>.scope is cri-o's monitor process, not the container: not matched.
+_CONTAINER = re.compile(r"^(?:(?:docker|cri-containerd|crio|libpod)-)?([0-9a-f]{64})(?:\.scope)?$")
+# pod<uid>, alone (cgroupfs driver) or inside a slice name, where systemd writes '_' for '-':
+# kubepods-burstable-pod3f1c..._9a2b_....slice
+_POD = re.compile(r"(?:^|-)pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_]"
+                  r"[0-9a-f]{12})(?:\.slice)?$")
+_UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
+
+
+@dataclass(frozen=True)
+class CgroupIdentity:
+    """Who a process belongs to, read from its cgroup path: container, Kubernetes pod,
+    systemd unit (each None when the path does not say)."""
+
+    container_id: str | None = None
+    pod_uid: str | None = None
+    unit: str | None = None
+
+
+@functools.lru_cache(maxsize=256)   # a host has few distinct cgroup paths
+def _parse_cgroup_path(path: str) -> CgroupIdentity:
+    container = pod = unit = None
+    for part in path.split("/"):          # outermost first: the innermost match wins
+        if len(part) >= 64 and (match := _CONTAINER.match(part)):
+            container = match.group(1)
+        if "pod" in part and (match := _POD.search(part)):
+            pod = match.group(1).replace("_", "-")
+        if part.endswith((".service", ".scope")) and _UNIT.match(part):
+            unit = part
+    return CgroupIdentity(container, pod, unit)
+
+
+def parse_cgroup(text: str) -> CgroupIdentity:
+    """Container id, pod uid and systemd unit from the text of /proc/PID/cgroup.
+
+    Reads cgroup v2 (``0::/path``), v1 (``N:controllers:/path``, one line per hierarchy)
+    and hybrid layouts. Each of the three is taken from the unified (v2) line when it
+    says, else from the v1 ``name=systemd`` line, else from the first v1 line that does.
+    Paths seen from another cgroup namespace (``/../../kubepods...``) parse the same.
+    """
+    paths: dict[str, int] = {}            # each distinct path once, at its best rank
+    for line in text.splitlines():
+        _hierarchy, sep1, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if not (sep1 and sep2):
+            continue
+        rank = 0 if controllers == "" else 1 if controllers == "name=systemd" else 2
+        paths[path] = min(rank, paths.get(path, rank))
+    found = [_parse_cgroup_path(path) for path in sorted(paths, key=paths.__getitem__)]
+
+    def first(field: str) -> str | None:
+        return next((getattr(f, field) for f in found if getattr(f, field)), None)
+
+    return CgroupIdentity(first("container_id"), first("pod_uid"), first("unit"))
+
+
 def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
     """Everything gpuwhy records about a live process; raises :class:`NoSuchProcess`."""
     comm, ppid, start_time = read_stat(pid, proc_root)
@@ -84,7 +147,7 @@ def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
     try:
         cmdline = _text(_read(base / "cmdline", MAX_CMDLINE).rstrip(b"\0").replace(b"\0", b" "),
                         MAX_CMDLINE)
-        cgroup = _text(_read(base / "cgroup", MAX_FIELD).strip())
+        cgroup_text = _text(_read(base / "cgroup", MAX_CGROUP_FILE).strip(), MAX_CGROUP_FILE)
         uid = _uid(pid, proc_root)
     except (FileNotFoundError, ProcessLookupError):
         raise NoSuchProcess(pid, start_time) from None
@@ -92,6 +155,8 @@ def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
         exe = _text(os.fsencode(os.readlink(base / "exe")))
     except OSError:
         exe = ""
+    owner = parse_cgroup(cgroup_text)
     return ProcessSeen(ts=ts, process=ProcessKey(pid, start_time), comm=comm, cmdline=cmdline,
-                       exe=exe, ppid=ppid, uid=uid, cgroup=cgroup,
-                       tag=read_tag(pid, proc_root))
+                       exe=exe, ppid=ppid, uid=uid, cgroup=cgroup_text[:MAX_FIELD],
+                       tag=read_tag(pid, proc_root), container_id=owner.container_id,
+                       pod_uid=owner.pod_uid, unit=owner.unit)

@@ -26,6 +26,7 @@ from gpuwhy.config import Config
 from gpuwhy.correlator.service import Correlator
 from gpuwhy.errors import ConfigError
 from gpuwhy.events import SourceHealth
+from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,18 @@ def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
     sources["klog"] = run_klog_source
     sources["cron"] = run_cron_source
     # --- end kernel log and cron sources ---
+    # --- rules (rules issue) ---
+    from gpuwhy.correlator.rules.runner import run_rules
+
+    sources["rules"] = run_rules
+    # --- end rules ---
     return sources
 
 
-def check_bind_address(host: str) -> None:
-    """The web view has no authentication yet, so it only binds loopback addresses."""
-    if host == "localhost":
+def check_bind_address(host: str, auth_token: str = "") -> None:
+    """Loopback addresses always; any other only with a token, which the web view then asks
+    of every request (gpuwhy.webui.auth)."""
+    if host == "localhost" or auth_token:
         return
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -68,8 +75,8 @@ def check_bind_address(host: str) -> None:
         loopback = False
     if not loopback:
         raise ConfigError(f"refusing to serve the web view on {host!r} without authentication; "
-                          "use 127.0.0.1 (and an SSH tunnel or a reverse proxy with auth)",
-                          key="web.host")
+                          "set GPUWHY_AUTH_TOKEN (web.auth_token), or use 127.0.0.1 (and an "
+                          "SSH tunnel)", key="web.host")
 
 
 def gpu_devices_present(pattern: str = "/dev/nvidia[0-9]*") -> bool:
@@ -82,7 +89,7 @@ class Service:
     def __init__(self, config: Config, with_probes: bool = True, config_path: str | None = None,
                  shutdown: threading.Event | None = None,
                  sources: dict[str, SourceRunner] | None = None):
-        check_bind_address(config["web.host"])
+        check_bind_address(config["web.host"], config["web.auth_token"])
         self.config = config
         self.with_probes = with_probes
         self.config_path = config_path
@@ -100,6 +107,7 @@ class Service:
         self.probes: subprocess.Popen | None = None
         self._threads: list[threading.Thread] = []
         self._source_threads: list[threading.Thread] = []
+        self.notifier = Notifier.from_environment()   # systemd Type=notify; no-op otherwise
 
     @property
     def url(self) -> str:
@@ -123,6 +131,7 @@ class Service:
         if self.with_probes:
             self._start_probes()
         log.info("gpuwhy is up: web view at %s, bus at %s", self.url, self.subscriber.endpoint)
+        self.notifier.ready(f"web view at {self.url}")
 
     def _run_source(self, name: str, runner: SourceRunner) -> None:
         try:
@@ -160,6 +169,8 @@ class Service:
         """Block until ``shutdown`` is set (a signal handler sets it)."""
         reported = False
         while not self.shutdown.wait(0.5):
+            stopped = [t.name for t in self._threads if not t.is_alive()]
+            self.notifier.alive(not stopped, f"{', '.join(stopped)} stopped")
             if self.probes is not None and self.probes.poll() is not None and not reported:
                 log.error("the probes process %s; gpuwhy runs on without it",
                           self.probes_state())
@@ -169,6 +180,7 @@ class Service:
         """Sources and probes stop together (their last events still reach the store), then
         the correlator drains the bus and writes its last batch, then the web view."""
         self.shutdown.set()
+        self.notifier.stopping()
         self._sources_stop.set()
         probes_running = self.probes is not None and self.probes.poll() is None
         if probes_running:

@@ -28,6 +28,8 @@
 #define FIONCLEX_CMD 0x5450
 #define FIOCLEX_CMD 0x5451
 #define NV_MAGIC 0x46
+#define PARAMS_PREFIX 64         // most parameter structs fit: one user read per call
+#define NOTABLE_HINT_SLOTS 256
 
 // Same values as the F_* flags in gpuwhy/nvioctl.py.
 #define F_NOTABLE (1 << 0)
@@ -70,16 +72,22 @@ struct fd_key_t { u32 tgid; s32 fd; };
 struct fd_info_t { u64 open_seq; u32 cloexec; u32 reserved; };
 struct open_t { char path[PATH_LEN]; u32 cloexec; };
 struct dup_t { s32 oldfd; s32 newfd; u64 old_seq; u32 cloexec; u32 old_tracked; };
-struct decode_key_t { u32 space; u32 code; u32 size; };   // space 0: 'F' escapes, 1: bare
 struct decode_t { s32 status_off; s32 a0_off; s32 a0_len; s32 a1_off; s32 a1_len; u32 flags; };
+// One slot per escape number (0-255) and per known UVM command (256-511, see decode_slot());
+// a few layouts per slot, told apart by the size in the command (0: any size).
+struct decode_variant_t { u32 size; u32 valid; struct decode_t d; };
+struct decode_slot_t { struct decode_variant_t v[DECODE_VARIANTS]; };
 
-struct call_t {
+struct call_t {                  // per-thread, in task storage: one ioctl in flight
+    u32 active;
+    u32 reserved;
     u64 ts;
     u64 open_seq;
     u64 ptr;                 // the parameters (the inner ones for an XFER)
     u64 arg0;
     u64 arg1;
     u64 bytes;
+    u8 params[PARAMS_PREFIX];   // the start of the parameter struct, read once at enter
     s32 fd;
     u32 cmd;                 // effective command (the inner one for an XFER)
     u32 nr;
@@ -132,7 +140,6 @@ BPF_PERCPU_ARRAY(scratch, struct open_t, 1);
 BPF_PERCPU_ARRAY(error_budget, struct budget_t, 1);
 BPF_ARRAY(proc_hint, s32, HINT_SLOTS);        // kernel's own inserts minus removals
 BPF_ARRAY(proc_hint_user, s32, HINT_SLOTS);   // user space's (scan, fork, exec, exit)
-BPF_ARRAY(inflight_hint, s32, HINT_SLOTS);
 BPF_HASH(pending_open, u64, struct open_t, 4096);
 BPF_HASH(pending_dup, u64, struct dup_t, 4096);
 BPF_HASH(tracked, struct fd_key_t, struct fd_info_t, MAX_TRACKED);
@@ -140,9 +147,10 @@ BPF_TABLE("lru_hash", u32, u32, tracked_procs, MAX_TRACKED);
 // A child forked by a tracked process, until user space has copied its fd table: its
 // ioctls on inherited fds are followed from the first one (copied here on first use).
 BPF_TABLE("lru_hash", u32, struct fork_t, fork_parent, 16384);
-BPF_TABLE("lru_hash", u32, struct call_t, inflight, 16384);
-BPF_HASH(decode, struct decode_key_t, struct decode_t, 512);
+BPF_TASK_STORAGE(inflight, struct call_t);
+BPF_ARRAY(decode, struct decode_slot_t, 512);
 BPF_HASH(notable_controls, u32, u32, 256);
+BPF_ARRAY(notable_hint, u32, NOTABLE_HINT_SLOTS);   // most controls are ruled out here
 BPF_HASH(memory_classes, u32, u32, 64);
 BPF_PERCPU_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
@@ -432,14 +440,61 @@ static __always_inline struct fd_info_t *inherit(u32 tgid, s32 fd)
     return tracked.lookup(&key);
 }
 
+static __always_inline int decode_slot(u32 space, u32 code)
+{
+    if (space == 0)
+        return code & 0xff;
+    if (code < 256)
+        return 256 + code;
+    if (code == 0x30000001)          // UVM_INITIALIZE
+        return 510;
+    if (code == 0x30000002)          // UVM_DEINITIALIZE
+        return 511;
+    if (code == 2047)                // UVM_IS_8_SUPPORTED
+        return 509;
+    return -1;
+}
+
 static __always_inline struct decode_t *find_decode(u32 space, u32 code, u32 size)
 {
-    struct decode_key_t key = {.space = space, .code = code, .size = size};
-    struct decode_t *d = decode.lookup(&key);
-    if (d)
-        return d;
-    key.size = 0;
-    return decode.lookup(&key);
+    int index = decode_slot(space, code);
+    if (index < 0)
+        return 0;
+    struct decode_slot_t *slot = decode.lookup(&index);
+    if (!slot)
+        return 0;
+    struct decode_t *any = 0;
+    for (int i = 0; i < DECODE_VARIANTS; i++) {
+        if (!slot->v[i].valid)
+            break;
+        if (slot->v[i].size == size)
+            return &slot->v[i].d;
+        if (slot->v[i].size == 0)
+            any = &slot->v[i].d;
+    }
+    return any;
+}
+
+static __always_inline u64 param_field(struct call_t *call, s32 off, s32 len)
+{
+    // From the prefix read at enter when the field lies in it, else from user memory.
+    u64 value = 0;
+    if (off < 0)
+        return 0;
+    u32 at = off;
+    if (len == 8 && at <= PARAMS_PREFIX - 8)
+        return *(u64 *)(call->params + at);
+    if (len == 4 && at <= PARAMS_PREFIX - 4)
+        return *(u32 *)(call->params + at);
+    bpf_probe_read_user(&value, len == 8 ? 8 : 4, (void *)(call->ptr + off));
+    return value;
+}
+
+static __always_inline int control_is_notable(u32 control)
+{
+    u32 slot = (control * 2654435761U) >> 24;       // Knuth's multiplicative hash
+    u32 *maybe = notable_hint.lookup(&slot);
+    return maybe && *maybe && notable_controls.lookup(&control);
 }
 
 static __always_inline u64 read_field(u64 base, s32 off, s32 len)
@@ -472,10 +527,19 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
         return 0;
     }
 
-    struct call_t call = {};
-    call.ts = bpf_ktime_get_ns();
-    call.open_seq = info->open_seq;
-    call.fd = key.fd;
+    struct call_t *call = inflight.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                     BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!call) {
+        count_drop(DROP_INFLIGHT_FULL);
+        return 0;
+    }
+    call->ts = bpf_ktime_get_ns();
+    call->open_seq = info->open_seq;
+    call->fd = key.fd;
+    call->flags = 0;
+    call->arg0 = 0;
+    call->arg1 = 0;
+    call->bytes = 0;
     u32 cmd = (u32)args->cmd;
     u64 ptr = args->arg;
     u32 space = ((cmd >> 8) & 0xff) == NV_MAGIC ? 0 : 1;
@@ -489,40 +553,34 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
         nr = cmd & 0xff;
         size = xfer.size;
         ptr = xfer.ptr;
-        call.flags |= CALL_XFERRED;
+        call->flags |= CALL_XFERRED;
         d = find_decode(0, nr, size);
     }
-    call.cmd = cmd;
-    call.nr = nr;
-    call.size = size;
-    call.ptr = ptr;
-    call.status_off = -1;
+    call->cmd = cmd;
+    call->nr = nr;
+    call->size = size;
+    call->ptr = ptr;
+    call->status_off = -1;
     if (d) {
-        call.flags |= d->flags;
-        call.status_off = d->status_off;
-        call.arg0 = read_field(ptr, d->a0_off, d->a0_len);
-        call.arg1 = read_field(ptr, d->a1_off, d->a1_len);
-        u32 arg0 = (u32)call.arg0;
+        call->flags |= d->flags;
+        call->status_off = d->status_off;
+        if (bpf_probe_read_user(call->params, PARAMS_PREFIX, (void *)ptr) != 0)
+            __builtin_memset(call->params, 0, PARAMS_PREFIX);  // struct shorter than 64 bytes
+        call->arg0 = param_field(call, d->a0_off, d->a0_len);
+        call->arg1 = param_field(call, d->a1_off, d->a1_len);
+        u32 arg0 = (u32)call->arg0;
         if (d->flags & F_BYTES_ARG1)
-            call.bytes = call.arg1;
+            call->bytes = call->arg1;
         if (d->flags & F_LIMIT_ARG1)
-            call.bytes = call.arg1 + 1;
+            call->bytes = call->arg1 + 1;
         if ((d->flags & F_HEAP_ALLOC) && (arg0 == 2 || arg0 == 14 || arg0 == 19))
-            call.bytes = call.arg1;
+            call->bytes = call->arg1;
         if ((d->flags & F_ALLOC_PARAMS) && memory_classes.lookup(&arg0))
-            call.bytes = read_field(call.arg1, 64, 8);   // NV_MEMORY_ALLOCATION_PARAMS.size
-        if ((d->flags & F_NOTABLE_SUB) && notable_controls.lookup(&arg0))
-            call.flags |= F_NOTABLE;
+            call->bytes = read_field(call->arg1, 64, 8);  // NV_MEMORY_ALLOCATION_PARAMS.size
+        if ((d->flags & F_NOTABLE_SUB) && control_is_notable(arg0))
+            call->flags |= F_NOTABLE;
     }
-    u32 tid = (u32)id;
-    if (inflight.update(&tid, &call) != 0) {
-        count_drop(DROP_INFLIGHT_FULL);
-        return 0;
-    }
-    u32 slot = tid & HINT_MASK;
-    s32 *hint = inflight_hint.lookup(&slot);
-    if (hint)
-        __sync_fetch_and_add(hint, 1);
+    call->active = 1;
     return 0;
 }
 
@@ -548,15 +606,12 @@ static __always_inline int error_event_allowed(struct config_t *cfg, u64 now)
 TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tid = (u32)id;
-    u32 slot = tid & HINT_MASK;
-    s32 *hint = inflight_hint.lookup(&slot);
-    if (!hint || *hint <= 0)
+    if (!process_is_tracked(id >> 32))
         return 0;
-    struct call_t *call = inflight.lookup(&tid);
-    if (!call)
+    struct call_t *call = inflight.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!call || !call->active)
         return 0;
-    __sync_fetch_and_add(hint, -1);
+    call->active = 0;
 
     u64 now = bpf_ktime_get_ns();
     u64 latency = now - call->ts;
@@ -625,7 +680,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
         }
     }
 done:
-    inflight.delete(&tid);
     return 0;
 }
 

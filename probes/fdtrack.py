@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuwhy.caps import can_load_bpf
 from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter, now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
@@ -42,7 +43,7 @@ NAME = "fdtrack"
 BPF_SOURCE = Path(__file__).with_name("fdtrack.bpf.c")
 EV_OPEN, EV_CLOSE, EV_EXIT, EV_DUP, EV_CALL, EV_FORK, EV_EXEC, EV_CLOSE_RANGE, EV_INHERIT = \
     range(1, 10)
-DROP_REASONS = ("ringbuf_full", "tracked_map_full", "stats_map_full", "inflight_map_full",
+DROP_REASONS = ("ringbuf_full", "tracked_map_full", "stats_map_full", "inflight_storage_full",
                 "pending_map_full", "rate_limited_call_events")
 CALL_REASONS = ((1 << 0, "notable"), (1 << 18, "slow"), (1 << 17, "error"), (1 << 19, "big"))
 F_VERSION, F_GPU_IDS = 1 << 5, 1 << 6
@@ -50,9 +51,27 @@ PREFIX_LEN = 64
 DATA_LEN = 128
 HINT_SLOTS = 1 << 16
 USER_SEQ_BASE = 1 << 62   # open_seqs user space makes up never meet the kernel's
+DECODE_VARIANTS = 3
 CFLAGS = (f"-DHINT_SLOTS={HINT_SLOTS}", "-DMAX_TRACKED=65536", "-DMAX_STATS=65536",
-          "-DRINGBUF_PAGES=256")
+          "-DRINGBUF_PAGES=256", f"-DDECODE_VARIANTS={DECODE_VARIANTS}")
 TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
+
+
+def notable_hint_slot(control: int) -> int:
+    """The notable_hint slot of an RM control (the same hash as control_is_notable())."""
+    return ((control * 2654435761) & 0xFFFFFFFF) >> 24
+
+
+def decode_slot(space: int, code: int) -> int:
+    """Index of a command in the kernel's decode array (same as decode_slot() in the C)."""
+    if space == 0:
+        return code & 0xFF
+    slot = {0x30000001: 510, 0x30000002: 511, 2047: 509}.get(code)
+    if slot is None and code < 256:
+        slot = 256 + code
+    if slot is None:
+        raise ValueError(f"UVM command {code:#x} has no decode slot")
+    return slot
 
 
 def ebpf_text() -> str:
@@ -62,8 +81,9 @@ def ebpf_text() -> str:
 
 def load_bpf(name: str, source: Path, cflags: tuple[str, ...]) -> object:
     """Compile and attach a bcc program; every way it fails becomes a ProbeLoadError."""
-    if os.geteuid() != 0:
-        raise ProbeLoadError(name, "needs root (CAP_BPF, CAP_PERFMON); run as root")
+    if not can_load_bpf():
+        raise ProbeLoadError(name, "needs CAP_BPF and CAP_PERFMON; run as root or as "
+                                   "systemd/gpuwhy-probes.service does")
     if not any(os.path.isdir(p) for p in TRACEFS):
         raise ProbeLoadError(name, "tracefs is not mounted; fix: "
                                    "mount -t tracefs tracefs /sys/kernel/tracing")
@@ -159,17 +179,27 @@ class FdTrackProbe:
         table[ctypes.c_int(0)] = cfg
 
         decode = bpf[b"decode"]
+        slots: dict[int, list] = {}
         for space, entries in ((0, FRONTEND_DECODE), (1, {(c, 0): d for c, d in
                                                            UVM_DECODE.items()})):
             for (code, size), spec in entries.items():
-                leaf = decode.Leaf(spec.status, spec.arg0[0], spec.arg0[1], spec.arg1[0],
-                                   spec.arg1[1], spec.flags)
-                decode[decode.Key(space, code, size)] = leaf
+                slots.setdefault(decode_slot(space, code), []).append((size, spec))
+        for index, variants in slots.items():
+            leaf = decode.Leaf()
+            for i, (size, spec) in enumerate(variants):
+                leaf.v[i].size = size
+                leaf.v[i].valid = 1
+                leaf.v[i].d = type(leaf.v[i].d)(spec.status, spec.arg0[0], spec.arg0[1],
+                                                  spec.arg1[0], spec.arg1[1], spec.flags)
+            decode[ctypes.c_int(index)] = leaf
         for name, values in ((b"notable_controls", NOTABLE_CONTROLS),
                              (b"memory_classes", MEMORY_CLASSES)):
             table = bpf[name]
             for value in values:
                 table[ctypes.c_uint32(value)] = ctypes.c_uint32(1)
+        hint = bpf[b"notable_hint"]
+        for control in NOTABLE_CONTROLS:
+            hint[ctypes.c_int(notable_hint_slot(control))] = ctypes.c_uint32(1)
 
     # --- user-side changes to the kernel's fd table -------------------------------------
 

@@ -8,6 +8,7 @@ to sched to be watched. One thread polls all ring buffers; figures are flushed e
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ProbeLoadError
 from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
+from gpuwhy.probes.cuda import CudaProbe
 from gpuwhy.probes.fdtrack import FdTrackProbe
 from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.sched import SchedProbe
@@ -35,17 +37,22 @@ class Probes:
         self.lifecycle: LifecycleProbe | None = LifecycleProbe(config, publisher.publish)
         self.sched: SchedProbe | None = SchedProbe(config, publisher.publish) \
             if config["probes.sched"] else None
+        self.cuda: CudaProbe | None = CudaProbe(config, publisher.publish) \
+            if config["probes.cuda_uprobes"] else None
         self.failed: dict[str, str] = {}
 
     def _publish_fd(self, event: Event) -> None:
         self.publisher.publish(event)
-        if self.sched is None:
-            return
         if isinstance(event, DeviceOpened) and event.how in ("open", "scan"):
             # A child holding inherited fds (a DataLoader worker) stays its parent's worker.
-            self.sched.watch(event.process)
+            if self.sched is not None:
+                self.sched.watch(event.process)
+            if self.cuda is not None:
+                self.cuda.watch(event.process, since_start=event.how == "open")
         elif isinstance(event, ProcessExited):
-            self.sched.unwatch(event.process.pid)
+            for probe in (self.sched, self.cuda):
+                if probe is not None:
+                    probe.unwatch(event.process.pid)
 
     def load(self) -> None:
         """Load fdtrack (raises ProbeLoadError), then the optional probes."""
@@ -55,6 +62,12 @@ class Probes:
             except ProbeLoadError as exc:
                 self._optional_failed("sched", exc)
                 self.sched = None
+        if self.cuda is not None:
+            try:
+                self.cuda.load()
+            except ProbeLoadError as exc:
+                self._optional_failed("cuda", exc)
+                self.cuda = None
         self.fdtrack.load()
         try:
             self.lifecycle.load()
@@ -70,6 +83,9 @@ class Probes:
         self.fdtrack.flush()
         if self.sched is not None:
             self.sched.flush()
+        if self.cuda is not None:
+            self.cuda.flush()
+            self.publisher.publish(self.cuda.health())
         self.publisher.publish(self.fdtrack.health())
         for name, probe in (("lifecycle", self.lifecycle), ("sched", self.sched)):
             if probe is not None:
@@ -83,16 +99,28 @@ class Probes:
         self.fdtrack.poll(100)
         if self.lifecycle is not None:
             self.lifecycle.poll(0)
+        if self.cuda is not None:
+            self.cuda.poll(0)
 
     def close(self) -> None:
         """Detach everything; in parallel, because each tracepoint detach waits for an RCU
         grace period (fdtrack's 26 take over a second one after the other)."""
         closers = [threading.Thread(target=probe.close)
-                   for probe in (self.lifecycle, self.sched, self.fdtrack) if probe is not None]
+                   for probe in (self.lifecycle, self.sched, self.cuda, self.fdtrack)
+                   if probe is not None]
         for closer in closers:
             closer.start()
         for closer in closers:
             closer.join()
+
+
+def release_freed_memory() -> None:
+    """Give the heap that compiling the probes freed back to the kernel: glibc keeps it
+    otherwise (measured by scripts/bench_sidecar.py: about 76 -> 33 MB anonymous here)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc: nothing to do
+        pass
 
 
 def run_probes(config: Config, stop: threading.Event,
@@ -102,6 +130,7 @@ def run_probes(config: Config, stop: threading.Event,
     probes = Probes(config, publisher)
     try:
         probes.load()
+        release_freed_memory()
         if loaded is not None:
             loaded.set()
         next_flush = 0.0

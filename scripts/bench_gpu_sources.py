@@ -25,12 +25,8 @@ def drain(subscriber: Subscriber, stop: threading.Event, counts: list[int]) -> N
             counts[0] += 1
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--interval", type=float, default=1.0)
-    args = parser.parse_args()
+def run(gpus: int = 8, seconds: float = 20.0, interval: float = 1.0) -> dict:
+    """The runner's CPU share of one core over ``seconds``, and the cost of one round."""
     endpoint = f"ipc://{tempfile.mkdtemp()}/bench.sock"
     subscriber = Subscriber(endpoint)
     publisher = Publisher(endpoint, src="bench")
@@ -38,10 +34,10 @@ def main() -> None:
     drainer = threading.Thread(target=drain, args=(subscriber, stop, received))
     drainer.start()
     publisher.wait_for_subscriber(5)
-    source = SimulatedGpus(count=args.gpus, interval=args.interval)
+    source = SimulatedGpus(count=gpus, interval=interval)
     source.open()
     fields = len(source.read()[0].fields)
-    runner = GpuRunner(source, ["sim: bench"], publisher, args.interval)
+    runner = GpuRunner(source, ["sim: bench"], publisher, interval)
 
     result: dict[str, float] = {}
 
@@ -53,7 +49,7 @@ def main() -> None:
     run_stop = threading.Event()
     thread = threading.Thread(target=timed_run)
     thread.start()
-    time.sleep(args.seconds)
+    time.sleep(seconds)
     run_stop.set()
     thread.join()
     rounds = 200
@@ -66,14 +62,26 @@ def main() -> None:
     drainer.join()
     publisher.close()
     subscriber.close()
-    share = result["cpu"] / result["wall"] * 100
-    rows = [("GPUs × fields", f"{args.gpus} × {fields}"), ("interval", f"{args.interval} s"),
-            ("wall time", f"{result['wall']:.1f} s"),
-            ("runner CPU time", f"{result['cpu'] * 1000:.1f} ms"),
-            ("CPU share of one core", f"{share:.3f} %"),
+    return {"gpus": gpus, "fields": fields, "interval": interval, "wall": result["wall"],
+            "cpu": result["cpu"], "share_pct": result["cpu"] / result["wall"] * 100,
+            "round_s": per_round, "received": received[0], "dropped": publisher.dropped}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args()
+    r = run(args.gpus, args.seconds, args.interval)
+    per_round = r["round_s"]
+    rows = [("GPUs × fields", f"{r['gpus']} × {r['fields']}"), ("interval", f"{r['interval']} s"),
+            ("wall time", f"{r['wall']:.1f} s"),
+            ("runner CPU time", f"{r['cpu'] * 1000:.1f} ms"),
+            ("CPU share of one core", f"{r['share_pct']:.3f} %"),
             ("one round (read + publish)", f"{per_round * 1e6:.0f} µs"),
             ("one round at 1 Hz, of one core", f"{per_round * 100:.3f} %"),
-            ("messages received", str(received[0])), ("dropped", str(publisher.dropped))]
+            ("messages received", str(r["received"])), ("dropped", str(r["dropped"]))]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

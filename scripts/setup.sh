@@ -29,11 +29,13 @@ command -v apt-get >/dev/null || die "only Debian/Ubuntu (apt-get) are automated
 [ -d /proc/sys/kernel ] && grep -q bpf /proc/filesystems 2>/dev/null || say "warning: bpf filesystem not listed in /proc/filesystems"
 
 # --- system packages -------------------------------------------------------
-packages=(python3-bpfcc python3-venv python3-dev gcc libsystemd-dev pkg-config systemd-journal-remote cron)
+packages=(python3-bpfcc python3-venv python3-dev gcc libsystemd-dev pkg-config systemd-journal-remote cron chromium poppler-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm fetches the web view's chart library; Debian's nodejs/npm when none is installed.
+command -v npm >/dev/null || missing+=(nodejs npm)
 kernel=$(uname -r)
 if [ ! -e "/lib/modules/$kernel/build/include" ]; then
   if apt-cache show "linux-headers-$kernel" >/dev/null 2>&1; then
@@ -96,6 +98,16 @@ PY
   die "BPF is unavailable: $(printf '%s' "$err" | tail -n 1). Fix: run as root on a kernel with CONFIG_BPF_SYSCALL, and install headers (apt-get install linux-headers-$kernel)"
 fi
 say "BPF works: compiled and attached a test tracepoint program"
+
+# --- web view's browser libraries (package.json / package-lock.json) -----------------
+# Served by gpuwhy itself from node_modules/: GPU hosts are often offline.
+if [ ! -f node_modules/echarts/dist/echarts.min.js ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  npm ci --no-audit --no-fund --loglevel=error >/dev/null \
+    || die "npm ci failed (the web view's chart library). Fix: check access to the npm registry, then rerun"
+  say "installed the web view's chart library into node_modules/ (npm ci: $(node -p 'require("./node_modules/echarts/package.json").version' 2>/dev/null | sed 's/^/echarts /'))"
+else
+  say "web chart library present (node_modules/echarts, as package-lock.json pins it)"
+fi
 
 if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
   say "!!! no NVIDIA GPU device (/dev/nvidia0) on this host: gpuwhy runs on and shows the processes it traces; GPU counters stay empty"

@@ -1,4 +1,12 @@
-"""SQLite store: open (WAL, migrations applied), write from the correlator, read for the views."""
+"""SQLite store: open (WAL, migrations applied), write from the correlator, read for the views.
+
+One writer: the correlator's thread owns the only writing connection; it applies event
+batches (``writer``) and, between them, the periodic ``maintenance`` step (``rollups``,
+``retention``, ``budget``). Readers (web view, CLI, people with sqlite3) open their own
+connections; WAL keeps them from blocking the writer. The schema is ``migrations``; the
+views people query are ``views`` (documented in docs/schema.md by ``schema_doc``); GPU
+samples are stored compactly as ``samples`` describes.
+"""
 
 from __future__ import annotations
 

@@ -163,10 +163,173 @@ def m301_kernel_log_and_cron(db: Database) -> None:
 # --- end kernel log and cron migrations ---
 
 # --- correlator migrations: name them m4NN_* (correlator issue) ---
+
+
+@migrations()
+def m401_incidents_chains_timelines(db: Database) -> None:
+    """Incidents gain dedup, state and settling; their chain links, processes and evidence get
+    tables; GPU aliases (minor, PCI, index, UUID -> id) and per-process 1 s timelines."""
+    for column, kind in (("dedup_key", str), ("count", int), ("last_seen", int),
+                         ("state", str), ("settle_until", int), ("updated_at", int),
+                         ("confidence", float), ("details", str), ("alerted_at", int)):
+        db["incidents"].add_column(column, kind)
+    db["incidents"].create_index(["dedup_key", "last_seen"])
+    db["incidents"].create_index(["gpu_id", "opened_at"])
+    db["incident_links"].create({
+        "incident_id": int, "seq": int, "kind": str, "ts": int, "summary": str,
+        "evidence": str, "confidence": float, "pid": int, "start_time": int, "gpu_id": str,
+    }, pk=("incident_id", "seq"))
+    db["incident_processes"].create({
+        "incident_id": int, "pid": int, "start_time": int, "role": str,
+    }, pk=("incident_id", "pid", "start_time"))
+    db["incident_processes"].create_index(["pid", "start_time"])
+    db["gpu_aliases"].create({
+        "alias": str, "gpu_id": str, "first_seen": int, "last_seen": int,
+    }, pk="alias")
+    db.execute("CREATE TABLE process_seconds (pid INTEGER NOT NULL, start_time INTEGER NOT NULL,"
+               " second INTEGER NOT NULL, gpu_id TEXT, ioctls INTEGER, ioctl_ops TEXT, "
+               "on_cpu_ms REAL, runqueue_ms REAL, sleep_ms REAL, blocked_ms REAL, "
+               "workers_on_cpu_ms REAL, workers_runqueue_ms REAL, workers_blocked_ms REAL, "
+               "sm_util REAL, used_memory_mib REAL, "
+               "PRIMARY KEY (pid, start_time, second)) WITHOUT ROWID")
 # --- end correlator migrations ---
 
 # --- rules migrations: name them m5NN_* (rules issue) ---
+
+
+@migrations()
+def m501_rule_findings_and_overrides(db: Database) -> None:
+    """Rule findings (one row per finding, from onset to clearing) and operators' per-rule
+    overrides: enabled, shadow, and threshold parameters as JSON."""
+    db["rule_findings"].create({
+        "finding_id": str, "rule_id": str, "title": str, "severity": str, "state": str,
+        "gpu_id": str, "pid": int, "start_time": int, "window_start": int, "window_end": int,
+        "evidence": str, "root_cause": str, "fixes": str, "verify": str, "shadow": int,
+        "rule_group": str, "first_ts": int, "last_ts": int, "cleared_at": int,
+    }, pk="finding_id")
+    db["rule_findings"].create_index(["first_ts"])
+    db["rule_findings"].create_index(["gpu_id", "first_ts"])
+    db["rule_findings"].create_index(["state"])
+    db["rule_overrides"].create({
+        "rule_id": str, "enabled": int, "shadow": int, "params": str, "updated_at": int,
+    }, pk="rule_id")
 # --- end rules migrations ---
 
 # --- store migrations: name them m6NN_* (store issue) ---
+
+
+@migrations()
+def m601_compact_gpu_samples(db: Database) -> None:
+    """GPU samples keyed by a small integer GPU key (``gpus.gpu_key``, assigned by a trigger
+    on every insert) and ts first, values as integers in per-field units (store/samples.py):
+    a GPU-day of 1 Hz samples shrinks from ~21 MB to a few. Rows are carried over; the view
+    ``gpu_samples`` (m603) shows them as before, with the GPU's ids and the fields' units."""
+    from gpuwhy.store.samples import STORAGE_V1
+
+    db.execute("INSERT OR IGNORE INTO gpus (id, first_seen, last_seen) "
+               "SELECT gpu_id, min(ts), max(ts) FROM gpu_samples GROUP BY gpu_id")
+    db.execute("ALTER TABLE gpus ADD COLUMN gpu_key INTEGER")
+    db.execute("UPDATE gpus SET gpu_key = rowid")
+    db.execute("CREATE UNIQUE INDEX gpus_gpu_key ON gpus (gpu_key)")
+    db.execute("CREATE TRIGGER gpus_assign_key AFTER INSERT ON gpus WHEN new.gpu_key IS NULL "
+               "BEGIN UPDATE gpus SET gpu_key = (SELECT coalesce(max(gpu_key), 0) + 1 FROM gpus) "
+               "WHERE rowid = new.rowid; END")
+    columns = ", ".join(f"{s.column} INTEGER" for s in STORAGE_V1)
+    db.execute(f"CREATE TABLE gpu_sample_data (ts INTEGER NOT NULL, gpu INTEGER NOT NULL, "
+               f"instance TEXT NOT NULL DEFAULT '', {columns}, "
+               f"PRIMARY KEY (ts, gpu, instance)) WITHOUT ROWID")
+    old = set(db["gpu_samples"].columns_dict)
+    carried = [s for s in STORAGE_V1 if s.field in old]
+    values = ", ".join(f"CAST(round(s.{s.field} * {s.scale!r}) AS INTEGER)" for s in carried)
+    db.execute(f"INSERT INTO gpu_sample_data (ts, gpu, instance, "
+               f"{', '.join(s.column for s in carried)}) "
+               f"SELECT s.ts, g.gpu_key, s.instance, {values} "
+               f"FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id")
+    db["gpu_samples"].drop()
+
+
+@migrations()
+def m602_rollups_and_retention(db: Database) -> None:
+    """One-minute rollups of the samples (min/mean/max/p95 of gauges, the largest value of
+    counters, the OR of bitmasks), the store's own progress marks, the Xid catalogue for the
+    views, and the time indexes that let retention delete old rows in small batches."""
+    from gpuwhy.store.samples import STORAGE_V1, rollup_columns
+    from gpuwhy.xid import xid_info
+
+    columns = ", ".join(f"{c} INTEGER" for s in STORAGE_V1 for c in rollup_columns(s))
+    db.execute(f"CREATE TABLE gpu_rollup_data (minute INTEGER NOT NULL, gpu INTEGER NOT NULL, "
+               f"instance TEXT NOT NULL DEFAULT '', samples INTEGER NOT NULL, {columns}, "
+               f"PRIMARY KEY (minute, gpu, instance)) WITHOUT ROWID")
+    db["store_state"].create({"name": str, "value": int, "updated_at": int}, pk="name")
+    known = [xid_info(code) for code in range(1, 256)]
+    db["xid_codes"].insert_all(
+        [{"code": x.code, "mnemonic": x.mnemonic, "title": x.title, "severity": x.severity,
+          "origin": x.origin, "gpu_reset": int(x.gpu_reset), "reboot": int(x.reboot)}
+         for x in known if x.mnemonic != "UNKNOWN"], pk="code")
+    db["sched_stats"].create_index(["ts"], if_not_exists=True)
+    db["gpu_processes"].create_index(["ts"], if_not_exists=True)
+    db["processes"].create_index(["exited_at"], if_not_exists=True)
+    db["cron_runs"].create_index(["ts"], if_not_exists=True)
+    if db["process_seconds"].exists():
+        db["process_seconds"].create_index(["second"], if_not_exists=True)
+
+
+@migrations()
+def m603_views(db: Database) -> None:
+    """Views for the common questions (store/views.py, docs/schema.md)."""
+    from gpuwhy.store.views import VIEWS_V1, create_views
+
+    create_views(db, VIEWS_V1)
 # --- end store migrations ---
+
+# --- deployment migrations: name them m7NN_* (deployment issue) ---
+
+
+@migrations()
+def m701_process_owner(db: Database) -> None:
+    """Container id, Kubernetes pod uid and systemd unit of a process, from its cgroup path."""
+    for column in ("container_id", "pod_uid", "unit"):
+        db["processes"].add_column(column, str)
+    db["processes"].create_index(["pod_uid"])
+    db["processes"].create_index(["container_id"])
+# --- end deployment migrations ---
+
+# --- cuda migrations: name them m8NN_* (cuda issue) ---
+
+
+@migrations()
+def m801_cuda_uprobes(db: Database) -> None:
+    """Per-second CUDA API figures of GPU processes and single notable CUDA calls."""
+    columns = {"pid": int, "start_time": int, "ts": int, "interval_ns": int, "calls": int,
+               "errors": int, "launches": int, "graph_launches": int}
+    for direction in ("htod", "dtoh", "dtod", "htoh", "unknown"):
+        columns.update({f"{direction}_count": int, f"{direction}_bytes": int})
+    for host in ("htod", "dtoh"):
+        columns.update({f"{host}_pinned_bytes": int, f"{host}_pageable_bytes": int})
+    columns.update({"syncs": int, "sync_blocked_ns": int, "allocs": int, "alloc_bytes": int,
+                    "frees": int, "free_bytes": int, "host_allocs": int,
+                    "host_alloc_bytes": int, "overhead_ns": int, "traced_since_start": int,
+                    "detail": str})
+    db["cuda_stats"].create(columns, pk=("pid", "start_time", "ts"))
+    db["cuda_stats"].create_index(["ts"])
+    db["cuda_calls"].create({
+        "id": int, "ts": int, "pid": int, "start_time": int, "tid": int, "api": str,
+        "latency_ns": int, "ret": int, "bytes": int, "direction": str, "host": str,
+        "reasons": str,
+    }, pk="id")
+    db["cuda_calls"].create_index(["ts"])
+    db["cuda_calls"].create_index(["pid", "start_time", "ts"])
+# --- end cuda migrations ---
+
+# --- checks migrations: name them m9NN_* (CI issue) ---
+
+
+@migrations()
+def m901_baselines(db: Database) -> None:
+    """Named baselines of `gpuwhy baseline capture`: the run's figures (p5/p50/p95/mean per
+    metric, call rates) and its environment, as JSON."""
+    db["baselines"].create({
+        "name": str, "created_at": int, "seconds": float, "target": str, "gpu_id": str,
+        "environment": str, "figures": str, "watched": str,
+    }, pk="name")
+# --- end checks migrations ---

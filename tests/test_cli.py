@@ -46,3 +46,12 @@ def test_up_refuses_a_public_address(tmp_path):
     result = CliRunner().invoke(cli, ["up", "--host", "0.0.0.0"], env=env)
     assert result.exit_code != 0
     assert "refusing to serve the web view on '0.0.0.0'" in result.output
+
+
+def test_settings_never_print_a_token():
+    result = CliRunner().invoke(cli, ["settings", "--json"],
+                                env={"GPUWHY_AUTH_TOKEN": "s3cret-value"})
+    assert result.exit_code == 0
+    assert "s3cret-value" not in result.output
+    rows = {r["name"]: r for r in json.loads(result.output)}
+    assert rows["web.auth_token"]["value"] == "********"

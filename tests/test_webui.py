@@ -29,7 +29,7 @@ def client(tmp_path):
 
 
 def test_index_lists_processes_and_escapes_what_they_control(client):
-    page = client.get("/")
+    page = client.get("/processes")   # "/" is the GPU overview (tests/web)
     assert page.status_code == 200
     html = page.get_data(as_text=True)
     assert "666-1234" in html

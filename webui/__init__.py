@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from flask import Flask
@@ -10,16 +11,40 @@ from gpuwhy.config import Config, load_config
 
 
 def create_app(config: Config | None = None, test_config: dict[str, Any] | None = None) -> Flask:
-    """The Flask application over the store named by ``config["store.path"]``."""
-    from gpuwhy.webui import db, health, processes
+    """The Flask application over the store named by ``config["store.path"]``.
+
+    Raises :class:`gpuwhy.errors.ConfigError` when auth is on without a token.
+    """
+    from gpuwhy.webui import (
+        auth,
+        db,
+        filters,
+        gpus,
+        health,
+        incidents,
+        processes,
+        resets,
+        rules,
+        security,
+        vendor,
+    )
 
     config = config or load_config()
     app = Flask(__name__)
     app.config.from_mapping(GPUWHY=config, DATABASE=config["store.path"],
-                            REFRESH_SECONDS=config["web.refresh_seconds"])
+                            REFRESH_SECONDS=config["web.refresh_seconds"],
+                            AUTH_TOKEN=auth.auth_token(config),
+                            VENDOR_PATH=str(vendor.vendor_path(config)),
+                            MAX_POINTS=config["web.max_points"],
+                            SECRET_KEY=secrets.token_bytes(32))
     if test_config:
         app.config.update(test_config)
     db.init_app(app)
-    app.register_blueprint(processes.bp)
-    app.register_blueprint(health.bp)
+    security.init_app(app)
+    filters.init_app(app)
+    for module in (auth, gpus, processes, incidents, resets, rules, vendor, health):
+        app.register_blueprint(module.bp)
+    from gpuwhy.correlator import metrics  # /metrics (correlator issue)
+
+    metrics.register_metrics(app)
     return app

@@ -1,17 +1,50 @@
-"""Pages about processes: the list of processes holding GPU devices, as HTML and JSON."""
+"""Process pages: the processes holding GPU devices (``/processes``) and one process's
+timeline (``/processes/<pid>-<start_time>``), with their JSON and CSV."""
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, render_template
+from flask import Blueprint, abort, current_app, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
+from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.identity import ProcessKey
 from gpuwhy.store.queries import processes_holding_devices
+from gpuwhy.webui import queries, series
 from gpuwhy.webui.db import get_db
+from gpuwhy.webui.export import csv_response
 
 bp = Blueprint("processes", __name__)
 
 
-@bp.get("/")
+def _key(text: str) -> ProcessKey:
+    try:
+        return ProcessKey.parse(text)
+    except ValueError:
+        abort(404, description=f"{text!r} is not a process key (pid-start_time)")
+
+
+def _process_or_404(text: str) -> tuple[ProcessKey, dict]:
+    key = _key(text)
+    found = queries.process(get_db(), key)
+    if found is None:
+        abort(404, description=f"no process {key} in the store")
+    return key, found
+
+
+def _window(process: dict) -> series.Window:
+    end = queries.process_end(get_db(), ProcessKey(process["pid"], process["start_time"]))
+    if not request.args.get("range") and not request.args.get("from") and end:
+        # whole life by default, at most 7 days back from its end
+        start = max(process["first_seen"] or end, end - series.RANGES["7d"] * NS_PER_SECOND)
+        return series.window(end + NS_PER_SECOND, 0, current_app.config["MAX_POINTS"],
+                             since=start)
+    try:
+        return series.requested_window(request.args, end, current_app.config["MAX_POINTS"])
+    except ValueError as exc:
+        abort(400, description=str(exc))
+
+
+@bp.get("/processes")
 def index() -> ResponseReturnValue:
     return render_template("processes.html", processes=processes_holding_devices(get_db()),
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
@@ -20,3 +53,50 @@ def index() -> ResponseReturnValue:
 @bp.get("/api/processes")
 def api_processes() -> ResponseReturnValue:
     return jsonify(processes_holding_devices(get_db()))
+
+
+def _detail(key: ProcessKey, process: dict) -> dict:
+    db = get_db()
+    return {"process": process, "key": str(key), "calls": queries.process_calls(db, key),
+            "last_heard": queries.process_end(db, key),
+            "events": queries.process_events(db, key),
+            "findings": queries.findings(db, key=key),
+            "gpus": queries.rows(db, "select distinct gpu_id from gpu_bindings where pid = ? "
+                                     "and start_time = ?", [key.pid, key.start_time])}
+
+
+@bp.get("/processes/<key>")
+def show(key: str) -> ResponseReturnValue:
+    process_key, process = _process_or_404(key)
+    return render_template("process.html", **_detail(process_key, process),
+                           ranges=list(series.RANGES))
+
+
+@bp.get("/api/processes/<key>")
+def api_show(key: str) -> ResponseReturnValue:
+    return jsonify(_detail(*_process_or_404(key)))
+
+
+@bp.get("/api/processes/<key>/series")
+def api_series(key: str) -> ResponseReturnValue:
+    process_key, process = _process_or_404(key)
+    w = _window(process)
+    return jsonify({"key": str(process_key), "from": w.since, "to": w.until,
+                    **series.process_series(get_db(), process_key, w)})
+
+
+@bp.get("/processes/<key>/series.csv")
+def series_csv(key: str) -> ResponseReturnValue:
+    process_key, process = _process_or_404(key)
+    data = series.process_series(get_db(), process_key, _window(process))
+    return csv_response(["ts_ns", *data["fields"]], data["rows"], f"{process_key}-timeline.csv")
+
+
+@bp.get("/processes/<key>/calls.csv")
+def calls_csv(key: str) -> ResponseReturnValue:
+    process_key, _ = _process_or_404(key)
+    columns = ["operation", "op", "device", "count", "errors", "per_second", "mean_latency_us",
+               "max_latency_us"]
+    calls = queries.process_calls(get_db(), process_key)
+    return csv_response(columns, ([c[column] for column in columns] for c in calls),
+                        f"{process_key}-driver-calls.csv")

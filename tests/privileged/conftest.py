@@ -50,7 +50,7 @@ class Pipeline:
         with self.reader() as db:
             return db.execute(sql, params).fetchall()
 
-    def wait_for(self, sql, params, predicate, timeout=10.0):
+    def wait_for(self, sql, params, predicate, timeout=30.0):
         deadline = time.monotonic() + timeout
         while True:
             rows = self.query(sql, params)
@@ -78,3 +78,33 @@ def pipeline_for():
 def probe_config(tmp_config):
     """tmp_config with every failed or large call reported (no rate limit in the way)."""
     return tmp_config.replace({"probes.error_events_per_second": 1_000_000})
+
+
+# --- shared by the correlator's privileged tests (correlator issue) ---
+@pytest.fixture
+def system_journald():
+    """A running systemd-journald with /dev/log linked: the host's, or one started (and
+    stopped) here."""
+    import subprocess
+    from pathlib import Path
+
+    socket, dev_log = Path("/run/systemd/journal/socket"), Path("/dev/log")
+    started, linked = None, False
+    if not (socket.exists() and subprocess.run(["pgrep", "-x", "systemd-journal"],
+                                               capture_output=True).returncode == 0):
+        Path("/run/systemd/journal").mkdir(parents=True, exist_ok=True)
+        started = subprocess.Popen(["/lib/systemd/systemd-journald"], start_new_session=True,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not socket.exists():
+            assert started.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    if not dev_log.exists() and not dev_log.is_symlink():
+        dev_log.symlink_to("/run/systemd/journal/dev-log")
+        linked = True
+    yield
+    if linked:
+        dev_log.unlink()
+    if started is not None:
+        started.terminate()
+        started.wait(10)

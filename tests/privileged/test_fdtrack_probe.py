@@ -24,7 +24,7 @@ def _stats(rows):
 
 def _wait_exact(pipe, key, expected):
     rows = pipe.wait_for(STATS_SQL, [key.pid, key.start_time],
-                         lambda r: _stats(r) == expected, timeout=15)
+                         lambda r: _stats(r) == expected, timeout=30)
     assert _stats(rows) == expected
     return rows
 
@@ -68,6 +68,15 @@ def test_startup_traffic_from_two_processes_and_threads_is_decoded_exactly(
             no_memory = [r for r in by_op[("NV_ESC_RM_ALLOC", 0x40)] if r[8] == 0x51]
             assert no_memory and all("error" in r[6] for r in no_memory)
             assert {r[7] for r in calls} <= set(report["tids"])
+            args = pipe.query("select op, nr, size, arg0, arg1, bytes from driver_calls "
+                              "where pid = ? and start_time = ?", [key.pid, key.start_time])
+            decoded = {row[0]: row[1:] for row in args}
+            assert decoded["NV_ESC_RM_FREE"] == (0x29, 16, 9, 0, 0)          # hObjectOld
+            assert decoded["NV_ESC_RM_MAP_MEMORY"] == (0x4E, 56, 7, 2 << 20, 2 << 20)
+            assert decoded["NV_ESC_REGISTER_FD"] == (0xC9, 4, 3, 0, 0)       # the ctl fd
+            assert decoded["UVM_CREATE_EXTERNAL_RANGE"] == (73, 0, 1 << 40, 4 << 20,
+                                                            4 << 20)
+            assert decoded["NV_ESC_ATTACH_GPUS_TO_FD"][:2] == (0xD4, 32)
             rounds_times_threads = next(iter(report["expected"].values()))["count"]
             assert len(versions) == rounds_times_threads
     finally:

@@ -79,7 +79,7 @@ def test_up_serves_the_replay_process_and_stops_cleanly_on_sigterm(tmp_config, t
         row = _wait_until(replay_listed, 15)
         assert row, _get(f"{base}/api/processes")
         assert {d["device"] for d in row["devices"]} == {"nvidiactl", "nvidiaN", "nvidia-uvm"}
-        page = _get(f"{base}/")
+        page = _get(f"{base}/processes")   # "/" is the GPU overview
         assert key in page and f"NV_ESC_RM_CONTROL × {controls}" in page
         children = _children(up.pid)
         assert children, "gpuwhy up should run the probes as a child process"

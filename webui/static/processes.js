@@ -2,7 +2,8 @@
 // set with textContent, never innerHTML: names and command lines are untrusted.
 (function () {
   "use strict";
-  const body = document.querySelector("#processes tbody");
+  const table = document.getElementById("processes");
+  const body = table.querySelector("tbody");
 
   function cell(row, text, className) {
     const td = row.insertCell();
@@ -34,7 +35,10 @@
     for (const p of processes) {
       const row = body.insertRow();
       row.dataset.key = p.key;
-      cell(row, p.key, "mono");
+      const link = document.createElement("a");
+      link.href = "/processes/" + encodeURIComponent(p.key);
+      link.textContent = p.key;
+      cell(row, "", "mono").appendChild(link);
       cell(row, p.comm);
       cell(row, p.cmdline, "cmdline");
       cell(row, p.tag || "");
@@ -53,5 +57,5 @@
     }
   }
 
-  setInterval(refresh, window.GPUWHY_REFRESH_MS || 2000);
+  setInterval(refresh, Number(table.dataset.refreshMs) || 2000);
 })();

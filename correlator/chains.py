@@ -1,0 +1,265 @@
+"""Root-cause chains: ordered, typed links from a cause to its effects, each with evidence.
+
+``cron_job`` / ``timer`` / ``operator_command`` -> ``command`` -> ``driver_call`` ->
+``gpu_reset`` / ``xid`` / ``gpu_lost`` -> ``process_stall`` / ``process_exit``; also an Xid
+naming a pid -> that process, Xid 45 -> the earlier Xid it follows, repeated Xids after a
+reset -> ``escalation`` (hardware inspection). Built from the store only, so rebuilding a
+settling incident after a late event puts the event where it belongs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlite_utils import Database
+
+from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.correlator import bindings
+from gpuwhy.identity import ProcessKey
+
+if TYPE_CHECKING:
+    from gpuwhy.correlator.incidents import IncidentBuilder
+
+CAUSE_LOOKBACK_NS = 30 * NS_PER_SECOND
+ESCALATE_AFTER = 2          # Xids on a GPU after a reset that call for a hardware inspection
+
+
+@dataclass
+class Link:
+    """One step of a chain. ``evidence``: the stored rows it rests on (table and keys)."""
+
+    kind: str
+    ts: int
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    confidence: float = 1.0
+    pid: int | None = None
+    start_time: int | None = None
+    gpu_id: str | None = None
+
+
+def _incident(db: Database, incident_id: int) -> dict:
+    cursor = db.execute("select * from incidents where id = ?", [incident_id])
+    names = [d[0] for d in cursor.description]
+    return dict(zip(names, cursor.fetchone(), strict=True))
+
+
+def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Link]:
+    """Build the chain of one incident from the store and store it (links, processes)."""
+    incident = _incident(db, incident_id)
+    kind = incident["kind"]
+    if kind == "gpu_reset":
+        links = _reset_chain(db, incident, builder)
+    elif kind in ("xid", "gpu_lost"):
+        links = _xid_chain(db, incident, builder)
+    elif kind in ("process_stall", "process_exit"):
+        links = _effect_chain(db, incident)
+    else:
+        links = [_self_link(incident)]
+    links.sort(key=lambda link: (_ORDER.get(link.kind, 5), link.ts))
+    _store(db, incident_id, links)
+    return links
+
+
+_ORDER = {"cron_job": 0, "timer": 0, "operator_command": 0, "command": 1, "driver_call": 2,
+          "earlier_xid": 2, "gpu_reset": 3, "xid": 3, "gpu_lost": 3, "rule_finding": 3,
+          "process": 4, "escalation": 4, "process_stall": 5, "process_exit": 6}
+
+
+def _store(db: Database, incident_id: int, links: list[Link]) -> None:
+    db.execute("delete from incident_links where incident_id = ?", [incident_id])
+    db.execute("delete from incident_processes where incident_id = ?", [incident_id])
+    for seq, link in enumerate(links):
+        row = asdict(link)
+        row["evidence"] = json.dumps(link.evidence, sort_keys=True, default=str)
+        db["incident_links"].insert({"incident_id": incident_id, "seq": seq, **row})
+        if link.pid is not None and link.start_time is not None:
+            db.execute("insert or ignore into incident_processes values (?, ?, ?, ?)",
+                       [incident_id, link.pid, link.start_time, link.kind])
+    confidence = min((link.confidence for link in links), default=None)
+    db.execute("update incidents set chain = ?, confidence = ? where id = ?",
+               [json.dumps([{"kind": link.kind, "ts": link.ts, "summary": link.summary}
+                            for link in links]), confidence, incident_id])
+
+
+def _self_link(incident: dict) -> Link:
+    details = json.loads(incident["details"] or "{}")
+    return Link(incident["kind"], incident["opened_at"], incident["title"],
+                {"incident": incident["id"], **details}, 1.0, incident["pid"],
+                incident["start_time"], incident["gpu_id"])
+
+
+def _comm(db: Database, key: ProcessKey) -> str:
+    row = db.execute("select coalesce(nullif(comm, ''), exe_filename, '?') from processes "
+                     "where pid = ? and start_time = ?", [key.pid, key.start_time]).fetchone()
+    return row[0] if row and row[0] else "?"
+
+
+# --- causes --------------------------------------------------------------------------------
+def _reset_call(db: Database, incident: dict) -> tuple | None:
+    gpu_id, at = incident["gpu_id"], incident["opened_at"]
+    rows = db.execute(
+        "select id, ts, pid, start_time, path, sub_name, op, status_name from driver_calls "
+        "where sub_name = 'NV0080_CTRL_CMD_BIF_RESET' and ts between ? and ? order by ts",
+        [at - CAUSE_LOOKBACK_NS, incident["last_seen"]]).fetchall()
+    for row in rows:
+        key = ProcessKey(row[2], row[3])
+        if gpu_id is None or gpu_id in bindings.gpus_of(db, key, row[1]) or \
+                row[4].endswith(tuple(f"nvidia{m}" for m in _minors(db, gpu_id))):
+            return row
+    return None
+
+
+def _minors(db: Database, gpu_id: str) -> list[int]:
+    rows = db.execute("select alias from gpu_aliases where gpu_id = ? and alias like 'minor:%'",
+                      [gpu_id]).fetchall()
+    return [int(r[0][6:]) for r in rows] + ([int(gpu_id[6:])] if gpu_id.startswith("minor:")
+                                            else [])
+
+
+def _origin_links(db: Database, key: ProcessKey, at: int) -> list[Link]:
+    """What ran ``key``: its exec (command) and the cron job, timer or operator behind it."""
+    links = []
+    ancestry = bindings.ancestry(db, key)
+    execs = db.execute("select id, ts, body from events where kind = 'process_exec' and pid = ? "
+                       "and start_time = ? and ts <= ? order by ts desc limit 1",
+                       [key.pid, key.start_time, at]).fetchone()
+    if execs:
+        filename = json.loads(execs[2]).get("filename", "?")
+        links.append(Link("command", execs[1], f"pid {key.pid} ran {filename}",
+                          {"events": [execs[0]], "filename": filename}, 1.0, key.pid,
+                          key.start_time))
+    for depth, process in enumerate(ancestry):
+        run = db.execute(
+            "select cursor, ts, user, command, gpu_action, job_pid, job_start_time from "
+            "cron_runs where phase = 'started' and job_pid = ? and (job_start_time = ? or "
+            "(job_start_time is null and ts between ? and ?)) order by ts desc limit 1",
+            [process.pid, process.start_time, at - 3600 * NS_PER_SECOND, at]).fetchone()
+        if run:
+            exact = run[6] is not None
+            links.insert(0, Link(
+                "cron_job", run[1], f"cron ran `{run[3]}` as {run[2]} (job pid {run[5]})"
+                + (f": {run[4]}" if run[4] else ""),
+                {"cron_runs": [run[0]], "gpu_action": run[4], "ancestry_depth": depth},
+                0.95 if exact else 0.7, run[5], run[6]))
+            return links
+    cgroup = db.execute("select cgroup, uid from processes where pid = ? and start_time = ?",
+                        [key.pid, key.start_time]).fetchone()
+    if cgroup and cgroup[0] and ".timer" not in cgroup[0] and cgroup[0].endswith(".service"):
+        links.insert(0, Link("timer", at, f"systemd unit {cgroup[0].rsplit('/', 1)[-1]}",
+                             {"processes": [str(key)], "cgroup": cgroup[0]}, 0.6, key.pid,
+                             key.start_time))
+    elif cgroup is not None:
+        links.insert(0, Link("operator_command", at,
+                             f"run by uid {cgroup[1]} (no cron job or timer found)",
+                             {"processes": [str(p) for p in ancestry]}, 0.5, key.pid,
+                             key.start_time))
+    return links
+
+
+def _reset_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[Link]:
+    links = []
+    call = _reset_call(db, incident)
+    actor = None
+    if call:
+        actor = ProcessKey(call[2], call[3])
+        links += _origin_links(db, actor, call[1])
+        links.append(Link("driver_call", call[1],
+                          f"pid {actor.pid} ({_comm(db, actor)}) sent {call[5]} on {call[4]} "
+                          f"({call[7]})", {"driver_calls": [call[0]]}, 0.9, actor.pid,
+                          actor.start_time, incident["gpu_id"]))
+    link = _self_link(incident)
+    link.summary = f"GPU {incident['gpu_id'] or '?'} reset"
+    links.append(link)
+    links += _effect_links(db, incident, builder, exclude={actor} if actor else set())
+    return links
+
+
+def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[Link]:
+    details = json.loads(incident["details"] or "{}")
+    gpu_id, at = incident["gpu_id"], incident["opened_at"]
+    links = []
+    if details.get("xid") == 45:
+        earlier = db.execute(
+            "select id, opened_at, title from incidents where gpu_id = ? and kind in ('xid', "
+            "'gpu_lost') and id != ? and opened_at between ? and ? and "
+            "json_extract(details, '$.xid') != 45 order by opened_at desc limit 1",
+            [gpu_id, incident["id"], at - CAUSE_LOOKBACK_NS, at]).fetchone()
+        if earlier:
+            links.append(Link("earlier_xid", earlier[1], f"follows {earlier[2]} (Xid 45 is the "
+                              "channel teardown caused by a previous Xid)",
+                              {"incident": earlier[0]}, 0.8, gpu_id=gpu_id))
+    link = _self_link(incident)
+    if incident["count"] and incident["count"] > 1:
+        link.summary += f" (×{incident['count']})"
+    links.append(link)
+    if incident["pid"] is not None:
+        key = ProcessKey(incident["pid"], incident["start_time"])
+        links.append(Link("process", at, f"the Xid line names pid {key.pid} "
+                          f"({details.get('name') or _comm(db, key)})",
+                          {"kernel_log_pid": details.get("pid")}, 0.95, key.pid,
+                          key.start_time, gpu_id))
+    resets = db.execute("select max(opened_at) from incidents where kind = 'gpu_reset' and "
+                        "gpu_id = ? and opened_at < ?", [gpu_id, at]).fetchone()[0]
+    if resets is not None:
+        after = db.execute("select count(*), group_concat(id) from incidents where gpu_id = ? "
+                           "and kind in ('xid', 'gpu_lost') and opened_at > ? and "
+                           "opened_at <= ?", [gpu_id, resets, at]).fetchone()
+        if after[0] >= ESCALATE_AFTER:
+            links.append(Link("escalation", at, f"{after[0]} Xids on this GPU since its last "
+                              "reset: take it out of service for a hardware inspection",
+                              {"incidents": [int(i) for i in after[1].split(",")]}, 0.7,
+                              gpu_id=gpu_id))
+    named = {ProcessKey(incident["pid"], incident["start_time"])} \
+        if incident["pid"] is not None else None
+    links += _effect_links(db, incident, builder, only=named)
+    return links
+
+
+# --- effects -------------------------------------------------------------------------------
+def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
+                  exclude: set[ProcessKey] = frozenset(), only: set | None = None) -> list[Link]:
+    """The processes on the GPU at the time, and what happened to them after."""
+    gpu_id, at = incident["gpu_id"], incident["opened_at"]
+    if gpu_id is None:
+        return []
+    if only is not None:
+        hit = list(only)
+    else:
+        hit = [b.process for b in bindings.bound_at(db, gpu_id, at)]
+    links = []
+    for key in hit:
+        if key in exclude:
+            continue
+        effect = db.execute(
+            "select id, kind, opened_at, title, summary from incidents where pid = ? and "
+            "start_time = ? and kind in ('process_stall', 'process_exit') and opened_at "
+            "between ? and ? order by opened_at limit 1",
+            [key.pid, key.start_time, at - builder.stall_ns,
+             incident["last_seen"] + builder.settle_ns(incident["kind"])]).fetchone()
+        if effect:
+            links.append(Link(effect[1], effect[2], effect[4], {"incident": effect[0]}, 0.8,
+                              key.pid, key.start_time, gpu_id))
+        elif only is None:
+            links.append(Link("process", at, f"pid {key.pid} ({_comm(db, key)}) was bound to "
+                              f"the GPU", {"gpu_bindings": [str(key)]}, 0.6, key.pid,
+                              key.start_time, gpu_id))
+    return links
+
+
+def _effect_chain(db: Database, incident: dict) -> list[Link]:
+    """A stall or death: the Xid/reset on its GPU that came just before, then itself."""
+    links = []
+    cause = db.execute(
+        "select id, kind, opened_at, title from incidents where gpu_id = ? and kind in "
+        "('xid', 'gpu_lost', 'gpu_reset') and opened_at between ? and ? "
+        "order by opened_at desc limit 1",
+        [incident["gpu_id"], incident["opened_at"] - 60 * NS_PER_SECOND,
+         incident["opened_at"] + 5 * NS_PER_SECOND]).fetchone()
+    if cause:
+        links.append(Link(cause[1], cause[2], cause[3], {"incident": cause[0]}, 0.8,
+                          gpu_id=incident["gpu_id"]))
+    links.append(_self_link(incident))
+    return links

@@ -1,0 +1,161 @@
+"""`/metrics` for Prometheus: GPU counters, per-process attribution, incidents, source health.
+
+A custom collector reads the store at scrape time (nothing is kept in this process); it
+is registered in a registry passed in, never the global one. Names are ``gpuwhy_*`` in
+base units (ratios 0-1, bytes, watts, seconds). Per-process series are bounded: the
+``max_processes`` processes with the most GPU memory or driver calls get their own
+series (labelled pid, start_time, comm), the rest are summed under ``pid="other"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+
+from flask import Flask, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlite_utils import Database
+
+from gpuwhy.clock import NS_PER_SECOND
+
+MAX_PROCESSES = 50
+MIB = 1 << 20
+# latest-sample column -> (metric suffix, help, scale to base units)
+_GPU_FIELDS = {
+    "gpu_util": ("utilization_ratio", "GPU utilisation (share of time a kernel ran)", 0.01),
+    "sm_active": ("sm_active_ratio", "share of SM cycles with a warp resident", 1.0),
+    "tensor_active": ("tensor_active_ratio", "share of cycles the tensor cores were busy", 1.0),
+    "dram_active": ("dram_active_ratio", "share of cycles the memory interface was busy", 1.0),
+    "fb_used_mib": ("memory_used_bytes", "framebuffer memory in use", MIB),
+    "power_w": ("power_watts", "power draw", 1.0),
+    "temp_c": ("temperature_celsius", "GPU temperature", 1.0),
+    "pcie_rx_bytes_per_s": ("pcie_rx_bytes_per_second", "PCIe receive rate", 1.0),
+    "pcie_tx_bytes_per_s": ("pcie_tx_bytes_per_second", "PCIe transmit rate", 1.0),
+}
+_LOSS_WORDS = ("drop", "lost", "gap", "late_beyond_lag", "rejected", "decode_error",
+               "overflow", "clock_ahead")
+
+
+class StoreCollector(Collector):
+    """Reads the store on each ``collect``; ``open_db`` gives a read-only connection."""
+
+    def __init__(self, open_db: Callable[[], Database], max_processes: int = MAX_PROCESSES):
+        self.open_db = open_db
+        self.max_processes = max_processes
+
+    def collect(self) -> Iterator[Metric]:
+        with contextlib.closing(self.open_db()) as db:
+            yield from self._gpus(db)
+            yield from self._processes(db)
+            yield from self._incidents(db)
+            yield from self._sources(db)
+
+    def _gpus(self, db: Database) -> Iterator[Metric]:
+        columns = [c for c in _GPU_FIELDS if c in db["gpu_samples"].columns_dict]
+        rows = db.execute(
+            f"select s.gpu_id, s.ts, {', '.join('s.' + c for c in columns)}, g.simulated "
+            "from gpu_samples s join (select gpu_id, max(ts) as ts from gpu_samples where "
+            "instance = '' group by gpu_id) last on last.gpu_id = s.gpu_id and last.ts = s.ts "
+            "left join gpus g on g.id = s.gpu_id where s.instance = ''").fetchall()
+        families = {c: GaugeMetricFamily(f"gpuwhy_gpu_{_GPU_FIELDS[c][0]}", _GPU_FIELDS[c][1],
+                                         labels=["gpu", "simulated"]) for c in columns}
+        sample_time = GaugeMetricFamily("gpuwhy_gpu_last_sample_timestamp_seconds",
+                                        "when the GPU's latest sample was taken",
+                                        labels=["gpu", "simulated"])
+        for row in rows:
+            gpu, ts, values, simulated = row[0], row[1], row[2:-1], str(bool(row[-1])).lower()
+            sample_time.add_metric([gpu, simulated], ts / NS_PER_SECOND)
+            for column, value in zip(columns, values, strict=True):
+                if value is not None:
+                    families[column].add_metric([gpu, simulated], value * _GPU_FIELDS[column][2])
+        yield sample_time
+        yield from families.values()
+        bound = GaugeMetricFamily("gpuwhy_gpu_bound_processes",
+                                  "processes holding the GPU's device file now", labels=["gpu"])
+        for gpu, count in db.execute("select gpu_id, count(distinct pid || '-' || start_time) "
+                                     "from gpu_bindings where until is null group by gpu_id"):
+            bound.add_metric([gpu], count)
+        yield bound
+
+    def _processes(self, db: Database) -> Iterator[Metric]:
+        labels = ["pid", "start_time", "comm"]
+        calls = CounterMetricFamily("gpuwhy_process_driver_calls",
+                                    "NVIDIA driver calls (ioctls) of a living process",
+                                    labels=labels)
+        rows = db.execute(
+            "select s.pid, s.start_time, coalesce(p.comm, ''), sum(s.count) as n from "
+            "driver_call_stats s left join processes p on p.pid = s.pid and "
+            "p.start_time = s.start_time where p.exited_at is null "
+            "group by s.pid, s.start_time order by n desc").fetchall()
+        for pid, start_time, comm, n in rows[:self.max_processes]:
+            calls.add_metric([str(pid), str(start_time), comm[:32]], n)
+        if rows[self.max_processes:]:
+            calls.add_metric(["other", "", ""], sum(r[3] for r in rows[self.max_processes:]))
+        yield calls
+        memory = GaugeMetricFamily("gpuwhy_process_gpu_memory_used_bytes",
+                                   "GPU memory of a process (NVML's latest process list)",
+                                   labels=["gpu", *labels])
+        sm = GaugeMetricFamily("gpuwhy_process_sm_utilization_ratio",
+                               "the process's share of SM time (NVML)", labels=["gpu", *labels])
+        rows = db.execute(
+            "select g.gpu_id, g.pid, g.start_time, coalesce(p.comm, ''), g.used_memory_mib, "
+            "g.sm_util from gpu_processes g join (select gpu_id, max(ts) as ts from "
+            "gpu_processes group by gpu_id) last on last.gpu_id = g.gpu_id and last.ts = g.ts "
+            "left join processes p on p.pid = g.pid and p.start_time = g.start_time "
+            "order by g.used_memory_mib desc").fetchall()
+        for gpu, pid, start_time, comm, mib, sm_util in rows[:self.max_processes]:
+            key = [gpu, str(pid), str(start_time), comm[:32]]
+            if mib is not None:
+                memory.add_metric(key, mib * MIB)
+            if sm_util is not None:
+                sm.add_metric(key, sm_util / 100)
+        yield memory
+        yield sm
+
+    def _incidents(self, db: Database) -> Iterator[Metric]:
+        total = CounterMetricFamily("gpuwhy_incidents", "incidents opened, by kind and "
+                                    "severity (repeats merged into one)",
+                                    labels=["kind", "severity"])
+        open_now = GaugeMetricFamily("gpuwhy_incidents_open", "incidents still open",
+                                     labels=["kind"])
+        for kind, severity, count in db.execute(
+                "select kind, severity, count(*) from incidents group by kind, severity"):
+            total.add_metric([kind, severity], count)
+        for kind, opened in db.execute("select kind, count(*) from incidents where "
+                                       "state = 'open' group by kind"):
+            open_now.add_metric([kind], opened)
+        yield total
+        yield open_now
+
+    def _sources(self, db: Database) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gpuwhy_source_up", "1 when the source says ok, 0.5 degraded, "
+                               "0 failed", labels=["source"])
+        seen = GaugeMetricFamily("gpuwhy_source_last_seen_timestamp_seconds",
+                                 "the source's last heartbeat", labels=["source"])
+        lost = CounterMetricFamily("gpuwhy_events_lost", "events lost, dropped or refused, "
+                                   "by source and reason", labels=["source", "reason"])
+        for source, state, counters, last_seen in db.execute(
+                "select source, state, counters, last_seen from source_health"):
+            up.add_metric([source], {"ok": 1.0, "degraded": 0.5}.get(state, 0.0))
+            seen.add_metric([source], (last_seen or 0) / NS_PER_SECOND)
+            for reason, value in json.loads(counters or "{}").items():
+                if isinstance(value, int | float) and any(w in reason for w in _LOSS_WORDS):
+                    lost.add_metric([source, reason[:64]], value)
+        yield up
+        yield seen
+        yield lost
+
+
+def register_metrics(app: Flask, registry: CollectorRegistry | None = None) -> None:
+    """Serve ``/metrics`` from ``registry`` (a new one by default) with the store collector."""
+    from gpuwhy.store import open_store
+
+    registry = registry or CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(lambda: open_store(app.config["DATABASE"], readonly=True)))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

@@ -1,0 +1,415 @@
+"""`gpuwhy rules …` (list, show, lint, set, test, signals) and `gpuwhy record` (bus captures)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from gpuwhy.correlator.rules import model as m
+from gpuwhy.errors import DecodeError, GpuwhyError
+
+NS = 10**9
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+def _rules(obj: object, extra: tuple[str, ...] = ()) -> list[m.Rule]:
+    from gpuwhy.correlator.rules.loader import load_rules
+
+    config = obj.config()
+    paths = [p for p in config["rules.paths"].split(":") if p] + list(extra)
+    try:
+        return load_rules(paths, builtin=config["rules.builtin"])
+    except GpuwhyError as exc:
+        raise _fail(exc) from None
+
+
+def _overrides(obj: object) -> dict:
+    from gpuwhy.correlator.rules.overrides import read_overrides
+    from gpuwhy.store import open_store
+
+    path = obj.config()["store.path"]
+    if not Path(path).exists():
+        return {}
+    try:
+        db = open_store(path, readonly=True)
+    except GpuwhyError:
+        return {}
+    try:
+        return read_overrides(db)
+    finally:
+        db.close()
+
+
+def _find(rules: list[m.Rule], rule_id: str) -> m.Rule:
+    for rule in rules:
+        if rule.id == rule_id or rule.id.split("_")[0] == rule_id:
+            return rule
+    raise click.ClickException(f"no rule {rule_id!r} (see `gpuwhy rules list`)")
+
+
+@click.group()
+def rules() -> None:
+    """Expert rules: list, inspect, lint, tune and test them.
+
+    Rules are files in a small language (docs/rules.md); the shipped ones live in the
+    package, more come from the rules.paths setting. Overrides (enabled, shadow,
+    thresholds) are kept in the store and read by the running service every round.
+
+    \b
+    Examples:
+      gpuwhy rules list
+      gpuwhy rules show R19
+      gpuwhy rules lint my.rules
+      gpuwhy rules set R14_bursty_utilisation enabled=false
+      gpuwhy rules set R01 threshold idle_share=0.6 worker_busy=0.8
+      gpuwhy rules test my.rules --builtin --replay capture.jsonl
+    """
+
+
+@rules.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--markdown", is_flag=True, help="Print the table of docs/rules.md.")
+@click.pass_obj
+def list_rules(obj: object, as_json: bool, markdown: bool) -> None:
+    """Every rule: id, group, scope, severity, state of its override, title.
+
+    \b
+    Examples:
+      gpuwhy rules list
+      gpuwhy rules list --json | jq '.[] | select(.enabled == false)'
+    """
+    loaded = _rules(obj)
+    if markdown:
+        from gpuwhy.correlator.rules.docs import rules_markdown
+
+        click.echo(rules_markdown(loaded), nl=False)
+        return
+    overrides = _overrides(obj)
+    rows = []
+    for r in loaded:
+        o = overrides.get(r.id)
+        rows.append({"id": r.id, "group": r.group, "scope": r.scope, "severity": r.severity,
+                     "enabled": o.enabled if o else True, "shadow": o.shadow if o else False,
+                     "params": {**r.params, **(dict(o.params) if o else {})},
+                     "title": r.title, "file": r.location})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        flags = ("" if row["enabled"] else " [disabled]") + (" [shadow]" if row["shadow"] else "")
+        click.echo(f"{row['id']:<36} {row['group']:<18} {row['scope']:<7} "
+                   f"{row['severity']:<8} {row['title']}{flags}")
+    click.echo(f"{len(rows)} rules")
+
+
+@rules.command()
+@click.argument("rule_id")
+@click.pass_obj
+def show(obj: object, rule_id: str) -> None:
+    """A rule's text, where it comes from, and the overrides in effect.
+
+    \b
+    Examples:
+      gpuwhy rules show R19_power_cap
+      gpuwhy rules show R19          # by its number
+    """
+    rule = _find(_rules(obj), rule_id)
+    override = _overrides(obj).get(rule.id)
+    click.echo(f"# {rule.location}")
+    if override is not None:
+        click.echo(f"# override: enabled={str(override.enabled).lower()} "
+                   f"shadow={str(override.shadow).lower()} thresholds="
+                   + (" ".join(f"{k}={v:g}" for k, v in override.params.items()) or "-"))
+    click.echo(rule.text)
+
+
+@rules.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+def lint(files: tuple[str, ...]) -> None:
+    """Check rule files: syntax, names, and that every rule gives advice.
+
+    Exit status 1 when any file has a problem.
+
+    \b
+    Example:
+      gpuwhy rules lint /etc/gpuwhy/rules/*.rules
+    """
+    from gpuwhy.correlator.rules.loader import load_rules
+
+    bad = 0
+    for file in files:
+        try:
+            loaded = load_rules([file], builtin=False)
+        except GpuwhyError as exc:
+            click.echo(str(exc), err=True)
+            bad += 1
+            continue
+        problems = [problem for rule in loaded for problem in lint_rule(rule)]
+        for problem in problems:
+            click.echo(problem, err=True)
+        bad += bool(problems)
+        if not problems:
+            click.echo(f"{file}: {len(loaded)} rules OK")
+    if bad:
+        sys.exit(1)
+
+
+def lint_rule(rule: m.Rule) -> list[str]:
+    """What a finding of this rule would lack: group, cause, 2-4 fixes, a verification."""
+    where = f"{rule.location}: rule {rule.id}"
+    problems = []
+    if not rule.group:
+        problems.append(f"{where}: no 'group:' (one of {', '.join(m.GROUPS)})")
+    if not rule.cause:
+        problems.append(f"{where}: no 'cause:' (the root cause in plain words)")
+    if not 2 <= len(rule.fixes) <= 4:
+        problems.append(f"{where}: {len(rule.fixes)} 'fix:' clauses; give 2 to 4")
+    if not rule.verify:
+        problems.append(f"{where}: no 'verify:' (how to check the fix worked)")
+    return problems
+
+
+@rules.command("set")
+@click.argument("rule_id")
+@click.argument("changes", nargs=-1)
+@click.option("--reset", is_flag=True, help="Drop the rule's override first.")
+@click.pass_obj
+def set_rule(obj: object, rule_id: str, changes: tuple[str, ...], reset: bool) -> None:
+    """Override a rule: enabled=true|false, shadow=true|false, threshold NAME=VALUE ...
+
+    The override is kept in the store; the running service applies it at its next round.
+
+    \b
+    Examples:
+      gpuwhy rules set R14_bursty_utilisation enabled=false
+      gpuwhy rules set R23 shadow=true
+      gpuwhy rules set R01 threshold idle_share=0.6 worker_busy=0.8
+      gpuwhy rules set R01 --reset
+    """
+    from gpuwhy.correlator.rules.overrides import set_override
+    from gpuwhy.store import open_store
+
+    rule = _find(_rules(obj), rule_id)
+    enabled = shadow = None
+    thresholds: dict[str, str] = {}
+    in_thresholds = False
+    for change in changes:
+        if change == "threshold":
+            in_thresholds = True
+            continue
+        name, sep, value = change.partition("=")
+        if not sep:
+            raise click.UsageError(f"expected NAME=VALUE, got {change!r}")
+        if in_thresholds:
+            thresholds[name] = value
+        elif name == "enabled":
+            enabled = value
+        elif name == "shadow":
+            shadow = value
+        else:
+            raise click.UsageError(f"unknown setting {name!r}: enabled=, shadow= or "
+                                   f"threshold NAME=VALUE")
+    if not changes and not reset:
+        raise click.UsageError("nothing to change")
+    try:
+        db = open_store(obj.config()["store.path"])
+        try:
+            new = set_override(db, rule, enabled, shadow, thresholds, reset=reset)
+        finally:
+            db.close()
+    except GpuwhyError as exc:
+        raise _fail(exc) from None
+    params = " ".join(f"{k}={v:g}" for k, v in new.params.items()) or "defaults"
+    click.echo(f"{rule.id}: enabled={str(new.enabled).lower()} "
+               f"shadow={str(new.shadow).lower()} thresholds: {params}")
+
+
+def read_capture(path: str) -> list:
+    """The events of a capture (JSON lines of bus payloads), in time order.
+
+    A line that is not an event is reported with its line number; nothing is guessed.
+    """
+    from gpuwhy.events import EVENT_TYPES, from_frames
+
+    events = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                kind = json.loads(line).get("kind")
+                cls = EVENT_TYPES[kind]
+                events.append(from_frames([cls.topic.encode(), line.strip()]).event)
+            except (ValueError, KeyError, AttributeError, DecodeError) as exc:
+                raise click.ClickException(f"{path}:{number}: not a bus event: {exc}") from None
+    events.sort(key=lambda e: e.ts)
+    return events
+
+
+@rules.command("test")
+@click.argument("files", nargs=-1, type=click.Path(exists=True))
+@click.option("--replay", "capture", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A capture made by `gpuwhy record` (JSON lines).")
+@click.option("--builtin", is_flag=True, help="Also run the shipped rules.")
+@click.option("--every", default=10.0, show_default=True, help="Seconds between evaluations.")
+@click.option("--json", "as_json", is_flag=True, help="Print findings as JSON lines.")
+def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float,
+               as_json: bool) -> None:
+    """Run rules over a recorded capture and print the findings, in capture time.
+
+    Process environments are not in a capture, so rules that read env() are not
+    evaluable here.
+
+    \b
+    Examples:
+      gpuwhy rules test my.rules --replay capture.jsonl
+      gpuwhy rules test --builtin --replay capture.jsonl --json
+    """
+    from gpuwhy.correlator.rules.engine import Engine
+    from gpuwhy.correlator.rules.loader import load_rules
+    from gpuwhy.correlator.rules.signals import MemorySignals
+
+    if not files and not builtin:
+        raise click.UsageError("give rule files, --builtin, or both")
+    try:
+        loaded = load_rules(list(files), builtin=builtin)
+    except GpuwhyError as exc:
+        raise _fail(exc) from None
+    events = read_capture(capture)
+    if not events:
+        raise click.ClickException(f"{capture}: no events")
+    signals = MemorySignals()
+    engine = Engine(loaded, signals, interval_ns=int(every * NS))
+    step = int(every * NS)
+    # Past the last event, every rule gets one more round (its own 'every' may be longer).
+    end = events[-1].ts + max([r.every_ns or step for r in loaded] + [step])
+    now, i, findings = events[0].ts + step, 0, []
+    if step <= 0:
+        raise click.UsageError("--every must be positive")
+    while now <= end:
+        while i < len(events) and events[i].ts <= now:
+            signals.add(events[i])
+            i += 1
+        findings += engine.evaluate(now)
+        now += step
+        if i < len(events) and events[i].ts > now + step:   # a gap: no need to walk it
+            now += (events[i].ts - now) // step * step
+    start = events[0].ts
+    for f in findings:
+        if as_json:
+            click.echo(json.dumps({**{k: v for k, v in vars(f).items() if k != "process"},
+                                   "process": str(f.process) if f.process else None}))
+            continue
+        who = f" process {f.process}" if f.process else ""
+        click.echo(f"+{(f.ts - start) / NS:7.0f}s {f.state:<8} {f.severity:<8} {f.rule_id} "
+                   f"on {f.gpu_id}{who}: {f.title}")
+        if f.state == "firing":
+            click.echo("          evidence: " + ", ".join(
+                f"{k}={v}" for k, v in f.evidence.items()))
+            for fix in f.fixes:
+                click.echo(f"          fix: {fix}")
+    if not as_json:
+        counts = Counter(s["status"] for s in engine.status())
+        click.echo(f"{len(events)} events, {len(findings)} findings; instances: "
+                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+@rules.command()
+@click.option("--markdown", is_flag=True, help="Print the table of docs/rules.md.")
+def signals(markdown: bool) -> None:
+    """Every name a rule can read: signals, facts, process text, event streams.
+
+    \b
+    Example:
+      gpuwhy rules signals | grep gpu.
+    """
+    from gpuwhy.correlator.rules.docs import signals_markdown
+    from gpuwhy.correlator.rules.vocabulary import describe
+
+    if markdown:
+        click.echo(signals_markdown(), nl=False)
+        return
+    for name, unit, text in describe():
+        click.echo(f"{name:<24} {unit:<8} {text}")
+
+
+@click.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--duration", type=float, required=True, help="Seconds to record.")
+@click.option("--endpoint", default="ipc:///run/gpuwhy/record.sock", show_default=True,
+              help="Endpoint the recorder binds; point sources at it with GPUWHY_BUS.")
+@click.option("--sources", default="", help="Unprivileged sources to run into the capture, "
+              "comma-separated (gpu, klog, cron).")
+@click.pass_obj
+def record(obj: object, output: str, duration: float, endpoint: str, sources: str) -> None:
+    """Record bus traffic to OUTPUT as JSON lines, for `gpuwhy rules test --replay`.
+
+    The running service's correlator owns bus.endpoint (only one socket can bind it), so
+    the recorder binds its own ENDPOINT instead and records whatever connects to it: the
+    sources named with --sources, which it runs itself, and any source started with
+    GPUWHY_BUS=ENDPOINT (e.g. the probes). The service is not disturbed.
+
+    \b
+    Examples:
+      GPUWHY_GPU_SOURCE=sim GPUWHY_SIM_SCENARIO=input-starved \\
+          gpuwhy record --duration 300 --sources gpu,cron starved.jsonl
+      # the probes (root) into the same capture, from another shell:
+      sudo GPUWHY_BUS=ipc:///run/gpuwhy/record.sock gpuwhy probes
+    """
+    from gpuwhy.bus import Subscriber
+    from gpuwhy.events import to_payload
+    from gpuwhy.service import unprivileged_sources
+
+    config = obj.config(**{"bus.endpoint": endpoint})
+    runners = unprivileged_sources(config)
+    chosen = [s for s in sources.split(",") if s]
+    unknown = [s for s in chosen if s not in runners or s == "rules"]
+    if unknown:
+        raise click.UsageError(f"unknown source(s) {', '.join(unknown)}; "
+                               f"one of {', '.join(n for n in runners if n != 'rules')}")
+    try:
+        subscriber = Subscriber(endpoint, hwm=config["bus.hwm"])
+    except GpuwhyError as exc:
+        raise _fail(exc) from None
+    stop = threading.Event()
+    threads = [threading.Thread(target=runners[name], args=(config, stop), daemon=True,
+                                name=f"record-{name}") for name in chosen]
+    kinds: Counter[str] = Counter()
+    try:
+        with open(output, "wb") as out:
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + duration
+            while time.monotonic() < deadline:
+                envelope = subscriber.receive(min(0.2, max(0.0, deadline - time.monotonic())))
+                if envelope is None:
+                    continue
+                out.write(to_payload(envelope.event, src=envelope.src, seq=envelope.seq) + b"\n")
+                kinds[envelope.event.kind] += 1
+            stop.set()
+            for thread in threads:
+                thread.join(3.0)
+            drain_until = time.monotonic() + 1.0   # what they sent last; a source that is
+            while time.monotonic() < drain_until:  # still publishing must not keep us here
+                envelope = subscriber.receive(0.1)
+                if envelope is None:
+                    break
+                out.write(to_payload(envelope.event, src=envelope.src, seq=envelope.seq) + b"\n")
+                kinds[envelope.event.kind] += 1
+    finally:
+        stop.set()
+        subscriber.close()
+    summary = ", ".join(f"{n} {k}" for k, n in kinds.most_common())
+    click.echo(f"recorded {sum(kinds.values())} events to {output}: {summary or 'none'}")
+    lost = subscriber.counters.get("gap_messages", 0)
+    if lost:
+        click.echo(f"warning: {lost} messages lost (sequence gaps)", err=True)

@@ -1,0 +1,43 @@
+"""The generated parts of docs/rules.md: the names rules can read and the shipped rules."""
+
+from __future__ import annotations
+
+from gpuwhy.correlator.rules import model as m
+from gpuwhy.correlator.rules.vocabulary import describe
+
+MARKERS = {
+    "signals": ("<!-- generated: gpuwhy rules signals --markdown -->", "<!-- end signals -->"),
+    "rules": ("<!-- generated: gpuwhy rules list --markdown -->", "<!-- end rules -->"),
+}
+
+
+def signals_markdown() -> str:
+    lines = ["| name | unit | meaning |", "|---|---|---|"]
+    lines += [f"| `{name}` | {unit} | {text} |" for name, unit, text in describe()]
+    return "\n".join(lines) + "\n"
+
+
+def rules_markdown(rules: list[m.Rule]) -> str:
+    """The shipped rules, grouped as in the catalogue."""
+    lines = []
+    for group, heading in m.GROUPS.items():
+        members = [r for r in rules if r.group == group]
+        if not members:
+            continue
+        lines += [f"### {heading}", "", "| rule | scope | severity | title |",
+                  "|---|---|---|---|"]
+        for r in members:
+            escalates = " → " + "/".join(s for _, s in r.escalations) if r.escalations else ""
+            lines.append(f"| `{r.id}` | {r.scope} | {r.severity}{escalates} | {r.title} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render(doc: str, rules: list[m.Rule]) -> str:
+    """``doc`` with its generated sections replaced by what the code says now."""
+    for key, text in (("signals", signals_markdown()), ("rules", rules_markdown(rules))):
+        begin, end = MARKERS[key]
+        head, _, rest = doc.partition(begin + "\n")
+        _, _, tail = rest.partition(end)
+        doc = f"{head}{begin}\n{text}{end}{tail}"
+    return doc

@@ -1,0 +1,273 @@
+"""The rules engine: every enabled rule, per GPU or per process, on a schedule.
+
+Each (rule, GPU[, process]) instance walks a small state machine at every evaluation:
+``disabled``, ``warming_up`` (G-WARMUP, or too little history), ``not_evaluable`` (a
+required input is missing: never "ok"), ``suppressed`` (a guard holds, or G-SHARED says
+skip), ``ok``, ``pending`` (true, not yet for the ``for`` duration) and ``firing``. A finding
+is published when an instance starts firing, again only when its severity changes
+(de-duplication), and once more when it clears (the ``clear`` condition, or the condition
+false for ``clear after``, by default twice ``for``). Shadow rules publish findings
+marked ``shadow``: recorded, never alerted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpuwhy.correlator.rules import model as m
+from gpuwhy.correlator.rules.evaluator import Evaluation, truth
+from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, is_monitor
+from gpuwhy.correlator.rules.vocabulary import FACTS, PROCESS_TEXT, SIGNALS
+from gpuwhy.events import RuleFinding
+from gpuwhy.identity import ProcessKey
+
+RESET_WARMUP_NS = 60 * 10**9   # G-WARMUP after a GPU reset or driver load
+DEFAULT_INTERVAL_NS = 10 * 10**9
+
+
+@dataclass(frozen=True)
+class Override:
+    """What an operator changed about a rule (kept in the ``rule_overrides`` table)."""
+
+    enabled: bool = True
+    shadow: bool = False
+    params: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class InstanceState:
+    status: str = "new"
+    detail: str = ""
+    true_since: int | None = None
+    false_since: int | None = None
+    finding_id: str | None = None
+    severity: str | None = None
+    onset: int | None = None
+    last_eval: int | None = None
+    process: ProcessKey | None = None
+
+
+def _round(value: object) -> object:
+    if isinstance(value, float):
+        return round(value, 4) if abs(value) < 1e6 else round(value)
+    return value
+
+
+class Engine:
+    """Evaluates ``rules`` against ``signals``; ``evaluate(now)`` returns new findings."""
+
+    def __init__(self, rules: Iterable[m.Rule], signals: Signals,
+                 overrides: Mapping[str, Override] | None = None, shadow_all: bool = False,
+                 interval_ns: int = DEFAULT_INTERVAL_NS):
+        self.rules = list(rules)
+        self.signals = signals
+        self.overrides = dict(overrides or {})
+        self.shadow_all = shadow_all
+        self.interval_ns = interval_ns
+        self.states: dict[tuple[str, str, ProcessKey | None], InstanceState] = {}
+        self.evaluations = 0
+        self.errors = 0
+
+    def set_overrides(self, overrides: Mapping[str, Override]) -> None:
+        self.overrides = dict(overrides)
+
+    # Instances.
+    def _instances(self) -> list[tuple[m.Rule, Scope, tuple]]:
+        out = []
+        self._procs: dict[str, list[ProcessKey]] = {}
+        self._facts: dict[ProcessKey, ProcessFacts | None] = {}
+        for gpu in self.signals.gpus():
+            compute = []
+            for process in self.signals.processes(gpu):
+                facts = self._facts.setdefault(process, self.signals.facts(process))
+                if not is_monitor(facts):   # G-MONITOR
+                    compute.append(process)
+            compute.sort(key=lambda p: (self._facts[p].first_seen or 0) if self._facts[p]
+                         else 0)
+            self._procs[gpu] = compute
+            for rule in self.rules:
+                if rule.scope == "gpu":
+                    main = compute[0] if compute else None
+                    out.append((rule, Scope(gpu, main), (rule.id, gpu, None)))
+                else:
+                    for process in compute:
+                        out.append((rule, Scope(gpu, process), (rule.id, gpu, process)))
+        return out
+
+    def evaluate(self, now: int | None = None) -> list[RuleFinding]:
+        """One round: every instance that is due. Returns the findings to publish."""
+        now = self.signals.now() if now is None else now
+        self.signals.begin(now)
+        self._shared: dict = {}
+        self._params: dict[str, dict[str, float]] = {}
+        findings: list[RuleFinding] = []
+        seen = set()
+        for rule, scope, key in self._instances():
+            seen.add(key)
+            state = self.states.setdefault(key, InstanceState())
+            every = rule.every_ns or self.interval_ns
+            if state.last_eval is not None and now - state.last_eval < every - every // 10:
+                continue
+            state.last_eval = now
+            state.process = scope.process
+            self.evaluations += 1
+            finding = self._step(rule, scope, state, now)
+            if finding is not None:
+                findings.append(finding)
+        for key in [k for k in self.states if k not in seen]:   # GPU or process gone
+            state = self.states.pop(key)
+            rule = next((r for r in self.rules if r.id == key[0]), None)
+            if state.status == "firing" and rule is not None:
+                scope = Scope(key[1], key[2] or state.process)
+                findings.append(self._finding(rule, scope, state, now, "cleared", {}, [],
+                                              self.overrides.get(rule.id, Override())))
+        return findings
+
+    def _step(self, rule: m.Rule, scope: Scope, state: InstanceState,
+              now: int) -> RuleFinding | None:
+        override = self.overrides.get(rule.id, Override())
+        if not override.enabled:
+            cleared = self._clear_now(rule, scope, state, now, override)
+            state.status, state.detail = "disabled", "disabled by an override"
+            return cleared
+        params = self._params.get(rule.id)
+        if params is None:   # one dict per rule and round: the evaluator's caches key on it
+            params = self._params[rule.id] = {
+                **rule.params, **{k: v for k, v in override.params.items() if k in rule.params}}
+        facts = self._facts.get(scope.process) if scope.process else None
+        instance = {"gpu.procs": float(len(self._procs.get(scope.gpu_id, [])))}
+        if facts is not None and facts.first_seen is not None:
+            instance["proc.age_s"] = (now - facts.first_seen) / 1e9
+        ev = Evaluation(self.signals, scope, now, params, rule.window_ns, facts, instance,
+                        self._shared)
+        if rule.shared == "skip" and instance["gpu.procs"] > 1:
+            state.status, state.detail = "suppressed", "G-SHARED: several compute processes"
+            state.true_since = None
+            return None
+        warming = self._warming(rule, ev, instance, now)
+        if warming:
+            state.status, state.detail, state.true_since = "warming_up", warming, None
+            return None
+        missing = self._missing_requirements(rule, ev, facts)
+        if missing:
+            warming_only = all(name.endswith("(warming up)") for name in missing)
+            state.status = "warming_up" if warming_only else "not_evaluable"
+            state.detail = "missing: " + ", ".join(missing)
+            state.true_since = None
+            return None
+        guarded = next((g for g in rule.guards if truth(ev.value(g)) is True), None)
+        holds = False if guarded is not None else truth(ev.value(rule.when))
+        if holds is None:
+            state.status = "not_evaluable"
+            state.detail = "unknown: " + ", ".join(sorted(ev.missing)) if ev.missing else \
+                "condition unknown"
+            state.true_since = None
+            return None
+        if holds:
+            state.false_since = None
+            state.true_since = state.true_since if state.true_since is not None else now
+            if now - state.true_since < rule.for_ns:
+                if state.status != "firing":
+                    state.status, state.detail = "pending", ""
+                return None
+            severity = self._severity(rule, ev, instance)
+            if state.status == "firing" and severity == state.severity:
+                return None
+            state.status, state.detail = "firing", ""
+            if state.finding_id is None:
+                state.onset = state.true_since
+                process = f"{scope.process}" if scope.process else "-"
+                state.finding_id = f"{rule.id}:{scope.gpu_id}:{process}:{state.onset}"
+            state.severity = severity
+            return self._finding(rule, scope, state, now, "firing", *self._advice(rule, ev),
+                                 override)
+        state.true_since = None
+        if state.status != "firing":
+            state.status = "suppressed" if guarded is not None else "ok"
+            state.detail = "guard holds" if guarded is not None else ""
+            return None
+        if rule.clear is not None and guarded is None:
+            if truth(ev.value(rule.clear)) is not True:
+                return None
+        else:
+            state.false_since = state.false_since if state.false_since is not None else now
+            clear_after = rule.clear_after_ns if rule.clear_after_ns is not None else \
+                max(2 * rule.for_ns, rule.every_ns or self.interval_ns)
+            if now - state.false_since < clear_after:
+                return None
+        return self._clear_now(rule, scope, state, now, override)
+
+    def _clear_now(self, rule: m.Rule, scope: Scope, state: InstanceState, now: int,
+                   override: Override) -> RuleFinding | None:
+        if state.status != "firing":
+            return None
+        finding = self._finding(rule, scope, state, now, "cleared", {}, [], override)
+        state.status, state.finding_id, state.severity, state.onset = "ok", None, None, None
+        state.false_since = state.true_since = None
+        return finding
+
+    def _warming(self, rule: m.Rule, ev: Evaluation, instance: dict, now: int) -> str:
+        if not rule.warmup_ns:
+            return ""
+        age = instance.get("proc.age_s")
+        if age is not None and age * 1e9 < rule.warmup_ns:
+            return f"G-WARMUP: process started {age:.0f} s ago"
+        for stream, where in (("gpu.state", ("back", "resetting")),
+                              ("journal.nvrm", ("driver_loaded",))):
+            for _, row in self.signals.events(ev.scope, stream, now - RESET_WARMUP_NS, now):
+                if row.get("state", row.get("kind")) in where:
+                    return f"G-WARMUP: GPU reset or driver load within {RESET_WARMUP_NS // 10**9} s"
+        return ""
+
+    def _missing_requirements(self, rule: m.Rule, ev: Evaluation,
+                              facts: ProcessFacts | None) -> list[str]:
+        missing = []
+        for name in rule.requires:
+            if name in SIGNALS:
+                series = ev.series(name, rule.window_ns)
+                if not ev._covered(name, series, rule.window_ns):
+                    missing.append(name if series else f"{name} (no samples)")
+                    if series:
+                        missing[-1] = f"{name} (warming up)"
+            elif name in FACTS:
+                if self.signals.fact(ev.scope, name) is None:
+                    missing.append(f"{name} (unknown GPU model)")
+            elif name in PROCESS_TEXT and facts is None:
+                missing.append(f"{name} (process unknown)")
+        return missing
+
+    def _severity(self, rule: m.Rule, ev: Evaluation, instance: dict) -> str:
+        severity = rule.severity
+        for condition, level in rule.escalations:
+            if truth(ev.value(condition)) and \
+                    m.SEVERITIES.index(level) > m.SEVERITIES.index(severity):
+                severity = level
+        if rule.shared == "info" and instance["gpu.procs"] > 1:
+            severity = "info"   # G-SHARED: device counters cannot be pinned on one process
+        return severity
+
+    def _advice(self, rule: m.Rule, ev: Evaluation) -> tuple[dict, list[str]]:
+        ev.min_coverage = 0.0
+        evidence = {name: _round(ev.value(node)) for name, node in rule.evidence}
+        fixes = [fix.text for fix in rule.fixes
+                 if fix.condition is None or truth(ev.value(fix.condition)) is True]
+        return evidence, fixes
+
+    def _finding(self, rule: m.Rule, scope: Scope, state: InstanceState, now: int, phase: str,
+                 evidence: dict, fixes: list[str], override: Override) -> RuleFinding:
+        onset = state.onset if state.onset is not None else now
+        return RuleFinding(
+            ts=now, finding_id=state.finding_id or f"{rule.id}:{scope.gpu_id}:-:{onset}",
+            rule_id=rule.id, title=rule.title, severity=state.severity or rule.severity,
+            state=phase, gpu_id=scope.gpu_id, process=scope.process,
+            window_start=onset - rule.window_ns, window_end=now, evidence=evidence,
+            root_cause=rule.cause, fixes=fixes, verify=rule.verify,
+            shadow=override.shadow or self.shadow_all, group=rule.group)
+
+    def status(self) -> list[dict]:
+        """Every instance's last state, for ``rules test`` and the runner's health."""
+        return [{"rule_id": k[0], "gpu_id": k[1], "process": str(s.process or ""),
+                 "status": s.status, "detail": s.detail}
+                for k, s in sorted(self.states.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                        str(kv[0][2])))]

@@ -1,0 +1,559 @@
+"""Parse rule files (a lark LALR grammar) into checked :class:`Rule` objects.
+
+Nothing in a rule is ever executed as code: the grammar yields a tree of the nodes in
+:mod:`gpuwhy.correlator.rules.model`, every name is resolved against the vocabulary here,
+and regexes are RE2 (linear time). Every error names the file, line and column, and what
+was expected there.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from functools import cache
+
+import lark
+import re2
+from lark import Token, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+
+from gpuwhy.correlator.rules import model as m
+from gpuwhy.correlator.rules.vocabulary import (
+    FACTS,
+    INSTANCE_FACTS,
+    PROCESS_TEXT,
+    SIGNALS,
+    STREAMS,
+    THROTTLE_BITS,
+)
+from gpuwhy.errors import GpuwhyError
+
+MAX_SOURCE_BYTES = 1 << 20
+MAX_REGEX_CHARS = 512
+MAX_DEPTH = 200
+
+GRAMMAR = r"""
+start: rule*
+rule: "rule" NAME "{" clause* "}"
+
+?clause: "title" ":" text                      -> title
+       | "group" ":" NAME                      -> group
+       | "scope" ":" NAME                      -> scope
+       | "requires" ":" dotted ("," dotted)*   -> requires
+       | "window" ":" DURATION ("every" DURATION)? -> window
+       | "warmup" ":" DURATION                 -> warmup
+       | "shared" ":" NAME                     -> shared
+       | "param" ":" param ("," param)*        -> params
+       | "when" ":" expr                       -> when
+       | "for" ":" DURATION                    -> for_
+       | "clear" ":" "after" DURATION          -> clear_after
+       | "clear" ":" expr                      -> clear
+       | "guard" ":" expr                      -> guard
+       | "severity" ":" NAME escalation*       -> severity
+       | "evidence" ":" evidence_item ("," evidence_item)* -> evidence
+       | "cause" ":" text                      -> cause
+       | "fix" ":" text ("if" expr)?           -> fix
+       | "verify" ":" text                     -> verify
+       | "source" ":" text                     -> source
+
+param: NAME "=" signed
+signed: NUMBER | "-" NUMBER -> neg_number
+escalation: "escalate" expr "->" NAME
+evidence_item: expr ("as" NAME)?
+text: STRING+
+
+?expr: or_expr
+?or_expr: and_expr ("or" and_expr)*
+?and_expr: not_expr ("and" not_expr)*
+?not_expr: "not" not_expr -> not_
+         | comparison
+?comparison: sum
+           | sum CMP sum          -> cmp
+           | sum "in" "[" sum "," sum "]" -> between
+           | sum "~" STRING       -> match
+?sum: product
+    | sum ADD product -> binop
+?product: unary
+        | product MUL unary -> binop
+?unary: atom
+      | "-" unary -> neg
+?atom: NUMBER -> number
+     | DURATION -> duration
+     | "±" DURATION -> duration
+     | STRING -> string
+     | dotted -> ref
+     | NAME "(" [arg ("," arg)*] ")" -> call
+     | "(" expr ")"
+arg: expr
+   | dotted "where" expr -> stream_arg
+   | NAME "=" expr -> kwarg
+dotted: NAME ("." NAME)*
+
+CMP: "<=" | ">=" | "==" | "!=" | "<" | ">"
+ADD: "+" | "-"
+MUL: "*" | "/"
+DURATION.2: /\d+(\.\d+)?(ms|s|m|h|d)(?![A-Za-z0-9_])/
+NUMBER: /\d+(\.\d+)?([eE][+-]?\d+)?/
+NAME: /[A-Za-z_][A-Za-z0-9_]*/
+STRING: /"([^"\\\n]|\\.)*"/
+COMMENT: /#[^\n]*/
+%ignore COMMENT
+%ignore /[ \t\r\n]+/
+"""
+
+_FRIENDLY = {"NAME": "a name", "NUMBER": "a number", "DURATION": "a duration (e.g. 60s)",
+             "STRING": 'a "string"', "CMP": "a comparison (<, <=, ==, ...)",
+             "ADD": "+ or -", "MUL": "* or /", "$END": "end of file"}
+UNIT_NS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9}
+AGGREGATES = ("mean", "min", "max", "stddev", "last", "rate", "delta")
+SCALAR_FUNCS = {"coalesce": (1, 16), "abs": (1, 1), "min": (2, 16), "max": (2, 16)}
+
+
+class RuleSyntaxError(GpuwhyError):
+    """A rule file does not parse or names something that does not exist."""
+
+    def __init__(self, path: str, line: int, column: int, message: str):
+        self.path, self.line, self.column, self.message = path, line, column, message
+        super().__init__(f"{path}:{line}:{column}: {message}")
+
+
+@cache
+def _parser() -> lark.Lark:
+    return lark.Lark(GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+def _friendly(name: str) -> str:
+    if name in _FRIENDLY:
+        return _FRIENDLY[name]
+    terminal = _parser().get_terminal(name)
+    return f'"{terminal.pattern.value}"'
+
+
+CLAUSES = ("title", "group", "scope", "requires", "window", "warmup", "shared", "param",
+           "when", "for", "clear", "guard", "severity", "evidence", "cause", "fix", "verify",
+           "source")
+
+
+def _expected(names: set[str]) -> str:
+    shown = {_friendly(n) for n in names}
+    clauses = {f'"{c}"' for c in CLAUSES} & shown
+    if len(clauses) > 3:   # after a clause any clause may follow: say so once
+        shown = (shown - clauses) | {"a clause (title:, when:, ...)"}
+    ordered = sorted(shown)
+    return ", ".join(ordered) if len(ordered) < 16 else ", ".join(ordered[:15]) + ", ..."
+
+
+def _accepted(exc: UnexpectedInput, fallback: Iterable[str]) -> set[str]:
+    """The tokens the parser would take here: exact (it tries each), not LALR's superset."""
+    parser = getattr(exc, "interactive_parser", None)
+    if parser is not None:
+        try:
+            accepted = parser.accepts()
+            if accepted:
+                return set(accepted)
+        except Exception:  # noqa: BLE001 - fall back to lark's own list
+            pass
+    return set(fallback)
+
+
+def _unescape(token: str) -> str:
+    body, out, i = token[1:-1], [], 0
+    while i < len(body):
+        if body[i] == "\\" and i + 1 < len(body) and body[i + 1] in '"\\':
+            out.append(body[i + 1])
+            i += 2
+        else:
+            out.append(body[i])
+            i += 1
+    return "".join(out)
+
+
+def duration_ns(token: str) -> int:
+    for unit in ("ms", "s", "m", "h", "d"):
+        if token.endswith(unit) and token[:-len(unit)].replace(".", "", 1).isdigit():
+            return int(float(token[:-len(unit)]) * UNIT_NS[unit])
+    raise ValueError(token)
+
+
+def _pos(item: object) -> tuple[int, int]:
+    if isinstance(item, Token):
+        return item.line or 0, item.column or 0
+    meta = getattr(item, "meta", None)
+    if meta is not None and not getattr(meta, "empty", True):
+        return meta.line, meta.column
+    return getattr(item, "line", 0), getattr(item, "column", 0)
+
+
+class _Problem(Exception):
+    def __init__(self, where: object, message: str):
+        self.line, self.column = _pos(where)
+        self.message = message
+
+
+@v_args(meta=True)
+class _ToModel(lark.Transformer):
+    """Tree -> nodes and clause tuples, with positions."""
+
+    def number(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Num(float(c[0]), meta.line, meta.column)
+
+    def duration(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Dur(duration_ns(str(c[0])), meta.line, meta.column)
+
+    def string(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Str(_unescape(str(c[0])), meta.line, meta.column)
+
+    def dotted(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Ref(".".join(str(t) for t in c), "", meta.line, meta.column)
+
+    def ref(self, meta, c):  # noqa: ANN001, ANN201
+        return c[0]
+
+    def neg(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Unary("-", c[0], meta.line, meta.column)
+
+    def binop(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Bin(str(c[1]), c[0], c[2], meta.line, meta.column)
+
+    def cmp(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Cmp(str(c[1]), c[0], c[2], meta.line, meta.column)
+
+    def between(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Between(c[0], c[1], c[2], meta.line, meta.column)
+
+    def match(self, meta, c):  # noqa: ANN001, ANN201
+        pattern = _unescape(str(c[1]))
+        if len(pattern) > MAX_REGEX_CHARS:
+            raise _Problem(c[1], f"regex longer than {MAX_REGEX_CHARS} characters")
+        options = re2.Options()
+        options.max_mem = 1 << 20
+        options.log_errors = False
+        try:
+            regex = re2.compile(pattern, options)
+        except re2.error as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", errors="replace")
+            raise _Problem(c[1], f"invalid regex {pattern!r}: {reason}") from None
+        return m.Match(c[0], pattern, regex, meta.line, meta.column)
+
+    def or_expr(self, meta, c):  # noqa: ANN001, ANN201
+        return m.BoolOp("or", tuple(c), meta.line, meta.column)
+
+    def and_expr(self, meta, c):  # noqa: ANN001, ANN201
+        return m.BoolOp("and", tuple(c), meta.line, meta.column)
+
+    def not_(self, meta, c):  # noqa: ANN001, ANN201
+        return m.Not(c[0], meta.line, meta.column)
+
+    def arg(self, meta, c):  # noqa: ANN001, ANN201
+        return c[0]
+
+    def stream_arg(self, meta, c):  # noqa: ANN001, ANN201
+        return m.StreamRef(c[0].name, c[1], meta.line, meta.column)
+
+    def kwarg(self, meta, c):  # noqa: ANN001, ANN201
+        return ("kw", str(c[0]), c[1])
+
+    def call(self, meta, c):  # noqa: ANN001, ANN201
+        name, rest = str(c[0]), [x for x in c[1:] if x is not None]
+        kwargs = tuple((x[1], x[2]) for x in rest if isinstance(x, tuple))
+        args = tuple(x for x in rest if not isinstance(x, tuple))
+        return m.Call(name, args, kwargs, meta.line, meta.column)
+
+    def text(self, meta, c):  # noqa: ANN001, ANN201
+        return "".join(_unescape(str(t)) for t in c)
+
+    def param(self, meta, c):  # noqa: ANN001, ANN201
+        return (c[0], c[1])
+
+    def signed(self, meta, c):  # noqa: ANN001, ANN201
+        return float(c[0])
+
+    def neg_number(self, meta, c):  # noqa: ANN001, ANN201
+        return -float(c[0])
+
+    def escalation(self, meta, c):  # noqa: ANN001, ANN201
+        return (c[0], c[1])
+
+    def evidence_item(self, meta, c):  # noqa: ANN001, ANN201
+        return ("evidence_item", c[0], str(c[1]) if len(c) > 1 else None, meta)
+
+    def __default__(self, data, children, meta):  # noqa: ANN001, ANN204
+        return (str(data), children, meta)
+
+
+class _Checker:
+    """Resolves names and checks calls of one rule; raises _Problem at the first error."""
+
+    def __init__(self, rule: m.Rule):
+        self.rule = rule
+
+    def resolve(self, node: m.Node, fields: dict[str, str] | None = None,
+                depth: int = 0) -> m.Node:
+        if depth > MAX_DEPTH:
+            raise _Problem(node, "expression nested too deeply")
+        r = lambda n, f=fields: self.resolve(n, f, depth + 1)   # noqa: E731
+        if isinstance(node, m.Ref):
+            return self._ref(node, fields)
+        if isinstance(node, m.Dur):
+            raise _Problem(node, "a duration is only allowed as a window argument")
+        if isinstance(node, m.Unary):
+            return m.Unary(node.op, r(node.operand), node.line, node.column)
+        if isinstance(node, m.Bin):
+            return m.Bin(node.op, r(node.left), r(node.right), node.line, node.column)
+        if isinstance(node, m.Cmp):
+            return m.Cmp(node.op, r(node.left), r(node.right), node.line, node.column)
+        if isinstance(node, m.Between):
+            return m.Between(r(node.term), r(node.low), r(node.high), node.line, node.column)
+        if isinstance(node, m.Match):
+            return m.Match(r(node.term), node.pattern, node.regex, node.line, node.column)
+        if isinstance(node, m.BoolOp):
+            return m.BoolOp(node.op, tuple(r(i) for i in node.items), node.line, node.column)
+        if isinstance(node, m.Not):
+            return m.Not(r(node.item), node.line, node.column)
+        if isinstance(node, m.StreamRef):
+            raise _Problem(node, "an event stream is only allowed in count() and within()")
+        if isinstance(node, m.Call):
+            return self._call(node, fields, depth)
+        return node
+
+    def _ref(self, node: m.Ref, fields: dict[str, str] | None) -> m.Ref:
+        name = node.name
+        if fields is not None and name in fields:
+            kind = "field"
+        elif name in SIGNALS:
+            kind = "signal"
+        elif name in FACTS:
+            kind = "fact"
+        elif name in INSTANCE_FACTS:
+            kind = "instance"
+        elif name in PROCESS_TEXT:
+            kind = "text"
+        elif name in self.rule.params:
+            kind = "param"
+        else:
+            known = [*SIGNALS, *FACTS, *INSTANCE_FACTS, *PROCESS_TEXT, *self.rule.params,
+                     *(fields or ())]
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            what = "event field or name" if fields is not None else "name"
+            raise _Problem(node, f"unknown {what} {name!r}{hint}")
+        return m.Ref(name, kind, node.line, node.column)
+
+    def _window(self, call: m.Call, index: int) -> None:
+        if len(call.args) <= index or not isinstance(call.args[index], m.Dur):
+            raise _Problem(call, f"{call.func}() expects a duration as argument {index + 1}")
+        if call.args[index].ns <= 0:
+            raise _Problem(call.args[index], "a window must be longer than 0")
+
+    def _stream(self, node: m.Node, depth: int) -> m.StreamRef:
+        if isinstance(node, m.Ref):
+            node = m.StreamRef(node.name, None, node.line, node.column)
+        if not isinstance(node, m.StreamRef):
+            raise _Problem(node, "expected an event stream (" + ", ".join(STREAMS) + ")")
+        stream = STREAMS.get(node.name)
+        if stream is None:
+            close = difflib.get_close_matches(node.name, list(STREAMS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _Problem(node, f"unknown event stream {node.name!r}{hint}")
+        where = None if node.where is None else self.resolve(node.where, dict(stream.fields),
+                                                              depth + 1)
+        return m.StreamRef(node.name, where, node.line, node.column)
+
+    def _call(self, call: m.Call, fields: dict[str, str] | None, depth: int) -> m.Call:
+        f, args = call.func, call.args
+        r = lambda n: self.resolve(n, fields, depth + 1)   # noqa: E731
+        percentile = f.startswith("p") and f[1:].isdigit() and len(f) == 3
+        if call.kwargs and f != "zscore":
+            raise _Problem(call, f"{f}() takes no keyword arguments")
+        if f in AGGREGATES and len(args) == 2 and isinstance(args[1], m.Dur) or percentile:
+            if len(args) != 2:
+                raise _Problem(call, f"{f}() expects (series, duration)")
+            self._window(call, 1)
+            inner = r(args[0])
+            if f in ("rate", "delta") and not (isinstance(inner, m.Ref)
+                                               and inner.kind == "signal"):
+                raise _Problem(args[0], f"{f}() expects a counter signal")
+            return m.Call(f, (inner, args[1]), (), call.line, call.column)
+        if f in SCALAR_FUNCS:
+            low, high = SCALAR_FUNCS[f]
+            if not low <= len(args) <= high:
+                raise _Problem(call, f"{f}() expects {low} to {high} arguments, got {len(args)}")
+            return m.Call(f, tuple(r(a) for a in args), (), call.line, call.column)
+        if f == "frac":
+            if len(args) != 2:
+                raise _Problem(call, "frac() expects (predicate, duration)")
+            self._window(call, 1)
+            return m.Call(f, (r(args[0]), args[1]), (), call.line, call.column)
+        if f == "zscore":
+            baseline = call.kwarg("baseline")
+            if len(args) != 2 or not isinstance(baseline, m.Dur) or len(call.kwargs) != 1:
+                raise _Problem(call, "zscore() expects (series, duration, baseline=duration)")
+            self._window(call, 1)
+            return m.Call(f, (r(args[0]), args[1]), (("baseline", baseline),),
+                          call.line, call.column)
+        if f == "count":
+            if len(args) != 2:
+                raise _Problem(call, "count() expects (stream [where predicate], duration)")
+            self._window(call, 1)
+            return m.Call(f, (self._stream(args[0], depth), args[1]), (), call.line,
+                          call.column)
+        if f == "within":
+            if len(args) != 3:
+                raise _Problem(call, "within() expects (stream, stream, ±duration)")
+            self._window(call, 2)
+            return m.Call(f, (self._stream(args[0], depth), self._stream(args[1], depth),
+                              args[2]), (), call.line, call.column)
+        if f == "bit":
+            if len(args) != 2 or not isinstance(args[1], m.Ref) or "." in args[1].name:
+                raise _Problem(call, "bit() expects (series, BIT_NAME)")
+            if args[1].name not in THROTTLE_BITS:
+                raise _Problem(args[1], f"unknown bit {args[1].name!r}; expected one of "
+                                        + ", ".join(THROTTLE_BITS))
+            bit = m.Ref(args[1].name, "bit", args[1].line, args[1].column)
+            return m.Call(f, (r(args[0]), bit), (), call.line, call.column)
+        if f == "env":
+            if len(args) != 1 or not isinstance(args[0], m.Str):
+                raise _Problem(call, 'env() expects one "NAME" string')
+            if self.rule.scope != "process" and not self.rule.scope == "gpu":
+                raise _Problem(call, "env() needs a process")
+            return call
+        if f in AGGREGATES:
+            raise _Problem(call, f"{f}() expects (series, duration)")
+        known = [*AGGREGATES, *SCALAR_FUNCS, "frac", "zscore", "count", "within", "bit", "env",
+                 "p05", "p50", "p95", "p99"]
+        close = difflib.get_close_matches(f, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _Problem(call, f"unknown function {f!r}{hint}")
+
+
+def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
+    _, children, meta = tree
+    name, clauses = children[0], children[1:]
+    rule = m.Rule(id=str(name), path=path, line=meta.line,
+                  text=source[meta.start_pos:meta.end_pos])
+    seen: dict[str, object] = {}
+    # Params first: expressions anywhere in the rule may use them.
+    for clause, items, _meta in clauses:
+        if clause == "params":
+            for pname, value in items:
+                if str(pname) in rule.params:
+                    raise _Problem(pname, f"parameter {str(pname)!r} declared twice")
+                if "." in str(pname):
+                    raise _Problem(pname, "a parameter name has no dots")
+                rule.params[str(pname)] = value
+    checker = _Checker(rule)
+    single = {"title", "group", "scope", "window", "warmup", "shared", "when", "for_",
+              "clear", "clear_after", "severity", "evidence", "cause", "verify", "requires"}
+    for clause, items, cmeta in clauses:
+        key = "clear" if clause == "clear_after" else clause
+        if key in single and key in seen:
+            raise _Problem(cmeta, f"clause {key.rstrip('_')!r} given twice")
+        seen[key] = True
+        if clause == "title":
+            rule.title = items[0]
+        elif clause == "group":
+            if str(items[0]) not in m.GROUPS:
+                raise _Problem(items[0], "expected a group: " + ", ".join(m.GROUPS))
+            rule.group = str(items[0])
+        elif clause == "scope":
+            if str(items[0]) not in m.SCOPES:
+                raise _Problem(items[0], "expected a scope: " + ", ".join(m.SCOPES))
+            rule.scope = str(items[0])
+        elif clause == "requires":
+            for ref in items:
+                checker._ref(ref, None)
+            rule.requires = tuple(ref.name for ref in items)
+        elif clause == "window":
+            rule.window_ns = duration_ns(str(items[0]))
+            rule.every_ns = duration_ns(str(items[1])) if len(items) > 1 else None
+            if rule.window_ns <= 0:
+                raise _Problem(items[0], "a window must be longer than 0")
+        elif clause == "warmup":
+            rule.warmup_ns = duration_ns(str(items[0]))
+        elif clause == "shared":
+            if str(items[0]) not in m.SHARED_POLICIES:
+                raise _Problem(items[0], "expected one of " + ", ".join(m.SHARED_POLICIES))
+            rule.shared = str(items[0])
+        elif clause == "when":
+            rule.when = checker.resolve(items[0])
+        elif clause == "for_":
+            rule.for_ns = duration_ns(str(items[0]))
+        elif clause == "clear_after":
+            rule.clear_after_ns = duration_ns(str(items[0]))
+        elif clause == "clear":
+            rule.clear = checker.resolve(items[0])
+        elif clause == "guard":
+            rule.guards += (checker.resolve(items[0]),)
+        elif clause == "severity":
+            rule.severity = _severity(items[0])
+            rule.escalations = tuple((checker.resolve(e), _severity(s)) for e, s in items[1:])
+        elif clause == "evidence":
+            rule.evidence = tuple((label or source[em.start_pos:em.end_pos].split(" as ")[0],
+                                   checker.resolve(expr))
+                                  for _, expr, label, em in items)
+        elif clause == "cause":
+            rule.cause = items[0]
+        elif clause == "fix":
+            condition = checker.resolve(items[1]) if len(items) > 1 else None
+            rule.fixes += (m.Fix(items[0], condition),)
+        elif clause == "verify":
+            rule.verify = items[0]
+        elif clause == "source":
+            rule.sources += (items[0],)
+    if rule.when is None:
+        raise _Problem(meta, f"rule {rule.id} has no 'when:' clause")
+    if not rule.title:
+        raise _Problem(meta, f"rule {rule.id} has no 'title:' clause")
+    return rule
+
+
+def _severity(token: Token) -> str:
+    if str(token) not in m.SEVERITIES:
+        raise _Problem(token, "expected a severity: " + ", ".join(m.SEVERITIES))
+    return str(token)
+
+
+def parse_rules(source: str, path: str = "<rules>") -> list[m.Rule]:
+    """Every rule in ``source``; raises :class:`RuleSyntaxError` (never anything else)."""
+    if len(source.encode("utf-8", errors="replace")) > MAX_SOURCE_BYTES:
+        raise RuleSyntaxError(path, 1, 1, f"rule file larger than {MAX_SOURCE_BYTES} bytes")
+    try:
+        tree = _parser().parse(source)
+    except UnexpectedEOF as exc:
+        raise RuleSyntaxError(path, exc.line if exc.line > 0 else source.count("\n") + 1,
+                              max(exc.column, 1), "unexpected end of file; expected "
+                              + _expected(_accepted(exc, exc.expected))) from None
+    except UnexpectedCharacters as exc:
+        char = source[exc.pos_in_stream] if exc.pos_in_stream < len(source) else ""
+        expected = f"; expected {_expected(set(exc.allowed))}" if exc.allowed else ""
+        raise RuleSyntaxError(path, exc.line, exc.column,
+                              f"unexpected character {char!r}{expected}") from None
+    except UnexpectedInput as exc:
+        token = exc.token
+        what = "end of file" if token.type == "$END" else f"{str(token)!r}"
+        raise RuleSyntaxError(path, exc.line if exc.line > 0 else 1, max(exc.column, 1),
+                              f"unexpected {what}; expected "
+                              + _expected(_accepted(exc, exc.expected))) from None
+    except RecursionError:
+        raise RuleSyntaxError(path, 1, 1, "rule nested too deeply") from None
+    try:
+        rules_tree = _ToModel().transform(tree)
+        rules, ids = [], set()
+        for rule_tree in rules_tree[1]:
+            rule = _build_rule(rule_tree, path, source)
+            if rule.id in ids:
+                raise _Problem(rule_tree[2], f"rule {rule.id} defined twice")
+            ids.add(rule.id)
+            rules.append(rule)
+        return rules
+    except VisitError as exc:
+        problem = exc.orig_exc
+        if isinstance(problem, _Problem):
+            raise RuleSyntaxError(path, problem.line, problem.column, problem.message) from None
+        raise
+    except _Problem as problem:
+        raise RuleSyntaxError(path, problem.line, problem.column, problem.message) from None
+    except RecursionError:
+        raise RuleSyntaxError(path, 1, 1, "rule nested too deeply") from None

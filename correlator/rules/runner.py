@@ -1,0 +1,130 @@
+"""Run the rules engine inside the service: evaluate over the store, publish findings.
+
+One thread (the caller's), with its own read-only connection to the store and its own
+publisher on the bus; findings travel the bus like any event, so the correlator writes
+them (rule_findings) and turns them into incidents. Overrides are re-read every round.
+Shutdown: ``stop`` is set; the loop returns within one interval (at most 1 s of waiting).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections import Counter
+
+from gpuwhy.bus import Publisher
+from gpuwhy.clock import now_ns
+from gpuwhy.config import Config
+from gpuwhy.correlator.rules.engine import Engine
+from gpuwhy.correlator.rules.loader import load_rules
+from gpuwhy.correlator.rules.overrides import read_overrides
+from gpuwhy.correlator.rules.storesignals import StoreSignals
+from gpuwhy.errors import GpuwhyError
+from gpuwhy.events import SourceHealth
+from gpuwhy.store import open_store
+
+log = logging.getLogger(__name__)
+
+HEALTH_EVERY = 10.0
+
+
+def env_keys(rules: list) -> frozenset[str]:
+    """The environment variables the rules read with env("NAME")."""
+    from gpuwhy.correlator.rules import model as m
+    from gpuwhy.correlator.rules.evaluator import children
+
+    found: set[str] = set()
+
+    def walk(node: m.Node) -> None:
+        if isinstance(node, m.Call) and node.func == "env":
+            found.add(node.args[0].value)
+        for child in children(node):
+            walk(child)
+
+    for rule in rules:
+        for node in (rule.when, rule.clear, *rule.guards, *(e for e, _ in rule.escalations),
+                     *(n for _, n in rule.evidence), *(f.condition for f in rule.fixes)):
+            if node is not None:
+                walk(node)
+    return frozenset(found)
+
+
+class RulesRunner:
+    """Evaluates every ``interval`` s and publishes what the engine finds."""
+
+    def __init__(self, engine: Engine, signals: StoreSignals, publisher: Publisher,
+                 interval: float):
+        self.engine, self.signals, self.publisher = engine, signals, publisher
+        self.interval = interval
+        self.counters: Counter[str] = Counter()
+        self.cpu_seconds = 0.0
+        self.error: str | None = None
+
+    def step(self) -> None:
+        started = time.process_time()
+        try:
+            self.engine.set_overrides(read_overrides(self.signals.db))
+            findings = self.engine.evaluate(now_ns())
+            self.error = None
+        except sqlite3.Error as exc:   # the store is busy or being migrated: next round
+            self.error = f"store: {exc}"
+            self.counters["store_errors"] += 1
+            return
+        finally:
+            self.cpu_seconds += time.process_time() - started
+        self.counters["rounds"] += 1
+        for finding in findings:
+            sent = self.publisher.publish(finding)
+            self.counters["published" if sent else "dropped"] += 1
+            self.counters[f"{finding.state}"] += 1
+
+    def publish_health(self) -> None:
+        states = Counter(s["status"] for s in self.engine.status())
+        detail = (f"{len(self.engine.rules)} rules; " +
+                  ", ".join(f"{n} {s}" for s, n in sorted(states.items())) +
+                  f"; {self.cpu_seconds:.2f} CPU s so far")
+        if self.error:
+            detail += f"; ERROR: {self.error}"
+        self.publisher.publish(SourceHealth(
+            ts=now_ns(), source="rules", state="degraded" if self.error else "ok",
+            detail=detail, counters={**self.counters, **{f"instances_{k}": v
+                                                         for k, v in states.items()}}))
+
+    def run(self, stop: threading.Event) -> None:
+        next_health = time.monotonic()
+        while not stop.is_set():
+            self.step()
+            if time.monotonic() >= next_health:
+                self.publish_health()
+                next_health = time.monotonic() + HEALTH_EVERY
+            stop.wait(self.interval)
+        self.publish_health()
+
+
+def run_rules(config: Config, stop: threading.Event) -> None:
+    """The ``rules`` runner of :func:`gpuwhy.service.unprivileged_sources`."""
+    paths = [p for p in config["rules.paths"].split(":") if p]
+    publisher = Publisher(config["bus.endpoint"], src="rules", hwm=config["bus.hwm"])
+    try:
+        try:
+            rules = load_rules(paths, builtin=config["rules.builtin"])
+        except GpuwhyError as exc:
+            publisher.wait_for_subscriber(1.0)
+            publisher.publish(SourceHealth(ts=now_ns(), source="rules", state="failed",
+                                           detail=str(exc)))
+            raise
+        db = open_store(config["store.path"], readonly=True)
+        try:
+            signals = StoreSignals(db, proc_root=config["probes.proc_root"],
+                                   env_keys=env_keys(rules))
+            engine = Engine(rules, signals, shadow_all=config["rules.shadow"],
+                            interval_ns=int(config["rules.interval"] * 1e9))
+            publisher.wait_for_subscriber(1.0)
+            log.info("rules engine: %d rules every %s s", len(rules), config["rules.interval"])
+            RulesRunner(engine, signals, publisher, config["rules.interval"]).run(stop)
+        finally:
+            db.close()
+    finally:
+        publisher.close()

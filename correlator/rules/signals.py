@@ -1,0 +1,372 @@
+"""What rules read: the Signals interface, its shared derivations, and the in-memory source.
+
+A signal source answers four questions for a window ``[start, end]`` (realtime ns):
+the series of a signal for a GPU or a process, the events of a stream, the facts of a
+process, and which GPUs and processes there are. :class:`MemorySignals` is fed with bus
+events (``rules test --replay``, tests); ``StoreSignals`` (storesignals.py) reads the store.
+Both turn raw rows into signals through :mod:`vocabulary`, so they agree by construction.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpuwhy.correlator.rules.vocabulary import (
+    FACTS,
+    MONITOR_PATTERN,
+    SIGNALS,
+    STREAMS,
+    Row,
+    call_class_totals,
+    gpu_model,
+)
+from gpuwhy.events import (
+    CronExecution,
+    DeviceOpened,
+    DriverCall,
+    DriverCallStats,
+    Event,
+    GpuProcesses,
+    GpuSample,
+    GpuSeen,
+    GpuState,
+    GpuXid,
+    KernelLogRecord,
+    ProcessExec,
+    ProcessExited,
+    ProcessSeen,
+    SchedStats,
+)
+from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.cron.gpu_actions import gpu_action
+
+Series = list[tuple[int, float]]
+MAX_TEXT = 4096
+LATE_NS = 5 * 10**9          # rows may reach the store this late: derived again
+KEEP_NS = 2 * 3600 * 10**9   # derived series are kept this far back (windows are shorter)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one rule instance looks at: a GPU and, for process rules, one process on it."""
+
+    gpu_id: str
+    process: ProcessKey | None = None
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    """Process text facts, bounded; ``env`` holds only the variables rules asked for, and is
+    None when the environment could not be read (the process is gone, no permission)."""
+
+    comm: str = ""
+    cmdline: str = ""
+    exe: str = ""
+    cgroup: str = ""
+    first_seen: int | None = None
+    env: Mapping[str, str] | None = None
+
+    def text(self, name: str) -> str:
+        return {"proc.cmdline": self.cmdline, "proc.comm": self.comm, "proc.exe": self.exe,
+                "proc.cgroup": self.cgroup}[name][:MAX_TEXT]
+
+
+def is_monitor(facts: ProcessFacts | None, _compiled: list = []) -> bool:  # noqa: B006
+    """G-MONITOR: nv-hostengine, dcgm-exporter, nvidia-smi, ... and gpuwhy itself."""
+    if facts is None:
+        return False
+    if not _compiled:
+        import re2
+        _compiled.append(re2.compile(MONITOR_PATTERN))
+    return any(_compiled[0].search(text[:MAX_TEXT]) for text in (facts.comm, facts.cmdline)
+               if text)
+
+
+def pci_key(pci: str) -> tuple[int, ...] | None:
+    """``0000:18:00.0``, ``00000000:18:00.0`` and the kernel log's ``0000:18:00`` alike."""
+    try:
+        return tuple(int(part, 16) for part in pci.split(".")[0].split(":")[-3:])
+    except ValueError:
+        return None
+
+
+def derive_series(name: str, rows: Iterable[tuple[int, Row]]) -> Series:
+    signal = SIGNALS[name]
+    out = []
+    for ts, row in rows:
+        value = signal.derive(row)
+        if value is not None:
+            out.append((ts, float(value)))
+    return out
+
+
+class Signals:
+    """The interface rules evaluate against (and the derivations both sources share).
+
+    Subclasses supply rows: ``gpu_rows`` (gpu_samples columns), ``sched_rows``
+    (sched_stats columns), ``call_rows`` (cumulative per call class), ``event_rows``.
+    """
+
+    def now(self) -> int:
+        raise NotImplementedError
+
+    def gpus(self) -> list[str]:
+        raise NotImplementedError
+
+    def gpu_model_name(self, gpu_id: str) -> str:
+        raise NotImplementedError
+
+    def processes(self, gpu_id: str) -> list[ProcessKey]:
+        """Compute processes on the GPU (bound to it or listed by NVML), monitors included."""
+        raise NotImplementedError
+
+    def facts(self, process: ProcessKey) -> ProcessFacts | None:
+        raise NotImplementedError
+
+    def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
+        raise NotImplementedError
+
+    def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        raise NotImplementedError
+
+    def call_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        raise NotImplementedError
+
+    def event_rows(self, stream: str, scope: Scope, start: int,
+                   end: int) -> list[tuple[int, dict]]:
+        raise NotImplementedError
+
+    def begin(self, now: int) -> None:
+        """Start one evaluation round at ``now``: derived series nobody read for KEEP_NS
+        (a process or GPU gone) are dropped."""
+        derived = getattr(self, "_derived", None)
+        if derived:
+            for key in [k for k, held in derived.items() if held[1] < now - KEEP_NS]:
+                del derived[key]
+
+    # The interface rules use.
+    def series(self, scope: Scope, name: str, start: int, end: int) -> Series:
+        """Samples of signal ``name`` in ``[start, end]``; empty when not reported.
+
+        Derived values are kept between rounds and extended with the new rows only (the
+        last LATE_NS again, for rows that arrived late), so a round costs what arrived
+        since the last one, not the length of the windows."""
+        signal = SIGNALS[name]
+        owner = scope.gpu_id if signal.source == "gpu" else scope.process
+        if owner is None:
+            return []
+        derived = getattr(self, "_derived", None)
+        if derived is None:
+            derived = self._derived = {}
+        held = derived.get((owner, name))
+        if held is None:
+            held = derived[(owner, name)] = [start, start - 1, []]
+        low, high, values = held
+        if start < low:
+            values[:0] = self._derive(signal.source, owner, name, start, low - 1)
+            held[0] = low = start
+        if end > high - LATE_NS:
+            redo = max(low, high - LATE_NS + 1)
+            del values[bisect.bisect_left(values, redo, key=_ts):]
+            values += self._derive(signal.source, owner, name, redo, end)
+            held[1] = high = end
+        if low < end - KEEP_NS:   # forget what no window reaches any more
+            del values[:bisect.bisect_left(values, end - KEEP_NS, key=_ts)]
+            held[0] = end - KEEP_NS
+        return _slice(values, start, end)
+
+    def _derive(self, source: str, owner: object, name: str, start: int, end: int) -> Series:
+        if source == "gpu":
+            return derive_series(name, self.gpu_rows(owner, start, end))
+        if source == "sched":
+            return derive_series(name, self.sched_rows(owner, start, end))
+        return derive_series(name, self.call_rows(owner, start, end))
+
+    def fact(self, scope: Scope, name: str) -> float | None:
+        model = gpu_model(self.gpu_model_name(scope.gpu_id) or "")
+        return None if model is None else FACTS[name][2](model)
+
+    def events(self, scope: Scope, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
+        """Events of ``stream`` in the window; ``own`` marks those of the scope's process."""
+        rows = self.event_rows(stream, scope, start, end)
+        if "own" in STREAMS[stream].fields:
+            rows = [(ts, {**row, "own": float(scope.process is not None
+                                               and row.get("_process") == scope.process)})
+                    for ts, row in rows]
+        return rows
+
+
+def _ts(row: tuple) -> int:
+    return row[0]
+
+
+def _slice(rows: deque | list, start: int, end: int) -> list:
+    """The (ts, ...) rows with start <= ts <= end, of rows sorted by ts."""
+    low = bisect.bisect_left(rows, start, key=_ts)
+    high = bisect.bisect_right(rows, end, lo=low, key=_ts)
+    if isinstance(rows, list):
+        return rows[low:high]
+    return [rows[i] for i in range(low, high)]
+
+
+class MemorySignals(Signals):
+    """Signals from bus events kept in memory for ``retention_ns`` (replays and tests).
+
+    ``environ`` supplies process environments (bus events do not carry them).
+    """
+
+    def __init__(self, retention_ns: int = 3600 * 10**9,
+                 environ: Mapping[ProcessKey, Mapping[str, str]] | None = None):
+        self.retention_ns = retention_ns
+        self.clock = 0
+        self.environ = dict(environ or {})
+        self.models: dict[str, str] = {}
+        self.minors: dict[int, str] = {}
+        self.pcis: dict[tuple[int, ...] | None, str] = {}
+        self.bindings: dict[str, dict[ProcessKey, int]] = defaultdict(dict)
+        self.nvml_procs: dict[str, tuple[int, list[ProcessKey]]] = {}
+        self.process_facts: dict[ProcessKey, ProcessFacts] = {}
+        self.exited: set[ProcessKey] = set()
+        self._gpu: dict[str, list] = defaultdict(list)
+        self._sched: dict[ProcessKey, list] = defaultdict(list)
+        self._calls: dict[ProcessKey, list] = defaultdict(list)
+        self._call_paths: dict[ProcessKey, dict[str, dict]] = defaultdict(dict)
+        self._events: dict[str, list] = defaultdict(list)
+
+    def now(self) -> int:
+        return self.clock
+
+    def gpus(self) -> list[str]:
+        return sorted(set(self.models) | set(self._gpu))
+
+    def gpu_model_name(self, gpu_id: str) -> str:
+        return self.models.get(gpu_id, "")
+
+    def processes(self, gpu_id: str) -> list[ProcessKey]:
+        found = {p for p in self.bindings.get(gpu_id, {}) if p not in self.exited}
+        if gpu_id in self.nvml_procs:
+            found |= {p for p in self.nvml_procs[gpu_id][1] if p not in self.exited}
+        return sorted(found)
+
+    def facts(self, process: ProcessKey) -> ProcessFacts | None:
+        facts = self.process_facts.get(process)
+        env = self.environ.get(process)
+        if env is not None:
+            facts = ProcessFacts(**{**(vars(facts) if facts else {}), "env": dict(env)})
+        return facts
+
+    def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
+        return _slice(self._gpu.get(gpu_id, ()), start, end)
+
+    def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        return _slice(self._sched.get(process, ()), start, end)
+
+    def call_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        return _slice(self._calls.get(process, ()), start, end)
+
+    def event_rows(self, stream: str, scope: Scope, start: int,
+                   end: int) -> list[tuple[int, dict]]:
+        rows = _slice(self._events.get(stream, ()), start, end)
+        if STREAMS[stream].scope != "gpu":
+            return rows
+        return [(ts, row) for ts, row in rows if row.get("_gpu") in (None, scope.gpu_id)]
+
+    # Feeding.
+    def feed(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.add(event)
+
+    def _append(self, buffer: list, ts: int, row: object) -> None:
+        if buffer and buffer[-1][0] > ts:   # out of order: keep the buffer sorted
+            buffer.insert(bisect.bisect_right(buffer, ts, key=_ts), (ts, row))
+        else:
+            buffer.append((ts, row))
+        if buffer[0][0] < ts - self.retention_ns * 1.1:   # trim now and then, not every time
+            del buffer[:bisect.bisect_left(buffer, ts - self.retention_ns, key=_ts)]
+
+    def _event(self, stream: str, ts: int, row: dict) -> None:
+        self._append(self._events[stream], ts, row)
+
+    def add(self, event: Event) -> None:
+        """Take one event; events of kinds rules do not read are ignored."""
+        self.clock = max(self.clock, event.ts)
+        ts = event.ts
+        if isinstance(event, GpuSeen):
+            self.models[event.gpu_id] = event.model
+            if event.pci_bus_id:
+                self.pcis[pci_key(event.pci_bus_id)] = event.gpu_id
+            if event.minor is not None:
+                self.minors[event.minor] = event.gpu_id
+        elif isinstance(event, GpuSample):
+            if not event.instance:
+                self._append(self._gpu[event.gpu_id], ts, dict(event.fields))
+        elif isinstance(event, GpuProcesses):
+            keys = [ProcessKey(p["pid"], p["start_time"]) for p in event.processes
+                    if p.get("start_time") is not None]
+            self.nvml_procs[event.gpu_id] = (ts, keys)
+        elif isinstance(event, DeviceOpened):
+            if event.device == "nvidiaN" and event.minor is not None:
+                gpu = self.minors.get(event.minor, f"minor:{event.minor}")
+                self.bindings[gpu].setdefault(event.process, ts)
+        elif isinstance(event, ProcessSeen):
+            old = self.process_facts.get(event.process)
+            self.process_facts[event.process] = ProcessFacts(
+                comm=event.comm, cmdline=event.cmdline, exe=event.exe, cgroup=event.cgroup,
+                first_seen=old.first_seen if old else ts)
+        elif isinstance(event, ProcessExited):
+            self.exited.add(event.process)
+            facts = self.process_facts.get(event.process)
+            self._event("proc.exit", ts, {"_process": event.process,
+                                          "exit_code": event.exit_code,
+                                          "signal": event.signal,
+                                          "comm": facts.comm if facts else ""})
+        elif isinstance(event, ProcessExec):
+            facts = self.process_facts.get(event.process)
+            cmdline = facts.cmdline if facts else ""
+            self._event("proc.exec", ts, {"_process": event.process,
+                                          "filename": event.filename, "cmdline": cmdline,
+                                          "comm": facts.comm if facts else "",
+                                          "gpu_action": gpu_action(cmdline) or ""})
+        elif isinstance(event, SchedStats):
+            row = {"interval_ns": event.interval_ns, "worker_processes": event.worker_processes}
+            for side, figures in (("own", event.own), ("workers", event.workers)):
+                row.update({f"{side}_{k}": v for k, v in figures.items()})
+            self._append(self._sched[event.process], ts, row)
+        elif isinstance(event, DriverCallStats):
+            # Cumulative per device path: the process's totals add up every path's latest.
+            self._call_paths[event.process][event.path] = call_class_totals(event.ops)
+            totals: dict[str, float] = defaultdict(float)
+            for per_path in self._call_paths[event.process].values():
+                for name, value in per_path.items():
+                    totals[name] += value
+            self._append(self._calls[event.process], ts, dict(totals))
+        elif isinstance(event, DriverCall):
+            self._event("driver.call", ts, {
+                "_process": event.process, "op": event.op, "sub_name": event.sub_name or "",
+                "reasons": ",".join(event.reasons), "status": event.status_name,
+                "latency_ms": event.latency_ns / 1e6})
+        elif isinstance(event, KernelLogRecord):
+            gpu = event.uuid or self._gpu_for_pci(event.pci)
+            if event.record_kind == "xid":
+                self._event("journal.xid", ts, {"_gpu": gpu, "code": event.xid,
+                                                "pid": event.pid, "name": event.name or "",
+                                                "text": event.message})
+            else:
+                self._event("journal.nvrm", ts, {"_gpu": gpu, "kind": event.record_kind,
+                                                 "text": event.message})
+        elif isinstance(event, GpuXid):
+            self._event("gpu.xid", ts, {"_gpu": event.gpu_id, "code": event.xid,
+                                        "text": event.detail})
+        elif isinstance(event, GpuState):
+            self._event("gpu.state", ts, {"_gpu": event.gpu_id, "state": event.state,
+                                          "text": event.detail})
+        elif isinstance(event, CronExecution):
+            if event.phase == "started":
+                self._event("cron.run", ts, {"command": event.command, "user": event.user,
+                                             "gpu_action": event.gpu_action or ""})
+
+    def _gpu_for_pci(self, pci: str | None) -> str | None:
+        return None if pci is None else self.pcis.get(pci_key(pci), pci)

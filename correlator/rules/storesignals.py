@@ -1,0 +1,229 @@
+"""Signals read from the store (a read-only connection), for the engine in the service.
+
+Tables: ``gpu_samples`` (one row per GPU and instant), ``sched_stats``, ``driver_call_stats``
+(cumulative: this class keeps one snapshot per evaluation round, so call rates need two
+rounds), ``driver_calls``, ``kernel_log``, ``cron_runs``, ``events`` (gpu_xid, gpu_state,
+process_exec, process_exited), ``processes``, ``gpu_bindings``, ``gpu_processes``, ``gpus``.
+Everything read in a round is cached for that round: the same window is read once for all
+the rules that ask for it. Process environments are read from /proc (bounded, only the
+variables rules name), and only while the pid still has the same start time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict, deque
+from pathlib import Path
+
+from sqlite_utils import Database
+
+from gpuwhy.clock import now_ns
+from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, _slice, pci_key
+from gpuwhy.correlator.rules.vocabulary import Row, call_class_totals
+from gpuwhy.errors import NoSuchProcess
+from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.proc import read_stat
+
+MAX_ENVIRON = 1 << 20
+GPU_RECENT_NS = 3600 * 10**9
+NVML_RECENT_NS = 60 * 10**9
+SNAPSHOTS_KEPT = 400
+_NOT_FIELDS = {"gpu_id", "ts", "instance", "time", "uuid", "gpu_index", "gpu"}
+
+
+def read_environ(process: ProcessKey, names: frozenset[str],
+                 proc_root: str = "/proc") -> dict[str, str] | None:
+    """The variables ``names`` of a live process's environment; None when it is gone (or
+    the pid now belongs to another process) or unreadable."""
+    try:
+        if read_stat(process.pid, proc_root)[2] != process.start_time:
+            return None
+        with open(Path(proc_root, str(process.pid), "environ"), "rb") as f:
+            raw = f.read(MAX_ENVIRON)
+    except (NoSuchProcess, OSError, ValueError, IndexError):
+        return None
+    found = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        text = name.decode("utf-8", errors="replace")
+        if sep and text in names:
+            found[text] = value[:1024].decode("utf-8", errors="replace")
+    return found
+
+
+class StoreSignals(Signals):
+    """Signals over an open store; ``begin(now)`` starts a round (and drops the caches)."""
+
+    def __init__(self, db: Database, proc_root: str = "/proc",
+                 env_keys: frozenset[str] = frozenset()):
+        self.db = db
+        self.proc_root = proc_root
+        self.env_keys = env_keys
+        self._now: int | None = None
+        self._cache: dict[tuple, object] = {}
+        self._snapshots: dict[ProcessKey, deque] = defaultdict(
+            lambda: deque(maxlen=SNAPSHOTS_KEPT))
+        self._environ: dict[ProcessKey, dict[str, str] | None] = {}
+
+    def begin(self, now: int) -> None:
+        super().begin(now)
+        self._now = now
+        self._cache.clear()
+
+    def now(self) -> int:
+        return self._now if self._now is not None else now_ns()
+
+    def _rows(self, sql: str, params: list) -> list[dict]:
+        cursor = self.db.execute(sql, params)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def _cached(self, key: tuple, load):  # noqa: ANN001, ANN202
+        if key not in self._cache:
+            self._cache[key] = load()
+        return self._cache[key]
+
+    def _gpu(self, gpu_id: str) -> dict:
+        rows = self._cached(("gpu", gpu_id), lambda: self._rows(
+            "select id, model, pci_bus_id from gpus where id = ?", [gpu_id]))
+        return rows[0] if rows else {}
+
+    def gpus(self) -> list[str]:
+        return [r["id"] for r in self._cached(("gpus",), lambda: self._rows(
+            "select id from gpus where last_seen >= ? order by id",
+            [self.now() - GPU_RECENT_NS]))]
+
+    def gpu_model_name(self, gpu_id: str) -> str:
+        return self._gpu(gpu_id).get("model") or ""
+
+    def processes(self, gpu_id: str) -> list[ProcessKey]:
+        now = self.now()
+        rows = self._rows(
+            "select b.pid, b.start_time from gpu_bindings b left join processes p "
+            "on p.pid = b.pid and p.start_time = b.start_time "
+            "where b.gpu_id = ? and b.until is null and p.exited_at is null "
+            "union select g.pid, g.start_time from gpu_processes g left join processes p "
+            "on p.pid = g.pid and p.start_time = g.start_time where g.gpu_id = ? "
+            "and g.start_time is not null and p.exited_at is null and g.ts = "
+            "(select max(ts) from gpu_processes where gpu_id = ? and ts >= ?)",
+            [gpu_id, gpu_id, gpu_id, now - NVML_RECENT_NS])
+        return sorted(ProcessKey(r["pid"], r["start_time"]) for r in rows)
+
+    def facts(self, process: ProcessKey) -> ProcessFacts | None:
+        rows = self._rows("select comm, cmdline, exe, cgroup, first_seen from processes "
+                          "where pid = ? and start_time = ?", [process.pid, process.start_time])
+        if not rows:
+            return None
+        row = rows[0]
+        env = None
+        if self.env_keys:
+            if process not in self._environ:
+                self._environ[process] = read_environ(process, self.env_keys, self.proc_root)
+            env = self._environ[process]
+        return ProcessFacts(comm=row["comm"] or "", cmdline=row["cmdline"] or "",
+                            exe=row["exe"] or "", cgroup=row["cgroup"] or "",
+                            first_seen=row["first_seen"], env=env)
+
+    def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
+        rows = self._window_rows(("gpu_rows", gpu_id), start, end, lambda s, e: [
+            (r["ts"], {k: v for k, v in r.items() if k not in _NOT_FIELDS})
+            for r in self._rows("select * from gpu_samples where gpu_id = ? and ts >= ? "
+                                "and ts <= ? and instance = '' order by ts", [gpu_id, s, e])])
+        return _slice(rows, start, end)
+
+    def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        rows = self._window_rows(("sched", process), start, end, lambda s, e: [
+            (r["ts"], r) for r in self._rows(
+                "select * from sched_stats where pid = ? and start_time = ? and ts >= ? "
+                "and ts <= ? order by ts", [process.pid, process.start_time, s, e])])
+        return _slice(rows, start, end)
+
+    def _window_rows(self, key: tuple, start: int, end: int, load) -> list:  # noqa: ANN001
+        """Rows of ``key`` for the widest window asked this round, loaded once."""
+        held = self._cache.get(key)
+        if held is None or held[0] > start or held[1] < end:
+            low = start if held is None else min(start, held[0])
+            high = end if held is None else max(end, held[1])
+            held = (low, high, load(low, high))
+            self._cache[key] = held
+        return held[2]
+
+    def call_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        snapshots = self._snapshots[process]
+        if ("calls", process) not in self._cache:
+            self._cache[("calls", process)] = True
+            ops = self._rows("select op, sum(count) as count, sum(errors) as errors, "
+                             "max(updated_at) as updated_at from driver_call_stats "
+                             "where pid = ? and start_time = ? group by op",
+                             [process.pid, process.start_time])
+            if ops:
+                ts = max(op["updated_at"] or 0 for op in ops)
+                if not snapshots or snapshots[-1][0] < ts:
+                    snapshots.append((ts, call_class_totals(ops)))
+        return _slice(snapshots, start, end)
+
+    def event_rows(self, stream: str, scope: Scope, start: int,
+                   end: int) -> list[tuple[int, dict]]:
+        rows = self._cached(("events", stream, start, end), lambda: self._load_events(
+            stream, start, end))
+        if stream not in ("journal.xid", "journal.nvrm", "gpu.xid", "gpu.state"):
+            return rows
+        gpu = self._gpu(scope.gpu_id)
+        pci = pci_key(gpu.get("pci_bus_id") or "") if gpu.get("pci_bus_id") else None
+        out = []
+        for ts, row in rows:
+            owner, row_pci = row.get("_gpu"), row.get("_pci")
+            if owner == scope.gpu_id or (pci is not None and row_pci and
+                                         pci_key(row_pci) == pci) or \
+                    (owner is None and not row_pci):
+                out.append((ts, row))
+        return out
+
+    def _load_events(self, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
+        window = [start, end]
+        if stream in ("journal.xid", "journal.nvrm"):
+            op = "=" if stream == "journal.xid" else "!="
+            return [(r["ts"], {"_gpu": r["gpu_id"], "_pci": r["pci"], "code": r["xid"],
+                               "pid": r["pid"], "name": r["name"] or "", "kind": r["kind"],
+                               "text": r["message"] or ""})
+                    for r in self._rows(f"select * from kernel_log where kind {op} 'xid' and "
+                                        "ts >= ? and ts <= ? order by ts", window)]
+        if stream in ("gpu.xid", "gpu.state"):
+            kind = "gpu_xid" if stream == "gpu.xid" else "gpu_state"
+            out = []
+            for r in self._rows("select ts, gpu_id, body from events where kind = ? and "
+                                "ts >= ? and ts <= ? order by ts", [kind, *window]):
+                body = json.loads(r["body"] or "{}")
+                out.append((r["ts"], {"_gpu": r["gpu_id"], "code": body.get("xid"),
+                                      "state": body.get("state"),
+                                      "text": body.get("detail", "")}))
+            return out
+        if stream == "cron.run":
+            return [(r["ts"], {"command": r["command"] or "", "user": r["user"] or "",
+                               "gpu_action": r["gpu_action"] or ""})
+                    for r in self._rows("select * from cron_runs where phase = 'started' and "
+                                        "ts >= ? and ts <= ? order by ts", window)]
+        if stream in ("proc.exec", "proc.exit"):
+            kind = "process_exec" if stream == "proc.exec" else "process_exited"
+            out = []
+            for r in self._rows("select e.ts, e.pid, e.start_time, e.body, p.comm, p.cmdline "
+                                "from events e left join processes p on p.pid = e.pid and "
+                                "p.start_time = e.start_time where e.kind = ? and e.ts >= ? "
+                                "and e.ts <= ? order by e.ts", [kind, *window]):
+                body = json.loads(r["body"] or "{}")
+                cmdline = r["cmdline"] or ""
+                out.append((r["ts"], {
+                    "_process": ProcessKey(r["pid"], r["start_time"]),
+                    "filename": body.get("filename", ""), "cmdline": cmdline,
+                    "comm": r["comm"] or "", "gpu_action": gpu_action(cmdline) or "",
+                    "exit_code": body.get("exit_code"), "signal": body.get("signal")}))
+            return out
+        if stream == "driver.call":
+            return [(r["ts"], {"_process": ProcessKey(r["pid"], r["start_time"]),
+                               "op": r["op"] or "", "sub_name": r["sub_name"] or "",
+                               "reasons": r["reasons"] or "", "status": r["status_name"] or "",
+                               "latency_ms": (r["latency_ns"] or 0) / 1e6})
+                    for r in self._rows("select * from driver_calls where ts >= ? and ts <= ? "
+                                        "order by ts", window)]
+        raise KeyError(stream)

@@ -1,0 +1,287 @@
+"""The names a rule can use: signals, event streams and their fields, bits, GPU model facts.
+
+Every signal is defined once here, with how it is derived from what the sources report
+(``gpu_samples`` columns / ``gpu_sample`` fields, ``sched_stats``, cumulative
+``driver_call_stats``), so the store-backed and the in-memory signal sources agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+Row = Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A per-sample series: ``source`` is ``gpu``, ``sched``, ``calls`` (a cumulative counter
+    of driver calls) or ``fact`` (a constant from the GPU model); ``derive`` turns one row of
+    that source into a value (None: not reported)."""
+
+    name: str
+    source: str
+    unit: str
+    help: str
+    derive: Callable[[Row], float | None]
+    counter: bool = False
+
+
+def _column(column: str, scale: float = 1.0) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        value = row.get(column)
+        return None if value is None else value * scale
+    return derive
+
+
+def _sum(*columns: str) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        values = [row.get(c) for c in columns]
+        return None if any(v is None for v in values) else sum(values)
+    return derive
+
+
+def _busy(row: Row) -> float | None:
+    """``coalesce(gr_engine_active, gpu_util / 100)``: engine activity, util as fallback."""
+    if row.get("gr_engine_active") is not None:
+        return row["gr_engine_active"]
+    util = row.get("gpu_util")
+    return None if util is None else util / 100.0
+
+
+def _ratio(numerator: str, denominator: str) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        n, d = row.get(numerator), row.get(denominator)
+        return None if n is None or not d else n / d
+    return derive
+
+
+_GPU_COLUMNS = (
+    # name, column, scale, unit, help
+    ("gpu.util", "gpu_util", 0.01, "ratio", "share of time a kernel ran (DEV_GPU_UTIL / 100)"),
+    ("gpu.mem_copy_util", "mem_util", 0.01, "ratio", "share of time device memory was read "
+     "or written (DEV_MEM_COPY_UTIL / 100)"),
+    ("gpu.gr_active", "gr_engine_active", 1.0, "ratio", "graphics/compute engine activity"),
+    ("gpu.sm_active", "sm_active", 1.0, "ratio", "SM activity (PROF_SM_ACTIVE)"),
+    ("gpu.sm_occ", "sm_occupancy", 1.0, "ratio", "SM occupancy (resident / max warps)"),
+    ("gpu.tensor", "tensor_active", 1.0, "ratio", "tensor pipe activity"),
+    ("gpu.dram", "dram_active", 1.0, "ratio", "DRAM activity (practical peak ~0.8)"),
+    ("gpu.fp64", "fp64_active", 1.0, "ratio", "FP64 pipe activity"),
+    ("gpu.fp32", "fp32_active", 1.0, "ratio", "FP32 (FMA) pipe activity, integer work too"),
+    ("gpu.fp16", "fp16_active", 1.0, "ratio", "FP16 pipe activity"),
+    ("gpu.pcie_tx_Bps", "pcie_tx_bytes_per_s", 1.0, "B/s", "PCIe bytes sent by the GPU"),
+    ("gpu.pcie_rx_Bps", "pcie_rx_bytes_per_s", 1.0, "B/s", "PCIe bytes received (host→GPU)"),
+    ("gpu.nvl_tx_Bps", "nvlink_tx_bytes_per_s", 1.0, "B/s", "NVLink bytes sent"),
+    ("gpu.nvl_rx_Bps", "nvlink_rx_bytes_per_s", 1.0, "B/s", "NVLink bytes received"),
+    ("gpu.power_w", "power_w", 1.0, "W", "board power draw"),
+    ("gpu.plim_w", "power_limit_w", 1.0, "W", "enforced power limit"),
+    ("gpu.clk_sm", "sm_clock_mhz", 1.0, "MHz", "SM clock"),
+    ("gpu.clk_mem", "mem_clock_mhz", 1.0, "MHz", "memory clock"),
+    ("gpu.reason", "clocks_event_reasons", 1.0, "bitmask", "clock throttle reasons"),
+    ("gpu.pstate", "pstate", 1.0, "P-state", "performance state"),
+    ("gpu.temp_c", "temp_c", 1.0, "°C", "GPU temperature"),
+    ("gpu.mem_temp_c", "mem_temp_c", 1.0, "°C", "memory temperature"),
+    ("gpu.fb_used", "fb_used_mib", 1.0, "MiB", "framebuffer used (cached-but-free counts)"),
+    ("gpu.fb_total", "fb_total_mib", 1.0, "MiB", "framebuffer size"),
+    ("gpu.ecc_sbe_vol", "ecc_sbe_volatile", 1.0, "count", "volatile corrected ECC errors"),
+    ("gpu.ecc_dbe_vol", "ecc_dbe_volatile", 1.0, "count", "volatile uncorrected ECC errors"),
+    ("gpu.rr_unc", "row_remap_uncorrectable", 1.0, "count", "rows remapped (uncorrectable)"),
+    ("gpu.rr_corr", "row_remap_correctable", 1.0, "count", "rows remapped (correctable)"),
+    ("gpu.rr_failure", "row_remap_failed", 1.0, "flag", "a row remap failed"),
+    ("gpu.pcie_replay", "pcie_replays", 1.0, "count", "PCIe replay counter"),
+    ("gpu.viol_power_ns", "power_violation_ns", 1.0, "ns", "time held by the power limit"),
+    ("gpu.viol_thermal_ns", "thermal_violation_ns", 1.0, "ns", "time held by temperature"),
+)
+_GPU_COUNTERS = {"gpu.ecc_sbe_vol", "gpu.ecc_dbe_vol", "gpu.pcie_replay", "gpu.viol_power_ns",
+                 "gpu.viol_thermal_ns", "gpu.rr_unc", "gpu.rr_corr"}
+
+SIGNALS: dict[str, Signal] = {
+    name: Signal(name, "gpu", unit, text, _column(column, scale), name in _GPU_COUNTERS)
+    for name, column, scale, unit, text in _GPU_COLUMNS}
+SIGNALS["gpu.busy"] = Signal("gpu.busy", "gpu", "ratio",
+                             "coalesce(gpu.gr_active, gpu.util): engine activity", _busy)
+SIGNALS["gpu.fb_frac"] = Signal("gpu.fb_frac", "gpu", "ratio", "framebuffer used / size",
+                                _ratio("fb_used_mib", "fb_total_mib"))
+SIGNALS["gpu.retired_pages"] = Signal("gpu.retired_pages", "gpu", "count",
+                                      "retired pages, SBE + DBE (pre-Ampere)",
+                                      _sum("retired_pages_sbe", "retired_pages_dbe"), True)
+
+
+def _share(side: str, state: str) -> Callable[[Row], float | None]:
+    states = [f"{side}_{s}" for s in ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns")]
+
+    def derive(row: Row) -> float | None:
+        values = [row.get(s) for s in states]
+        if any(v is None for v in values) or not sum(values):
+            return None
+        return row[f"{side}_{state}"] / sum(values)
+    return derive
+
+
+def _cores(side: str) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        on_cpu, interval = row.get(f"{side}_on_cpu_ns"), row.get("interval_ns")
+        return None if on_cpu is None or not interval else on_cpu / interval
+    return derive
+
+
+for _side, _prefix, _who in (("own", "proc", "the GPU process's own threads"),
+                             ("workers", "workers", "its worker processes (DataLoader)")):
+    SIGNALS[f"{_prefix}.cpu_cores"] = Signal(f"{_prefix}.cpu_cores", "sched", "cores",
+                                             f"CPU used by {_who}", _cores(_side))
+    for _state, _what in (("on_cpu_ns", "oncpu"), ("runqueue_ns", "runq"),
+                          ("sleep_ns", "sleep"), ("blocked_ns", "blocked")):
+        SIGNALS[f"{_prefix}.{_what}_frac"] = Signal(
+            f"{_prefix}.{_what}_frac", "sched", "ratio",
+            f"share of the thread time of {_who} spent {_what.replace('_', ' ')}"
+            + {"runq": " (runnable, waiting for a CPU)", "sleep": " (interruptible sleep, S)",
+               "blocked": " (uninterruptible, D: usually I/O)", "oncpu": ""}[_what],
+            _share(_side, _state))
+SIGNALS["proc.threads"] = Signal("proc.threads", "sched", "count", "threads of the process",
+                                 _column("own_threads"))
+SIGNALS["workers.count"] = Signal("workers.count", "sched", "count",
+                                  "worker (child) processes", _column("worker_processes"))
+SIGNALS["workers.threads"] = Signal("workers.threads", "sched", "count",
+                                    "threads of the worker processes", _column("workers_threads"))
+
+# Driver-call classes: which decoded op names each cumulative counter adds up.
+CALL_CLASSES: dict[str, tuple[str, ...]] = {
+    "rm_alloc": ("NV_ESC_RM_ALLOC", "NV_ESC_RM_ALLOC_MEMORY", "NV_ESC_RM_VID_HEAP_CONTROL"),
+    "rm_free": ("NV_ESC_RM_FREE",),
+    "rm_control": ("NV_ESC_RM_CONTROL",),
+    "rm_map": ("NV_ESC_RM_MAP_MEMORY", "NV_ESC_RM_MAP_MEMORY_DMA"),
+    "uvm_migrate": ("UVM_MIGRATE",),
+    "uvm_advise": ("UVM_SET_PREFERRED_LOCATION", "UVM_ENABLE_READ_DUPLICATION",
+                   "UVM_SET_ACCESSED_BY"),
+}
+for _cls in (*CALL_CLASSES, "total", "errors"):
+    SIGNALS[f"proc.ioctl.{_cls}"] = Signal(
+        f"proc.ioctl.{_cls}", "calls", "count",
+        "cumulative driver calls" + ("" if _cls == "total" else
+                                     " that failed" if _cls == "errors" else f" of class {_cls}"),
+        _column(_cls), counter=True)
+
+
+def call_class_totals(ops: list[Mapping]) -> dict[str, float]:
+    """Cumulative counts per class (and ``total``, ``errors``) from driver_call_stats ops."""
+    by_op: dict[str, float] = {}
+    totals = {"total": 0.0, "errors": 0.0}
+    for op in ops:
+        by_op[op["op"]] = by_op.get(op["op"], 0.0) + (op.get("count") or 0)
+        totals["total"] += op.get("count") or 0
+        totals["errors"] += op.get("errors") or 0
+    for name, members in CALL_CLASSES.items():
+        totals[name] = sum(by_op.get(m, 0.0) for m in members)
+    return totals
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What a model name tells about a GPU (nominal values; a site can differ)."""
+
+    match: str
+    arch: float          # compute capability: 7.0 Volta, 8.0 Ampere, 8.9 Ada, 9.0 Hopper
+    clk_sm_max: float    # MHz
+    plim_default_w: float
+    pcie_gen: int
+    nvlink: bool
+    fp64_reduced: bool
+
+
+# First match wins: the longer names come before their prefixes.
+GPU_MODELS = (
+    GpuModel("H200", 9.0, 1980, 700, 5, True, False),
+    GpuModel("H100 PCIe", 9.0, 1755, 350, 5, False, False),
+    GpuModel("H100", 9.0, 1980, 700, 5, True, False),
+    GpuModel("A100-PCIE", 8.0, 1410, 250, 4, False, False),
+    GpuModel("A100", 8.0, 1410, 400, 4, True, False),
+    GpuModel("A30", 8.0, 1440, 165, 4, False, False),
+    GpuModel("A10", 8.6, 1695, 150, 4, False, True),
+    GpuModel("L40S", 8.9, 2520, 350, 4, False, True),
+    GpuModel("L4", 8.9, 2040, 72, 4, False, True),
+    GpuModel("V100", 7.0, 1530, 300, 3, True, False),
+    GpuModel("T4", 7.5, 1590, 70, 3, False, True),
+)
+PCIE_LANE_BPS = {3: 985e6, 4: 2 * 985e6, 5: 4 * 985e6}   # per lane per direction [DCGM-PROF]
+
+
+def gpu_model(model: str) -> GpuModel | None:
+    return next((m for m in GPU_MODELS if m.match in model), None)
+
+
+FACTS: dict[str, tuple[str, str, Callable[[GpuModel], float]]] = {
+    "gpu.arch": ("compute capability from the model (8.0 Ampere, 9.0 Hopper)", "",
+                 lambda m: m.arch),
+    "gpu.clk_sm_max": ("nominal maximum SM clock of the model", "MHz", lambda m: m.clk_sm_max),
+    "gpu.plim_default_w": ("default power limit of the model", "W", lambda m: m.plim_default_w),
+    "gpu.pcie_peak_Bps": ("x16 PCIe peak per direction for the model's generation", "B/s",
+                          lambda m: 16 * PCIE_LANE_BPS[m.pcie_gen]),
+    "gpu.has_tf32": ("1 when the GPU has TF32 tensor cores (Ampere and later)", "flag",
+                     lambda m: float(m.arch >= 8.0)),
+    "gpu.has_tensor": ("1 when the GPU has tensor cores (Volta and later)", "flag",
+                       lambda m: float(m.arch >= 7.0)),
+    "gpu.has_nvlink": ("1 when the model has NVLink", "flag", lambda m: float(m.nvlink)),
+    "gpu.fp64_reduced": ("1 when the model has reduced FP64 throughput", "flag",
+                         lambda m: float(m.fp64_reduced)),
+}
+# Facts the engine knows about the instance itself (not from the model).
+INSTANCE_FACTS = {
+    "gpu.procs": "compute processes on the GPU (monitors excluded)",
+    "proc.age_s": "seconds since the process was first seen",
+}
+PROCESS_TEXT = {"proc.cmdline": "command line (bounded, untrusted)", "proc.comm": "name",
+                "proc.exe": "executable path", "proc.cgroup": "cgroup path"}
+
+THROTTLE_BITS = {"IDLE": 0x1, "APP_CLOCKS": 0x2, "SW_POWER_CAP": 0x4, "HW_SLOWDOWN": 0x8,
+                 "SYNC_BOOST": 0x10, "SW_THERMAL": 0x20, "HW_THERMAL": 0x40,
+                 "HW_POWER_BRAKE": 0x80}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """An event stream: ``scope`` ``gpu`` (events of the GPU under evaluation) or ``host``
+    (every event of the host; ``own`` is 1 for the process under evaluation)."""
+
+    name: str
+    scope: str
+    fields: Mapping[str, str]   # field -> "num" or "text"
+    help: str
+
+
+STREAMS: dict[str, Stream] = {s.name: s for s in (
+    Stream("journal.xid", "gpu", {"code": "num", "pid": "num", "name": "text", "text": "text"},
+           "Xid lines of the kernel log (NVRM: Xid (PCI:…): code)"),
+    Stream("journal.nvrm", "gpu", {"kind": "text", "text": "text"},
+           "other recognised NVRM kernel-log lines: kind is fallen_off_bus, rm_init_failed, "
+           "gsp_timeout, gsp_rate_limited, gsp_rpc_failed, driver_loaded, sxid"),
+    Stream("gpu.xid", "gpu", {"code": "num", "text": "text"},
+           "Xids reported by the GPU source (NVML event, DCGM field)"),
+    Stream("gpu.state", "gpu", {"state": "text", "text": "text"},
+           "the GPU stopped or resumed answering: lost, reset_required, resetting, back"),
+    Stream("cron.run", "host", {"command": "text", "user": "text", "gpu_action": "text"},
+           "cron started a job; gpu_action says what it does to GPUs (\"\" when nothing)"),
+    Stream("proc.exec", "host", {"filename": "text", "cmdline": "text", "comm": "text",
+                                 "gpu_action": "text", "own": "num"},
+           "a process replaced its image (exec); gpu_action as for cron.run"),
+    Stream("proc.exit", "host", {"exit_code": "num", "signal": "num", "comm": "text",
+                                 "own": "num"},
+           "a process ended"),
+    Stream("driver.call", "host", {"op": "text", "sub_name": "text", "reasons": "text",
+                                   "status": "text", "latency_ms": "num", "own": "num"},
+           "a notable, slow or failed driver call"),
+)}
+
+# G-MONITOR: processes that open the GPU to watch it, never to compute.
+MONITOR_PATTERN = (r"(^|/)(nv-hostengine|dcgm-exporter|dcgmi|nvidia-smi|nvidia-persistenced|"
+                   r"nvtop|gpustat|gpuwhy)(\s|$)")
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, unit, help) of every name a rule can read, for ``rules signals`` and the docs."""
+    rows = [(s.name, s.unit, s.help + (" (counter)" if s.counter else ""))
+            for s in SIGNALS.values()]
+    rows += [(name, unit, text) for name, (text, unit, _) in FACTS.items()]
+    rows += [(name, "", text) for name, text in {**INSTANCE_FACTS, **PROCESS_TEXT}.items()]
+    rows += [(name, "events", f"{s.help}; fields: {', '.join(s.fields)}")
+             for name, s in STREAMS.items()]
+    return sorted(rows)

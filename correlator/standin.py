@@ -1,0 +1,149 @@
+"""Stand-in GPU programs for `gpuwhy demo`: a training process and `nvidia-smi -r`.
+
+Both are real processes that open the configured look-alike device files and send the
+NVIDIA driver's real ioctl command numbers and parameter structs (on ordinary files each
+call fails with ENOTTY; the probes' tracepoints see them all the same). Every kernel-log
+line they write says that it is demo traffic.
+
+    python -m gpuwhy.correlator.standin train DEV_DIR --minor 0 [--workers N] [--starved]
+    python -m gpuwhy.correlator.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import struct
+import sys
+import time
+from pathlib import Path
+
+from gpuwhy.nvioctl import iowr
+
+DEMO_MARK = "[gpuwhy demo traffic, not a GPU error]"
+BIF_RESET = 0x00800102
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+
+
+def _ioctl(fd: int, cmd: int, params: bytes) -> None:
+    buffer = ctypes.create_string_buffer(params, len(params))
+    _LIBC.ioctl(fd, cmd, ctypes.addressof(buffer))
+
+
+def _control(fd: int, control: int) -> None:
+    # NVOS54_PARAMETERS: hClient, hObject, cmd, flags, params, paramsSize, status
+    _ioctl(fd, iowr(0x2A, 32), struct.pack("<IIIIQII", 1, 2, control, 0, 0, 0, 0))
+
+
+def _alloc(fd: int, h_class: int) -> None:
+    # NVOS64 (>= 535): hRoot, hObjectParent, hObjectNew, hClass, pAllocParms, pRights,
+    # paramsSize, flags, status
+    _ioctl(fd, iowr(0x2B, 48), struct.pack("<IIIIQQIII4x", 1, 1, 0, h_class, 0, 0, 0, 0, 0))
+
+
+def open_devices(directory: str, minor: int) -> dict[str, int]:
+    names = ("nvidiactl", f"nvidia{minor}", "nvidia-uvm")
+    return {name: os.open(os.path.join(directory, name), os.O_RDWR | os.O_CLOEXEC)
+            for name in names}
+
+
+def cuda_init(fds: dict[str, int], minor: int) -> None:
+    """A CUDA context's start-up: version check, GPU attach, client/device/channel allocs."""
+    ctl = fds["nvidiactl"]
+    _ioctl(ctl, iowr(0xD2, 72), struct.pack("<II64s", 0, 0, b"595.45.04"))
+    _ioctl(ctl, iowr(0xD4, 32), struct.pack("<8I", 0x100 * (minor + 1), 0, 0, 0, 0, 0, 0, 0))
+    for h_class in (0x41, 0x80, 0x2080, 0xA06C, 0xC86F):
+        _alloc(ctl, h_class)
+    _ioctl(fds[f"nvidia{minor}"], iowr(0xC9, 4), struct.pack("<i", ctl))
+
+
+def write_kmsg(lines: list[str]) -> None:
+    """Kernel-log lines, each marked as demo traffic."""
+    with open("/dev/kmsg", "w") as kmsg:
+        for line in lines:
+            kmsg.write(f"{line} {DEMO_MARK}\n")
+            kmsg.flush()
+
+
+def train(args: argparse.Namespace) -> None:
+    """Hold the device files and keep submitting work until SIGTERM; on SIGUSR1 fail like a
+    CUDA program whose GPU vanished (exit status 1)."""
+    fds = open_devices(args.dev, args.minor)
+    cuda_init(fds, args.minor)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(0))
+    signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))
+    workers = []
+    for _ in range(args.workers):          # a child must not fork on: it is a worker
+        pid = os.fork()
+        if pid == 0:                       # a DataLoader-like worker: blocking reads
+            _worker(args.dev)
+        workers.append(pid)
+    print(os.getpid(), flush=True)
+    while not stop:
+        if args.starved:
+            time.sleep(0.05)               # waiting for the input pipeline
+        else:
+            deadline = time.monotonic() + 0.02
+            while time.monotonic() < deadline:
+                pass                       # host-side work between launches
+        _control(fds["nvidiactl"], 0x20801201)    # a control per step, like a launch sync
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+    if stop[0] == 1:
+        print("CUDA error: unspecified launch failure (stand-in)", file=sys.stderr)
+        os._exit(1)
+
+
+def _worker(directory: str) -> None:
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    path = Path(directory) / f"batch-{os.getpid()}.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    while True:
+        with open(path, "rb+") as batch:
+            os.posix_fadvise(batch.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            batch.read()
+            os.fsync(batch.fileno())
+        time.sleep(0.01)
+
+
+def nvidia_smi(args: argparse.Namespace) -> None:
+    """`nvidia-smi -r -i N`: attach to the GPU, send NV0080_CTRL_CMD_BIF_RESET, and write the
+    NVRM lines a reset leaves (the GPU's UUID as the driver re-initialises it)."""
+    if not args.reset:
+        print("stand-in nvidia-smi: only -r is implemented", file=sys.stderr)
+        sys.exit(2)
+    fds = open_devices(args.dev, args.i)
+    cuda_init(fds, args.i)
+    _control(fds["nvidiactl"], BIF_RESET)
+    time.sleep(0.2)
+    write_kmsg([f"NVRM: GPU at PCI:{args.pci}: {args.uuid}"])
+    print(f"GPU {args.pci} was successfully reset. (stand-in)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="gpuwhy-standin")
+    sub = parser.add_subparsers(dest="program", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("dev")
+    t.add_argument("--minor", type=int, default=0)
+    t.add_argument("--workers", type=int, default=0)
+    t.add_argument("--starved", action="store_true")
+    s = sub.add_parser("nvidia-smi")
+    s.add_argument("-r", "--gpu-reset", dest="reset", action="store_true")
+    s.add_argument("-i", type=int, default=0)
+    s.add_argument("--dev", required=True)
+    s.add_argument("--pci", required=True)
+    s.add_argument("--uuid", required=True)
+    s.add_argument("--mark", default="")
+    args = parser.parse_args(argv)
+    (train if args.program == "train" else nvidia_smi)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Per-process and per-GPU timelines at 1 s resolution: build them from events, read them back.
+
+A process second (``process_seconds``) holds the process's ioctl count and rate by operation,
+on-CPU / run-queue / sleep / blocked time of its own threads and of its workers, and its
+per-process GPU utilisation where NVML has it. A GPU second is its counter sample
+(``gpu_samples`` is already 1 Hz). Lifecycle and kernel-log events come from ``events``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from sqlite_utils import Database
+
+from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.events import Event
+from gpuwhy.identity import ProcessKey
+
+_MS = 1_000_000
+
+
+def _upsert(db: Database, key: ProcessKey, second: int, values: dict) -> None:
+    names = ", ".join(values)
+    updates = ", ".join(f"{n} = excluded.{n}" for n in values)
+    db.execute(f"insert into process_seconds (pid, start_time, second, {names}) values "
+               f"(?, ?, ?, {', '.join('?' * len(values))}) on conflict(pid, start_time, "
+               f"second) do update set {updates}",
+               [key.pid, key.start_time, second, *values.values()])
+
+
+class TimelineBuilder:
+    """Folds sched, driver-call and NVML per-process events into process seconds."""
+
+    def __init__(self) -> None:
+        # last cumulative count per (process, path, cmd, sub): driver-call stats are totals
+        self._last_counts: dict[tuple, int] = {}
+
+    def apply(self, db: Database, event: Event) -> None:
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(db, event)
+
+    def _on_sched_stats(self, db: Database, event: Event) -> None:
+        own, workers = event.own, event.workers
+        _upsert(db, event.process, event.ts // NS_PER_SECOND, {
+            "on_cpu_ms": own.get("on_cpu_ns", 0) / _MS,
+            "runqueue_ms": own.get("runqueue_ns", 0) / _MS,
+            "sleep_ms": own.get("sleep_ns", 0) / _MS,
+            "blocked_ms": own.get("blocked_ns", 0) / _MS,
+            "workers_on_cpu_ms": workers.get("on_cpu_ns", 0) / _MS,
+            "workers_runqueue_ms": workers.get("runqueue_ns", 0) / _MS,
+            "workers_blocked_ms": workers.get("blocked_ns", 0) / _MS})
+
+    def _on_driver_call_stats(self, db: Database, event: Event) -> None:
+        by_op: Counter[str] = Counter()
+        for op in event.ops:
+            key = (event.process, event.path, op["cmd"], op["sub"])
+            delta = op["count"] - self._last_counts.get(key, 0)
+            self._last_counts[key] = op["count"]
+            if delta > 0:
+                by_op[op.get("sub_name") or op["op"]] += delta
+        if not by_op:
+            return
+        second = event.ts // NS_PER_SECOND
+        row = db.execute("select ioctls, ioctl_ops from process_seconds where pid = ? and "
+                         "start_time = ? and second = ?",
+                         [event.process.pid, event.process.start_time, second]).fetchone()
+        if row and row[1]:
+            by_op.update(json.loads(row[1]))
+        _upsert(db, event.process, second, {"ioctls": sum(by_op.values()),
+                                            "ioctl_ops": json.dumps(dict(by_op))})
+
+    def _on_process_exited(self, db: Database, event: Event) -> None:
+        for key in [k for k in self._last_counts if k[0] == event.process]:
+            del self._last_counts[key]
+
+    def _on_gpu_processes(self, db: Database, event: Event) -> None:
+        for p in event.processes:
+            if p.get("start_time") is None:
+                continue
+            _upsert(db, ProcessKey(p["pid"], p["start_time"]), event.ts // NS_PER_SECOND,
+                    {"gpu_id": event.gpu_id, "sm_util": p.get("sm_util"),
+                     "used_memory_mib": p.get("used_memory_mib")})
+
+
+def classify_stall(db: Database, key: ProcessKey, since: int, until: int) -> str:
+    """Why a process with an idle GPU is not feeding it: on-CPU busy, blocked or waiting."""
+    row = db.execute(
+        "select sum(own_on_cpu_ns), sum(own_blocked_ns), sum(own_sleep_ns), "
+        "sum(own_runqueue_ns), sum(workers_on_cpu_ns) from sched_stats where pid = ? and "
+        "start_time = ? and ts between ? and ?",
+        [key.pid, key.start_time, since, until + NS_PER_SECOND]).fetchone()
+    if not row or row[0] is None:
+        return "state unknown (no scheduler data)"
+    on_cpu, blocked, sleep, runqueue, workers = (v or 0 for v in row)
+    total = on_cpu + blocked + sleep + runqueue
+    if total == 0:
+        return "state unknown (no scheduler time)"
+    if on_cpu + runqueue >= 0.5 * total:
+        return "on-CPU busy (spinning or computing on the host)"
+    if blocked >= sleep:
+        return "blocked (uninterruptible wait: I/O or the driver)"
+    return "waiting (sleeping, e.g. on a lock, the input pipeline or the GPU)"
+
+
+def process_timeline(db: Database, key: ProcessKey, since: int, until: int) -> list[dict]:
+    """The process's seconds in [since, until] (realtime ns), with its GPU's counters."""
+    cursor = db.execute(
+        "select s.*, g.gpu_util as gpu_util, g.sm_active as gpu_sm_active from "
+        "process_seconds s left join gpu_bindings b on b.pid = s.pid and "
+        "b.start_time = s.start_time and b.since <= s.second * 1000000000 and "
+        "(b.until is null or b.until >= s.second * 1000000000) left join gpu_samples g on "
+        "g.gpu_id = b.gpu_id and g.instance = '' and g.ts / 1000000000 = s.second "
+        "where s.pid = ? and s.start_time = ? and s.second between ? and ? order by s.second",
+        [key.pid, key.start_time, since // NS_PER_SECOND, until // NS_PER_SECOND])
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def gpu_timeline(db: Database, gpu_id: str, since: int, until: int) -> list[dict]:
+    """The GPU's samples in [since, until], one per second, plus its events."""
+    cursor = db.execute("select ts / 1000000000 as second, * from gpu_samples where "
+                        "gpu_id = ? and instance = '' and ts between ? and ? order by ts",
+                        [gpu_id, since, until])
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""bench: every performance figure of gpuwhy in one table, beside its reference and its goal.
+
+USAGE: sudo .venv/bin/python scripts/bench.py [--quick] [--only NAME[,NAME...]]
+                                              [--json FILE|-] [--write-md FILE]
+       (or `sudo gpuwhy bench ...`, the same)
+
+Runs the per-component benchmarks of scripts/ (imported, not copied) and this one's own
+whole-sidecar figure, and prints one markdown table: each figure's median over repeated
+runs with its min and max, its reference where there is one (no probes, strace, the seed
+tool's figures), the ratio to it, the goal and a pass/miss mark. --json writes every figure
+(and each run's raw results) as JSON ('-': to stdout, after the table); --write-md writes
+BENCHMARKS.md (the table, the date, the machine, its load average, and what each figure
+means). Benchmarks (--only takes these names):
+
+  probes      P1 ns added per traced NVIDIA ioctl / untraced ioctl / other syscall, vs
+              no probes and strace -f; P2 pipe ping-pong slowdown, 10 tracked processes
+  sidecar     P3 `gpuwhy up` steady-state CPU % and memory (RSS, anonymous), per process
+              and in total: 8 simulated GPUs / 16 processes, and the seed's 1 GPU / 3;
+              the probes' anonymous memory before and after malloc_trim(0)
+  gpu         the GPU source's CPU share (8 simulated GPUs at 1 Hz), a part of P3
+  correlator  P4 sustained bus -> correlator -> store events/s and losses;
+              P7 kernel Xid line -> stored incident and -> journal alert
+  cron        P7 cron `nvidia-smi -r` -> complete causal chain (waits for a cron minute)
+  store       P5 bytes per GPU-day of raw samples and rollups; P6 p95 of incident list,
+              reset history, 1-hour process timeline on a 7-day, 8-GPU store
+  rules       rules evaluation cost, % of one core (30 rules, 8 GPUs, 32 processes)
+  webui       GPU chart API latency over 7 days of samples
+  cuda        CUDA uprobes: ns added per traced CUDA call
+
+Root is needed for probes, sidecar, cron, cuda and the Xid latency (eBPF, /dev/kmsg,
+/etc/cron.d); without it they are listed as not run. --quick runs smaller sizes and
+fewer repeats (each benchmark's QUICK line below says which) and leaves out cron, the
+only one that must wait for a cron minute (name it in --only to run it anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+Figures = list[dict]
+
+
+def figure(fid: str, name: str, unit: str, values: list[float], *, goal: str | None = None,
+           goal_value: float | None = None, higher_is_better: bool = False,
+           judged: str = "median", reference: str | None = None,
+           reference_value: float | None = None, note: str = "") -> dict:
+    """One row: the median [min, max] of ``values``, the ratio to the reference, the goal.
+
+    ``judged`` is the statistic compared with the goal ("median" or "p95")."""
+    values = [float(v) for v in values]
+    row = {"id": fid, "name": name, "unit": unit, "runs": len(values),
+           "median": statistics.median(values), "min": min(values), "max": max(values),
+           "reference": reference, "reference_value": reference_value, "ratio": None,
+           "goal": goal, "goal_value": goal_value, "judged": judged, "pass": None,
+           "note": note}
+    if judged == "p95":
+        row["p95"] = sorted(values)[min(len(values) - 1, int(0.95 * len(values)))]
+    if reference_value:
+        row["ratio"] = row["median"] / reference_value
+    if goal_value is not None:
+        value = row[judged]
+        row["pass"] = value >= goal_value if higher_is_better else value <= goal_value
+    return row
+
+
+def paired(after: list[float], before: list[float]) -> list[float]:
+    """Differences run by run (the i-th run with probes minus the i-th without)."""
+    return [a - b for a, b in zip(after, before, strict=True)]
+
+
+# --- P1, P2 -------------------------------------------------------------------------------
+def bench_probes(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 3 runs of 100,000 ioctls and 10,000 round trips (full: 5 runs, 1,000,000 and
+    100,000; strace half as many runs)."""
+    import bench_probes
+
+    repeat, n_ioctl, n_pingpong = (3, 100_000, 10_000) if quick else (5, 1_000_000, 100_000)
+    raw = bench_probes.run(repeat, n_ioctl, n_pingpong)
+    rows = []
+    for fid, name, key in (("P1", "added per traced NVIDIA ioctl", "tracked ioctl"),
+                           ("P1", "added per untraced ioctl", "untracked ioctl"),
+                           ("P1", "added per other syscall (getppid)", "getppid")):
+        r = raw[key]
+        strace = r.get("strace")
+        rows.append(figure(
+            fid, name, "ns", paired(r["probes_runs"], r["none_runs"]),
+            goal=f"≤ {bench_probes.GOALS[key]}", goal_value=bench_probes.GOALS[key],
+            reference="strace -f added" if strace else None,
+            reference_value=strace - r["none"] if strace else None,
+            note=f"no probes {r['none']:.0f} ns per call"))
+    r = raw["ping-pong round trip"]
+    rows.append(figure(
+        "P2", "ping-pong slowdown, 10 tracked processes", "%",
+        [100 * (p / n - 1) for p, n in zip(r["probes_runs"], r["none_runs"], strict=True)],
+        goal="≤ 2", goal_value=2.0, note=f"round trip {r['none']:.0f} ns without probes, "
+                                   f"{r['probes']:.0f} ns with"))
+    return rows, raw
+
+
+# --- P3 -----------------------------------------------------------------------------------
+# The seed tool's figures, given by the issue: bcc alone on this kind of machine.
+SEED_BCC = {"rss_mb": 131.0, "compiler_libs_mb": 83.0, "anon_mb": 19.0}
+
+
+def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: the 8-GPU case only, 3 windows of 3 s after 6 s (full: both cases, 6 windows
+    of 10 s after 30 s)."""
+    import subprocess
+
+    import bench_sidecar
+
+    sizes = dict(warmup=6.0, windows=3, window=3.0) if quick else \
+        dict(warmup=30.0, windows=6, window=10.0)
+    cases = [(8, 16)] if quick else [(8, 16), (1, 3)]
+    goals = bench_sidecar.GOALS
+    rows, raw = [], {}
+    for gpus, processes in cases:
+        result = bench_sidecar.run(gpus, processes, **sizes)
+        raw[f"{gpus}x{processes}"] = result
+        case = f"{gpus} GPU{'s' if gpus > 1 else ''} × {result['fields']} fields, " \
+               f"{processes} processes"
+        per = result["per_process"]
+        total, probes = per["total"], per.get("probes")
+        rows.append(figure("P3", f"CPU, whole sidecar ({case})", "% of one core",
+                           total["cpu_pct"], goal=f"≤ {goals['cpu_pct']:g}",
+                           goal_value=goals["cpu_pct"]))
+        rows.append(figure("P3", f"anonymous memory, total ({case})", "MB", total["anon_mb"],
+                           goal=f"≤ {goals['anon_mb']:g}", goal_value=goals["anon_mb"]))
+        rows.append(figure("P3", f"RSS, total ({case})", "MB", total["rss_mb"],
+                           goal=f"≤ {goals['rss_mb']:g}", goal_value=goals["rss_mb"]))
+        for role, figures in per.items():
+            if role == "total":
+                continue
+            seed = role == "probes"
+            rows.append(figure("P3", f"  {role}: CPU", "% of one core", figures["cpu_pct"]))
+            rows.append(figure(
+                "P3", f"  {role}: anonymous", "MB", figures["anon_mb"],
+                reference="seed: bcc alone, after malloc_trim" if seed else None,
+                reference_value=SEED_BCC["anon_mb"] if seed else None))
+            rows.append(figure(
+                "P3", f"  {role}: RSS", "MB", figures["rss_mb"],
+                reference="seed: bcc alone, probes compiled" if seed else None,
+                reference_value=SEED_BCC["rss_mb"] if seed else None,
+                note=f"of which {statistics.median(figures['compiler_libs_mb']):.0f} MB clean "
+                     f"LLVM/clang/bcc file pages" if seed else ""))
+        if probes is None:
+            raise RuntimeError("no probes process under gpuwhy up")
+    out = subprocess.run([sys.executable, str(HERE / "bench_sidecar.py"), "--probes-memory"],
+                         capture_output=True, text=True, check=True).stdout
+    trim = json.loads(out.splitlines()[-1])
+    raw["probes_memory"] = trim
+    rows.append(figure(
+        "P3", "probes alone: anonymous after malloc_trim(0)", "MB",
+        [trim["after malloc_trim"]["anon_mb"]], reference="before the trim",
+        reference_value=trim["loaded"]["anon_mb"],
+        note=f"RSS {trim['loaded']['rss_mb']:.0f} -> {trim['after malloc_trim']['rss_mb']:.0f} "
+             f"MB; bcc import alone {trim['import bcc']['rss_mb']:.0f} MB RSS"))
+    return rows, raw
+
+
+def bench_gpu(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 1 run of 3 s (full: 3 runs of 10 s)."""
+    import bench_gpu_sources
+
+    runs = [bench_gpu_sources.run(8, 3.0 if quick else 10.0, 1.0)
+            for _ in range(1 if quick else 3)]
+    fields = runs[0]["fields"]
+    return [figure("P3", f"  GPU source alone, 8 GPUs × {fields} fields at 1 Hz", "% of one core",
+                   [r["share_pct"] for r in runs],
+                   note=f"one round {statistics.median(r['round_s'] for r in runs) * 1e3:.1f} "
+                        f"ms; dropped {sum(r['dropped'] for r in runs)}")], {"runs": runs}
+
+
+# --- P4, P7 -------------------------------------------------------------------------------
+def bench_correlator(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 1 run of 20,000 events, 5 Xid lines (full: 3 runs of 200,000, 30 lines)."""
+    import bench_correlator
+
+    runs = [bench_correlator.throughput(20_000 if quick else 200_000)
+            for _ in range(1 if quick else 3)]
+    rows = [
+        figure("P4", "bus -> correlator -> store", "events/s", [r["rate"] for r in runs],
+               goal=f"≥ {bench_correlator.GOAL_EVENTS_PER_S:,}",
+               goal_value=bench_correlator.GOAL_EVENTS_PER_S, higher_is_better=True,
+               note=f"{runs[0]['events']:,} events a run"),
+        figure("P4", "events lost (bus gaps + rejected + unaccounted)", "events",
+               [r["lost_gap"] + r["rejected"] + max(0, r["unwritten"] - r["lost_gap"])
+                for r in runs], goal="0", goal_value=0),
+    ]
+    raw: dict = {"throughput": runs}
+    if os.geteuid() == 0:
+        lines = 5 if quick else 30
+        latency = bench_correlator.latency(lines)
+        raw["latency"] = latency
+        goal = bench_correlator.GOAL_P95_S
+        for key, name in (("to_store", "Xid line -> stored incident"),
+                          ("to_journal", "Xid line -> journal alert")):
+            rows.append(figure("P7", name, "s", latency[key], goal=f"p95 ≤ {goal:g}",
+                               goal_value=goal, judged="p95", note=f"{lines} lines"))
+    else:
+        rows.append(_not_run("P7", "Xid line -> stored incident / journal alert", "needs root"))
+    return rows, raw
+
+
+def bench_cron(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: as full (1 run in quick, 2 in full): each waits for the next cron minute."""
+    from gpuwhy.config import load_config
+    from gpuwhy.correlator.demo import play
+
+    runs = []
+    for _ in range(1 if quick else 2):
+        work = Path(tempfile.mkdtemp(prefix="gpuwhy-bench-cron-"))
+        watcher = ChainWatcher(work / "demo.db")
+        watcher.start()
+        with contextlib.redirect_stdout(io.StringIO()):
+            incident = play(load_config(environ={}), "cron-reset", keep=False, timeout=30,
+                            work=work)
+        watcher.stop()
+        if incident is None or watcher.result is None:
+            raise RuntimeError("the cron reset produced no complete chain")
+        runs.append(watcher.result)
+    return [
+        figure("P7", "cron nvidia-smi -r: reset call -> complete chain cron job, command, "
+               "driver call, reset", "s", [r["reset_to_chain_s"] for r in runs],
+               goal="≤ 1", goal_value=1.0,
+               note=f"the cron job started "
+                    f"{statistics.median(r['cron_to_reset_s'] for r in runs):.2f} s before "
+                    f"the reset call"),
+    ], {"runs": runs}
+
+
+class ChainWatcher:
+    """Polls a store until one GPU-reset incident has every link of the cron chain, and
+    notes (realtime) when it was complete."""
+
+    CAUSE = {"cron_job", "command", "driver_call", "gpu_reset"}
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.result: dict | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _links(self) -> dict[str, int]:
+        from gpuwhy.store import open_store
+
+        if not self.path.exists():
+            return {}
+        db = open_store(self.path, readonly=True)
+        try:
+            rows = db.execute(
+                "select l.kind, l.ts from incident_links l join incidents i on i.id = "
+                "l.incident_id where i.kind = 'gpu_reset' and l.incident_id = (select "
+                "incident_id from incident_links where kind = 'cron_job' limit 1)").fetchall()
+        except Exception:  # noqa: BLE001 - tables not there yet
+            rows = []
+        finally:
+            db.close()
+        return dict(rows)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            links = self._links()
+            if self.CAUSE <= links.keys():
+                reset = links["driver_call"]
+                self.result = {"reset_to_chain_s": (time.time_ns() - reset) / 1e9,
+                               "cron_to_reset_s": (reset - links["cron_job"]) / 1e9}
+                return
+            self._stop.wait(0.05)
+
+
+# --- P5, P6, rules, web view, CUDA --------------------------------------------------------
+def bench_store(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 8 GPUs × 0.1 day (full: 8 GPUs × 7 days): P6 is then far from its size."""
+    import bench_store
+
+    days = 0.1 if quick else 7.0
+    r = bench_store.run(gpus=8, days=days)
+    mb = 1e6
+    rows = [
+        figure("P5", "raw samples, 25 budget fields, compact schema", "MB per GPU-day",
+               [r["samples_25_per_gpu_day"] / mb], goal="≤ 10", goal_value=10.0,
+               reference="GPU-sources schema (all fields)",
+               reference_value=r["samples_before_per_gpu_day"] / mb),
+        figure("P5", f"raw samples, all {r['fields']} fields, as stored", "MB per GPU-day",
+               [r["raw_per_gpu_day"] / mb], note=f"{r['packed_per_gpu_day'] / mb:.2f} after "
+                                                 "VACUUM"),
+        figure("P5", "one-minute rollups", "MB per GPU-day", [r["rollups_per_gpu_day"] / mb]),
+    ]
+    for name, label in (("incident list (50 newest)", "incident list"),
+                        ("reset history (all)", "reset history"),
+                        ("1-hour process timeline", "1-hour process timeline")):
+        times = r["latencies_ms"][name]
+        rows.append(figure("P6", f"{label}, {r['gpus']} GPUs × {days:g} days", "ms", times,
+                           goal="p95 ≤ 100", goal_value=100.0, judged="p95"))
+    return rows, r
+
+
+def bench_rules(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 360 s of data (full: 600 s)."""
+    import bench_rules
+
+    seconds, interval = (360, 10) if quick else (600, 10)
+    r = bench_rules.run(rules=30, seconds=seconds, interval=interval)
+    rows = []
+    for name, costs in r["costs"].items():
+        rows.append(figure(
+            "R", f"rules evaluation, {r['rules']} rules, signals from {name}", "% of one core",
+            [100 * c / interval for c in costs], goal=f"≤ {bench_rules.GOAL_PCT:g}",
+            goal_value=bench_rules.GOAL_PCT,
+            note=f"every {interval} s; {len(costs)} rounds; {r['instances']} instances"))
+    return rows, r
+
+
+def bench_webui(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 2 GPUs × 0.1 day, 10 calls each (full: 2 GPUs × 7 days, 20 calls)."""
+    import bench_webui
+
+    days = 0.1 if quick else 7.0
+    r = bench_webui.run(gpus=2, days=days, runs=10 if quick else 20)
+    rows = []
+    for url in ("/api/gpus/<gpu>/series?range=7d", "/api/gpus/<gpu>/series?range=24h",
+                "/api/gpus/<gpu>/series?range=1h"):
+        call = r["calls"][url]
+        rows.append(figure("W", f"GET {url}, {days:g} days stored", "ms",
+                           [call["p95_ms"]], goal="p95 ≤ 250", goal_value=250.0,
+                           note=f"{call['points']} points; median {call['median_ms']:.1f} ms; "
+                                f"raw rows {r['raw_rows']:,}"))
+    return rows, r
+
+
+def bench_cuda(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 2 runs of 10,000 calls (full: 5 runs of 200,000)."""
+    import bench_cuda_uprobes
+
+    r = bench_cuda_uprobes.run(10_000 if quick else 200_000, 2 if quick else 5)
+    base, on = r["no probes"], r["cuda uprobes"]
+    rows = []
+    for label, key in bench_cuda_uprobes.ROWS:
+        rows.append(figure("C", f"added per {label}", "ns",
+                           paired(on[f"{key}_runs"], base[f"{key}_runs"]),
+                           note=f"no probes {base[key]:.0f} ns"))
+    return rows, r
+
+
+def _not_run(fid: str, name: str, why: str) -> dict:
+    return {"id": fid, "name": name, "unit": "", "runs": 0, "not_run": why}
+
+
+BENCHMARKS: dict[str, tuple[Callable[[bool], tuple[Figures, dict]], bool]] = {
+    # name: (function, needs root)
+    "probes": (bench_probes, True),
+    "sidecar": (bench_sidecar, True),
+    "gpu": (bench_gpu, False),
+    "correlator": (bench_correlator, False),
+    "store": (bench_store, False),
+    "rules": (bench_rules, False),
+    "webui": (bench_webui, False),
+    "cuda": (bench_cuda, True),
+    "cron": (bench_cron, True),
+}
+FULL_ONLY = {"cron"}
+
+
+# --- output -------------------------------------------------------------------------------
+def _number(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def table(rows: Figures) -> str:
+    lines = ["| | figure | unit | median [min – max] | runs | reference | ratio | goal | |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if "not_run" in row or "error" in row:
+            why = row.get("not_run") or f"ERROR: {row['error']}"
+            lines.append(f"| {row['id']} | {row['name']} | | not run: {why} | | | | | |")
+            continue
+        value = f"{_number(row['median'])} [{_number(row['min'])} – {_number(row['max'])}]"
+        if "p95" in row:
+            value += f", p95 {_number(row['p95'])}"
+        reference = row["reference"] or ""
+        if row["reference_value"] is not None:
+            reference += f": {_number(row['reference_value'])}"
+        ratio = f"{row['ratio']:.2f}×" if row["ratio"] is not None else ""
+        mark = {True: "pass", False: "**miss**", None: ""}[row["pass"]]
+        name = row["name"] + (f" ({row['note']})" if row["note"] else "")
+        lines.append(f"| {row['id']} | {name} | {row['unit']} | {value} | {row['runs']} | "
+                     f"{reference} | {ratio} | {row['goal'] or ''} | {mark} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return {"cpus": os.cpu_count(), "cpu_model": model,
+            "virtual": " hypervisor" in cpuinfo or "hypervisor" in cpuinfo.split(),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "gpu": Path("/dev/nvidia0").exists(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                / 2**30, 1)}
+
+
+def other_sidecars() -> list[str]:
+    """gpuwhy services or probes already running: their probes fire on every ioctl too."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        words = process.info["cmdline"] or []
+        if any(w.endswith("gpuwhy") for w in words[:3]) or "gpuwhy" in words[:3]:
+            if {"up", "serve", "probes"} & set(words[1:4]):
+                found.append(f"{process.info['pid']}: {' '.join(words)[:120]}")
+    return found
+
+
+def run(names: list[str], quick: bool) -> dict:
+    started = time.monotonic()
+    meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "quick": quick, "machine": machine(), "load_before": os.getloadavg(),
+            "other_sidecars": other_sidecars()}
+    rows: Figures = []
+    raw: dict = {}
+    durations: dict[str, float] = {}
+    for name in names:
+        function, needs_root = BENCHMARKS[name]
+        began = time.monotonic()
+        print(f"# {name} ...", file=sys.stderr, flush=True)
+        if needs_root and os.geteuid() != 0:
+            rows.append(_not_run(name, name, "needs root"))
+            continue
+        try:
+            figures, raw[name] = function(quick)
+            for row in figures:
+                row["benchmark"] = name
+            rows += figures
+        except Exception as exc:  # noqa: BLE001 - one failing benchmark must not hide the rest
+            traceback.print_exc()
+            rows.append({"id": name, "name": name, "unit": "", "runs": 0, "benchmark": name,
+                         "error": f"{type(exc).__name__}: {exc}"})
+        durations[name] = time.monotonic() - began
+        print(f"# {name}: {durations[name]:.0f} s", file=sys.stderr, flush=True)
+    meta.update(load_after=os.getloadavg(), seconds=time.monotonic() - started,
+                durations=durations)
+    return {"meta": meta, "figures": rows, "raw": raw}
+
+
+def describe(meta: dict) -> str:
+    m = meta["machine"]
+    return (f"{meta['date']}, {'quick' if meta['quick'] else 'full'} run of "
+            f"{meta['seconds'] / 60:.1f} min on {m['cpus']} CPUs ({m['cpu_model']}), "
+            f"{'VM' if m['virtual'] else 'bare metal'}, {m['memory_gib']} GiB, Linux "
+            f"{m['kernel']}, {'a GPU' if m['gpu'] else 'no GPU'}; load average "
+            f"{meta['load_before'][0]:.2f} at the start, {meta['load_after'][0]:.2f} at the end"
+            + (f"; {len(meta['other_sidecars'])} other gpuwhy process(es) were running "
+               f"(their probes are in every figure, baselines included)"
+               if meta["other_sidecars"] else ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller sizes, fewer repeats: under 2 minutes")
+    parser.add_argument("--only", help=f"comma-separated: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--json", help="write the results as JSON here ('-': stdout)")
+    parser.add_argument("--write-md", type=Path, help="write BENCHMARKS.md here")
+    args = parser.parse_args()
+    if args.only:
+        names = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = [name for name in names if name not in BENCHMARKS]
+        if unknown:
+            parser.error(f"unknown benchmark {', '.join(unknown)}; "
+                         f"choose from {', '.join(BENCHMARKS)}")
+    else:
+        names = [name for name in BENCHMARKS if not (args.quick and name in FULL_ONLY)]
+    # One private folder for every benchmark's files (some keep theirs), removed at the end.
+    tempfile.tempdir = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="bench-run-")
+    try:
+        results = run(names, args.quick)
+    finally:
+        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
+    text = table(results["figures"])
+    print(f"{describe(results['meta'])}\n\n{text}")
+    if args.json == "-":
+        print(json.dumps(results, indent=2))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.write_md:
+        from bench_notes import benchmarks_md
+
+        args.write_md.write_text(benchmarks_md(describe(results["meta"]), text))
+    failed = [row for row in results["figures"] if "error" in row]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""bench_probes: what the eBPF probes cost the host, side by side with no probes and strace.
+
+USAGE: sudo .venv/bin/python scripts/bench_probes.py [--repeat 5] [--json FILE]
+
+Measures, with a small C program (scripts/bench_probes.c, compiled here):
+  - ns per ioctl on a tracked device fd (a look-alike file matched by the device glob),
+  - ns per ioctl on an untracked fd (a file the glob does not match),
+  - ns per getppid() (any other syscall on the host),
+  - ns per round trip of a pipe ping-pong between two GPU processes, with 10 tracked
+    processes in all (context-switch cost with the scheduler probe watching them),
+in three setups: no probes; `gpuwhy probes` attached (fdtrack + lifecycle + sched, the
+service's real configuration); `strace -f -e trace=ioctl` (the intrusive reference, only
+for the ioctl rows). Each figure is the median of --repeat runs. Prints a markdown table
+and, with --json, writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOALS = {"tracked ioctl": 400, "untracked ioctl": 150, "getppid": 50}
+
+
+def compile_bench(workdir: Path) -> Path:
+    binary = workdir / "bench_probes"
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(HERE / "bench_probes.c")], check=True)
+    return binary
+
+
+def measure(command: list[str], repeat: int) -> list[float]:
+    """The figure the program prints, once per run."""
+    values = []
+    for _ in range(repeat):
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        values.append(float(out.split()[-1]))
+    return values
+
+
+class ProbesRunning:
+    """`gpuwhy probes` in the background, publishing to a bus nobody reads."""
+
+    def __init__(self, workdir: Path, device_glob: str):
+        env = {**os.environ, "GPUWHY_DEVICE_GLOB": device_glob,
+               "GPUWHY_BUS": f"ipc://{workdir}/bench-bus.sock", "GPUWHY_LOG_LEVEL": "info"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuwhy", "probes"], env=env,
+                                     stderr=subprocess.PIPE, text=True)
+        for line in self.proc.stderr:
+            if "start-up scan" in line:
+                break
+        time.sleep(1.0)        # lifecycle and sched load right after the scan
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def run(repeat: int, n_ioctl: int = 1_000_000, n_pingpong: int = 100_000) -> dict:
+    """{figure: {setup: median ns, setup_runs: [ns of each run]}}, setups none, probes,
+    strace (the ioctl rows only)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        devices = workdir / "dev"
+        devices.mkdir()
+        bench = str(compile_bench(workdir))
+        tracked = str(devices / "nvidiactl")
+        untracked = str(workdir / "plain-file")
+        for path in (tracked, untracked):
+            Path(path).touch()
+        cases = {
+            "tracked ioctl": [bench, "ioctl", tracked, str(n_ioctl)],
+            "untracked ioctl": [bench, "ioctl", untracked, str(n_ioctl)],
+            "getppid": [bench, "getppid", str(3 * n_ioctl)],
+            "ping-pong round trip": [bench, "pingpong", str(n_pingpong), tracked],
+        }
+        results: dict[str, dict] = {name: {} for name in cases}
+
+        def record(name: str, setup: str, runs: list[float]) -> None:
+            results[name][setup] = statistics.median(runs)
+            results[name][f"{setup}_runs"] = runs
+
+        for name, command in cases.items():
+            record(name, "none", measure(command, repeat))
+        # 8 more GPU processes, idle, so that 10 are tracked during the ping-pong
+        idle = [subprocess.Popen(["python3", "-c", f"import os,time; os.open('{tracked}', "
+                                  "os.O_RDWR); time.sleep(3600)"]) for _ in range(8)]
+        probes = ProbesRunning(workdir, f"{devices}/nvidia*")
+        try:
+            for name, command in cases.items():
+                record(name, "probes", measure(command, repeat))
+        finally:
+            probes.stop()
+            for proc in idle:
+                proc.kill()
+        for name in ("tracked ioctl", "untracked ioctl"):
+            record(name, "strace", measure(
+                ["strace", "-f", "-qq", "-e", "trace=ioctl", "-o", "/dev/null", *cases[name]],
+                max(1, repeat // 2)))
+        return results
+
+
+def table(results: dict) -> str:
+    lines = ["| figure (ns) | no probes | gpuwhy probes | added | goal (added) | strace -f "
+             "| strace added |", "|---|---|---|---|---|---|---|"]
+    for name, figures in results.items():
+        base, probes = figures["none"], figures["probes"]
+        added = probes - base
+        if name == "ping-pong round trip":
+            goal, added_text = "≤ 2 %", f"{added:+.0f} ({added / base:+.1%})"
+        else:
+            goal, added_text = f"≤ {GOALS[name]}", f"{added:+.0f}"
+        strace = figures.get("strace")
+        strace_text = strace_added = ""
+        if strace is not None:
+            strace_text = f"{strace:.0f}"
+            strace_added = f"{strace - base:+.0f} ({strace / base:.0f}x)"
+        lines.append(f"| {name} | {base:.0f} | {probes:.0f} | {added_text} | {goal} | "
+                     f"{strace_text} | {strace_added} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_probes: needs root (it loads the eBPF probes)")
+    results = run(args.repeat)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

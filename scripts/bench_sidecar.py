@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""bench_sidecar: the whole sidecar's steady-state CPU and memory, `gpuwhy up` as it runs.
+
+USAGE: sudo .venv/bin/python scripts/bench_sidecar.py [--gpus 8] [--processes 16]
+           [--warmup 30] [--windows 6] [--window 10] [--json FILE]
+       sudo .venv/bin/python scripts/bench_sidecar.py --probes-memory
+
+Starts the real `gpuwhy up` (the service: correlator, store, web view, GPU simulator,
+kernel-log, cron and rules threads; and its `gpuwhy probes` child: fdtrack, lifecycle,
+sched) on a private store and bus, with --gpus simulated GPUs sampled at 1 Hz and
+--processes stand-in GPU processes (`gpuwhy.correlator.standin train --starved`: each holds
+look-alike nvidiactl/nvidiaN/nvidia-uvm files and sends about 20 driver calls a second).
+After --warmup seconds it measures, over --windows windows of --window seconds, the CPU
+seconds per wall second of every gpuwhy process (psutil) and their memory from
+/proc/PID/smaps_rollup: RSS, anonymous and private dirty pages, and the clean file pages
+of bcc's LLVM/clang libraries (shared, evictable, the bulk of the probes' RSS).
+
+The CPU that the eBPF programs spend inside traced processes' system calls is charged to
+those processes, not to gpuwhy: bench_probes.py measures it (ns per call).
+
+--probes-memory loads the probes alone in this process and prints their memory after
+loading and after glibc's malloc_trim(0) (what probes/service.py now does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+MB = 1024 * 1024
+GOALS = {"cpu_pct": 1.0, "anon_mb": 80.0, "rss_mb": 200.0}
+# Mapped files whose clean pages are bcc's compiler (LLVM, clang) and bcc itself.
+COMPILER_LIBS = re.compile(r"lib(LLVM|clang|bcc)[^/]*\.so")
+
+
+def memory(pid: int) -> dict[str, float]:
+    """MB of RSS, anonymous, private dirty and compiler-library (clean file) pages."""
+    fields: dict[str, float] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1]) * 1024 / MB
+    compiler = 0.0
+    current = ""
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if not head.endswith(":"):              # a mapping's header line
+                parts = line.split()
+                current = parts[5] if len(parts) > 5 else ""
+            elif head == "Rss:" and COMPILER_LIBS.search(current):
+                compiler += int(line.split()[1]) * 1024 / MB
+    return {"rss_mb": fields.get("Rss", 0.0), "anon_mb": fields.get("Anonymous", 0.0),
+            "private_dirty_mb": fields.get("Private_Dirty", 0.0),
+            "compiler_libs_mb": compiler}
+
+
+def probes_memory() -> dict[str, dict[str, float]]:
+    """Load the probes here (the way `gpuwhy probes` does), memory before/after the trim."""
+    from gpuwhy.bus import Publisher
+    from gpuwhy.config import load_config
+    from gpuwhy.probes.service import Probes, release_freed_memory
+
+    result = {"start": memory(os.getpid())}
+    import bcc  # noqa: F401 - its import alone maps the LLVM libraries
+
+    result["import bcc"] = memory(os.getpid())
+    with tempfile.TemporaryDirectory() as work:
+        devices = Path(work, "dev")
+        devices.mkdir()
+        config = load_config(environ={"GPUWHY_DEVICE_GLOB": f"{devices}/nvidia*",
+                                      "GPUWHY_BUS": f"ipc://{work}/bus.sock"})
+        publisher = Publisher(config["bus.endpoint"], src="bench")
+        probes = Probes(config, publisher)
+        probes.load()
+        result["loaded"] = memory(os.getpid())
+        release_freed_memory()
+        result["after malloc_trim"] = memory(os.getpid())
+        probes.close()
+        publisher.close()
+    return result
+
+
+class Sidecar:
+    """`gpuwhy up` on a private store, bus and port, plus its stand-in GPU processes."""
+
+    def __init__(self, work: Path, gpus: int, processes: int):
+        self.work = work
+        devices = work / "dev"
+        devices.mkdir(parents=True, exist_ok=True)
+        for name in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(gpus))):
+            (devices / name).touch()
+        self.devices, self.gpus, self.processes = devices, gpus, processes
+        self.env = {**os.environ, "GPUWHY_DB": str(work / "bench.db"),
+                    "GPUWHY_BUS": f"ipc://{work}/bus.sock",
+                    "GPUWHY_DEVICE_GLOB": f"{devices}/nvidia*", "GPUWHY_GPU_SOURCE": "sim",
+                    "GPUWHY_SIM_GPUS": str(gpus), "GPUWHY_GPU_INTERVAL": "1",
+                    "GPUWHY_KLOG_START": "now", "GPUWHY_LOG_LEVEL": "info"}
+        self.up: subprocess.Popen | None = None
+        self.standins: list[subprocess.Popen] = []
+        self.log: list[str] = []
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.up = subprocess.Popen([sys.executable, "-m", "gpuwhy", "up", "--port", "0"],
+                                   env=self.env, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        loaded = threading.Event()
+
+        def read_log() -> None:
+            for line in self.up.stderr:
+                self.log.append(line.rstrip())
+                if "start-up scan" in line:
+                    loaded.set()
+        threading.Thread(target=read_log, daemon=True).start()
+        if not loaded.wait(timeout):
+            self.stop()
+            raise RuntimeError("gpuwhy up did not load its probes:\n" + "\n".join(self.log[-20:]))
+        for n in range(self.processes):
+            standin = subprocess.Popen(
+                [sys.executable, "-m", "gpuwhy.correlator.standin", "train",
+                 str(self.devices), "--minor", str(n % self.gpus), "--starved"],
+                stdout=subprocess.PIPE, text=True)
+            standin.stdout.readline()             # its pid: the device files are open
+            self.standins.append(standin)
+
+    def pids(self) -> dict[str, int]:
+        """The gpuwhy processes, by role: the service and its descendants (the probes)."""
+        service = psutil.Process(self.up.pid)
+        found = {"service (gpuwhy up)": service.pid}
+        for child in service.children(recursive=True):
+            role = "probes" if "probes" in " ".join(child.cmdline()) else child.name()
+            found[role] = child.pid
+        return found
+
+    def traced(self) -> int:
+        """Stand-in processes the store knows to hold device files (a sanity check)."""
+        with sqlite3.connect(f"file:{self.work / 'bench.db'}?mode=ro", uri=True) as db:
+            pids = {row[0] for row in db.execute("select distinct pid from device_fds")}
+        return len(pids & {standin.pid for standin in self.standins})
+
+    def stop(self) -> None:
+        for standin in self.standins:
+            standin.terminate()
+        for standin in self.standins:
+            standin.wait(10)
+        if self.up is not None and self.up.poll() is None:
+            self.up.send_signal(signal.SIGTERM)
+            try:
+                self.up.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.up.pid, signal.SIGKILL)
+                self.up.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int = 6,
+        window: float = 10.0) -> dict:
+    """Steady-state CPU % of one core and memory (MB) of each gpuwhy process and in total,
+    one value per window."""
+    with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-sidecar-") as tmp:
+        sidecar = Sidecar(Path(tmp), gpus, processes)
+        sidecar.start()
+        try:
+            time.sleep(warmup)
+            pids = sidecar.pids()
+            per: dict[str, dict[str, list[float]]] = {
+                role: {"cpu_pct": [], "rss_mb": [], "anon_mb": [], "private_dirty_mb": [],
+                       "compiler_libs_mb": []} for role in [*pids, "total"]}
+            for _ in range(windows):
+                before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+                started = time.monotonic()
+                time.sleep(window)
+                wall = time.monotonic() - started
+                total: dict[str, float] = {key: 0.0 for key in per["total"]}
+                for role, pid in pids.items():
+                    figures = {"cpu_pct": (cpu_seconds(pid) - before[role]) / wall * 100,
+                               **memory(pid)}
+                    for key, value in figures.items():
+                        per[role][key].append(value)
+                        total[key] += value
+                for key, value in total.items():
+                    per["total"][key].append(value)
+            traced = sidecar.traced()
+        finally:
+            sidecar.stop()
+    fields = _simulated_fields()
+    return {"gpus": gpus, "fields": fields, "processes": processes, "traced_in_store": traced,
+            "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per}
+
+
+def _simulated_fields() -> int:
+    from gpuwhy.probes.gpu.sim import SimulatedGpus
+
+    source = SimulatedGpus(count=1)
+    source.open()
+    return len(source.read()[0].fields)
+
+
+def table(result: dict) -> str:
+    lines = [f"{result['gpus']} simulated GPUs × {result['fields']} fields at 1 Hz, "
+             f"{result['processes']} stand-in GPU processes ({result['traced_in_store']} seen "
+             f"in the store); median [min–max] of {result['windows']} windows of "
+             f"{result['window_s']:g} s after {result['warmup_s']:g} s", "",
+             "| process | CPU % of one core | RSS MB | anonymous MB | private dirty MB "
+             "| LLVM/clang/bcc clean pages MB |", "|---|---|---|---|---|---|"]
+
+    def cell(values: list[float], digits: int = 1) -> str:
+        return (f"{statistics.median(values):.{digits}f} "
+                f"[{min(values):.{digits}f}–{max(values):.{digits}f}]")
+    for role, figures in result["per_process"].items():
+        lines.append(f"| {role} | {cell(figures['cpu_pct'], 2)} | {cell(figures['rss_mb'])} | "
+                     f"{cell(figures['anon_mb'])} | {cell(figures['private_dirty_mb'])} | "
+                     f"{cell(figures['compiler_libs_mb'])} |")
+    lines.append(f"| goal (total) | ≤ {GOALS['cpu_pct']:g} | ≤ {GOALS['rss_mb']:g} | "
+                 f"≤ {GOALS['anon_mb']:g} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=30.0)
+    parser.add_argument("--windows", type=int, default=6)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--probes-memory", action="store_true",
+                        help="print the probes' memory after loading and after malloc_trim")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_sidecar: needs root (it loads the eBPF probes)")
+    if args.probes_memory:
+        print(json.dumps(probes_memory()))
+        return
+    result = run(args.gpus, args.processes, args.warmup, args.windows, args.window)
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

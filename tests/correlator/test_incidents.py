@@ -1,0 +1,264 @@
+"""The decide stage on constructed events through the real writer and store: Xid with and
+without a pid, PID reuse, dedup of bursts, Xid 45 and escalation, late events, the reset
+chain from a cron job, stalls, deaths, rule findings, GPU identity join."""
+
+import json
+
+from gpuwhy.events import CronExecution, RuleFinding, SchedStats
+from gpuwhy.identity import ProcessKey
+
+TRAINER = ProcessKey(4242, 1000)
+OTHER = ProcessKey(5151, 1100)
+
+
+def bound_gpu(h, *keys):
+    """A GPU seen by the source, busy, with ``keys`` holding /dev/nvidia0."""
+    h.feed(h.gpu(0), *(h.process(0.1, k, f"train{k.pid}") for k in keys),
+           *(h.opened(0.2, k) for k in keys), h.sample(0.5, 95.0))
+
+
+def test_xid_with_a_pid_links_to_that_process_only(harness):
+    h = harness
+    bound_gpu(h, TRAINER, OTHER)
+    h.feed(h.xid(1.0, 13, pid=TRAINER.pid, name="train4242"))
+    [incident] = h.incidents("xid")
+    assert (incident["gpu_id"], incident["pid"], incident["start_time"]) == \
+        ("GPU-00000000-1111-2222-3333-444444444444", TRAINER.pid, TRAINER.start_time)
+    assert incident["severity"] == "error" and "Xid 13" in incident["title"]
+    processes = [(link["pid"], link["start_time"]) for link in h.links(incident["id"])
+                 if link["kind"] == "process"]
+    assert processes == [(TRAINER.pid, TRAINER.start_time)]
+    [alert] = h.alerts
+    assert h.incidents("xid")[0]["alerted_at"] is not None
+    assert alert["GPUWHY_INCIDENT_ID"] == str(incident["id"])
+    assert alert["PID"] == str(TRAINER.pid) and alert["GPU_PCI"] == "0000:18:00"
+    assert alert["GPU_UUID"] == incident["gpu_id"] and alert["PRIORITY"] == "3"
+
+
+def test_xid_without_a_pid_links_to_the_processes_bound_at_that_time(harness):
+    h = harness
+    bound_gpu(h, TRAINER, OTHER)
+    late = ProcessKey(6000, 1200)      # binds after the Xid: not hit by it
+    h.feed(h.xid(2.0, 31))
+    h.feed(h.process(3.0, late, "late"), h.opened(3.1, late))
+    h.feed(h.sample(3.5, 90.0))
+    [incident] = h.incidents("xid")
+    assert incident["pid"] is None
+    hit = {(link["pid"], link["start_time"]) for link in h.links(incident["id"])
+           if link["kind"] == "process"}
+    assert hit == {(TRAINER.pid, TRAINER.start_time), (OTHER.pid, OTHER.start_time)}
+
+
+def test_a_reused_pid_is_not_mixed_up(harness):
+    h = harness
+    old = ProcessKey(7777, 500)
+    new = ProcessKey(7777, 900)          # same pid, started after the old one exited
+    h.feed(h.gpu(0), h.process(0.1, old, "old"), h.opened(0.2, old), h.sample(0.3, 90.0))
+    h.feed(h.xid(1.0, 13, pid=7777, name="old"))
+    h.feed(h.exited(2.0, old), h.process(3.0, new, "new"), h.opened(3.1, new))
+    h.feed(h.xid(4.0, 43, pid=7777, name="new"))
+    first, second = h.incidents("xid")
+    assert (first["pid"], first["start_time"]) == (7777, 500)
+    assert (second["pid"], second["start_time"]) == (7777, 900)
+
+
+def test_a_burst_of_the_same_xid_is_one_incident_with_a_count(harness):
+    h = harness
+    bound_gpu(h, TRAINER)
+    h.feed(*(h.xid(1.0 + n * 0.1, 13, pid=TRAINER.pid) for n in range(5)))
+    h.feed(h.xid(2.0, 13, pid=TRAINER.pid))
+    [incident] = h.incidents("xid")
+    assert incident["count"] == 6
+    assert len(h.alerts) == 1
+
+
+def test_xid_45_points_to_the_earlier_xid_and_repeats_after_a_reset_escalate(harness):
+    h = harness
+    bound_gpu(h, TRAINER)
+    h.feed(h.reset_call(1.0, TRAINER))
+    h.feed(h.xid(2.0, 48))
+    h.feed(h.xid(3.0, 45))
+    xid48, xid45 = h.incidents("xid")
+    kinds = [link["kind"] for link in h.links(xid45["id"])]
+    assert kinds[0] == "earlier_xid" and "escalation" in kinds
+    earlier = h.links(xid45["id"])[0]
+    assert json.loads(earlier["evidence"])["incident"] == xid48["id"]
+
+
+def test_late_events_within_the_lag_land_in_the_right_chain(harness):
+    h = harness
+    h.feed(h.gpu(0), h.sample(0.0, 95.0))
+    job = ProcessKey(300, 2000)
+    smi = ProcessKey(301, 2001)
+    # The reset's driver call arrives first; who ran it (cron, the exec, the process
+    # facts) arrives later, out of order, within the lag.
+    h.feed(h.process(0.9, smi, "nvidia-smi", ppid=300), h.opened(0.95, smi),
+           h.reset_call(1.0, smi))
+    [reset] = h.incidents("gpu_reset")
+    assert [link["kind"] for link in h.links(reset["id"])] == ["operator_command",
+                                                               "driver_call", "gpu_reset"]
+    h.feed(h.process(0.5, job, "sh", ppid=1), h.exec_(0.8, smi, "/usr/bin/nvidia-smi", 300),
+           CronExecution(ts=h.at(0.5), cursor="cron1", phase="started", user="root",
+                         command="nvidia-smi -r", job_pid=300, job_start_time=2000,
+                         cron_pid=299, gpu_action="nvidia-smi -r: GPU reset"),
+           src="late-source")
+    links = h.links(reset["id"])
+    assert [link["kind"] for link in links] == ["cron_job", "command", "driver_call",
+                                                "gpu_reset"]
+    assert (links[0]["pid"], links[0]["start_time"]) == (300, 2000)
+    assert links[1]["ts"] == h.at(0.8) and (links[1]["pid"], links[2]["pid"]) == (301, 301)
+
+
+def test_events_later_than_the_lag_are_counted_and_still_stored(harness):
+    h = harness
+    lag = h.config["correlator.lag_seconds"]
+    h.correlator.wall_clock = lambda: h.t0      # live: the wall clock bounds the watermark
+    h.feed(h.gpu(0), h.sample(0.0, 95.0))
+    h.feed(h.sample(-(lag + 10), 95.0), h.sample(-(lag / 2), 95.0), src="slow-source")
+    h.feed(h.sample(lag + 60, 95.0), src="fast-clock")
+    counters = h.correlator.counters()
+    assert counters["late_beyond_lag:slow-source"] == 1
+    assert counters["reordered:slow-source"] == 2 and counters["clock_ahead:fast-clock"] == 1
+    assert h.db.execute("select count(*) from gpu_samples").fetchone()[0] == 4
+
+
+def test_cron_reset_chain_reaches_the_stalled_process(harness):
+    h = harness
+    stall_s = h.config["correlator.stall_seconds"]
+    job, smi = ProcessKey(300, 2000), ProcessKey(301, 2001)
+    bound_gpu(h, TRAINER)
+    h.feed(CronExecution(ts=h.at(1.0), cursor="cron1", phase="started", user="root",
+                         command="/usr/bin/nvidia-smi -r", job_pid=300, job_start_time=2000,
+                         gpu_action="nvidia-smi -r: GPU reset"),
+           h.process(1.0, job, "sh"), h.process(1.1, smi, "nvidia-smi", ppid=300),
+           h.exec_(1.1, smi, "/usr/bin/nvidia-smi", 300), h.opened(1.2, smi),
+           h.reset_call(1.3, smi))
+    for second in range(2, int(stall_s) + 4):
+        h.feed(h.sample(second, 0.0),
+               SchedStats(ts=h.at(second), process=TRAINER, interval_ns=10**9,
+                          own={"on_cpu_ns": 900_000_000, "sleep_ns": 100_000_000},
+                          workers={}))
+    [reset] = h.incidents("gpu_reset")
+    [stall] = h.incidents("process_stall")
+    links = h.links(reset["id"])
+    assert [link["kind"] for link in links] == ["cron_job", "command", "driver_call",
+                                                "gpu_reset", "process_stall"]
+    assert [(link["pid"], link["start_time"]) for link in links] == [
+        (300, 2000), (301, 2001), (301, 2001), (None, None), (4242, 1000)]
+    assert links[2]["ts"] == h.at(1.3) and links[4]["ts"] == stall["opened_at"] == h.at(2)
+    assert "on-CPU busy" in stall["summary"]
+    assert reset["gpu_id"] == stall["gpu_id"] == "GPU-00000000-1111-2222-3333-444444444444"
+    assert [a["GPUWHY_KIND"] for a in h.alerts] == ["gpu_reset", "process_stall"]
+
+
+def test_a_death_after_an_xid_is_its_effect(harness):
+    h = harness
+    bound_gpu(h, TRAINER)
+    h.feed(h.xid(1.0, 79))
+    h.feed(h.exited(2.0, TRAINER, signal=6))
+    [lost] = h.incidents("gpu_lost")
+    [death] = h.incidents("process_exit")
+    assert death["pid"] == TRAINER.pid and lost["severity"] == "critical"
+    assert "process_exit" in [link["kind"] for link in h.links(lost["id"])]
+
+
+def test_device_opened_before_the_gpu_is_known_is_rekeyed_to_its_uuid(harness):
+    h = harness
+    h.feed(h.process(0.0, TRAINER, "train"), h.opened(0.1, TRAINER))
+    assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [("minor:0",)]
+    h.feed(h.gpu(0.5))
+    assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [
+        ("GPU-00000000-1111-2222-3333-444444444444",)]
+    aliases = dict(h.db.execute("select alias, gpu_id from gpu_aliases").fetchall())
+    assert set(aliases) == {"uuid:GPU-00000000-1111-2222-3333-444444444444",
+                            "pci:0000:18:00", "index:0", "minor:0"}
+
+
+def finding(h, t, state="firing", severity="warning", shadow=False):
+    return RuleFinding(ts=h.at(t), finding_id="f-1", rule_id="input-starved",
+                       title="Input pipeline starves the GPU", severity=severity, state=state,
+                       gpu_id="GPU-00000000-1111-2222-3333-444444444444", process=TRAINER,
+                       window_start=h.at(1), window_end=h.at(5),
+                       evidence={"gpu_util_mean": 31.0}, root_cause="too few workers",
+                       fixes=["raise num_workers"], verify="gpu_util > 80", shadow=shadow)
+
+
+def test_a_rule_finding_becomes_an_incident_with_its_evidence(harness):
+    h = harness
+    bound_gpu(h, TRAINER)
+    h.feed(finding(h, 5))
+    [incident] = h.incidents("rule_finding")
+    assert (incident["pid"], incident["opened_at"]) == (TRAINER.pid, h.at(1))
+    [link] = h.links(incident["id"])
+    evidence = json.loads(link["evidence"])
+    assert evidence["evidence"] == {"gpu_util_mean": 31.0}
+    assert evidence["fixes"] == ["raise num_workers"] and evidence["rule_id"] == "input-starved"
+    assert h.alerts[0]["MESSAGE_ID"] == "edb02d46c3fc48debfc0880a04139975"
+    h.feed(finding(h, 300, severity="error"))           # escalation: same incident, worse
+    h.feed(finding(h, 400, state="cleared"))
+    [incident] = h.incidents("rule_finding")
+    assert (incident["severity"], incident["state"], incident["closed_at"]) == \
+        ("error", "closed", h.at(400))
+    assert len(h.alerts) == 1
+
+
+def test_a_shadow_finding_opens_no_incident(harness):
+    harness.feed(finding(harness, 5, shadow=True))
+    assert harness.incidents() == [] and harness.alerts == []
+
+
+def test_process_timeline_at_one_second(harness):
+    from gpuwhy.correlator.timeline import gpu_timeline, process_timeline
+    from gpuwhy.events import DriverCallStats, GpuProcesses
+
+    h = harness
+    bound_gpu(h, TRAINER)
+
+    def stats(t, count):
+        return DriverCallStats(ts=h.at(t), process=TRAINER, path="/dev/nvidiactl",
+                               device="nvidiactl",
+                               ops=[{"cmd": 1, "sub": 2, "op": "NV_ESC_RM_CONTROL",
+                                     "sub_name": "NV2080_CTRL_CMD_X", "count": count,
+                                     "errors": 0, "latency_sum_ns": 0, "latency_max_ns": 0,
+                                     "bytes": 0, "latency_log2": []}])
+    h.feed(stats(1.2, 100), stats(2.2, 250), h.sample(1.0, 90.0), h.sample(2.0, 40.0),
+           SchedStats(ts=h.at(2.1), process=TRAINER, interval_ns=10**9,
+                      own={"on_cpu_ns": 300_000_000, "blocked_ns": 600_000_000},
+                      workers={"on_cpu_ns": 2 * 10**9}, worker_processes=4),
+           GpuProcesses(ts=h.at(2.0), gpu_id="GPU-00000000-1111-2222-3333-444444444444",
+                        source="nvml", processes=[{"pid": 4242, "start_time": 1000,
+                                                   "used_memory_mib": 1024, "sm_util": 37}]))
+    seconds = process_timeline(h.db, TRAINER, h.at(0), h.at(3))
+    by_second = {row["second"] - h.t0 // 10**9: row for row in seconds}
+    assert by_second[1]["ioctls"] == 100 and by_second[2]["ioctls"] == 150
+    assert json.loads(by_second[2]["ioctl_ops"]) == {"NV2080_CTRL_CMD_X": 150}
+    assert by_second[2]["on_cpu_ms"] == 300 and by_second[2]["blocked_ms"] == 600
+    assert by_second[2]["workers_on_cpu_ms"] == 2000 and by_second[2]["sm_util"] == 37
+    assert by_second[1]["gpu_util"] == 90.0 and by_second[2]["gpu_util"] == 40.0
+    gpu = gpu_timeline(h.db, "GPU-00000000-1111-2222-3333-444444444444", h.at(0.9), h.at(3))
+    assert [row["gpu_util"] for row in gpu] == [90.0, 40.0]
+
+
+def test_the_drivers_gpu_table_joins_minor_pci_and_uuid(tmp_config):
+    from pathlib import Path
+
+    from gpuwhy.correlator.bindings import proc_identities
+    from gpuwhy.identity import GpuIdentity
+
+    root = Path(__file__).resolve().parent.parent / "data" / "proc-nvidia"
+    assert proc_identities(str(root)) == [GpuIdentity(
+        uuid="GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87", pci_bus_id="0000:3b:00.0", minor=3)]
+    assert proc_identities(str(root / "nothing")) == []
+
+
+
+def test_a_device_file_binds_to_the_uuid_the_driver_lists(make_harness, tmp_config):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "data" / "proc-nvidia"
+    h = make_harness(tmp_config.replace({"probes.proc_root": str(root)}))
+    h.feed(h.process(0, TRAINER, "train"), h.opened(0.1, TRAINER, minor=3))
+    assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [
+        ("GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87",)]
+    h.feed(h.xid(1.0, 31, pci="0000:3b:00"))
+    assert h.incidents("xid")[0]["gpu_id"] == "GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87"

@@ -1,0 +1,111 @@
+"""The benchmark suite: its JSON and table (not its timings), `gpuwhy bench`, malloc_trim."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwhy.cli import cli
+from gpuwhy.probes.service import release_freed_memory
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "scripts" / "bench.py"
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench  # noqa: E402
+import bench_sidecar  # noqa: E402
+
+FIGURE_KEYS = {"id", "name", "unit", "runs", "median", "min", "max", "reference",
+               "reference_value", "ratio", "goal", "goal_value", "judged", "pass", "note",
+               "benchmark"}
+
+
+def test_quick_run_of_one_benchmark_writes_figures_and_meta(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--only", "gpu",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())
+    meta = results["meta"]
+    assert meta["quick"] is True
+    assert meta["machine"]["cpus"] == os.cpu_count()
+    assert len(meta["load_before"]) == 3 and set(meta["durations"]) == {"gpu"}
+    [row] = results["figures"]
+    assert FIGURE_KEYS <= row.keys()
+    assert row["id"] == "P3" and row["benchmark"] == "gpu" and row["unit"] == "% of one core"
+    assert row["runs"] == 1
+    for key in ("median", "min", "max"):
+        assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] >= 0
+    assert row["min"] <= row["median"] <= row["max"]
+    [run] = results["raw"]["gpu"]["runs"]
+    assert run["gpus"] == 8 and run["fields"] >= 25
+    assert run["received"] > 0 and run["dropped"] == 0
+    # the table on stdout: one line per figure, under the description of the run
+    assert "quick run" in done.stdout and ("no GPU" in done.stdout or "a GPU" in done.stdout)
+    assert "| P3 |" in done.stdout and "GPU source alone" in done.stdout
+
+
+def test_unknown_benchmark_is_refused_with_the_names() -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--only", "gpu,nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown benchmark nope" in done.stderr and "sidecar" in done.stderr
+
+
+def test_gpuwhy_bench_runs_the_script() -> None:
+    result = CliRunner().invoke(cli, ["bench", "--only", "nope"])
+    assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(("values", "goal", "higher", "judged", "expected"), [
+    ([1.0, 2.0, 3.0], 2.0, False, "median", True),
+    ([1.0, 2.5, 3.0], 2.0, False, "median", False),
+    ([100.0, 90.0, 120.0], 100.0, True, "median", True),
+    ([0.1] * 19 + [5.0], 1.0, False, "median", True),
+    ([0.1] * 18 + [5.0, 5.0], 1.0, False, "p95", False),
+])
+def test_figure_judges_its_goal(values: list[float], goal: float, higher: bool, judged: str,
+                                expected: bool) -> None:
+    row = bench.figure("X", "x", "s", values, goal=f"≤ {goal}", goal_value=goal,
+                       higher_is_better=higher, judged=judged)
+    assert row["pass"] is expected
+    assert row["min"] == min(values) and row["max"] == max(values)
+
+
+def test_figure_ratio_and_table_rows() -> None:
+    row = bench.figure("P1", "added per ioctl", "ns", [100.0, 120.0, 110.0],
+                       reference="strace added", reference_value=1000.0, goal="≤ 400",
+                       goal_value=400.0)
+    assert row["ratio"] == pytest.approx(0.11)
+    text = bench.table([row, bench._not_run("P7", "cron chain", "needs root"),
+                        {"id": "P4", "name": "x", "unit": "", "runs": 0, "error": "Boom: no"}])
+    lines = text.splitlines()
+    assert len(lines) == 5
+    assert "110.0 [100.0 – 120.0]" in lines[2] and "0.11×" in lines[2] and "pass" in lines[2]
+    assert "not run: needs root" in lines[3] and "ERROR: Boom: no" in lines[4]
+
+
+def test_memory_reads_smaps_rollup() -> None:
+    figures = bench_sidecar.memory(os.getpid())
+    assert figures["rss_mb"] > figures["anon_mb"] > 0
+    assert figures["private_dirty_mb"] > 0
+
+
+def test_release_freed_memory_gives_heap_pages_back() -> None:
+    before = bench_sidecar.memory(os.getpid())["anon_mb"]
+    blocks = [bytes(2000) for _ in range(40_000)]       # ~80 MB of malloc'ed blocks
+    kept = blocks[::16]                                  # holes glibc keeps by itself
+    del blocks
+    held = bench_sidecar.memory(os.getpid())["anon_mb"]
+    release_freed_memory()
+    after = bench_sidecar.memory(os.getpid())["anon_mb"]
+    assert held - before > 50
+    assert held - after > 40, (before, held, after)
+    assert len(kept) == 2500

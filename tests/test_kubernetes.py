@@ -1,0 +1,99 @@
+"""deploy/kubernetes/daemonset.yaml: valid against the Kubernetes schema, and what it promises."""
+
+import copy
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuwhy.caps import PROBE_CAPABILITIES
+from gpuwhy.cli import cli
+from gpuwhy.config import SETTINGS
+
+MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "daemonset.yaml"
+DOCS = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+# the oldest Kubernetes still commonly run, and the newest schema the validator bundles
+VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+
+def _daemonset():
+    return next(d for d in DOCS if d["kind"] == "DaemonSet")
+
+
+def _containers():
+    return {c["name"]: c for c in _daemonset()["spec"]["template"]["spec"]["containers"]}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d["kind"])
+def test_valid_against_the_kubernetes_schema(doc, version):
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest():
+    broken = copy.deepcopy(_daemonset())
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privilegd"] = False
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
+    broken = copy.deepcopy(_daemonset())
+    broken["spec"]["template"]["spec"]["hostPID"] = "yes"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
+
+
+def test_capabilities_instead_of_privileged():
+    containers = _containers()
+    assert set(containers) == {"probes", "serve"}
+    for container in containers.values():
+        context = container["securityContext"]
+        assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"]["drop"] == ["ALL"]
+    added = containers["probes"]["securityContext"]["capabilities"]["add"]
+    assert ["CAP_" + c for c in added] == list(PROBE_CAPABILITIES)   # the unit's, exactly
+    assert "add" not in containers["serve"]["securityContext"]["capabilities"]
+    assert [c["args"] for c in containers.values()] == [["probes"], ["serve"]]
+    assert {"probes", "serve"} <= set(cli.commands)
+
+
+def test_host_pid_and_read_only_host_mounts():
+    spec = _daemonset()["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert {"/proc", "/sys/kernel/btf", "/sys/kernel/tracing", "/dev", "/var/log/journal",
+            "/lib/modules"} <= set(host_paths.values())
+    for container in spec["containers"]:
+        for mount in container["volumeMounts"]:
+            if mount["name"] in host_paths and host_paths[mount["name"]] != "/var/lib/gpuwhy":
+                assert mount.get("readOnly") is True, (container["name"], mount)
+    mounts = {m["mountPath"] for m in _containers()["probes"]["volumeMounts"]}
+    # the probes read these at fixed paths (gpuwhy.probes.btf, fdtrack's tracefs, bcc)
+    assert {"/sys/kernel/btf", "/sys/kernel/tracing", "/lib/modules", "/run/gpuwhy"} <= mounts
+
+
+def test_every_variable_is_a_setting_and_points_at_a_mount():
+    known = {s.env for s in SETTINGS}
+    for container in _containers().values():
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        for name, value in env.items():
+            assert name in known or name.startswith("NVIDIA_"), name
+            if name in ("GPUWHY_PROC_ROOT", "GPUWHY_KLOG_JOURNAL", "GPUWHY_CRON_ETC"):
+                assert any(value == m or m.startswith(value + "/") for m in mounts), name
+        assert env["GPUWHY_BUS"] == "ipc:///run/gpuwhy/bus.sock"
+
+
+def test_gpu_tolerations_and_the_web_port():
+    spec = _daemonset()["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        spec["tolerations"]
+    serve = _containers()["serve"]
+    env = {e["name"]: e for e in serve["env"]}
+    assert serve["ports"] == [{"name": "http", "containerPort": int(env["GPUWHY_PORT"]["value"]),
+                               "protocol": "TCP"}]
+    # beyond loopback the web view (and /metrics) needs the token: it comes from a Secret
+    assert env["GPUWHY_HOST"]["value"] == "0.0.0.0"
+    assert "secretKeyRef" in env["GPUWHY_AUTH_TOKEN"]["valueFrom"]
+    service = next(d for d in DOCS if d["kind"] == "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert service["spec"]["selector"] == _daemonset()["spec"]["selector"]["matchLabels"]

@@ -1,0 +1,231 @@
+"""Every shipped rule fires on a synthetic series and stays quiet on a near miss."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwhy.correlator.rules.loader import load_rules
+from gpuwhy.correlator.rules.synthetic import FB_TOTAL, Synthetic, run
+from gpuwhy.events import DeviceOpened, GpuState, GpuXid, KernelLogRecord, ProcessExec, ProcessSeen
+from gpuwhy.identity import ProcessKey
+
+RULES = {rule.id: rule for rule in load_rules()}
+GPU0 = Synthetic().gpu_id(0)
+
+
+def xid(code: int, t: float = 200, kernel: bool = False) -> list:
+    if kernel:
+        return [(t, KernelLogRecord(ts=0, cursor=f"c{code}", origin="journald", boot_id="b",
+                                    record_kind="xid", xid=code, pci="0000:18:00",
+                                    message=f"NVRM: Xid (PCI:0000:18:00): {code}"))]
+    return [(t, GpuXid(ts=0, gpu_id=GPU0, xid=code, source="sim", simulated=True))]
+
+
+def nvrm(kind: str, message: str) -> list:
+    return [(200, KernelLogRecord(ts=0, cursor="n1", origin="journald", boot_id="b",
+                                  record_kind=kind, message=message))]
+
+
+def command(cmdline: str) -> list:
+    key = ProcessKey(4242, 777)
+    return [(199, ProcessSeen(ts=0, process=key, comm=cmdline.split()[0], cmdline=cmdline)),
+            (200, ProcessExec(ts=0, process=key, filename="/usr/bin/" + cmdline.split()[0]))]
+
+
+def bursty(trough: float):
+    return lambda t: {"gpu_util": 98.0 if t % 10 < 3 else trough}
+
+
+def slow(gpu: dict) -> Synthetic:
+    """Rules with ``for: 5m`` after a 2-minute warm-up need 10 minutes of data."""
+    return Synthetic(duration_s=600, gpu=gpu)
+
+
+IDLE = {"gpu_util": 5.0, "gr_engine_active": 0.05}
+CASES = {
+    # rule: (firing scenario, near-miss scenario)
+    "R01_input_cpu_bound": (
+        Synthetic(gpu=IDLE, workers={"on_cpu": 3.8}, own={"on_cpu": 0.3, "sleep": 2.6}),
+        Synthetic(gpu=IDLE, workers={"on_cpu": 3.4}, own={"on_cpu": 0.3, "sleep": 2.6})),
+    "R02_input_io_bound": (
+        Synthetic(gpu=IDLE, own={"on_cpu": 0.2, "sleep": 0.5, "blocked": 2.0}),
+        Synthetic(gpu=IDLE, own={"on_cpu": 0.2, "sleep": 0.5, "blocked": 0.6})),
+    "R03_dataloader_synchronous": (
+        Synthetic(gpu={"gr_engine_active": 0.2}, workers={"processes": 0}),
+        Synthetic(gpu={"gr_engine_active": 0.2}, workers={"processes": 1})),
+    "R03b_workers_oversubscribed": (
+        Synthetic(workers={"runqueue": 1.5}), Synthetic(workers={"runqueue": 0.5})),
+    "R04_launch_bound": (
+        Synthetic(gpu={"sm_active": 0.2, "gr_engine_active": 0.5}, workers={"on_cpu": 0.5}),
+        Synthetic(gpu={"sm_active": 0.2, "gr_engine_active": 0.5}, workers={"on_cpu": 0.5},
+                  calls={"rm_alloc": 30, "rm_free": 30})),
+    "R05_gpu_idle_process_blocked": (
+        Synthetic(gpu={"gpu_util": 2, "gr_engine_active": 0.02},
+                  own={"on_cpu": 0.1, "sleep": 3.0}, workers={"on_cpu": 0.1}),
+        Synthetic(gpu={"gpu_util": 2, "gr_engine_active": 0.02},
+                  own={"on_cpu": 0.3, "sleep": 1.0}, workers={"on_cpu": 0.1})),
+    "R06_pageable_h2d_copy": (
+        Synthetic(gpu={"pcie_rx_bytes_per_s": 5e9, "sm_active": 0.2}, own={"on_cpu": 0.8}),
+        Synthetic(gpu={"pcie_rx_bytes_per_s": 2.5e9, "sm_active": 0.2}, own={"on_cpu": 0.8})),
+    "R07_pcie_saturated_low_sm": (
+        Synthetic(gpu={"pcie_tx_bytes_per_s": 48e9, "pcie_rx_bytes_per_s": 48e9,
+                       "sm_active": 0.3}),
+        Synthetic(gpu={"pcie_tx_bytes_per_s": 48e9, "pcie_rx_bytes_per_s": 48e9,
+                       "sm_active": 0.6})),
+    "R08_debug_or_limiting_env": (
+        Synthetic(env={"CUDA_LAUNCH_BLOCKING": "1"}),
+        Synthetic(env={"CUDA_LAUNCH_BLOCKING": "0", "NCCL_DEBUG": "INFO"})),
+    "R09_small_grid_low_sm": (
+        Synthetic(gpu={"sm_active": 0.3}), Synthetic(gpu={"sm_active": 0.55})),
+    "R10_low_occupancy": (
+        slow({"sm_occupancy": 0.1, "dram_active": 0.2, "tensor_active": 0.1}),
+        slow({"sm_occupancy": 0.25, "dram_active": 0.2, "tensor_active": 0.1})),
+    "R11_memory_bandwidth_bound": (
+        slow({"dram_active": 0.7, "tensor_active": 0.1, "sm_active": 0.6}),
+        slow({"dram_active": 0.55, "tensor_active": 0.1, "sm_active": 0.6})),
+    "R12_tensor_cores_unused": (
+        slow({"sm_active": 0.7, "tensor_active": 0.01, "fp32_active": 0.4}),
+        slow({"sm_active": 0.7, "tensor_active": 0.1, "fp32_active": 0.4})),
+    "R13_unexpected_fp64": (
+        Synthetic(gpu={"fp64_active": 0.1, "tensor_active": 0.02}),
+        Synthetic(gpu={"fp64_active": 0.03, "tensor_active": 0.02})),
+    "R14_bursty_utilisation": (Synthetic(gpu=bursty(2.0)), Synthetic(gpu=bursty(20.0))),
+    "R14b_low_gpu_utilisation": (
+        Synthetic(duration_s=700, gpu={"gpu_util": 50.0}),
+        Synthetic(duration_s=700, gpu={"gpu_util": 75.0})),
+    "R15_collectives_off_nvlink": (
+        Synthetic(gpu={"pcie_tx_bytes_per_s": 25e9, "pcie_rx_bytes_per_s": 25e9,
+                       "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0}),
+        Synthetic(gpu={"pcie_tx_bytes_per_s": 25e9, "pcie_rx_bytes_per_s": 25e9})),
+    "R16_comm_bound_exposed": (
+        slow({"pcie_tx_bytes_per_s": 40e9, "pcie_rx_bytes_per_s": 40e9,
+                                       "sm_active": 0.3, "tensor_active": 0.05}),
+        slow({"pcie_tx_bytes_per_s": 40e9, "pcie_rx_bytes_per_s": 40e9,
+                                       "sm_active": 0.3, "tensor_active": 0.2})),
+    "R17_collective_hang": (
+        Synthetic(gpu={"gpu_util": 100, "sm_active": 0.02, "tensor_active": 0.0,
+                       "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0, "power_w": 200}),
+        Synthetic(gpu={"gpu_util": 100, "sm_active": 0.02, "tensor_active": 0.05,
+                       "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0, "power_w": 200})),
+    "R19_power_cap": (
+        Synthetic(gpu={"clocks_event_reasons": 0x4, "sm_clock_mhz": 1228, "power_limit_w": 350}),
+        Synthetic(gpu={"clocks_event_reasons": 0x4, "sm_clock_mhz": 1900,
+                       "power_limit_w": 350})),
+    "R20_thermal_throttle": (
+        Synthetic(gpu={"clocks_event_reasons": 0x60, "sm_clock_mhz": 1089, "temp_c": 88}),
+        Synthetic(gpu={"clocks_event_reasons": 0x0, "sm_clock_mhz": 1089, "temp_c": 88})),
+    "R21_hw_slowdown_power_brake": (
+        Synthetic(gpu={"clocks_event_reasons": 0x8, "sm_clock_mhz": 990}),
+        Synthetic(gpu={"clocks_event_reasons": 0x8, "sm_clock_mhz": 1188})),
+    "R22_sync_boost_or_clock_lock": (
+        Synthetic(gpu={"clocks_event_reasons": 0x10, "sm_clock_mhz": 1500}),
+        Synthetic(gpu={"clocks_event_reasons": 0x10, "sm_clock_mhz": 1900})),
+    "R23_alloc_churn": (
+        Synthetic(gpu={"gr_engine_active": 0.5}, calls={"rm_alloc": 150, "rm_free": 150}),
+        Synthetic(gpu={"gr_engine_active": 0.8}, calls={"rm_alloc": 150, "rm_free": 150})),
+    "R24_uvm_thrash": (
+        Synthetic(gpu={"sm_active": 0.3}, calls={"uvm_migrate": 200}),
+        Synthetic(gpu={"sm_active": 0.3}, calls={"uvm_migrate": 50})),
+    "R25_fb_near_full": (
+        Synthetic(gpu={"fb_used_mib": 0.98 * FB_TOTAL}, calls={"rm_alloc": 15, "rm_free": 15}),
+        Synthetic(gpu={"fb_used_mib": 0.95 * FB_TOTAL}, calls={"rm_alloc": 15, "rm_free": 15})),
+    "R26_multi_process_contention": (Synthetic(processes=2), Synthetic(processes=1)),
+    "R27_allocated_but_idle": (
+        Synthetic(duration_s=1300, step_s=5, gpu={"gpu_util": 0, "gr_engine_active": 0.005}),
+        Synthetic(duration_s=1300, step_s=5, gpu={"gpu_util": 0, "gr_engine_active": 0.05})),
+    "R30_driver_library_mismatch": (
+        Synthetic(extra=nvrm("rm_init_failed", "NVRM: API mismatch: the client has the version "
+                                               "550.54, but this kernel module has 535.104")),
+        Synthetic(extra=nvrm("gsp_rate_limited", "NVRM: GSP RPC rate limited"))),
+    "R31_pcie_replays": (Synthetic(gpu={"pcie_replays": 0.5}),
+                         Synthetic(gpu={"pcie_replays": 0.1})),
+    "R32_xid79_fallen_off_bus": (Synthetic(extra=xid(79)), Synthetic(extra=xid(45))),
+    "R33_xid48_double_bit_ecc": (Synthetic(extra=xid(48, kernel=True)),
+                                 Synthetic(extra=xid(31, kernel=True))),
+    "R34_xid94_95_ecc_containment": (Synthetic(extra=xid(95)), Synthetic(extra=xid(92))),
+    "R35_row_remap_failure": (Synthetic(extra=xid(64, kernel=True)),
+                              Synthetic(extra=xid(62, kernel=True))),
+    "R36_app_fault_xid13_31_43": (Synthetic(extra=xid(13)), Synthetic(extra=xid(14))),
+    "R37_nvlink_error_xid74": (Synthetic(extra=xid(74)), Synthetic(extra=xid(75))),
+    "R38_sbe_storm_xid92": (Synthetic(gpu={"ecc_sbe_volatile": 0.05}),
+                            Synthetic(gpu={"ecc_sbe_volatile": 0.02})),
+    "R39_gsp_timeout_xid119_120": (Synthetic(extra=xid(119, kernel=True)),
+                                   Synthetic(extra=xid(118, kernel=True))),
+    "R40_operator_or_cron_intervention": (
+        Synthetic(extra=command("nvidia-smi -i 0 -r")),
+        Synthetic(extra=command("nvidia-smi --query-gpu=name --format=csv"))),
+    "R40b_gpu_reset_under_load": (
+        Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
+                                        simulated=True))]),
+        Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="back", source="sim",
+                                        simulated=True))])),
+}
+
+
+def test_every_shipped_rule_has_a_case_and_there_are_at_least_30():
+    assert len(RULES) >= 30
+    assert set(CASES) == set(RULES)
+
+
+def fired(rule_id: str, spec: Synthetic) -> list:
+    findings, engine = run(spec, [RULES[rule_id]])
+    return [f for f in findings if f.rule_id == rule_id and f.state == "firing"], engine
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_on_its_scenario(rule_id):
+    firing, engine = fired(rule_id, CASES[rule_id][0])
+    assert firing, engine.status()
+    finding = firing[0]
+    rule = RULES[rule_id]
+    assert finding.title == rule.title and finding.root_cause == rule.cause
+    assert 2 <= len(finding.fixes) <= 4
+    assert finding.verify
+    assert finding.evidence and any(v is not None for v in finding.evidence.values())
+    assert finding.window_start < finding.window_end
+    assert finding.gpu_id == GPU0
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_stays_quiet_on_a_near_miss(rule_id):
+    firing, engine = fired(rule_id, CASES[rule_id][1])
+    assert not firing
+    assert {s["status"] for s in engine.status()} & {"ok", "pending"}, engine.status()
+
+
+def test_a_healthy_host_fires_nothing():
+    findings, engine = run(Synthetic(duration_s=600), RULES.values())
+    assert findings == []
+    assert "firing" not in {s["status"] for s in engine.status()}
+
+
+def test_tf32_advice_only_where_the_gpu_has_tf32():
+    spec = CASES["R12_tensor_cores_unused"][0]
+    [hopper] = fired("R12_tensor_cores_unused", spec)[0][:1]
+    spec.model = "Tesla V100-SXM2-32GB"
+    [volta] = fired("R12_tensor_cores_unused", spec)[0][:1]
+    assert any("set_float32_matmul_precision" in fix for fix in hopper.fixes)
+    assert not any("set_float32_matmul_precision" in fix for fix in volta.fixes)
+    assert len(volta.fixes) == len(hopper.fixes) - 1
+
+
+def test_escalation_raises_the_severity():
+    [lowered] = fired("R19_power_cap", CASES["R19_power_cap"][0])[0]
+    assert lowered.severity == "high"   # 350 W < 0.95 x 700 W default
+    default_limit = Synthetic(gpu={"clocks_event_reasons": 0x4, "sm_clock_mhz": 1228})
+    [at_default] = fired("R19_power_cap", default_limit)[0]
+    assert at_default.severity == "info"
+
+
+def test_monitor_processes_do_not_count_as_sharing():
+    hostengine = ProcessKey(777, 1)
+    extra = [(1, ProcessSeen(ts=0, process=hostengine, comm="nv-hostengine",
+                             cmdline="/usr/bin/nv-hostengine -n")),
+             (1, DeviceOpened(ts=0, process=hostengine, fd=3, path="/dev/nvidia0",
+                              device="nvidiaN", minor=0))]
+    assert not fired("R26_multi_process_contention", Synthetic(extra=extra))[0]
+    trainer = ProcessKey(778, 1)
+    extra = [(1, ProcessSeen(ts=0, process=trainer, comm="python3", cmdline="python3 b.py")),
+             (1, DeviceOpened(ts=0, process=trainer, fd=3, path="/dev/nvidia0",
+                              device="nvidiaN", minor=0))]
+    assert fired("R26_multi_process_contention", Synthetic(extra=extra))[0]

@@ -1,0 +1,208 @@
+"""The engine over the store, end to end: simulator scenarios and host events written by the
+real StoreWriter, read back by StoreSignals; findings stored; the service's runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+
+from gpuwhy.bus import Subscriber
+from gpuwhy.clock import now_ns
+from gpuwhy.correlator.rules.engine import Engine
+from gpuwhy.correlator.rules.loader import load_rules
+from gpuwhy.correlator.rules.overrides import read_overrides, set_override
+from gpuwhy.correlator.rules.runner import env_keys, run_rules
+from gpuwhy.correlator.rules.storesignals import StoreSignals, read_environ
+from gpuwhy.events import (
+    DeviceOpened,
+    DriverCallStats,
+    Envelope,
+    ProcessSeen,
+    RuleFinding,
+    SchedStats,
+)
+from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.gpu.sim import SimulatedGpus
+from gpuwhy.service import unprivileged_sources
+from gpuwhy.store import open_store
+from gpuwhy.store.writer import StoreWriter
+
+NS = 10**9
+RULES = load_rules()
+TRAINER = ProcessKey(4321, 98765)
+
+
+def host_events(ts: int, tick: int) -> list:
+    """A training process on GPU 0 whose four loader workers are CPU-bound."""
+    events = []
+    if tick == 0:
+        events += [ProcessSeen(ts=ts, process=TRAINER, comm="python3",
+                               cmdline="python3 train.py --workers 4"),
+                   DeviceOpened(ts=ts, process=TRAINER, fd=7, path="/dev/nvidia0",
+                                device="nvidiaN", minor=0)]
+    own = {"on_cpu_ns": int(0.3e9), "runqueue_ns": int(0.02e9), "sleep_ns": int(2.6e9),
+           "blocked_ns": 0, "threads": 3}
+    workers = {"on_cpu_ns": int(3.8e9), "runqueue_ns": int(0.05e9), "sleep_ns": int(0.1e9),
+               "blocked_ns": 0, "threads": 4}
+    events.append(SchedStats(ts=ts, process=TRAINER, interval_ns=NS, own=own, workers=workers,
+                             worker_processes=4))
+    ops = [{"cmd": 0x2B, "sub": 0, "op": "NV_ESC_RM_ALLOC", "sub_name": None,
+            "count": 2 * tick, "errors": 0, "latency_sum_ns": 0, "latency_max_ns": 0,
+            "bytes": 0, "latency_log2": []}]
+    events.append(DriverCallStats(ts=ts, process=TRAINER, path="/dev/nvidiactl",
+                                  device="nvidiactl", ops=ops))
+    return events
+
+
+def fill(db, scenario: str, seconds: int, start: int, with_host: bool = True) -> int:
+    """Write ``seconds`` of a simulator scenario (plus host events) through the StoreWriter."""
+    sim = SimulatedGpus(count=2, scenario=scenario, seed=1, event_after=60)
+    writer = StoreWriter(db)
+    gpus = sim.open()
+    batch = [Envelope("gpu", 0, gpu.seen(start, "sim", True)) for gpu in gpus]
+    for tick in range(seconds):
+        ts = start + tick * NS
+        events = [dataclasses.replace(e, ts=ts) for e in sim.read()]
+        if with_host:
+            events += host_events(ts, tick)
+        batch += [Envelope("test", tick, e) for e in events]
+    assert writer.write_batch(batch) == len(batch) and writer.rejected == 0
+    return start + (seconds - 1) * NS
+
+
+def evaluate(db_path, end: int, seconds: int, every: int = 10) -> tuple[list, Engine]:
+    db = open_store(db_path, readonly=True)
+    try:
+        engine = Engine(RULES, StoreSignals(db), interval_ns=every * NS)
+        findings = []
+        for t in range(end - seconds * NS + every * NS, end + 1, every * NS):
+            findings += engine.evaluate(t)
+        return findings, engine
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    path = tmp_path / "rules.db"
+    open_store(path).close()
+    return path
+
+
+def test_input_starved_simulation_fires_the_starvation_rules(db_path):
+    db = open_store(db_path)
+    end = fill(db, "input-starved", 400, start=1_764_000_000 * NS)
+    db.close()
+    findings, engine = evaluate(db_path, end, 400)
+    gpus = sorted({f.gpu_id for f in findings})
+    firing = {(f.rule_id, f.gpu_id) for f in findings if f.state == "firing"}
+    gpu0 = [f for f in findings if f.rule_id == "R01_input_cpu_bound"]
+    assert gpu0 and gpu0[0].process == TRAINER and gpu0[0].severity == "warn"
+    assert gpu0[0].evidence["idle_share"] == pytest.approx(0.7, abs=0.05)
+    assert {("R14_bursty_utilisation", gpu) for gpu in gpus} <= firing
+    assert len(gpus) == 2
+    # GPU 1 has no process: the process-side rules cannot be evaluated there, and say so
+    gpu1 = [s for s in engine.status() if s["rule_id"] == "R01_input_cpu_bound"
+            and s["gpu_id"] != gpu0[0].gpu_id]
+    assert gpu1 and gpu1[0]["status"] == "not_evaluable"
+    assert "proc.sleep_frac" in gpu1[0]["detail"]
+    healthy = {"R19_power_cap", "R20_thermal_throttle", "R32_xid79_fallen_off_bus"}
+    assert not {rule for rule, _ in firing} & healthy
+
+
+def test_xid79_simulation_fires_fallen_off_bus_and_the_peer_hang(db_path):
+    db = open_store(db_path)
+    end = fill(db, "xid-79", 400, start=1_764_000_000 * NS, with_host=False)
+    db.close()
+    findings, _ = evaluate(db_path, end, 400)
+    by_rule = {}
+    for f in findings:
+        by_rule.setdefault(f.rule_id, []).append(f)
+    [lost] = [f for f in by_rule["R32_xid79_fallen_off_bus"] if f.state == "firing"]
+    assert lost.severity == "critical" and lost.evidence["xid79_gpu_source"] == 1.0
+    hang = by_rule["R17_collective_hang"]
+    assert hang and hang[0].gpu_id != lost.gpu_id
+
+
+def test_findings_are_stored_one_row_per_finding(db_path):
+    db = open_store(db_path)
+    writer = StoreWriter(db)
+    base = dict(finding_id="R01:g:1-2:5", rule_id="R01_input_cpu_bound", title="t",
+                gpu_id="g", process=ProcessKey(1, 2), window_start=1, root_cause="c",
+                verify="v", group="host_starvation")
+    writer.write_batch([
+        Envelope("rules", 1, RuleFinding(ts=10, severity="warn", state="firing", window_end=10,
+                                         evidence={"idle_share": 0.7}, fixes=["a", "b"],
+                                         **base)),
+        Envelope("rules", 2, RuleFinding(ts=20, severity="high", state="firing", window_end=20,
+                                         evidence={"idle_share": 0.9}, fixes=["a", "b"],
+                                         **base)),
+        Envelope("rules", 3, RuleFinding(ts=30, severity="high", state="cleared",
+                                         window_end=30, **base))])
+    [row] = list(db["rule_findings"].rows)
+    assert (row["first_ts"], row["last_ts"], row["cleared_at"], row["state"]) == (10, 30, 30,
+                                                                                  "cleared")
+    assert row["severity"] == "high" and (row["pid"], row["start_time"]) == (1, 2)
+    assert json.loads(row["evidence"]) == {"idle_share": 0.9}       # kept from the firing
+    assert json.loads(row["fixes"]) == ["a", "b"]
+    db.close()
+
+
+def test_overrides_are_kept_in_the_store_and_reach_the_engine(db_path):
+    db = open_store(db_path)
+    rule = next(r for r in RULES if r.id == "R19_power_cap")
+    set_override(db, rule, enabled="false")
+    set_override(db, rule, thresholds={"clock_share": "0.8"})
+    assert read_overrides(db)[rule.id].enabled is False
+    assert dict(read_overrides(db)[rule.id].params) == {"clock_share": 0.8}
+    set_override(db, rule, reset=True, shadow="true")
+    override = read_overrides(db)[rule.id]
+    assert override.enabled and override.shadow and not override.params
+    db.close()
+
+
+def test_environment_is_read_only_for_the_same_process_and_named_variables(tmp_path):
+    proc = tmp_path / "proc" / "77"
+    proc.mkdir(parents=True)
+    stat = "77 (python3) S 1 " + " ".join(["0"] * 17) + " 4242 0 0"
+    (proc / "stat").write_text(stat)
+    (proc / "environ").write_bytes(b"PATH=/bin\0CUDA_LAUNCH_BLOCKING=1\0SECRET=x\0")
+    names = frozenset({"CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG"})
+    root = str(tmp_path / "proc")
+    assert read_environ(ProcessKey(77, 4242), names, root) == {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert read_environ(ProcessKey(77, 4243), names, root) is None     # pid reused
+    assert read_environ(ProcessKey(78, 4242), names, root) is None     # gone
+    assert env_keys(RULES) >= {"CUDA_LAUNCH_BLOCKING", "NCCL_P2P_DISABLE"}
+
+
+def test_the_service_runs_the_rules_and_findings_reach_the_bus(tmp_config):
+    assert unprivileged_sources(tmp_config)["rules"] is run_rules
+    config = tmp_config.replace({"rules.interval": 0.2})
+    db = open_store(config["store.path"])
+    fill(db, "xid-79", 90, start=now_ns() - 90 * NS, with_host=False)
+    db.close()
+    subscriber = Subscriber(config["bus.endpoint"], topics=("rule", "health"))
+    stop = threading.Event()
+    thread = threading.Thread(target=run_rules, args=(config, stop), daemon=True)
+    thread.start()
+    try:
+        found, health = None, None
+        deadline = now_ns() + 20 * NS
+        while now_ns() < deadline and (found is None or health is None):
+            envelope = subscriber.receive(0.2)
+            if envelope is None:
+                continue
+            if isinstance(envelope.event, RuleFinding):
+                found = found or envelope.event
+            elif envelope.event.source == "rules":
+                health = envelope.event
+        assert found is not None and found.rule_id == "R32_xid79_fallen_off_bus"
+        assert health is not None and health.state == "ok" and "40 rules" in health.detail
+    finally:
+        stop.set()
+        thread.join(5)
+        subscriber.close()
+    assert not thread.is_alive()

@@ -1,0 +1,195 @@
+"""A real browser (Debian's Chromium, driven by Playwright) loads every page over a live
+server with the scenario's data: no console errors, no failed requests, charts drawn,
+screenshots saved (under pytest's tmp dir; also to $GPUWHY_SCREENSHOTS when set), and
+process- or log-controlled HTML shown as text, never run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+from werkzeug.serving import make_server
+
+from gpuwhy.webui import create_app
+
+from .conftest import EVIL_NAME, TOKEN, build
+
+pytestmark = pytest.mark.browser
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+class LiveServer:
+    def __init__(self, config):
+        self.server = make_server("127.0.0.1", 0, create_app(config), threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def server(scenario):
+    live = LiveServer(scenario.config)
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    # No skip when Chromium is missing: CI installs it (scripts/setup.sh), so its absence
+    # is a failure to fix, not a reason to pass.
+    assert Path(CHROMIUM).exists(), "install Debian's chromium (scripts/setup.sh does)"
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield launched
+        launched.close()
+
+
+class Watched:
+    """A page whose console errors, page errors, dialogs and failed requests are kept."""
+
+    def __init__(self, browser, headers=None):
+        self.context = browser.new_context(viewport={"width": 1400, "height": 900},
+                                           extra_http_headers=headers or {})
+        self.page = self.context.new_page()
+        self.problems: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.problems.append(
+            f"console: {m.text}"))
+        self.page.on("pageerror", lambda e: self.problems.append(f"pageerror: {e}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url}"))
+        self.page.on("response", lambda r: r.status >= 400 and self.problems.append(
+            f"HTTP {r.status}: {r.url}"))
+        self.page.on("dialog", self._dialog)
+
+    def _dialog(self, dialog) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def shoot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000, f"{name}: a blank screenshot?"
+    if os.environ.get("GPUWHY_SCREENSHOTS"):
+        keep = Path(os.environ["GPUWHY_SCREENSHOTS"])
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, keep / path.name)
+    return path
+
+
+def charts_drawn(page, selector: str) -> int:
+    return page.eval_on_selector_all(f"{selector} .chart canvas", "els => els.length")
+
+
+def test_every_page_loads_clean_and_draws(browser, server, scenario, tmp_path):
+    watched = Watched(browser, {"Authorization": f"Bearer {TOKEN}"})
+    page = watched.page
+    reset = next(i["id"] for i in page.request.get(f"{server.url}/api/incidents").json()
+                 if i["kind"] == "gpu_reset")
+    pages = {
+        "overview": "/", "gpu": f"/gpus/{scenario.gpu_ids[0]}", "processes": "/processes",
+        "process": "/processes/4242-1000", "incidents": "/incidents",
+        "incident": f"/incidents/{reset}", "report": f"/incidents/{reset}/report",
+        "resets": "/resets", "rules": "/rules",
+    }
+    try:
+        for name, path in pages.items():
+            page.goto(server.url + path, wait_until="networkidle")
+            if name == "gpu":
+                page.wait_for_selector("#gpu-page[data-loaded='true']", timeout=15_000)
+                assert charts_drawn(page, "#gpu-page") == 7
+                assert "1 s each" not in page.inner_text("#range-info")
+            if name == "process":
+                page.wait_for_selector("#process-page[data-loaded='true']", timeout=15_000)
+                assert charts_drawn(page, "#process-page") == 2
+            if name != "report":
+                assert "SIMULATED" in page.inner_text("#simulated-banner")
+            shoot(page, tmp_path, name)
+            assert watched.problems == [], (name, watched.problems)
+        assert watched.dialogs == []
+    finally:
+        watched.close()
+
+
+def test_range_picker_and_zoom_refetch_finer_data(browser, server, scenario, tmp_path):
+    watched = Watched(browser, {"Authorization": f"Bearer {TOKEN}"})
+    page = watched.page
+    try:
+        page.goto(f"{server.url}/gpus/{scenario.gpu_ids[1]}", wait_until="networkidle")
+        page.wait_for_selector("#gpu-page[data-loaded='true']")
+        assert "5 s each" in page.inner_text("#range-info")          # 1 h in ≤ 720 points
+        with page.expect_response(lambda r: "range=5m" in r.url):
+            page.click("#range-picker button[data-range='5m']")
+        page.wait_for_function(
+            "document.getElementById('range-info').textContent.includes('1 s each')")
+        assert "range=5m" in page.get_attribute("#csv-series", "href")
+        box = page.locator("#chart-util").bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        with page.expect_response(lambda r: "/series" in r.url and "from=" in r.url):
+            for _ in range(4):
+                page.mouse.wheel(0, -300)                             # zoom in
+        shoot(page, tmp_path, "gpu-zoomed")
+        assert watched.problems == []
+    finally:
+        watched.close()
+
+
+def test_html_from_processes_and_the_kernel_log_is_only_text(browser, server, scenario):
+    watched = Watched(browser, {"Authorization": f"Bearer {TOKEN}"})
+    page = watched.page
+    try:
+        for path in ("/", "/processes", "/processes/4242-1000", "/resets",
+                     f"/gpus/{scenario.gpu_ids[0]}"):
+            page.goto(server.url + path, wait_until="networkidle")
+            assert page.locator("img[src='x']").count() == 0, path
+            assert page.locator("main script").count() == 0, path
+        page.goto(f"{server.url}/processes/4242-1000", wait_until="networkidle")
+        assert EVIL_NAME in page.inner_text("h1")
+        page.goto(f"{server.url}/processes/5151-1100", wait_until="networkidle")
+        assert "<script>alert('xid')</script>" in page.inner_text("#events")
+        assert page.locator("#events b").count() == 0                # <b> stayed text
+        page.goto(f"{server.url}/processes", wait_until="networkidle")
+        page.wait_for_timeout(2500)                                   # one live refresh
+        assert EVIL_NAME in page.inner_text("#processes")
+        assert watched.dialogs == [] and watched.problems == []
+    finally:
+        watched.close()
+
+
+def test_login_and_a_rule_change_through_the_form(browser, tmp_path):
+    scenario = build(tmp_path)
+    live = LiveServer(scenario.config)
+    watched = Watched(browser)
+    page = watched.page
+    try:
+        page.goto(f"{live.url}/rules", wait_until="networkidle")
+        assert "/login" in page.url
+        page.fill("input[name=token]", TOKEN)
+        page.click("button[type=submit]")
+        page.wait_for_url("**/rules")
+        row = page.locator("#rules tbody tr").first
+        rule_id = row.get_attribute("data-rule")
+        row.locator("select[name=enabled]").select_option("false")
+        row.locator("input[name=token]").fill(TOKEN)
+        row.locator("button[type=submit]").click()
+        page.wait_for_url(f"**/rules?changed={rule_id}")
+        assert f"Changed {rule_id}" in page.inner_text(".notice")
+        assert "disabled" in page.locator(f"#rules tr[data-rule='{rule_id}']").inner_text()
+        shoot(page, tmp_path, "rules-changed")
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()

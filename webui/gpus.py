@@ -1,0 +1,100 @@
+"""GPU pages: the overview (``/``, one card per GPU) and a GPU's detail with its charts,
+their JSON (``/api/gpus…``) and CSV."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, current_app, jsonify, render_template, request
+from flask.typing import ResponseReturnValue
+
+from gpuwhy.correlator.rules.vocabulary import THROTTLE_BITS
+from gpuwhy.webui import queries, series
+from gpuwhy.webui.db import get_db
+from gpuwhy.webui.export import csv_response
+
+bp = Blueprint("gpus", __name__)
+
+
+def _gpu_or_404(gpu_id: str) -> dict:
+    found = queries.gpu(get_db(), gpu_id)
+    if found is None:
+        abort(404, description=f"no GPU {gpu_id!r} in the store")
+    return found
+
+
+def _window(gpu_id: str) -> series.Window:
+    try:
+        return series.requested_window(request.args, series.last_sample_ts(get_db(), gpu_id),
+                                       current_app.config["MAX_POINTS"])
+    except ValueError as exc:
+        abort(400, description=str(exc))
+
+
+@bp.get("/")
+def overview() -> ResponseReturnValue:
+    return render_template("overview.html", gpus=queries.overview(get_db()),
+                           refresh_seconds=current_app.config["REFRESH_SECONDS"])
+
+
+@bp.get("/api/gpus")
+def api_overview() -> ResponseReturnValue:
+    return jsonify(queries.overview(get_db()))
+
+
+@bp.get("/gpus/<gpu_id>")
+def show(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    return render_template("gpu.html", gpu=gpu, ranges=list(series.RANGES),
+                           processes=queries.bound_processes(get_db(), gpu["id"]),
+                           incidents=queries.open_incidents(get_db(), gpu["id"]))
+
+
+@bp.get("/api/gpus/<gpu_id>/series")
+def api_series(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    w = _window(gpu["id"])
+    return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
+                    "throttle_bits": THROTTLE_BITS, **series.gpu_series(get_db(), gpu["id"], w)})
+
+
+@bp.get("/api/gpus/<gpu_id>/events")
+def api_events(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    w = _window(gpu["id"])
+    return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
+                    **queries.gpu_events(get_db(), gpu["id"], w.since, w.until)})
+
+
+@bp.get("/api/gpus/<gpu_id>")
+def api_show(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    return jsonify({**gpu, "sample": queries.latest_sample(get_db(), gpu["id"]),
+                    "processes": queries.bound_processes(get_db(), gpu["id"]),
+                    "incidents": queries.open_incidents(get_db(), gpu["id"])})
+
+
+@bp.get("/gpus/<gpu_id>/series.csv")
+def series_csv(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    data = series.gpu_series(get_db(), gpu["id"], _window(gpu["id"]))
+    return csv_response(["ts_ns", *data["fields"]], data["rows"], f"{gpu['id']}-series.csv")
+
+
+@bp.get("/gpus/<gpu_id>/lanes.csv")
+def lanes_csv(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    w = _window(gpu["id"])
+    lanes = queries.bound_processes(get_db(), gpu["id"], w.since, w.until)
+    columns = ["pid", "start_time", "comm", "tag", "container", "since", "until"]
+    return csv_response(columns, ([lane[c] for c in columns] for lane in lanes),
+                        f"{gpu['id']}-processes.csv")
+
+
+@bp.get("/gpus/<gpu_id>/events.csv")
+def events_csv(gpu_id: str) -> ResponseReturnValue:
+    gpu = _gpu_or_404(gpu_id)
+    w = _window(gpu["id"])
+    found = queries.gpu_events(get_db(), gpu["id"], w.since, w.until)
+    rows = [["incident", i["opened_at"], i["kind"], i["title"]] for i in found["incidents"]]
+    rows += [["reset", r["ts"], r["what"], r["detail"]] for r in found["resets"]]
+    return csv_response(["type", "ts_ns", "what", "detail"], sorted(rows, key=lambda r: r[1]),
+                        f"{gpu['id']}-events.csv")

@@ -1,0 +1,121 @@
+// Shared chart helpers for the GPU and process pages (ECharts, served from /vendor).
+// Every text that comes from the store is drawn on the canvas or set with textContent;
+// tooltips use ECharts' richText mode, so no store value is ever parsed as HTML.
+(function () {
+  "use strict";
+  const G = {};
+  const charts = [];
+
+  G.ms = (ns) => ns / 1e6;
+
+  G.available = () => typeof window.echarts !== "undefined";
+
+  G.fetchJson = async function (url) {
+    const response = await fetch(url, { headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+    return response.json();
+  };
+
+  G.withParams = function (url, params) {
+    const u = new URL(url, window.location.href);
+    for (const [name, value] of Object.entries(params)) {
+      if (value !== null && value !== undefined) u.searchParams.set(name, String(value));
+    }
+    return u.pathname + u.search;
+  };
+
+  G.showError = function (text) {
+    const p = document.getElementById("chart-error");
+    if (!p) return;
+    p.hidden = false;
+    p.textContent = text;
+  };
+
+  G.init = function (id) {
+    const chart = window.echarts.init(document.getElementById(id), null, { renderer: "canvas" });
+    chart.group = "gpuwhy";
+    charts.push(chart);
+    return chart;
+  };
+
+  G.connect = function () {
+    window.echarts.connect("gpuwhy");
+    window.addEventListener("resize", () => charts.forEach((c) => c.resize()));
+  };
+
+  G.column = function (data, field, scale) {
+    const i = data.fields.indexOf(field) + 1;
+    return data.rows.map((r) => [G.ms(r[0]), r[i] === null ? null : r[i] * (scale || 1)]);
+  };
+
+  G.timeAxis = (range) => ({ type: "time", min: G.ms(range.from), max: G.ms(range.to) });
+
+  G.base = function (range) {
+    return {
+      animation: false,
+      grid: { left: 70, right: 70, top: 30, bottom: 30 },
+      legend: { top: 0, type: "scroll" },
+      tooltip: { trigger: "axis", renderMode: "richText" },
+      dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
+      xAxis: G.timeAxis(range),
+    };
+  };
+
+  G.line = (name, data, extra) =>
+    Object.assign({ name, type: "line", showSymbol: false, connectNulls: false, data }, extra || {});
+
+  // Marks on the time axis: incidents (red) and resets (orange), labelled on the canvas.
+  G.marks = function (events) {
+    const lines = [];
+    for (const i of events.incidents || []) {
+      lines.push({ xAxis: G.ms(i.opened_at), lineStyle: { color: "#d62728" },
+        label: { formatter: `#${i.id} ${i.kind}`, color: "#d62728" } });
+    }
+    for (const r of events.resets || []) {
+      lines.push({ xAxis: G.ms(r.ts), lineStyle: { color: "#ff7f0e", type: "dashed" },
+        label: { formatter: r.what, color: "#ff7f0e", position: "insideEndBottom" } });
+    }
+    return { symbol: "none", silent: true, data: lines };
+  };
+
+  // Range buttons and zoom: calls load(params) with {range} or {from, to} (ns).
+  G.rangeControl = function (load) {
+    const picker = document.getElementById("range-picker");
+    let current = { range: new URL(window.location.href).searchParams.get("range") || "1h" };
+    const at = new URL(window.location.href).searchParams.get("at");
+    if (at) current.at = at;
+    for (const button of picker.querySelectorAll("button[data-range]")) {
+      button.classList.toggle("active", button.dataset.range === current.range);
+      button.addEventListener("click", () => {
+        picker.querySelectorAll("button").forEach((b) => b.classList.remove("active"));
+        button.classList.add("active");
+        current = { range: button.dataset.range, picked: 1 };
+        load(current);
+      });
+    }
+    let timer = null;
+    G.onZoom = function (chart) {
+      chart.on("datazoom", () => {
+        clearTimeout(timer);
+        timer = setTimeout(() => {
+          const zoom = chart.getOption().dataZoom[0];
+          if (zoom.startValue === undefined || zoom.endValue === undefined) return;
+          const from = Math.floor(zoom.startValue * 1e6);
+          const to = Math.ceil(zoom.endValue * 1e6);
+          if (to - from < 2e9) return;
+          current = { range: current.range, from, to };
+          load(current);
+        }, 500);
+      });
+    };
+    load(current);
+  };
+
+  G.updateCsvLinks = function (params) {
+    for (const a of document.querySelectorAll("a[id^='csv-']")) {
+      a.href = G.withParams(a.href.split("?")[0], params);
+    }
+  };
+
+  window.GpuwhyCharts = G;
+})();

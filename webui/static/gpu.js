@@ -1,0 +1,169 @@
+// The GPU detail page: engine utilisation, bandwidth, power/clocks, heatmap, scatter and
+// process lanes, all from /api/gpus/<id>/series and /events, re-fetched on range or zoom.
+(function () {
+  "use strict";
+  const G = window.GpuwhyCharts;
+  const page = document.getElementById("gpu-page");
+  if (!G.available()) {
+    G.showError("The chart library is not installed (run scripts/setup.sh); the CSV links " +
+      "still give the data.");
+    return;
+  }
+  const ids = ["util", "lanes", "bw", "power", "thermal", "heatmap", "scatter"];
+  const chart = {};
+  for (const id of ids) chart[id] = G.init(`chart-${id}`);
+  G.connect();
+  const GB = 1e-9;
+
+  function utilisation(data, events, range) {
+    const option = G.base(range);
+    option.yAxis = { type: "value", name: "%", min: 0, max: 100 };
+    option.series = [
+      G.line("GPU util", G.column(data, "gpu_util"), { markLine: G.marks(events) }),
+      G.line("SM active", G.column(data, "sm_active")),
+      G.line("tensor active", G.column(data, "tensor_active")),
+      G.line("DRAM active", G.column(data, "dram_active")),
+      G.line("graphics engine", G.column(data, "gr_engine_active")),
+      G.line("memory controller", G.column(data, "mem_util")),
+      G.line("encoder", G.column(data, "enc_util")),
+      G.line("decoder", G.column(data, "dec_util")),
+    ];
+    return option;
+  }
+
+  function bandwidth(data, range) {
+    const option = G.base(range);
+    option.yAxis = { type: "value", name: "GB/s" };
+    option.series = ["pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"].map((f) =>
+      G.line(f.replace("_", " "), G.column(data, `${f}_bytes_per_s`, GB)));
+    return option;
+  }
+
+  function power(data, range) {
+    const option = G.base(range);
+    option.yAxis = [{ type: "value", name: "W" }, { type: "value", name: "MHz" }];
+    const reasons = data.fields.indexOf("clocks_event_reasons") + 1;
+    const bits = data.throttle_bits || {};
+    const throttled = data.rows.map((r) => {
+      const mask = r[reasons];
+      if (mask === null) return [G.ms(r[0]), null];
+      const names = Object.keys(bits).filter((n) => n !== "IDLE" && (mask & bits[n]));
+      return [G.ms(r[0]), names.length ? names.length : 0];
+    });
+    option.series = [
+      G.line("power", G.column(data, "power_w")),
+      G.line("power limit", G.column(data, "power_limit_w"), { lineStyle: { type: "dashed" } }),
+      G.line("SM clock", G.column(data, "sm_clock_mhz"), { yAxisIndex: 1 }),
+      G.line("memory clock", G.column(data, "mem_clock_mhz"), { yAxisIndex: 1 }),
+      { name: "throttle reasons (count)", type: "bar", yAxisIndex: 1, data: throttled,
+        itemStyle: { color: "#d62728", opacity: 0.4 }, barMaxWidth: 6 },
+    ];
+    return option;
+  }
+
+  function thermal(data, range) {
+    const option = G.base(range);
+    option.yAxis = [{ type: "value", name: "°C" }, { type: "value", name: "MiB" }];
+    option.series = [G.line("temperature", G.column(data, "temp_c")),
+      G.line("memory used", G.column(data, "fb_used_mib"), { yAxisIndex: 1 })];
+    return option;
+  }
+
+  function heatmap(data) {
+    const fields = data.fields.filter((f) => f !== "clocks_event_reasons");
+    const bits = Object.entries(data.throttle_bits || {});
+    const rows = fields.concat(bits.map(([name]) => `throttle ${name}`));
+    const times = data.rows.map((r) => new Date(G.ms(r[0])).toISOString().slice(5, 19).replace("T", " "));
+    const cells = [];
+    fields.forEach((field, y) => {
+      const i = data.fields.indexOf(field) + 1;
+      const values = data.rows.map((r) => r[i]).filter((v) => v !== null);
+      const lo = Math.min(...values), hi = Math.max(...values);
+      data.rows.forEach((r, x) => {
+        if (r[i] !== null) cells.push([x, y, hi > lo ? (r[i] - lo) / (hi - lo) : 0]);
+      });
+    });
+    const reasons = data.fields.indexOf("clocks_event_reasons") + 1;
+    bits.forEach(([, bit], k) => {
+      data.rows.forEach((r, x) => {
+        if (r[reasons] !== null) cells.push([x, fields.length + k, r[reasons] & bit ? 1 : 0]);
+      });
+    });
+    return {
+      animation: false,
+      grid: { left: 190, right: 30, top: 10, bottom: 60 },
+      tooltip: { renderMode: "richText" },
+      xAxis: { type: "category", data: times },
+      yAxis: { type: "category", data: rows },
+      visualMap: { min: 0, max: 1, orient: "horizontal", left: "center", bottom: 0,
+        itemHeight: 120, inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
+      series: [{ type: "heatmap", data: cells, progressive: 0 }],
+    };
+  }
+
+  function scatter(data) {
+    const tx = data.fields.indexOf("pcie_tx_bytes_per_s") + 1;
+    const rx = data.fields.indexOf("pcie_rx_bytes_per_s") + 1;
+    const util = data.fields.indexOf("gpu_util") + 1;
+    const points = data.rows.filter((r) => r[util] !== null && (r[tx] !== null || r[rx] !== null))
+      .map((r) => [((r[tx] || 0) + (r[rx] || 0)) * GB, r[util]]);
+    return {
+      animation: false,
+      grid: { left: 70, right: 30, top: 30, bottom: 40 },
+      tooltip: { renderMode: "richText" },
+      xAxis: { type: "value", name: "PCIe tx+rx GB/s" },
+      yAxis: { type: "value", name: "GPU util %", min: 0, max: 100 },
+      series: [{ type: "scatter", symbolSize: 5, data: points }],
+    };
+  }
+
+  function lanes(events, range) {
+    const labels = events.lanes.map((l) => `${l.pid} ${l.comm || "?"}`);
+    const bars = events.lanes.map((l, i) => [i, G.ms(Math.max(l.since, range.from)),
+      G.ms(Math.min(l.until || range.to, range.to))]);
+    return {
+      animation: false,
+      grid: { left: 190, right: 70, top: 10, bottom: 30 },
+      tooltip: { renderMode: "richText" },
+      dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
+      xAxis: G.timeAxis(range),
+      yAxis: { type: "category", data: labels },
+      series: [{
+        type: "custom", encode: { x: [1, 2], y: 0 }, data: bars,
+        renderItem: (params, api) => {
+          const start = api.coord([api.value(1), api.value(0)]);
+          const end = api.coord([api.value(2), api.value(0)]);
+          const height = api.size([0, 1])[1] * 0.6;
+          return { type: "rect", shape: { x: start[0], y: start[1] - height / 2,
+            width: Math.max(end[0] - start[0], 2), height }, style: api.style() };
+        },
+      }],
+    };
+  }
+
+  async function load(params) {
+    try {
+      const [data, events] = await Promise.all([
+        G.fetchJson(G.withParams(page.dataset.series, params)),
+        G.fetchJson(G.withParams(page.dataset.events, params))]);
+      const range = { from: data.from, to: data.to };
+      chart.util.setOption(utilisation(data, events, range), true);
+      chart.lanes.setOption(lanes(events, range), true);
+      chart.bw.setOption(bandwidth(data, range), true);
+      chart.power.setOption(power(data, range), true);
+      chart.thermal.setOption(thermal(data, range), true);
+      chart.heatmap.setOption(heatmap(data), true);
+      chart.scatter.setOption(scatter(data), true);
+      document.getElementById("range-info").textContent =
+        `${data.rows.length} points, ${data.bucket_s} s each` +
+        (data.from_rollups ? ", from one-minute rollups" : "");
+      G.updateCsvLinks(params);
+      page.dataset.loaded = "true";
+    } catch (err) {
+      G.showError(`Could not load the data: ${err.message}`);
+    }
+  }
+
+  G.rangeControl(load);
+  for (const id of ["util", "bw", "power", "thermal", "lanes"]) G.onZoom(chart[id]);
+})();
