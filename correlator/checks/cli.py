@@ -69,7 +69,7 @@ def run_watch(ctx: click.Context, target: Target, duration: float, source: str,
         raise EnvironmentProblem(str(exc)) from None
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+@click.command()
 @click.option("--expect", "expectations", multiple=True, required=True,
               help="An expectation in the rules DSL, e.g. 'mean(sm_active) >= 0.6' "
                    "(repeatable).")
@@ -87,7 +87,7 @@ def check(ctx: click.Context, expectations: tuple[str, ...], pid: int | None, cm
     without a window covers the whole watch, and short names work: sm_active, copy_util,
     gpu_util, power, temp, cpu_cores; count(xid) counts Xids. Exit status 0 when every
     expectation holds, 1 when one fails (or has no data), 2 on usage or environment errors.
-    Progress goes to stderr.
+    Progress and the command's own output go to stderr; stdout holds only the verdict.
 
     \b
     Examples:

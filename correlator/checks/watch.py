@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -188,8 +189,10 @@ class Watch:
 
     def _start_command(self) -> None:
         try:
-            # its own process group: the watch ends the command's workers with it
-            self.child = subprocess.Popen(list(self.target.argv), start_new_session=True)
+            # its own process group: the watch ends the command's workers with it; its
+            # output goes to stderr, so that stdout holds only the verdict (--json)
+            self.child = subprocess.Popen(list(self.target.argv), start_new_session=True,
+                                          stdout=sys.stderr)
         except OSError as exc:
             raise EnvironmentProblem(f"cannot run {printable(self.target.argv[0])}: "
                                      f"{exc.strerror}") from None

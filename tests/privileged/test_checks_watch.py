@@ -68,7 +68,7 @@ def test_check_through_the_service_passes_and_fails_with_observed_values(service
                    "--expect", "count(xid) == 0", "--expect", "rate(ioctls) > 5",
                    "--", *_trainer(service))
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    report = json.loads(done.stdout)         # the command's own output went to stderr
     assert report["passed"] is True
     assert report["watched"]["mode"] == "service"
     assert report["watched"]["gpu"] == _gpu_of_minor(service["store.path"], 0)
@@ -113,7 +113,7 @@ def test_baseline_of_a_healthy_run_flags_a_starved_one(tmp_config):
                    "--duration", "4", "--threshold", "0.1", "--json", "--",
                    *_trainer(tmp_config, "--starved", "--workers", "2"))
     assert done.returncode == 1, done.stdout + done.stderr
-    result = json.loads(done.stdout[done.stdout.index("{"):])
+    result = json.loads(done.stdout)
     assert result["regressed"] is True
     flagged = {(c["figure"], c["stat"]) for c in result["changes"] if c["flagged"]}
     assert ("gpu.sm_active", "mean") in flagged

@@ -155,14 +155,14 @@ def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(journald,
     try:
         wait_for(lambda: source_ready(correlator), 15, "the source to start")
         writer.start()
-        wait_for(lambda: len(rows_of(correlator, run)) >= 2000, 60, "2000 stored lines")
+        wait_for(lambda: len(rows_of(correlator, run)) >= 2000, 180, "2000 stored lines")
         os.kill(source.pid, signal.SIGKILL)
         source.wait(10)
         stored_at_kill = len(rows_of(correlator, run))
         source = source_process(tmp_config)
         writer.join(120)
         assert not writer.is_alive()
-        wait_for(lambda: len(rows_of(correlator, run)) >= total, 90, "all lines")
+        wait_for(lambda: len(rows_of(correlator, run)) >= total, 300, "all lines")
         time.sleep(1.5)               # duplicates, if any, would be in by now
         rows = rows_of(correlator, run)
     finally:

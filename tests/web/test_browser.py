@@ -133,8 +133,9 @@ def test_range_picker_and_zoom_refetch_finer_data(browser, server, scenario, tmp
         assert "5 s each" in page.inner_text("#range-info")          # 1 h in ≤ 720 points
         with page.expect_response(lambda r: "range=5m" in r.url):
             page.click("#range-picker button[data-range='5m']")
-        page.wait_for_function(
-            "document.getElementById('range-info').textContent.includes('1 s each')")
+        # a locator wait, not wait_for_function: a string evaluated in the page would
+        # (rightly) be refused by the strict CSP, which has no 'unsafe-eval'
+        page.locator("#range-info", has_text="1 s each").wait_for()
         assert "range=5m" in page.get_attribute("#csv-series", "href")
         box = page.locator("#chart-util").bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
