@@ -77,10 +77,14 @@ def correlator(tmp_config):
     corr = Correlator(tmp_config, db, subscriber)
     thread = threading.Thread(target=corr.run, args=(stop,), daemon=True)
     thread.start()
-    yield db
+    # The test reads through its own connection, as the web view does: polling through the
+    # writer's connection would hold its lock and slow the writer down.
+    reader = open_store(tmp_config["store.path"], readonly=True)
+    yield reader
     stop.set()
     thread.join(5)
     subscriber.close()
+    reader.close()
     db.close()
 
 
