@@ -38,6 +38,7 @@ JOURNALD = "/lib/systemd/systemd-journald"
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 DEV_LOG = Path("/dev/log")
 CRON_D = Path("/etc/cron.d")
+CRON_SETTLE_S = 10.0
 
 
 class Progress:
@@ -162,6 +163,8 @@ class Pipeline:
 
 
 def demo_config(base: Config, scenario: str, work: Path, event_after: float) -> Config:
+    """The demo's private pipeline; in ``cron-reset`` the stand-in reset's strike file, not a
+    time, makes the simulated GPU reset."""
     devices = work / "dev"
     devices.mkdir(parents=True, exist_ok=True)
     for name in ("nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm"):
@@ -171,9 +174,14 @@ def demo_config(base: Config, scenario: str, work: Path, event_after: float) -> 
         "probes.device_glob": f"{devices}/nvidia*", "probes.poll_interval": 0.5,
         "gpu.source": "sim", "gpu.sim_scenario": SCENARIOS[scenario], "gpu.sim_gpus": 2,
         "gpu.sim_event_after": event_after, "klog.backend": "journald", "klog.start": "now",
+        "gpu.sim_event_file": str(strike_file(work)) if scenario == "cron-reset" else "",
         "correlator.flush_interval": 0.2, "correlator.stall_seconds": 4.0,
         "correlator.lag_seconds": 3.0,
     })
+
+
+def strike_file(work: Path) -> Path:
+    return work / "sim-reset-now"
 
 
 def refuse_on_gpu_host(force: bool) -> None:
@@ -198,7 +206,7 @@ def _wait_incident(pipe: Pipeline, sql: str, params: list, timeout: float) -> in
 
 
 def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
-                   fires_at: float, deadline: float) -> int | None:
+                   deadline: float) -> int | None:
     uuid, pci = pipe.one("select a.gpu_id, substr(a.alias, 5) from gpu_aliases a join "
                          "gpu_aliases m on m.gpu_id = a.gpu_id and m.alias = 'minor:0' "
                          "where a.alias like 'pci:%'") or (None, None)
@@ -211,11 +219,15 @@ def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
                    "main(['nvidia-smi', *sys.argv[1:]])\n")
     smi.chmod(0o755)
     marker = f"gpuwhy-demo-{os.urandom(4).hex()}"
-    time.sleep(max(0.0, fires_at - 59 - time.time()))     # so that it fires at fires_at
+    # cron reads a changed /etc/cron.d as it wakes at a minute boundary and runs what is due
+    # in that minute; written just after a boundary it might wake late and run at once.
+    time.sleep(max(0.0, CRON_SETTLE_S - time.time() % 60))
+    fires_at = time.time() // 60 * 60 + 60
     job = CRON_D / marker
     job.write_text(f"# written by `gpuwhy demo cron-reset`; removed when the demo ends\n"
                    f"* * * * * root {smi} -r -i 0 --dev {work / 'dev'} --pci {pci} "
-                   f"--uuid {uuid} --mark {marker} >/dev/null 2>&1\n")
+                   f"--uuid {uuid} --mark {marker} --strike {strike_file(work)} "
+                   f">/dev/null 2>&1\n")
     job.chmod(0o644)
     try:
         progress.step(f"cron job {job} runs the stand-in `nvidia-smi -r -i 0` in "
@@ -287,11 +299,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
     work = work or Path(tempfile.mkdtemp(prefix="gpuwhy-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     start_in = 6.0
-    # cron fires at a minute boundary: the first one that leaves the pipeline time to start
-    fires_at = time.time() // 60 * 60 + 60
-    if fires_at - time.time() < 20:
-        fires_at += 60
-    event_after = fires_at - time.time() + 2.0 if scenario == "cron-reset" else start_in + 6
+    event_after = 24 * 3600.0 if scenario == "cron-reset" else start_in + 6
     config = demo_config(base, scenario, work, event_after)
     progress.step(f"demo {scenario} in {work} (store {config['store.path']})")
     trainer_proc = None
@@ -317,8 +325,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
             progress.step(f"bound to GPU {bound[0]}")
         deadline = time.monotonic() + timeout
         if scenario == "cron-reset":
-            incident = run_cron_reset(pipe, work, progress, trainer, fires_at,
-                                      deadline + fires_at - time.time())
+            incident = run_cron_reset(pipe, work, progress, trainer, deadline + 60)
         elif scenario == "xid79":
             incident = run_xid79(pipe, trainer_proc, progress, time.monotonic() + start_in,
                                  deadline)
@@ -366,6 +373,8 @@ def demo(ctx: click.Context, scenario: str, force: bool, keep: bool, timeout: fl
       sudo gpuwhy demo xid79
     """
     refuse_on_gpu_host(force)
+    # SIGTERM unwinds like Ctrl-C, so the cron entry, cron and journald started here go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     incident = play(ctx.obj.config(), scenario, keep, timeout)
     if incident is None and scenario != "starved-input":
         raise click.ClickException(f"the {scenario} scenario produced no incident in time")

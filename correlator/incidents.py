@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 RESET_CONTROLS = ("NV0080_CTRL_CMD_BIF_RESET",)
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 CAUSE_KINDS = ("xid", "gpu_lost", "gpu_reset")
+SILENT_STATES = ("lost", "resetting", "reset_required")
 EXIT_WINDOW_NS = 60 * NS_PER_SECOND      # a death this soon after an Xid/reset is its effect
 
 
@@ -288,7 +289,9 @@ class IncidentBuilder:
 
     def _idle_since(self, db: Database, gpu_id: str, bound_since: int, now: int) -> int | None:
         """Start of the idle stretch that reaches ``now``, if the GPU was busy before it and
-        after the process bound it (a process that never saw it busy did not stall)."""
+        after the process bound it (a process that never saw it busy did not stall). A GPU
+        that went silent (lost, resetting) after its last busy sample was idle from then,
+        even if it has come back since."""
         busy = db.execute("select max(ts) from gpu_samples where gpu_id = ? and gpu_util > ? "
                           "and ts between ? and ?",
                           [gpu_id, self.stall_util, bound_since, now]).fetchone()[0]
@@ -298,12 +301,16 @@ class IncidentBuilder:
                            [gpu_id, busy]).fetchone()[0]
         state = db.execute("select state, state_since from gpus where id = ?",
                            [gpu_id]).fetchone()
-        silent = state and state[0] in ("lost", "resetting", "reset_required") and \
-            state[1] and state[1] > busy
-        if after is None and not silent:
-            return None
-        starts = [t for t in (after, state[1] if silent else None) if t is not None]
-        return min(starts)
+        went_silent = None
+        if state and state[1] and state[1] > busy:      # its state changed since: how?
+            went_silent = db.execute(
+                "select min(ts) from events where ts > ? and ts <= ? and kind = 'gpu_state' "
+                "and gpu_id = ? and json_extract(body, '$.state') in (?, ?, ?)",
+                [busy, now, gpu_id, *SILENT_STATES]).fetchone()[0]
+            if went_silent is None and state[0] in SILENT_STATES:
+                went_silent = state[1]
+        starts = [t for t in (after, went_silent) if t is not None]
+        return min(starts) if starts else None
 
 
 def _minor_of(path: str) -> int | None:

@@ -6,7 +6,8 @@ call fails with ENOTTY; the probes' tracepoints see them all the same). Every ke
 line they write says that it is demo traffic.
 
     python -m gpuwhy.correlator.standin train DEV_DIR --minor 0 [--workers N] [--starved]
-    python -m gpuwhy.correlator.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U
+    python -m gpuwhy.correlator.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U \
+        [--strike FILE]
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def nvidia_smi(args: argparse.Namespace) -> None:
     fds = open_devices(args.dev, args.i)
     cuda_init(fds, args.i)
     _control(fds["nvidiactl"], BIF_RESET)
+    if args.strike:                        # the simulated GPU resets now, as a real one would
+        Path(args.strike).touch()
     time.sleep(0.2)
     write_kmsg([f"NVRM: GPU at PCI:{args.pci}: {args.uuid}"])
     print(f"GPU {args.pci} was successfully reset. (stand-in)")
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--pci", required=True)
     s.add_argument("--uuid", required=True)
     s.add_argument("--mark", default="")
+    s.add_argument("--strike", default="", help="file that makes the simulator's GPU reset")
     args = parser.parse_args(argv)
     (train if args.program == "train" else nvidia_smi)(args)
 

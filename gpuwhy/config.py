@@ -105,6 +105,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.sim_seed", 0, "GPUWHY_SIM_SEED", "seed of the simulator (same seed, same data)"),
     Setting("gpu.sim_event_after", 30.0, "GPUWHY_SIM_EVENT_AFTER",
             "scenario seconds before the simulated Xid 79, GPU reset or thermal slowdown"),
+    Setting("gpu.sim_event_file", "", "GPUWHY_SIM_EVENT_FILE",
+            "when set, the simulated event also comes as soon as this file exists (how "
+            "`gpuwhy demo`'s stand-in reset strikes the simulated GPU)"),
     # --- end GPU source settings ---
     # --- kernel log and cron settings (kernel-log and cron issue) ---
     Setting("klog.backend", "auto", "GPUWHY_KLOG_BACKEND",

@@ -106,3 +106,15 @@ def test_count_model_and_bad_scenario():
     assert sim.read()[0].fields["power_limit_w"] == 400
     with pytest.raises(SourceUnavailable, match="unknown scenario"):
         SimulatedGpus(scenario="nope")
+
+
+def test_the_event_comes_when_its_strike_file_appears(tmp_path):
+    strike = tmp_path / "reset-now"
+    sim = SimulatedGpus(scenario="gpu-reset", event_after=3600.0, event_file=str(strike))
+    sim.open()
+    before = [sim.read() for _ in range(4)]
+    strike.touch()
+    after = [sim.read() for _ in range(8)]
+    assert not [e for t in before for e in t if isinstance(e, GpuState)]
+    states = [(i, e.state) for i, t in enumerate(after) for e in t if isinstance(e, GpuState)]
+    assert states == [(0, "resetting"), (5, "back")]

@@ -38,7 +38,7 @@ def make_source(name: str, config: Mapping[str, Any], url: str | None = None) ->
 
         return SimulatedGpus(config["gpu.sim_gpus"], config["gpu.sim_model"],
                              config["gpu.sim_scenario"], config["gpu.sim_seed"], interval,
-                             config["gpu.sim_event_after"])
+                             config["gpu.sim_event_after"], config["gpu.sim_event_file"])
     raise ConfigError(f"unknown GPU source {name!r}; one of auto, {', '.join(SOURCE_NAMES)}",
                       key="gpu.source")
 

@@ -3,12 +3,16 @@
 It models only what a GPU source reports (counters, Xids, a GPU falling off the bus);
 the host side of a scenario (processes, driver calls, kernel-log lines) is not played
 here. Time inside a scenario is ``tick × interval``, not the wall clock, so a scenario
-with a given seed yields the same fields on every run; only ``ts`` is real time.
+with a given seed yields the same fields on every run; only ``ts`` is real time. The
+scenario's event comes ``event_after`` scenario seconds in, or at the first read after
+``event_file`` appears (so that a played incident, e.g. `gpuwhy demo`'s stand-in reset,
+strikes the simulated GPU when it happens on the host).
 Every event it makes carries ``simulated=True`` and every GPU's model says SIMULATED.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 from dataclasses import dataclass
@@ -49,7 +53,7 @@ class SimulatedGpus:
 
     def __init__(self, count: int = 2, model: str = "NVIDIA H100 80GB HBM3",
                  scenario: str = "healthy-training", seed: int = 0, interval: float = 1.0,
-                 event_after: float = 30.0):
+                 event_after: float = 30.0, event_file: str = ""):
         if scenario not in SCENARIOS:
             raise SourceUnavailable("sim", f"unknown scenario {scenario!r}; one of "
                                     + ", ".join(SCENARIOS))
@@ -57,6 +61,7 @@ class SimulatedGpus:
             raise SourceUnavailable("sim", f"needs at least one GPU, got {count}")
         self.count, self.model, self.scenario, self.seed = count, model, scenario, seed
         self.interval, self.event_after = interval, event_after
+        self.event_file = event_file
         self.spec = spec_for(model)
         self.tick = 0
         self.gpus: list[GpuInfo] = []
@@ -88,6 +93,8 @@ class SimulatedGpus:
     def read(self) -> list[Event]:
         t = self.tick * self.interval
         self.tick += 1
+        if self.event_file and t < self.event_after and os.path.exists(self.event_file):
+            self.event_after = t
         ts = now_ns()
         events: list[Event] = []
         for gpu in self.gpus:

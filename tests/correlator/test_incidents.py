@@ -262,3 +262,27 @@ def test_a_device_file_binds_to_the_uuid_the_driver_lists(make_harness, tmp_conf
         ("GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87",)]
     h.feed(h.xid(1.0, 31, pci="0000:3b:00"))
     assert h.incidents("xid")[0]["gpu_id"] == "GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87"
+
+
+def test_a_stall_after_a_gpu_reset_dates_from_the_reset_even_once_the_gpu_is_back(harness):
+    """The simulator (like NVML) goes silent while resetting and reports an idle GPU after:
+    the idle stretch began when it went silent, not at its first sample after coming back."""
+    from gpuwhy.events import GpuState
+
+    from .conftest import UUID0
+
+    h = harness
+    stall_s = h.config["correlator.stall_seconds"]
+    bound_gpu(h, TRAINER)
+    h.feed(h.sample(1.0, 97.0))
+    h.feed(GpuState(ts=h.at(1.5), gpu_id=UUID0, state="resetting", detail="reset", source="t",
+                    simulated=False),
+           GpuState(ts=h.at(1.6), gpu_id=UUID0, state="back", detail="done", source="t",
+                    simulated=False),
+           h.sample(1.7, 0.0))
+    for second in range(2, int(stall_s) + 4):
+        h.feed(h.sample(second, 0.0))
+    [reset] = h.incidents("gpu_reset")
+    [stall] = h.incidents("process_stall")
+    assert stall["opened_at"] == h.at(1.5)
+    assert [link["kind"] for link in h.links(reset["id"])] == ["gpu_reset", "process_stall"]

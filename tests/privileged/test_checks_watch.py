@@ -122,7 +122,11 @@ def test_baseline_of_a_healthy_run_flags_a_starved_one(tmp_config):
     assert ("proc.ioctl.rm_control/s", "value") in flagged     # fewer steps per second
     figures = {c["figure"] for c in result["changes"]}
     assert {"gpu.temp_c", "gpu.fb_used"} <= figures
-    assert not {f for f, _ in flagged} & {"gpu.temp_c", "gpu.fb_used", "proc.runq_frac"}
+    # What the scenario does not change is not flagged. (Not proc.runq_frac: the time the
+    # process waits for a CPU follows the host's load, which this shared machine varies.)
+    unrelated = [c for c in result["changes"] if c["flagged"]
+                 and c["figure"] in ("gpu.temp_c", "gpu.fb_used", "gpu.mem_temp_c")]
+    assert not unrelated
     assert result["environment"]["now"]["driver"] == "595.45.04"   # the process's version check
 
     shown = _gpuwhy(env, "baseline", "show", "healthy", "--json")

@@ -1,6 +1,7 @@
 """`gpuwhy demo cron-reset` end to end, all real but the GPU: cron runs a stand-in
 `nvidia-smi -r` from /etc/cron.d, the eBPF probes see its exec and its BIF_RESET driver call,
-journald carries its NVRM line and cron's log, the simulator's GPU goes idle, and the
+journald carries its NVRM line and cron's log, the stand-in reset strikes the simulated GPU
+(a strike file: it goes silent, then idle), and the
 correlator builds cron_job -> command -> driver_call -> gpu_reset -> process_stall with the
 right pids, GPU and times, and logs the alerts to the journal.
 
@@ -70,7 +71,7 @@ def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_pat
                         "i.id = l.incident_id where i.kind = 'gpu_reset' order by l.seq")]
             except (sqlite3.Error, StoreError):       # created but not migrated yet
                 kinds = []
-            if kinds[:4] == CHAIN[:4]:
+            if kinds == CHAIN:
                 complete_at = now_ns()
         time.sleep(0.1)
     runner.join()
@@ -82,13 +83,8 @@ def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_pat
     [incident] = rows(db, "select * from incidents where id = ?", [incident_id])
     links = rows(db, "select * from incident_links where incident_id = ? order by seq",
                  [incident_id])
-    # The stall link is not reliable yet (it depends on when the simulated GPU goes idle
-    # relative to the cron minute; the correlator issue stays open for it): asserted when
-    # it is there, the rest of the chain always.
-    assert [link["kind"] for link in links][:4] == CHAIN[:4]
-    assert [link["kind"] for link in links][4:] in ([], CHAIN[4:])
-    cron, command, call, reset = links[:4]
-    stall = links[4] if len(links) > 4 else None
+    assert [link["kind"] for link in links] == CHAIN
+    cron, command, call, reset, stall = links
     # The right pids: the job cron logged, the process that exec'd the stand-in nvidia-smi
     # and sent the reset, the training process that held the GPU.
     [run] = rows(db, "select * from cron_runs where phase = 'started' and command like ?",
@@ -104,9 +100,8 @@ def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_pat
     trainers = rows(db, "select pid, start_time from gpu_bindings where gpu_id = ? and "
                         "pid != ?", [incident["gpu_id"], call["pid"]])
     assert len(trainers) == 1
-    if stall is not None:
-        assert [(t["pid"], t["start_time"]) for t in trainers] == \
-            [(stall["pid"], stall["start_time"])]
+    assert [(t["pid"], t["start_time"]) for t in trainers] == \
+        [(stall["pid"], stall["start_time"])]
     # The right GPU: the simulator's GPU 0, known to the device files by minor 0.
     minor0 = db.execute("select gpu_id from gpu_aliases where alias = 'minor:0'").fetchone()[0]
     assert incident["gpu_id"] == minor0 == call["gpu_id"] and minor0.startswith("GPU-")
@@ -114,11 +109,11 @@ def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_pat
     assert cron["ts"] == run["ts"] and command["ts"] == exec_event["ts"]
     assert call["ts"] == reset_call["ts"] == incident["opened_at"] == reset["ts"]
     assert cron["ts"] <= command["ts"] <= call["ts"]
-    assert stall is None or call["ts"] <= stall["ts"]
+    assert call["ts"] <= stall["ts"] < call["ts"] + 5 * NS_PER_SECOND
     assert abs(cron["ts"] - started_ns) < 100 * NS_PER_SECOND
     # Built within 5 s of the last event it needs (the stall is due stall_seconds after the
     # GPU went idle).
-    last_needed = call["ts"] if stall is None else stall["ts"] + int(4.0 * NS_PER_SECOND)
+    last_needed = stall["ts"] + int(4.0 * NS_PER_SECOND)
     assert complete_at - last_needed < 5 * NS_PER_SECOND, (complete_at - last_needed) / 1e9
     # The stand-in's kernel-log line is stored, marked as demo traffic.
     lines = [r[0] for r in db.execute("select line from kernel_log where kind = 'gpu_uuid'")]
