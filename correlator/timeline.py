@@ -1,8 +1,9 @@
 """Per-process and per-GPU timelines at 1 s resolution: build them from events, read them back.
 
 A process second (``process_seconds``) holds the process's ioctl count and rate by operation,
-on-CPU / run-queue / sleep / blocked time of its own threads and of its workers, and its
-per-process GPU utilisation where NVML has it. A GPU second is its counter sample
+on-CPU / run-queue / sleep / blocked time of its own threads and of its workers, its
+per-process GPU utilisation where NVML has it, and its CUDA launches, syncs, copies and
+allocations where the CUDA uprobes are on. A GPU second is its counter sample
 (``gpu_samples`` is already 1 Hz). Lifecycle and kernel-log events come from ``events``.
 """
 
@@ -20,9 +21,12 @@ from gpuwhy.identity import ProcessKey
 _MS = 1_000_000
 
 
-def _upsert(db: Database, key: ProcessKey, second: int, values: dict) -> None:
+def _upsert(db: Database, key: ProcessKey, second: int, values: dict,
+            add: bool = False) -> None:
+    """Set (or with ``add``, add to) the columns of one process second."""
     names = ", ".join(values)
-    updates = ", ".join(f"{n} = excluded.{n}" for n in values)
+    updates = ", ".join(f"{n} = coalesce({n}, 0) + excluded.{n}" if add else
+                        f"{n} = excluded.{n}" for n in values)
     db.execute(f"insert into process_seconds (pid, start_time, second, {names}) values "
                f"(?, ?, ?, {', '.join('?' * len(values))}) on conflict(pid, start_time, "
                f"second) do update set {updates}",
@@ -70,6 +74,17 @@ class TimelineBuilder:
             by_op.update(json.loads(row[1]))
         _upsert(db, event.process, second, {"ioctls": sum(by_op.values()),
                                             "ioctl_ops": json.dumps(dict(by_op))})
+
+    def _on_cuda_stats(self, db: Database, event: Event) -> None:
+        figures = event.totals()
+        _upsert(db, event.process, event.ts // NS_PER_SECOND, {
+            "cuda_launches": figures["launches"] + figures["graph_launches"],
+            "cuda_syncs": figures["syncs"], "cuda_sync_ms": figures["sync_blocked_ns"] / _MS,
+            "cuda_htod_bytes": figures["htod_bytes"], "cuda_dtoh_bytes": figures["dtoh_bytes"],
+            "cuda_pageable_bytes": figures["htod_pageable_bytes"]
+            + figures["dtoh_pageable_bytes"],
+            "cuda_allocs": figures["allocs"] + figures["host_allocs"],
+            "cuda_frees": figures["frees"]}, add=True)   # two intervals may end in one second
 
     def _on_process_exited(self, db: Database, event: Event) -> None:
         for key in [k for k in self._last_counts if k[0] == event.process]:

@@ -217,6 +217,11 @@ class SchedStats(Event):
 # --- end probes ---
 
 # --- cuda uprobes events (cuda issue) ---
+CUDA_COPY_DIRECTIONS = ("htod", "dtoh", "dtod", "htoh", "unknown")
+CUDA_MEMORY_FIGURES = ("allocs", "alloc_bytes", "frees", "free_bytes", "host_allocs",
+                       "host_alloc_bytes")
+
+
 @dataclass(frozen=True)
 class CudaStats(Event):
     """Event name: ``cuda_stats`` (topic ``cuda``). What a GPU process asked of the CUDA
@@ -250,6 +255,27 @@ class CudaStats(Event):
     memory: dict[str, int]
     traced_since_start: bool = True
     overhead_ns: int = 0
+
+    def totals(self) -> dict[str, int]:
+        """The interval's figures as flat numbers: kernel launches, graph launches, syncs,
+        sync_blocked_ns, ``{direction}_count``/``_bytes``, ``htod``/``dtoh`` ``_pinned_bytes``
+        and ``_pageable_bytes``, and the ``memory`` counts (the store's and the rules' one
+        reading of this event)."""
+        flat = {"launches": sum(self.launches.values()),
+                "graph_launches": self.graph_launches,
+                "syncs": sum(s.get("count", 0) for s in self.syncs.values()),
+                "sync_blocked_ns": sum(s.get("blocked_ns", 0) for s in self.syncs.values())}
+        for direction in CUDA_COPY_DIRECTIONS:
+            figures = self.copies.get(direction, {})
+            flat[f"{direction}_count"] = figures.get("count", 0)
+            flat[f"{direction}_bytes"] = figures.get("bytes", 0)
+        for direction in ("htod", "dtoh"):
+            figures = self.copies.get(direction, {})
+            flat[f"{direction}_pinned_bytes"] = figures.get("pinned_bytes", 0)
+            flat[f"{direction}_pageable_bytes"] = figures.get("pageable_bytes", 0)
+        for name in CUDA_MEMORY_FIGURES:
+            flat[name] = self.memory.get(name, 0)
+        return flat
 
 
 @dataclass(frozen=True)

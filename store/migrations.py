@@ -319,6 +319,16 @@ def m801_cuda_uprobes(db: Database) -> None:
     }, pk="id")
     db["cuda_calls"].create_index(["ts"])
     db["cuda_calls"].create_index(["pid", "start_time", "ts"])
+
+
+@migrations()
+def m802_cuda_timeline(db: Database) -> None:
+    """A process second also holds its CUDA API figures, where the uprobes are on."""
+    for column, kind in (("cuda_launches", int), ("cuda_syncs", int), ("cuda_sync_ms", float),
+                         ("cuda_htod_bytes", int), ("cuda_dtoh_bytes", int),
+                         ("cuda_pageable_bytes", int), ("cuda_allocs", int),
+                         ("cuda_frees", int)):
+        db["process_seconds"].add_column(column, kind)
 # --- end cuda migrations ---
 
 # --- checks migrations: name them m9NN_* (CI issue) ---

@@ -59,6 +59,45 @@ DESCRIPTIONS = {
     "gpu_time_by_container": "GPU time per container (the last component of the cgroup "
                              "path: container scope, pod container or unit).",
     "gpu_time_by_tag": "GPU time per process tag (GPUWHY_TAG / AI_PROFILER_TAG).",
+    "baselines": "Named baselines of `gpuwhy baseline capture`: the watched run's figures "
+                 "(JSON: p5/p50/p95/mean per figure) and its environment (driver, GPU model).",
+    "cron_jobs": "The host's schedule: every cron entry and systemd timer found, its next and "
+                 "last run, and what it does to GPUs (`gpu_action`) when it does.",
+    "cron_runs": "Each cron job run seen in the journal (started, ended), with the job's "
+                 "process and `gpu_action`; `cursor` is the journal entry.",
+    "driver_call_stats": "Cumulative NVIDIA driver calls per process, device file and "
+                         "command: count, errors, latency sum/max (ns) and a log2 latency "
+                         "histogram (JSON); `updated_at` is the last flush.",
+    "driver_calls": "Single decoded driver calls worth seeing on their own (slow, failed or "
+                    "notable, e.g. a GPU reset): ioctl number, RM command and status.",
+    "gpu_aliases": "Every name a GPU is known by (`uuid:`, `pci:`, `minor:`, `index:`), "
+                   "pointing at its `gpus.id`.",
+    "gpu_pci_uuids": "PCI bus id ↔ UUID pairs as the kernel log and GPU sources told them.",
+    "gpu_processes": "Compute processes per GPU as NVML/DCGM lists them, per sample: memory "
+                     "and utilisation of each.",
+    "incident_links": "The root-cause chain of each incident, one link per row in order "
+                      "(`seq`), with its evidence (JSON: the rows it rests on).",
+    "incident_processes": "The processes an incident involves and their role in it.",
+    "kernel_log": "Every recognised NVIDIA kernel-log line (Xid, SXid, fallen off the bus, "
+                  "NVRM), parsed: code, PCI, pid, name; `line` is the raw text, untrusted.",
+    "rule_findings": "Findings of the rules engine, one row per finding from onset to "
+                     "clearing: evidence, cause, fixes and how to verify.",
+    "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
+                      "threshold parameters (JSON).",
+    "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "
+                   "and of its worker processes: on CPU, run queue, sleep, blocked (D).",
+    "source_cursors": "Where each log source resumes (journal cursor or kmsg sequence), "
+                      "stored with the records it covers.",
+    "process_seconds": "The correlator's per-process timeline, one row per process and second "
+                       "(`second`: seconds since the epoch): driver calls (`ioctl_ops`: JSON "
+                       "counts by operation), scheduler time of the process and of its "
+                       "workers (ms in that second), NVML's per-process figures, and the "
+                       "CUDA API figures (`cuda_*`) where the CUDA uprobes are on.",
+    "cuda_stats": "What each GPU process asked of the CUDA libraries, per interval (CUDA "
+                  "uprobes, opt-in): launches, copies by direction with pinned/pageable "
+                  "bytes, time blocked in synchronisation (ns), allocations; `detail` keeps "
+                  "the per-API counts and histograms as JSON.",
+    "cuda_calls": "Single CUDA calls worth seeing on their own (slow, big or failed).",
     "process_gpu_timeline": "Per-process GPU timeline: the samples of each GPU a process "
                             "held, while it held it. Filter on pid, start_time and a `ts` "
                             "range (the samples' time index serves it).",

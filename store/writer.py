@@ -41,6 +41,8 @@ def _event_row(envelope: Envelope, **extra: object) -> dict:
 
 
 log = logging.getLogger(__name__)
+# ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
+UNKNOWN_PROCESS_FACT = {"ppid": (0, None), "uid": (-1, None)}
 
 
 @functools.lru_cache(maxsize=512)
@@ -101,12 +103,16 @@ class StoreWriter:
         existing = self.db.execute(
             "select first_seen from processes where pid = ? and start_time = ?",
             [key["pid"], key["start_time"]]).fetchone()
+        facts = {"comm": event.comm, "cmdline": event.cmdline, "exe": event.exe,
+                 "ppid": event.ppid, "uid": event.uid, "cgroup": event.cgroup, "tag": event.tag,
+                 "container_id": event.container_id, "pod_uid": event.pod_uid,
+                 "unit": event.unit}
+        if existing:        # a later sighting that could not read /proc keeps what was known
+            facts = {name: value for name, value in facts.items()
+                     if value not in UNKNOWN_PROCESS_FACT.get(name, ("", None))}
         self._upsert("processes", {
-            **key, "comm": event.comm, "cmdline": event.cmdline, "exe": event.exe,
-            "ppid": event.ppid, "uid": event.uid, "cgroup": event.cgroup, "tag": event.tag,
-            "first_seen": existing[0] if existing else event.ts, "last_seen": event.ts,
-            "container_id": event.container_id, "pod_uid": event.pod_uid, "unit": event.unit,
-        }, pk=("pid", "start_time"))
+            **key, **facts, "first_seen": existing[0] if existing else event.ts,
+            "last_seen": event.ts}, pk=("pid", "start_time"))
 
     def _on_process_exited(self, envelope: Envelope, event: ProcessExited) -> None:
         key = [event.process.pid, event.process.start_time]
@@ -200,27 +206,13 @@ class StoreWriter:
 
     # --- cuda handlers (cuda issue) ---
     def _on_cuda_stats(self, envelope: Envelope, event: Event) -> None:
-        copies = event.copies
         row = {"pid": event.process.pid, "start_time": event.process.start_time,
                "ts": event.ts, "interval_ns": event.interval_ns, "calls": event.calls,
-               "errors": event.errors, "launches": sum(event.launches.values()),
-               "graph_launches": event.graph_launches,
-               "syncs": sum(s["count"] for s in event.syncs.values()),
-               "sync_blocked_ns": sum(s["blocked_ns"] for s in event.syncs.values()),
-               "overhead_ns": event.overhead_ns,
-               "traced_since_start": int(event.traced_since_start),
-               **{name: event.memory[name] for name in (
-                   "allocs", "alloc_bytes", "frees", "free_bytes", "host_allocs",
-                   "host_alloc_bytes")}}
-        for direction, figures in copies.items():
-            row.update({f"{direction}_count": figures["count"],
-                        f"{direction}_bytes": figures["bytes"]})
-        for direction in ("htod", "dtoh"):
-            row.update({f"{direction}_pinned_bytes": copies[direction]["pinned_bytes"],
-                        f"{direction}_pageable_bytes": copies[direction]["pageable_bytes"]})
+               "errors": event.errors, **event.totals(), "overhead_ns": event.overhead_ns,
+               "traced_since_start": int(event.traced_since_start)}
         row["detail"] = json.dumps({
             "launches": event.launches, "grid_log2": event.grid_log2,
-            "block_log2": event.block_log2, "copies": copies, "syncs": event.syncs,
+            "block_log2": event.block_log2, "copies": event.copies, "syncs": event.syncs,
             "sync_log2": event.sync_log2, "memory": event.memory}, separators=(",", ":"))
         self._upsert("cuda_stats", row, pk=("pid", "start_time", "ts"))
 

@@ -61,6 +61,7 @@ def test_short_names_and_windowless_aggregates_are_rewritten():
     assert canonical("sm_active") == "gpu.sm_active"
     assert canonical("copy_util") == "gpu.mem_copy_util"
     assert canonical("proc.sleep_frac") == "proc.sleep_frac"
+    assert canonical("launch_rate") == "cuda.launch_rate"
     node = parse("mean(sm_active) >= 0.6", window_ns=5 * S)
     assert isinstance(node, m.Cmp)
     assert node.left.func == "mean"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuwhy.correlator.rules.loader import load_rules
@@ -59,6 +61,14 @@ CASES = {
         Synthetic(gpu={"sm_active": 0.2, "gr_engine_active": 0.5}, workers={"on_cpu": 0.5}),
         Synthetic(gpu={"sm_active": 0.2, "gr_engine_active": 0.5}, workers={"on_cpu": 0.5},
                   calls={"rm_alloc": 30, "rm_free": 30})),
+    "R04b_cuda_launch_bound": (
+        Synthetic(gpu={"sm_active": 0.2, "gr_engine_active": 0.5}, cuda={"launches": 6000}),
+        Synthetic(gpu={"sm_active": 0.2, "gr_engine_active": 0.5}, cuda={"launches": 1500})),
+    "R05b_cuda_sync_bound": (
+        Synthetic(gpu={"gr_engine_active": 0.5}, cuda={"syncs": 50, "sync_frac": 0.45}),
+        Synthetic(gpu={"gr_engine_active": 0.5}, cuda={"syncs": 50, "sync_frac": 0.2})),
+    "R06b_cuda_pageable_copies": (
+        Synthetic(cuda={"pageable_frac": 0.9}), Synthetic(cuda={"pageable_frac": 0.3})),
     "R05_gpu_idle_process_blocked": (
         Synthetic(gpu={"gpu_util": 2, "gr_engine_active": 0.02},
                   own={"on_cpu": 0.1, "sleep": 3.0}, workers={"on_cpu": 0.1}),
@@ -123,6 +133,9 @@ CASES = {
     "R23_alloc_churn": (
         Synthetic(gpu={"gr_engine_active": 0.5}, calls={"rm_alloc": 150, "rm_free": 150}),
         Synthetic(gpu={"gr_engine_active": 0.8}, calls={"rm_alloc": 150, "rm_free": 150})),
+    "R23b_cuda_alloc_churn": (
+        Synthetic(gpu={"gr_engine_active": 0.5}, cuda={"allocs": 40, "frees": 40}),
+        Synthetic(gpu={"gr_engine_active": 0.5}, cuda={"allocs": 20, "frees": 20})),
     "R24_uvm_thrash": (
         Synthetic(gpu={"sm_active": 0.3}, calls={"uvm_migrate": 200}),
         Synthetic(gpu={"sm_active": 0.3}, calls={"uvm_migrate": 50})),
@@ -197,6 +210,29 @@ def test_a_healthy_host_fires_nothing():
     findings, engine = run(Synthetic(duration_s=600), RULES.values())
     assert findings == []
     assert "firing" not in {s["status"] for s in engine.status()}
+
+
+def test_a_healthy_host_with_the_cuda_uprobes_on_fires_nothing():
+    findings, engine = run(Synthetic(duration_s=600, cuda={}), RULES.values())
+    assert findings == []
+    statuses = {s["rule_id"]: s["status"] for s in engine.status()}
+    assert statuses["R04b_cuda_launch_bound"] == "ok"
+
+
+@pytest.mark.parametrize("inferred, precise", [("R04_launch_bound", "R04b_cuda_launch_bound"),
+                                               ("R06_pageable_h2d_copy",
+                                                "R06b_cuda_pageable_copies"),
+                                               ("R23_alloc_churn", "R23b_cuda_alloc_churn")])
+def test_the_inferred_rule_stands_down_where_the_cuda_uprobes_count(inferred, precise):
+    """Where the process's CUDA calls are counted the precise rule decides: the same host,
+    seen with the uprobes on and healthy CUDA figures, leaves the inferred rule suppressed."""
+    spec = CASES[inferred][0]
+    assert fired(inferred, spec)[0]
+    counted = dataclasses.replace(spec, cuda={})
+    firing, engine = fired(inferred, counted)
+    assert not firing
+    assert [s["status"] for s in engine.status()] == ["suppressed"]
+    assert not fired(precise, counted)[0]
 
 
 def test_tf32_advice_only_where_the_gpu_has_tf32():

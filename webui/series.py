@@ -31,7 +31,7 @@ GPU_FIELDS: tuple[tuple[str, float], ...] = (
 _ROLLUP_SINGLE = {"power_limit_w"}
 PROCESS_FIELDS = ("ioctls", "on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms",
                   "workers_on_cpu_ms", "workers_runqueue_ms", "workers_blocked_ms", "sm_util",
-                  "used_memory_mib")
+                  "used_memory_mib", "cuda_launches", "cuda_sync_ms")
 
 
 @dataclass(frozen=True)

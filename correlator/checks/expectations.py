@@ -37,7 +37,7 @@ def canonical(name: str) -> str:
         return name
     if name in ALIASES:
         return ALIASES[name]
-    for prefix in ("gpu.", "proc."):
+    for prefix in ("gpu.", "proc.", "cuda."):
         if prefix + name in SIGNALS:
             return prefix + name
     return name

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import cache
 
 import lark
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from gpuwhy.correlator.rules import model as m
 from gpuwhy.correlator.rules.parser import (
@@ -22,8 +22,8 @@ from gpuwhy.correlator.rules.parser import (
     _accepted,
     _Checker,
     _expected,
-    _Problem,
     _ToModel,
+    problems_reported,
 )
 
 MAX_EXPRESSION_CHARS = 4096
@@ -63,20 +63,11 @@ def parse_expression(text: str, *, scope: str = "process",
     except RecursionError:
         raise RuleSyntaxError(path, 1, 1, "expression nested too deeply") from None
     rule = m.Rule(id="expression", path=path, line=1, text=text, scope=scope)
-    try:
+    with problems_reported(path, "expression"):
         node = _ToModel().transform(tree)
         if rewrite is not None:
             node = rewrite(node)
         return _Checker(rule).resolve(node)
-    except VisitError as exc:
-        problem = exc.orig_exc
-        if isinstance(problem, _Problem):
-            raise RuleSyntaxError(path, problem.line, problem.column, problem.message) from None
-        raise
-    except _Problem as problem:
-        raise RuleSyntaxError(path, problem.line, problem.column, problem.message) from None
-    except RecursionError:
-        raise RuleSyntaxError(path, 1, 1, "expression nested too deeply") from None
 
 
 __all__ = ["MAX_REGEX_CHARS", "parse_expression"]

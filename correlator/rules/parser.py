@@ -8,8 +8,9 @@ was expected there.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import cache
 
 import lark
@@ -538,7 +539,7 @@ def parse_rules(source: str, path: str = "<rules>") -> list[m.Rule]:
                               + _expected(_accepted(exc, exc.expected))) from None
     except RecursionError:
         raise RuleSyntaxError(path, 1, 1, "rule nested too deeply") from None
-    try:
+    with problems_reported(path, "rule"):
         rules_tree = _ToModel().transform(tree)
         rules, ids = [], set()
         for rule_tree in rules_tree[1]:
@@ -548,6 +549,13 @@ def parse_rules(source: str, path: str = "<rules>") -> list[m.Rule]:
             ids.add(rule.id)
             rules.append(rule)
         return rules
+
+
+@contextlib.contextmanager
+def problems_reported(path: str, what: str) -> Iterator[None]:
+    """Building the model: a problem found there becomes a RuleSyntaxError at its place."""
+    try:
+        yield
     except VisitError as exc:
         problem = exc.orig_exc
         if isinstance(problem, _Problem):
@@ -556,4 +564,4 @@ def parse_rules(source: str, path: str = "<rules>") -> list[m.Rule]:
     except _Problem as problem:
         raise RuleSyntaxError(path, problem.line, problem.column, problem.message) from None
     except RecursionError:
-        raise RuleSyntaxError(path, 1, 1, "rule nested too deeply") from None
+        raise RuleSyntaxError(path, 1, 1, f"{what} nested too deeply") from None

@@ -25,6 +25,7 @@ from gpuwhy.correlator.rules.vocabulary import (
 )
 from gpuwhy.events import (
     CronExecution,
+    CudaStats,
     DeviceOpened,
     DriverCall,
     DriverCallStats,
@@ -107,7 +108,8 @@ class Signals:
     """The interface rules evaluate against (and the derivations both sources share).
 
     Subclasses supply rows: ``gpu_rows`` (gpu_samples columns), ``sched_rows``
-    (sched_stats columns), ``call_rows`` (cumulative per call class), ``event_rows``.
+    (sched_stats columns), ``call_rows`` (cumulative per call class), ``cuda_rows``
+    (:meth:`CudaStats.totals` and ``interval_ns``), ``event_rows``.
     """
 
     def now(self) -> int:
@@ -133,6 +135,9 @@ class Signals:
         raise NotImplementedError
 
     def call_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        raise NotImplementedError
+
+    def cuda_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         raise NotImplementedError
 
     def event_rows(self, stream: str, scope: Scope, start: int,
@@ -183,6 +188,8 @@ class Signals:
             return derive_series(name, self.gpu_rows(owner, start, end))
         if source == "sched":
             return derive_series(name, self.sched_rows(owner, start, end))
+        if source == "cuda":
+            return derive_series(name, self.cuda_rows(owner, start, end))
         return derive_series(name, self.call_rows(owner, start, end))
 
     def fact(self, scope: Scope, name: str) -> float | None:
@@ -233,6 +240,7 @@ class MemorySignals(Signals):
         self._gpu: dict[str, list] = defaultdict(list)
         self._sched: dict[ProcessKey, list] = defaultdict(list)
         self._calls: dict[ProcessKey, list] = defaultdict(list)
+        self._cuda: dict[ProcessKey, list] = defaultdict(list)
         self._call_paths: dict[ProcessKey, dict[str, dict]] = defaultdict(dict)
         self._events: dict[str, list] = defaultdict(list)
 
@@ -266,6 +274,9 @@ class MemorySignals(Signals):
 
     def call_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         return _slice(self._calls.get(process, ()), start, end)
+
+    def cuda_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        return _slice(self._cuda.get(process, ()), start, end)
 
     def event_rows(self, stream: str, scope: Scope, start: int,
                    end: int) -> list[tuple[int, dict]]:
@@ -343,6 +354,9 @@ class MemorySignals(Signals):
                 for name, value in per_path.items():
                     totals[name] += value
             self._append(self._calls[event.process], ts, dict(totals))
+        elif isinstance(event, CudaStats):
+            self._append(self._cuda[event.process], ts,
+                         {"interval_ns": event.interval_ns, **event.totals()})
         elif isinstance(event, DriverCall):
             self._event("driver.call", ts, {
                 "_process": event.process, "op": event.op, "sub_name": event.sub_name or "",

@@ -1,9 +1,10 @@
 """Signals read from the store (a read-only connection), for the engine in the service.
 
-Tables: ``gpu_samples`` (one row per GPU and instant), ``sched_stats``, ``driver_call_stats``
-(cumulative: this class keeps one snapshot per evaluation round, so call rates need two
-rounds), ``driver_calls``, ``kernel_log``, ``cron_runs``, ``events`` (gpu_xid, gpu_state,
-process_exec, process_exited), ``processes``, ``gpu_bindings``, ``gpu_processes``, ``gpus``.
+Tables: ``gpu_samples`` (one row per GPU and instant), ``sched_stats``, ``cuda_stats``,
+``driver_call_stats`` (cumulative: this class keeps one snapshot per evaluation round, so
+call rates need two rounds), ``driver_calls``, ``kernel_log``, ``cron_runs``, ``events``
+(gpu_xid, gpu_state, process_exec, process_exited), ``processes``, ``gpu_bindings``,
+``gpu_processes``, ``gpus``.
 Everything read in a round is cached for that round: the same window is read once for all
 the rules that ask for it. Process environments are read from /proc (bounded, only the
 variables rules name), and only while the pid still has the same start time.
@@ -133,9 +134,16 @@ class StoreSignals(Signals):
         return _slice(rows, start, end)
 
     def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
-        rows = self._window_rows(("sched", process), start, end, lambda s, e: [
+        return self._process_rows("sched_stats", process, start, end)
+
+    def cuda_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        return self._process_rows("cuda_stats", process, start, end)
+
+    def _process_rows(self, table: str, process: ProcessKey, start: int,
+                      end: int) -> list[tuple[int, Row]]:
+        rows = self._window_rows((table, process), start, end, lambda s, e: [
             (r["ts"], r) for r in self._rows(
-                "select * from sched_stats where pid = ? and start_time = ? and ts >= ? "
+                f"select * from {table} where pid = ? and start_time = ? and ts >= ? "
                 "and ts <= ? order by ts", [process.pid, process.start_time, s, e])])
         return _slice(rows, start, end)
 

@@ -2,8 +2,9 @@
 
 A :class:`Synthetic` describes GPUs, the processes on them and what they do, second by
 second; :meth:`Synthetic.events` turns it into the bus events the sources would send
-(GpuSeen, GpuSample, ProcessSeen, DeviceOpened, SchedStats, DriverCallStats and any extra
-events), and :func:`run` replays them into an engine the way the service would.
+(GpuSeen, GpuSample, ProcessSeen, DeviceOpened, SchedStats, DriverCallStats, CudaStats
+when the CUDA uprobes are on, and any extra events), and :func:`run` replays them into an
+engine the way the service would.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpuwhy.correlator.rules.model import Rule
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.correlator.rules.vocabulary import CALL_CLASSES
 from gpuwhy.events import (
+    CudaStats,
     DeviceOpened,
     DriverCallStats,
     Event,
@@ -51,6 +53,10 @@ HEALTHY_WORKERS = {"on_cpu": 2.0, "runqueue": 0.05, "sleep": 1.9, "blocked": 0.0
                    "threads": 4, "processes": 4}
 HEALTHY_CALLS = {"rm_alloc": 2.0, "rm_free": 2.0, "rm_control": 20.0, "rm_map": 1.0,
                  "uvm_migrate": 0.0, "uvm_advise": 0.0}
+# CUDA API per second (the uprobes): calls, bytes, and the shares pinned / blocked.
+HEALTHY_CUDA = {"launches": 400.0, "graph_launches": 0.0, "syncs": 2.0, "sync_frac": 0.05,
+                "htod_bytes": 1.5e9, "dtoh_bytes": 0.1e9, "pageable_frac": 0.0,
+                "allocs": 0.5, "frees": 0.5}
 COUNTERS = ("pcie_replays", "ecc_sbe_volatile", "ecc_dbe_volatile", "power_violation_ns",
             "thermal_violation_ns")
 
@@ -64,8 +70,9 @@ def _at(value: Varying, t: float) -> Mapping[str, Any]:
 @dataclass
 class Synthetic:
     """A host: ``gpus`` GPUs with ``processes`` compute processes each; ``gpu``, ``own``,
-    ``workers`` and ``calls`` change the healthy values (a dict, or a function of the
+    ``workers``, ``calls`` and ``cuda`` change the healthy values (a dict, or a function of the
     second ``t``); GPU counters in COUNTERS are given as rates per second and accumulated.
+    ``cuda`` None: the CUDA uprobes are off (no CudaStats).
     ``extra`` holds (second, event) pairs whose ts is set to that second."""
 
     duration_s: int = 400
@@ -77,6 +84,7 @@ class Synthetic:
     own: Varying = field(default_factory=dict)
     workers: Varying = field(default_factory=dict)
     calls: Varying = field(default_factory=dict)
+    cuda: Varying | None = None
     cmdline: str = "python3 train.py --epochs 90"
     comm: str = "python3"
     env: Mapping[str, str] | None = None
@@ -120,6 +128,8 @@ class Synthetic:
                     if self.sched:
                         out.append(self._sched(key, t, ts))
                     out.append(self._calls(key, t, ts, totals))
+                    if self.cuda is not None:
+                        out.append(self._cuda(key, t, ts))
         out += [dataclasses.replace(e, ts=BASE_TS + int(t * NS)) for t, e in self.extra]
         out.sort(key=lambda e: e.ts)
         return out
@@ -159,6 +169,29 @@ class Synthetic:
                         "latency_max_ns": 0, "bytes": 0, "latency_log2": []})
         return DriverCallStats(ts=ts, process=key, path="/dev/nvidiactl", device="nvidiactl",
                                ops=ops)
+
+
+    def _cuda(self, key: ProcessKey, t: float, ts: int) -> CudaStats:
+        v = {**HEALTHY_CUDA, **_at(self.cuda, t)}
+        s = self.step_s
+        copies = {d: {"count": 0, "bytes": 0, "ns": 0, "async_count": 0, "pinned_bytes": 0,
+                      "pageable_bytes": 0} for d in ("htod", "dtoh", "dtod", "htoh", "unknown")}
+        for direction in ("htod", "dtoh"):
+            moved = int(v[f"{direction}_bytes"] * s)
+            pageable = int(moved * v["pageable_frac"])
+            copies[direction].update(count=int(10 * s), bytes=moved, pageable_bytes=pageable,
+                                     pinned_bytes=moved - pageable)
+        memory = {"allocs": int(v["allocs"] * s), "alloc_bytes": int(v["allocs"] * s) << 20,
+                  "frees": int(v["frees"] * s), "free_bytes": int(v["frees"] * s) << 20,
+                  "host_allocs": 0, "host_alloc_bytes": 0, "host_frees": 0, "registers": 0,
+                  "register_bytes": 0}
+        syncs = {"cudaStreamSynchronize": {"count": int(v["syncs"] * s),
+                                           "blocked_ns": int(v["sync_frac"] * s * NS)}}
+        launches = int(v["launches"] * s)
+        return CudaStats(ts=ts, process=key, interval_ns=s * NS, calls=launches + 20,
+                         errors=0, launches={"cudaLaunchKernel": launches}, grid_log2=[],
+                         block_log2=[], graph_launches=int(v["graph_launches"] * s),
+                         copies=copies, syncs=syncs, sync_log2=[], memory=memory)
 
 
 def run(spec: Synthetic, rules: Iterable[Rule], every_s: int = 10,

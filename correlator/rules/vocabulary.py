@@ -16,8 +16,9 @@ Row = Mapping[str, float | None]
 @dataclass(frozen=True)
 class Signal:
     """A per-sample series: ``source`` is ``gpu``, ``sched``, ``calls`` (a cumulative counter
-    of driver calls) or ``fact`` (a constant from the GPU model); ``derive`` turns one row of
-    that source into a value (None: not reported)."""
+    of driver calls), ``cuda`` (an interval of the CUDA uprobes, :meth:`CudaStats.totals`) or
+    ``fact`` (a constant from the GPU model); ``derive`` turns one row of that source into a
+    value (None: not reported)."""
 
     name: str
     source: str
@@ -160,6 +161,46 @@ for _cls in (*CALL_CLASSES, "total", "errors"):
         "cumulative driver calls" + ("" if _cls == "total" else
                                      " that failed" if _cls == "errors" else f" of class {_cls}"),
         _column(_cls), counter=True)
+
+
+def _per_second(*columns: str) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        interval = row.get("interval_ns")
+        if not interval:
+            return None
+        return sum(row.get(c) or 0 for c in columns) * 1e9 / interval
+    return derive
+
+
+def _part(part: tuple[str, ...], whole: tuple[str, ...]) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        total = sum(row.get(c) or 0 for c in whole)
+        return None if not total else sum(row.get(c) or 0 for c in part) / total
+    return derive
+
+
+# CUDA API figures (opt-in uprobes): rows only for the seconds in which the process called
+# the CUDA libraries, so a mean is over those seconds.
+_HOST_COPIES = ("htod_pinned_bytes", "htod_pageable_bytes", "dtoh_pinned_bytes",
+                "dtoh_pageable_bytes")
+for _name, _unit, _help, _derive in (
+        ("cuda.launch_rate", "1/s", "kernel and graph launches per second",
+         _per_second("launches", "graph_launches")),
+        ("cuda.sync_rate", "1/s", "CUDA synchronisation calls per second",
+         _per_second("syncs")),
+        ("cuda.sync_frac", "ratio", "thread time blocked in CUDA synchronisation calls per "
+         "second (cuStreamSynchronize, cudaDeviceSynchronize, ...)",
+         _ratio("sync_blocked_ns", "interval_ns")),
+        ("cuda.htod_Bps", "B/s", "bytes copied host to device per second",
+         _per_second("htod_bytes")),
+        ("cuda.dtoh_Bps", "B/s", "bytes copied device to host per second",
+         _per_second("dtoh_bytes")),
+        ("cuda.pageable_frac", "ratio", "share of host<->device bytes copied from or to "
+         "pageable (not pinned) host memory", _part(("htod_pageable_bytes",
+                                                     "dtoh_pageable_bytes"), _HOST_COPIES)),
+        ("cuda.alloc_rate", "1/s", "device allocations and frees per second (cuMemAlloc, "
+         "cudaMalloc, cuMemFree, cudaFree)", _per_second("allocs", "frees"))):
+    SIGNALS[_name] = Signal(_name, "cuda", _unit, _help, _derive)
 
 
 def call_class_totals(ops: list[Mapping]) -> dict[str, float]:

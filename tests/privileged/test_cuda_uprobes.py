@@ -180,6 +180,19 @@ def test_every_count_size_direction_and_blocked_time_of_a_process_started_before
     assert big == sorted([("cuMemAlloc_v2", MIB, None, None), ("cudaMalloc", 3 * MIB, None, None),
                           ("cuMemHostAlloc", 2 * MIB, None, None),
                           ("cuMemcpyHtoD_v2", MIB, "htod", "pageable")] * n)
+    # The same figures reach the process's timeline second by second (the correlator).
+    [timeline] = pipe.query(
+        "select sum(cuda_launches), sum(cuda_syncs), sum(cuda_sync_ms), sum(cuda_htod_bytes), "
+        "sum(cuda_dtoh_bytes), sum(cuda_pageable_bytes), sum(cuda_allocs), sum(cuda_frees) "
+        "from process_seconds where pid = ? and start_time = ?", [prog.pid, prog.key.start_time])
+    blocked_ms = sum(s["blocked_ns"] for s in got["syncs"].values()) / 1e6
+    [(graphs,)] = pipe.query("select sum(graph_launches) from cuda_stats where pid = ?",
+                             [prog.pid])
+    assert timeline[:2] == (10 * n + graphs, 7 * n)
+    assert timeline[2] == pytest.approx(blocked_ms)
+    assert timeline[3:] == ((65536 + MIB + 524288 + 200000 + 4096) * n,
+                            (300000 + 4000 + 100000) * n, (MIB + 200000 + 300000) * n,
+                            4 * n, 2 * n)
 
 
 def test_kill_switch_detaches_within_a_second_and_the_program_runs_on_unharmed(

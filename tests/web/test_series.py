@@ -70,3 +70,18 @@ def test_clock_reasons_are_ored_not_averaged(rolled):
     w = series.window(first + 50 * NS_PER_SECOND, 0, 1, since=first)   # one 50 s bucket
     [row] = series.gpu_series(db, gpu, w)["rows"]
     assert row[-1] == 0x24
+
+
+def test_a_process_series_averages_its_cuda_figures_per_bucket(tmp_path):
+    from gpuwhy.identity import ProcessKey
+
+    db = open_store(tmp_path / "p.db")
+    key, base = ProcessKey(4242, 1000), 1_800_000_000
+    db["process_seconds"].insert_all(
+        [{"pid": key.pid, "start_time": key.start_time, "second": base + s, "on_cpu_ms": 900.0,
+          "cuda_launches": 1000 * (s + 1), "cuda_sync_ms": 100.0 * s} for s in range(4)])
+    w = series.window((base + 4) * NS_PER_SECOND, 0, 1, since=base * NS_PER_SECOND)
+    data = series.process_series(db, key, w)
+    assert data["rows"] == [[base * NS_PER_SECOND, None, 900.0, *[None] * 8, 2500.0, 150.0]]
+    assert data["fields"][-2:] == ["cuda_launches", "cuda_sync_ms"]
+    db.close()

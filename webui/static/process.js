@@ -1,5 +1,6 @@
-// The process page: its per-second timeline (GPU use, driver calls, on/off CPU of the
-// process and its workers) from /api/processes/<key>/series, re-fetched on range or zoom.
+// The process page: its per-second timeline (GPU use, driver calls, CUDA launches and sync
+// time where the CUDA uprobes are on, on/off CPU of the process and its workers) from
+// /api/processes/<key>/series, re-fetched on range or zoom.
 (function () {
   "use strict";
   const G = window.GpuwhyCharts;
@@ -24,12 +25,14 @@
       a.series = [G.line("SM util (NVML, this process)", G.column(data, "sm_util"),
         { connectNulls: true }),
         { name: "driver calls", type: "bar", yAxisIndex: 1, data: G.column(data, "ioctls"),
-          barMaxWidth: 6 }];
+          barMaxWidth: 6 },
+        { name: "CUDA launches", type: "bar", yAxisIndex: 1,
+          data: G.column(data, "cuda_launches"), barMaxWidth: 6 }];
       activity.setOption(a, true);
       const c = G.base(range);
       c.yAxis = { type: "value", name: "ms/s" };
       c.series = ["on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms", "workers_on_cpu_ms",
-        "workers_runqueue_ms", "workers_blocked_ms"].map((f) =>
+        "workers_runqueue_ms", "workers_blocked_ms", "cuda_sync_ms"].map((f) =>
         G.line(f.replace(/_ms$/, "").replace(/_/g, " "), G.column(data, f)));
       cpu.setOption(c, true);
       document.getElementById("range-info").textContent =
