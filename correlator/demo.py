@@ -9,13 +9,15 @@ gives the counters, look-alike device files take the driver calls. Scenarios:
   on that GPU stalls. Chain: cron_job -> command -> driver_call -> gpu_reset -> process_stall.
 - ``xid79``: the GPU falls off the bus (an Xid 79 line naming the training process), and
   the training process dies of it.
-- ``starved-input``: a training process whose DataLoader workers block on I/O while the GPU
-  idles half the time (its timeline shows it; the rules engine's finding, when it runs).
+- ``starved-input``: a training process whose DataLoader worker decodes on the CPU and
+  cannot keep up, while the main thread sleeps on the batch queue and the GPU idles most of
+  the time; the rules engine's finding (R01, after its warm-up) is the incident.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -34,6 +36,8 @@ from gpuwhy.config import Config
 from gpuwhy.correlator.standin import DEMO_MARK, write_kmsg
 
 SCENARIOS = {"cron-reset": "gpu-reset", "xid79": "xid-79", "starved-input": "input-starved"}
+STARVED_RULE = "R01_input_cpu_bound"
+TIMEOUTS = {"cron-reset": 150.0, "xid79": 150.0, "starved-input": 420.0}
 JOURNALD = "/lib/systemd/systemd-journald"
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 DEV_LOG = Path("/dev/log")
@@ -275,20 +279,46 @@ def run_xid79(pipe: Pipeline, trainer_proc: subprocess.Popen, progress: Progress
     return incident
 
 
-def run_starved(pipe: Pipeline, trainer: int, progress: Progress, seconds: float) -> int | None:
-    progress.step(f"watching the starved training process for {seconds:.0f}s")
-    time.sleep(seconds)
-    row = pipe.one("select avg(g.gpu_util), sum(s.workers_on_cpu_ms), sum(s.on_cpu_ms), "
-                   "sum(s.sleep_ms), sum(s.workers_blocked_ms) from process_seconds s "
-                   "left join gpu_samples g on g.ts / 1000000000 = s.second and g.gpu_id = "
-                   "(select gpu_id from gpu_bindings where pid = ? limit 1) where s.pid = ?",
-                   [trainer, trainer])
-    if row and row[0] is not None:
-        progress.step(f"GPU util {row[0]:.0f}% on average; the process slept {row[3] or 0:.0f}"
-                      f" ms and ran {row[2] or 0:.0f} ms while its workers ran "
-                      f"{row[1] or 0:.0f} ms and were blocked {row[4] or 0:.0f} ms")
-    found = pipe.one("select id from incidents order by id desc limit 1")
-    return found[0] if found else None
+def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
+                deadline: float) -> int | None:
+    """Wait for the rules engine's finding on the cause (R01), saying every 30 s what the
+    timeline shows and which findings came on the way (the rules want 2 min of warm-up, then
+    R01 2 min of evidence)."""
+    progress.step("the rules engine watches it: 2 min of warm-up, then R01 needs 2 min of "
+                  "evidence (about 4-5 min in all)")
+    told: set[int] = set()
+    incident = None
+    while incident is None and time.monotonic() < deadline:
+        incident = _wait_incident(pipe, "select id from incidents where kind = 'rule_finding' "
+                                  "and pid = ? and json_extract(details, '$.rule_id') = ? "
+                                  "order by id limit 1", [trainer, STARVED_RULE],
+                                  min(30.0, max(0.0, deadline - time.monotonic())))
+        if incident is None:
+            progress.step(_starved_figures(pipe, trainer))
+            with contextlib.closing(pipe.reader()) as db:
+                for found, title in db.execute("select id, title from incidents where id not "
+                                               "in (select value from json_each(?))",
+                                               [json.dumps(sorted(told))]).fetchall():
+                    told.add(found)
+                    progress.step(f"incident {found} on the way: {title}")
+    return incident
+
+
+def _starved_figures(pipe: Pipeline, trainer: int) -> str:
+    """The last 30 s of the process's timeline and its GPU, in words."""
+    row = pipe.one(
+        "select avg(g.gpu_util), avg(s.workers_on_cpu_ms) / 1000, avg(s.sleep_ms) / "
+        "nullif(avg(s.sleep_ms + s.on_cpu_ms + s.runqueue_ms + s.blocked_ms), 0) "
+        "from process_seconds s left join gpu_samples g on g.ts / 1000000000 = s.second and "
+        "g.instance = '' and g.gpu_id = (select gpu_id from gpu_bindings where pid = ? limit 1) "
+        "where s.pid = ? and s.second >= (select max(second) from process_seconds where "
+        "pid = ?) - 30", [trainer, trainer, trainer])
+    if not row or row[1] is None:
+        return "no timeline for the process yet"
+    util = "?" if row[0] is None else f"{row[0]:.0f}%"
+    sleep = "?" if row[2] is None else f"{row[2]:.0%}"
+    return (f"last 30 s: GPU util {util} on average; the workers used {row[1]:.2f} cores; the "
+            f"main thread slept {sleep} of its time")
 
 
 def play(base: Config, scenario: str, keep: bool, timeout: float,
@@ -314,7 +344,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         _wait(lambda: pipe.one("select 1 from gpu_aliases where alias = 'minor:0'"), 15)
         args = ["train", str(work / "dev"), "--minor", "0"]
         if scenario == "starved-input":
-            args += ["--workers", "2", "--starved"]
+            args += ["--workers", "1", "--starved", "--decode"]
         trainer_proc = subprocess.Popen(_standin(*args), stdout=subprocess.PIPE, text=True)
         stack.callback(_stop, trainer_proc)
         trainer = int(trainer_proc.stdout.readline())
@@ -330,7 +360,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
             incident = run_xid79(pipe, trainer_proc, progress, time.monotonic() + start_in,
                                  deadline)
         else:
-            incident = run_starved(pipe, trainer, progress, min(timeout, 15.0))
+            incident = run_starved(pipe, trainer, progress, deadline)
         time.sleep(0.5)
         if incident is not None:
             from gpuwhy.correlator.cli import print_incident
@@ -357,8 +387,9 @@ def _stop(process: subprocess.Popen) -> None:
 @click.argument("scenario", type=click.Choice(sorted(SCENARIOS)))
 @click.option("--force", is_flag=True, help="Run even on a host with NVIDIA devices.")
 @click.option("--keep", is_flag=True, help="Keep the demo's folder and store afterwards.")
-@click.option("--timeout", default=150.0, show_default=True,
-              help="Seconds to wait for the scenario's incident.")
+@click.option("--timeout", type=float, default=None,
+              help="Seconds to wait for the scenario's incident (default: 150; starved-input "
+                   "420, for the rule's warm-up).")
 @click.pass_context
 def demo(ctx: click.Context, scenario: str, force: bool, keep: bool, timeout: float) -> None:
     """Play a GPU incident on a host without a GPU, with real processes, and show its chain.
@@ -371,11 +402,12 @@ def demo(ctx: click.Context, scenario: str, force: bool, keep: bool, timeout: fl
     Examples:
       sudo gpuwhy demo cron-reset      # about a minute: cron fires at the next minute
       sudo gpuwhy demo xid79
+      sudo gpuwhy demo starved-input   # about 5 minutes: the rule's warm-up and evidence
     """
     refuse_on_gpu_host(force)
     # SIGTERM unwinds like Ctrl-C, so the cron entry, cron and journald started here go too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    incident = play(ctx.obj.config(), scenario, keep, timeout)
-    if incident is None and scenario != "starved-input":
+    incident = play(ctx.obj.config(), scenario, keep, timeout or TIMEOUTS[scenario])
+    if incident is None:
         raise click.ClickException(f"the {scenario} scenario produced no incident in time")
 

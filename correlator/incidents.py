@@ -94,9 +94,11 @@ class IncidentBuilder:
             self._next_stall_check = now + NS_PER_SECOND // 2
         for incident_id in self.alignment.settling(db):
             chains.rebuild(db, incident_id, self)
+        # Stalls close when the GPU is busy again or the process ends, rule findings when the
+        # rules engine clears them; the rest once settled.
         db.execute("update incidents set state = 'closed', closed_at = last_seen where "
-                   "state = 'open' and kind not in ('process_stall') and settle_until < ?",
-                   [now])
+                   "state = 'open' and kind not in ('process_stall', 'rule_finding') and "
+                   "settle_until < ?", [now])
         db.execute("update incidents set state = 'closed', closed_at = p.exited_at from "
                    "processes p where incidents.state = 'open' and incidents.kind = "
                    "'process_stall' and p.pid = incidents.pid and "

@@ -6,6 +6,7 @@ call fails with ENOTTY; the probes' tracepoints see them all the same). Every ke
 line they write says that it is demo traffic.
 
     python -m gpuwhy.correlator.standin train DEV_DIR --minor 0 [--workers N] [--starved]
+        [--decode]
     python -m gpuwhy.correlator.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U \
         [--strike FILE]
 """
@@ -80,8 +81,8 @@ def train(args: argparse.Namespace) -> None:
     workers = []
     for _ in range(args.workers):          # a child must not fork on: it is a worker
         pid = os.fork()
-        if pid == 0:                       # a DataLoader-like worker: blocking reads
-            _worker(args.dev)
+        if pid == 0:                       # a DataLoader-like worker
+            _decoder() if args.decode else _worker(args.dev)
         workers.append(pid)
     print(os.getpid(), flush=True)
     while not stop:
@@ -100,7 +101,15 @@ def train(args: argparse.Namespace) -> None:
         os._exit(1)
 
 
+def _decoder() -> None:
+    """A worker that decodes and augments on the CPU, never fast enough: always running."""
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    while True:
+        sum(i * i for i in range(10_000))
+
+
 def _worker(directory: str) -> None:
+    """A worker that reads its batches: blocking reads and syncs."""
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
     path = Path(directory) / f"batch-{os.getpid()}.bin"
     path.write_bytes(os.urandom(1 << 20))
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--minor", type=int, default=0)
     t.add_argument("--workers", type=int, default=0)
     t.add_argument("--starved", action="store_true")
+    t.add_argument("--decode", action="store_true", help="CPU-bound workers instead of I/O")
     s = sub.add_parser("nvidia-smi")
     s.add_argument("-r", "--gpu-reset", dest="reset", action="store_true")
     s.add_argument("-i", type=int, default=0)

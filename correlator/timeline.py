@@ -54,7 +54,8 @@ class TimelineBuilder:
             "blocked_ms": own.get("blocked_ns", 0) / _MS,
             "workers_on_cpu_ms": workers.get("on_cpu_ns", 0) / _MS,
             "workers_runqueue_ms": workers.get("runqueue_ns", 0) / _MS,
-            "workers_blocked_ms": workers.get("blocked_ns", 0) / _MS})
+            "workers_blocked_ms": workers.get("blocked_ns", 0) / _MS},
+            add=True)   # flushes come every probes.poll_interval: several may end in a second
 
     def _on_driver_call_stats(self, db: Database, event: Event) -> None:
         by_op: Counter[str] = Counter()
@@ -84,7 +85,7 @@ class TimelineBuilder:
             "cuda_pageable_bytes": figures["htod_pageable_bytes"]
             + figures["dtoh_pageable_bytes"],
             "cuda_allocs": figures["allocs"] + figures["host_allocs"],
-            "cuda_frees": figures["frees"]}, add=True)   # two intervals may end in one second
+            "cuda_frees": figures["frees"]}, add=True)
 
     def _on_process_exited(self, db: Database, event: Event) -> None:
         for key in [k for k in self._last_counts if k[0] == event.process]:

@@ -121,8 +121,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("klog.file", "/var/log/kern.log", "GPUWHY_KLOG_FILE",
             "kernel log file tailed when neither journald nor /dev/kmsg can be read"),
     Setting("klog.start", "boot", "GPUWHY_KLOG_START",
-            "where the first run (no stored cursor) starts: boot (this boot's kernel log "
-            "from its start), all (everything kept) or now"),
+            "where the kernel-log and cron sources' first run (no stored cursor) starts in "
+            "the journal: boot (this boot's start), all (everything kept) or now"),
     Setting("cron.etc", "/etc", "GPUWHY_CRON_ETC",
             "directory holding crontab and cron.d/ (containers mount the host's elsewhere)"),
     Setting("cron.spool", "/var/spool/cron/crontabs", "GPUWHY_CRON_SPOOL",

@@ -55,6 +55,20 @@ DEVICE_KINDS = ("nvidiactl", "nvidiaN", "nvidia-uvm", "nvidia-uvm-tools", "nvidi
 _GPU_NODE = re.compile(r"nvidia(\d+)\Z")
 
 
+def using_gpu_minor(event: object) -> int | None:
+    """The minor of the GPU an event shows its process using, if it does: a ``/dev/nvidiaN``
+    it opened (or held at the start-up scan), or driver calls on one. An fd inherited at fork
+    does not count: a forked child (a DataLoader worker) holds them without using them, as
+    CUDA does not survive a fork."""
+    kind = getattr(event, "kind", "")
+    if kind == "device_opened" and event.device == "nvidiaN" and event.how != "fork":
+        return event.minor
+    if kind == "driver_call_stats" and event.ops:
+        device, minor = classify_device(event.path)
+        return minor if device == "nvidiaN" else None
+    return None
+
+
 def classify_device(path: str) -> tuple[str, int | None]:
     """Device kind of an NVIDIA device path and, for ``/dev/nvidiaN``, its minor N.
 

@@ -122,16 +122,21 @@ class SchedProbe:
         if process.pid in self.owners:
             return
         self.owners[process.pid] = process
-        for pid in [process.pid, *_descendants(process.pid, self.proc_root)]:
-            if pid != process.pid and pid in self.owners:
-                continue                    # a GPU process of its own, not a worker
-            try:
-                tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
-            except OSError:
-                continue
-            for tid in tids:
-                self._add(tid, process.pid, _current_state(self.proc_root, pid, tid))
-                self._tgid[tid] = pid
+        # Its own threads first: from then on the kernel watches what they fork, and the
+        # children listed after that are those forked before (none falls in between).
+        self._add_threads(process.pid, process.pid)
+        for pid in _descendants(process.pid, self.proc_root):
+            if pid not in self.owners:      # else a GPU process of its own, not a worker
+                self._add_threads(pid, process.pid)
+
+    def _add_threads(self, pid: int, owner: int) -> None:
+        try:
+            tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
+        except OSError:
+            return
+        for tid in tids:
+            self._add(tid, owner, _current_state(self.proc_root, pid, tid))
+            self._tgid[tid] = pid
 
     def unwatch(self, pid: int) -> None:
         """The GPU process exited: publish its last figures, then forget its threads."""

@@ -25,7 +25,7 @@ from gpuwhy.events import (
     SchedStats,
     SourceHealth,
 )
-from gpuwhy.identity import GpuIdentity
+from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
 from gpuwhy.store.samples import encode_fields
 
 
@@ -136,15 +136,17 @@ class StoreWriter:
         gpu_id = None
         if event.device == "nvidiaN" and event.minor is not None:
             gpu_id = self._gpu_for_minor(event.minor, event.ts)
-            open_binding = self.db.execute(
-                "select 1 from gpu_bindings where pid = ? and start_time = ? and gpu_id = ? "
-                "and until is null", [key["pid"], key["start_time"], gpu_id]).fetchone()
-            if not open_binding:
-                self._insert("gpu_bindings", {
-                    **key, "gpu_id": gpu_id, "since": event.ts, "until": None,
-                    "evidence": f"holds {event.path}",
-                })
+            if using_gpu_minor(event) is not None:
+                self._bind(event.process, gpu_id, event.ts, f"holds {event.path}")
         self._insert("events", _event_row(envelope, gpu_id=gpu_id))
+
+    def _bind(self, process: ProcessKey, gpu_id: str, ts: int, evidence: str) -> None:
+        key = [process.pid, process.start_time, gpu_id]
+        if not self.db.execute("select 1 from gpu_bindings where pid = ? and start_time = ? "
+                               "and gpu_id = ? and until is null", key).fetchone():
+            self._insert("gpu_bindings", {"pid": process.pid, "start_time": process.start_time,
+                                          "gpu_id": gpu_id, "since": ts, "until": None,
+                                          "evidence": evidence})
 
     def _gpu_for_minor(self, minor: int, ts: int) -> str:
         row = self.db.execute("select id from gpus where minor = ?", [minor]).fetchone()
@@ -164,6 +166,10 @@ class StoreWriter:
     # --- probes handlers (eBPF probes issue) ---
     def _on_driver_call_stats(self, envelope: Envelope, event: DriverCallStats) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
+        minor = using_gpu_minor(event)
+        if minor is not None:
+            self._bind(event.process, self._gpu_for_minor(minor, event.ts), event.ts,
+                       f"calls the driver on {event.path}")
         self._upsert_all("driver_call_stats", [
             {**key, "path": event.path, "device": event.device, "cmd": op["cmd"],
              "sub": op["sub"], "op": op["op"], "sub_name": op["sub_name"],

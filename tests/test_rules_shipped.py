@@ -265,3 +265,13 @@ def test_monitor_processes_do_not_count_as_sharing():
              (1, DeviceOpened(ts=0, process=trainer, fd=3, path="/dev/nvidia0",
                               device="nvidiaN", minor=0))]
     assert fired("R26_multi_process_contention", Synthetic(extra=extra))[0]
+
+
+def test_a_forked_dataloader_worker_is_not_a_second_compute_process():
+    """It holds the GPU's device files inherited at fork but never calls the driver."""
+    worker = ProcessKey(10_500, 600_000)
+    extra = [(1, ProcessSeen(ts=0, process=worker, comm="pt_data_worker",
+                             cmdline="python3 train.py --epochs 90", ppid=10_000)),
+             (1, DeviceOpened(ts=0, process=worker, fd=5, path="/dev/nvidia0",
+                              device="nvidiaN", minor=0, how="fork"))]
+    assert not fired("R26_multi_process_contention", Synthetic(extra=extra))[0]

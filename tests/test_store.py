@@ -120,3 +120,20 @@ def test_a_bare_sighting_keeps_what_was_known_of_the_process(db):
                      "last_seen from processes").fetchone()
     assert row == ("pt_main", "python train.py", "/usr/bin/python3", 1, 0,
                    "0::/system.slice/train.service", "train.service", 10, 30)
+
+
+def test_a_forked_worker_is_bound_to_the_gpu_only_once_it_calls_the_driver(db):
+    parent, worker = ProcessKey(100, 1), ProcessKey(101, 2)
+    writer = StoreWriter(db)
+    opened = [DeviceOpened(ts=10, process=parent, fd=4, path="/dev/nvidia1", device="nvidiaN",
+                           minor=1),
+              DeviceOpened(ts=11, process=worker, fd=4, path="/dev/nvidia1", device="nvidiaN",
+                           minor=1, how="fork")]
+    writer.write_batch([Envelope("fdtrack", i, e) for i, e in enumerate(opened)])
+    bound = "select pid, since, evidence from gpu_bindings order by pid"
+    assert db.execute(bound).fetchall() == [(100, 10, "holds /dev/nvidia1")]
+    calls = DriverCallStats(ts=20, process=worker, path="/dev/nvidia1", device="nvidiaN",
+                            ops=[_op(0xC020462A, "NV_ESC_RM_CONTROL", 0x20800102, 2)])
+    writer.write_batch([Envelope("fdtrack", 3, calls)])
+    assert db.execute(bound).fetchall() == [(100, 10, "holds /dev/nvidia1"),
+                                            (101, 20, "calls the driver on /dev/nvidia1")]

@@ -41,7 +41,7 @@ from gpuwhy.events import (
     ProcessSeen,
     SchedStats,
 )
-from gpuwhy.identity import ProcessKey
+from gpuwhy.identity import ProcessKey, using_gpu_minor
 from gpuwhy.probes.cron.gpu_actions import gpu_action
 
 Series = list[tuple[int, float]]
@@ -318,10 +318,12 @@ class MemorySignals(Signals):
             keys = [ProcessKey(p["pid"], p["start_time"]) for p in event.processes
                     if p.get("start_time") is not None]
             self.nvml_procs[event.gpu_id] = (ts, keys)
-        elif isinstance(event, DeviceOpened):
-            if event.device == "nvidiaN" and event.minor is not None:
-                gpu = self.minors.get(event.minor, f"minor:{event.minor}")
-                self.bindings[gpu].setdefault(event.process, ts)
+        elif isinstance(event, (DeviceOpened, DriverCallStats)) and \
+                (minor := using_gpu_minor(event)) is not None:
+            gpu = self.minors.get(minor, f"minor:{minor}")
+            self.bindings[gpu].setdefault(event.process, ts)
+            if isinstance(event, DriverCallStats):
+                self._calls_of(event, ts)
         elif isinstance(event, ProcessSeen):
             old = self.process_facts.get(event.process)
             self.process_facts[event.process] = ProcessFacts(
@@ -347,13 +349,7 @@ class MemorySignals(Signals):
                 row.update({f"{side}_{k}": v for k, v in figures.items()})
             self._append(self._sched[event.process], ts, row)
         elif isinstance(event, DriverCallStats):
-            # Cumulative per device path: the process's totals add up every path's latest.
-            self._call_paths[event.process][event.path] = call_class_totals(event.ops)
-            totals: dict[str, float] = defaultdict(float)
-            for per_path in self._call_paths[event.process].values():
-                for name, value in per_path.items():
-                    totals[name] += value
-            self._append(self._calls[event.process], ts, dict(totals))
+            self._calls_of(event, ts)
         elif isinstance(event, CudaStats):
             self._append(self._cuda[event.process], ts,
                          {"interval_ns": event.interval_ns, **event.totals()})
@@ -381,6 +377,15 @@ class MemorySignals(Signals):
             if event.phase == "started":
                 self._event("cron.run", ts, {"command": event.command, "user": event.user,
                                              "gpu_action": event.gpu_action or ""})
+
+    def _calls_of(self, event: DriverCallStats, ts: int) -> None:
+        # Cumulative per device path: the process's totals add up every path's latest.
+        self._call_paths[event.process][event.path] = call_class_totals(event.ops)
+        totals: dict[str, float] = defaultdict(float)
+        for per_path in self._call_paths[event.process].values():
+            for name, value in per_path.items():
+                totals[name] += value
+        self._append(self._calls[event.process], ts, dict(totals))
 
     def _gpu_for_pci(self, pci: str | None) -> str | None:
         return None if pci is None else self.pcis.get(pci_key(pci), pci)

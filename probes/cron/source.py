@@ -88,6 +88,10 @@ def run_cron_source(config: Config, stop: threading.Event) -> None:
         publisher.close()
 
 
+FIRST_RUN = {"boot": ", from the start of this boot", "all": ", from the oldest kept",
+             "now": ", from now on"}
+
+
 def _open_journal(config: Config) -> tuple[object | None, str]:
     try:
         from gpuwhy.probes.klog.journald import JournalKernelLog
@@ -100,9 +104,10 @@ def _open_journal(config: Config) -> tuple[object | None, str]:
     except (ImportError, OSError) as exc:
         return None, f"cannot read the journal ({exc}): schedule only, no executions"
     stored = stored_cursor(config["store.path"], "cron")
-    resumed = reader.seek(stored.cursor if stored else None, "boot")
+    start = config["klog.start"]
+    resumed = reader.seek(stored.cursor if stored else None, start)
     return reader, "journald CRON lines" + (", resumed after the stored cursor" if resumed
-                                             else ", from the start of this boot")
+                                             else FIRST_RUN.get(start, f", from {start}"))
 
 
 def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:

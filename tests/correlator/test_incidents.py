@@ -194,6 +194,8 @@ def test_a_rule_finding_becomes_an_incident_with_its_evidence(harness):
     assert evidence["evidence"] == {"gpu_util_mean": 31.0}
     assert evidence["fixes"] == ["raise num_workers"] and evidence["rule_id"] == "input-starved"
     assert h.alerts[0]["MESSAGE_ID"] == "edb02d46c3fc48debfc0880a04139975"
+    h.feed(h.sample(200, 95.0))                         # time passes: it stays open
+    assert h.incidents("rule_finding")[0]["state"] == "open"
     h.feed(finding(h, 300, severity="error"))           # escalation: same incident, worse
     h.feed(finding(h, 400, state="cleared"))
     [incident] = h.incidents("rule_finding")
