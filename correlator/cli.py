@@ -100,10 +100,28 @@ def print_incident(detail: dict) -> None:
         confidence = f"{link['confidence']:.0%}" if link["confidence"] is not None else "?"
         click.echo(f"   {n}. {when(link['ts'])}  {link['kind']:<16} "
                    f"{printable(link['summary'])}  (confidence {confidence})")
+        if link["kind"] == "rule_finding":
+            _print_finding(link["evidence"])
+            continue
         evidence = {k: v for k, v in link["evidence"].items() if v not in (None, [], {})}
         if evidence:
             text = printable(json.dumps(evidence, sort_keys=True, default=str))
             click.echo(f"      evidence: {text[:300]}")
+
+
+def _print_finding(finding: dict) -> None:
+    """A rule finding's rule, measured values, fixes and check, one per line."""
+    click.echo(f"      rule      {printable(str(finding.get('rule_id', '?')))}"
+               + (f" ({printable(finding['group'])})" if finding.get("group") else ""))
+    measured = ", ".join(f"{printable(k)}={v:.4g}" if isinstance(v, float) else
+                         f"{printable(k)}={printable(str(v))}"
+                         for k, v in sorted((finding.get("evidence") or {}).items()))
+    if measured:
+        click.echo(f"      measured  {measured}")
+    for n, fix in enumerate(finding.get("fixes") or [], 1):
+        click.echo(f"      fix {n}     {printable(fix)}")
+    if finding.get("verify"):
+        click.echo(f"      verify    {printable(finding['verify'])}")
 
 
 @click.command()

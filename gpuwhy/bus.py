@@ -130,10 +130,13 @@ class Subscriber:
         """The next decodable message, or None after ``timeout`` seconds of silence."""
         deadline = time.monotonic() + timeout
         while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            if not self._socket.poll(int(remaining * 1000), zmq.POLLIN):
-                return None
-            frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            try:            # a queued message first: a poll per message costs a syscall
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not self._socket.poll(int(remaining * 1000), zmq.POLLIN):
+                    return None
+                continue
             try:
                 envelope = from_frames(frames)
             except DecodeError as exc:

@@ -547,9 +547,25 @@ def _concrete_event_types(base: type[Event]) -> list[type[Event]]:
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in _concrete_event_types(Event)}
 
 
+@functools.cache
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def event_fields(event: Event) -> dict[str, Any]:
+    """The event's fields as JSON-ready values (process keys as ``{pid, start_time}``):
+    ``dataclasses.asdict`` without its deep copy, which cost ~70 µs an event."""
+    body = {}
+    for name in _field_names(type(event)):
+        value = getattr(event, name)
+        body[name] = {"pid": value.pid, "start_time": value.start_time} \
+            if isinstance(value, ProcessKey) else value
+    return body
+
+
 def to_payload(event: Event, *, src: str, seq: int) -> bytes:
     """Serialise an event with its envelope to the JSON payload frame."""
-    body = dataclasses.asdict(event)
+    body = event_fields(event)
     body.update(v=SCHEMA_VERSION, kind=event.kind, src=src, seq=seq)
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -596,16 +612,16 @@ def _type_hints(cls: type[Event]) -> dict[str, Any]:
 def _build(cls: type[Event], body: dict[str, Any]) -> Event:
     hints = _type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in body:
+    for name in _field_names(cls):
+        if name not in body:
             continue
-        value = body[f.name]
-        if hints[f.name] is ProcessKey:
+        value = body[name]
+        if hints[name] is ProcessKey:
             try:
                 value = ProcessKey(int(value["pid"]), int(value["start_time"]))
             except (KeyError, TypeError, ValueError):
-                raise DecodeError(f"{cls.kind}.{f.name} is not a process key") from None
-        kwargs[f.name] = value
+                raise DecodeError(f"{cls.kind}.{name} is not a process key") from None
+        kwargs[name] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:

@@ -63,9 +63,8 @@ def using_gpu_minor(event: object) -> int | None:
     kind = getattr(event, "kind", "")
     if kind == "device_opened" and event.device == "nvidiaN" and event.how != "fork":
         return event.minor
-    if kind == "driver_call_stats" and event.ops:
-        device, minor = classify_device(event.path)
-        return minor if device == "nvidiaN" else None
+    if kind == "driver_call_stats" and event.device == "nvidiaN" and event.ops:
+        return classify_device(event.path)[1]
     return None
 
 

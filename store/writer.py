@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -24,6 +23,7 @@ from gpuwhy.events import (
     ProcessSeen,
     SchedStats,
     SourceHealth,
+    event_fields,
 )
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
 from gpuwhy.store.samples import encode_fields
@@ -32,7 +32,7 @@ from gpuwhy.store.samples import encode_fields
 def _event_row(envelope: Envelope, **extra: object) -> dict:
     event = envelope.event
     process = getattr(event, "process", None)
-    body = {k: v for k, v in dataclasses.asdict(event).items()
+    body = {k: v for k, v in event_fields(event).items()
             if k not in ("ts", "raw_ts", "process")}
     return {"ts": event.ts, "topic": event.topic, "kind": event.kind, "src": envelope.src,
             "pid": process.pid if process else None,
@@ -41,6 +41,7 @@ def _event_row(envelope: Envelope, **extra: object) -> dict:
 
 
 log = logging.getLogger(__name__)
+_JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
 UNKNOWN_PROCESS_FACT = {"ppid": (0, None), "uid": (-1, None)}
 
@@ -69,27 +70,45 @@ class StoreWriter:
         """Apply every envelope in one transaction; returns how many were applied.
 
         An event the store cannot take (a bug, a field of the wrong shape) is logged,
-        counted in ``rejected`` and skipped, inside a savepoint so that it leaves nothing
-        behind; a database error (disk full, I/O) rolls back the whole batch and is raised.
+        counted in ``rejected`` and skipped, leaving nothing behind: the batch is rolled back
+        and written again one event at a time, each in a savepoint (a savepoint per event
+        all the time would cost a fifth of the writer). A database error (disk full, I/O)
+        rolls back the whole batch and is raised.
         """
-        applied = 0
+        envelopes = list(envelopes)
         conn = self.db.conn
         with self.db.atomic():
-            for envelope in envelopes:
-                conn.execute("savepoint event")     # plain SQL: sqlite-utils' costs ~20 µs
-                try:
+            conn.execute("savepoint batch")     # plain SQL: sqlite-utils' costs ~20 µs
+            try:
+                for envelope in envelopes:
                     self.apply(envelope)
-                except sqlite3.Error:
-                    raise
-                except Exception:  # noqa: BLE001 - one bad event must not stop the writer
-                    conn.execute("rollback to event")
-                    conn.execute("release event")
-                    self.rejected += 1
-                    log.exception("store rejected a %s event from %s", envelope.event.kind,
-                                  envelope.src)
-                    continue
+            except sqlite3.Error:
+                raise
+            except Exception:  # noqa: BLE001 - found again, and logged, one by one below
+                conn.execute("rollback to batch")
+                conn.execute("release batch")
+                return self._write_one_by_one(envelopes)
+            conn.execute("release batch")
+        return len(envelopes)
+
+    def _write_one_by_one(self, envelopes: list[Envelope]) -> int:
+        applied = 0
+        conn = self.db.conn
+        for envelope in envelopes:
+            conn.execute("savepoint event")
+            try:
+                self.apply(envelope)
+            except sqlite3.Error:
+                raise
+            except Exception:  # noqa: BLE001 - one bad event must not stop the writer
+                conn.execute("rollback to event")
                 conn.execute("release event")
-                applied += 1
+                self.rejected += 1
+                log.exception("store rejected a %s event from %s", envelope.event.kind,
+                              envelope.src)
+                continue
+            conn.execute("release event")
+            applied += 1
         return applied
 
     def apply(self, envelope: Envelope) -> None:
@@ -352,7 +371,7 @@ class StoreWriter:
     # inserts the row or updates the columns given; lists and dicts are stored as JSON.
     @staticmethod
     def _values(row: dict) -> list:
-        return [json.dumps(v, default=str) if isinstance(v, dict | list | tuple) else v
+        return [json.dumps(v, default=str) if isinstance(v, _JSON_TYPES) else v
                 for v in row.values()]
 
     def _insert(self, table: str, row: dict, ignore: bool = False,

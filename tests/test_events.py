@@ -117,3 +117,12 @@ def test_gpu_identity_prefers_uuid_then_pci_then_index():
 ])
 def test_classify_device(path, expected):
     assert classify_device(path) == expected
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
+def test_event_fields_are_asdict_without_the_copy(event):
+    import dataclasses
+
+    from gpuwhy.events import event_fields
+
+    assert event_fields(event) == dataclasses.asdict(event)

@@ -137,3 +137,17 @@ def test_a_forked_worker_is_bound_to_the_gpu_only_once_it_calls_the_driver(db):
     writer.write_batch([Envelope("fdtrack", 3, calls)])
     assert db.execute(bound).fetchall() == [(100, 10, "holds /dev/nvidia1"),
                                             (101, 20, "calls the driver on /dev/nvidia1")]
+
+
+def test_a_bad_event_is_rejected_alone_and_leaves_nothing_behind(db):
+    writer = StoreWriter(db)
+    bad = DriverCallStats(ts=12, process=KEY, path="/dev/nvidia0", device="nvidiaN",
+                          ops=[{"cmd": 1}])            # a handler cannot read it: KeyError
+    batch = [Envelope("t", 1, ProcessSeen(ts=10, process=KEY, comm="python")),
+             Envelope("t", 2, bad),
+             Envelope("t", 3, DeviceOpened(ts=13, process=KEY, fd=3, path="/dev/nvidiactl",
+                                           device="nvidiactl"))]
+    assert writer.write_batch(batch) == 2 and writer.rejected == 1
+    assert db["processes"].count == 1 and db["device_fds"].count == 1
+    assert db["driver_call_stats"].count == 0 and db["gpu_bindings"].count == 0
+    assert writer.write_batch(batch[:1]) == 1 and writer.rejected == 1

@@ -143,3 +143,22 @@ def test_the_demo_refuses_a_host_with_nvidia_devices(monkeypatch, tmp_config):
     result = CliRunner().invoke(cli, ["demo", "xid79"])
     assert result.exit_code != 0 and "--force" in result.output
     assert "NVIDIA devices" in result.output
+
+
+def test_a_rule_finding_shows_its_rule_values_fixes_and_check(harness):
+    from gpuwhy.events import RuleFinding
+
+    h = harness
+    h.feed(h.gpu(0), h.process(0.1, TRAINER, "train"), h.opened(0.2, TRAINER))
+    h.feed(RuleFinding(ts=h.at(5), finding_id="f-1", rule_id="R01_input_cpu_bound",
+                       title="DataLoader workers cannot keep up", severity="warn",
+                       state="firing", gpu_id=UUID0, process=TRAINER, window_start=h.at(1),
+                       window_end=h.at(5), evidence={"worker_cores": 0.99961, "workers": 1.0},
+                       root_cause="slow workers", fixes=["raise num_workers\x1b[2J", "cache"],
+                       verify="idle share below 0.1", group="host_starvation"))
+    [incident_id] = [r[0] for r in h.db.execute("select id from incidents")]
+    text = run_cli(h, "incident", str(incident_id))
+    assert "      rule      R01_input_cpu_bound (host_starvation)\n" in text
+    assert "      measured  worker_cores=0.9996, workers=1\n" in text
+    assert "      fix 1     raise num_workers\\x1b[2J\n" in text       # escaped, not obeyed
+    assert "      fix 2     cache\n" in text and "      verify    idle share below 0.1" in text

@@ -82,6 +82,7 @@ class JournalCount:
         self.reader.get_previous()
 
     def count(self):
+        self.reader.wait(0)         # take in journal files journald opened since (rotation)
         while entry := self.reader.get_next():
             message = entry.get("MESSAGE", "")
             if self.run in message:
@@ -211,3 +212,22 @@ def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(journald,
     assert len(numbers) == total
     assert sorted(numbers) == list(range(total))
     assert all(row[3] == int(re.search(r" n=(\d+) ", row[0])[1]) + 1 for row in rows)
+
+
+def test_lines_after_a_journal_rotation_are_delivered(journald, tmp_config, correlator):
+    run = os.urandom(4).hex()
+    source = source_process(tmp_config)
+    try:
+        wait_for(lambda: source_ready(correlator), 15, "the source to start")
+        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 43, pid=7, name=gpuwhy-test, {MARK} "
+                    f"run={run} n={n} " for n in range(50)])
+        wait_for(lambda: len(rows_of(correlator, run)) >= 50, 30, "the first 50 lines")
+        subprocess.run(["journalctl", "--rotate"], check=True, capture_output=True)
+        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 43, pid=7, name=gpuwhy-test, {MARK} "
+                    f"run={run} n={n} " for n in range(50, 100)])
+        wait_for(lambda: len(rows_of(correlator, run)) >= 100, 30, "the lines after rotating")
+    finally:
+        source.terminate()
+        source.wait(10)
+    numbers = sorted(int(re.search(r" n=(\d+) ", row[0])[1]) for row in rows_of(correlator, run))
+    assert numbers == list(range(100))

@@ -174,8 +174,9 @@ def test_incident_list_filters(client):
     assert {i["kind"] for i in client.get("/api/incidents?kind=xid").get_json()} == {"xid"}
     assert {i["kind"] for i in client.get("/api/incidents?severity=critical").get_json()} == {
         "gpu_reset"}
+    # open: the stall (its GPU never got busy again) and the finding (never cleared)
     assert {i["kind"] for i in client.get("/api/incidents?state=open").get_json()} == {
-        "process_stall"}
+        "process_stall", "rule_finding"}
     assert [i["kind"] for i in client.get("/api/incidents?q=stalled").get_json()] == [
         "process_stall"]
     html = page(client, "/incidents?kind=gpu_reset")
