@@ -34,6 +34,7 @@ import click
 from gpuwhy.bus import Subscriber
 from gpuwhy.config import Config
 from gpuwhy.correlator.standin import DEMO_MARK, write_kmsg
+from gpuwhy.probes.klog.cli import printable
 
 SCENARIOS = {"cron-reset": "gpu-reset", "xid79": "xid-79", "starved-input": "input-starved"}
 STARVED_RULE = "R01_input_cpu_bound"
@@ -300,7 +301,7 @@ def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
                                                "in (select value from json_each(?))",
                                                [json.dumps(sorted(told))]).fetchall():
                     told.add(found)
-                    progress.step(f"incident {found} on the way: {title}")
+                    progress.step(f"incident {found} on the way: {printable(title)}")
     return incident
 
 
