@@ -17,7 +17,6 @@ gives the counters, look-alike device files take the driver calls. Scenarios:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -287,7 +286,7 @@ def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
     R01 2 min of evidence)."""
     progress.step("the rules engine watches it: 2 min of warm-up, then R01 needs 2 min of "
                   "evidence (about 4-5 min in all)")
-    told: set[int] = set()
+    told = 0            # the last incident said on the way
     incident = None
     while incident is None and time.monotonic() < deadline:
         incident = _wait_incident(pipe, "select id from incidents where kind = 'rule_finding' "
@@ -297,11 +296,10 @@ def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
         if incident is None:
             progress.step(_starved_figures(pipe, trainer))
             with contextlib.closing(pipe.reader()) as db:
-                for found, title in db.execute("select id, title from incidents where id not "
-                                               "in (select value from json_each(?))",
-                                               [json.dumps(sorted(told))]).fetchall():
-                    told.add(found)
-                    progress.step(f"incident {found} on the way: {printable(title)}")
+                rows = db.execute("select id, title from incidents where id > ? order by id",
+                                  [told]).fetchall()
+            for told, title in rows:
+                progress.step(f"incident {told} on the way: {printable(title)}")
     return incident
 
 

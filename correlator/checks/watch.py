@@ -31,6 +31,7 @@ from gpuwhy.correlator.rules.signals import Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.errors import GpuwhyError, NoSuchProcess
 from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.klog.cli import printable as escaped
 from gpuwhy.proc import process_key, read_stat
 
 MAX_SHOWN = 80
@@ -62,7 +63,7 @@ class Target:
 
 def printable(text: str, limit: int = MAX_SHOWN) -> str:
     """Untrusted text for one terminal line: control characters shown escaped, bounded."""
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    shown = escaped(text)
     return shown if len(shown) <= limit else shown[:limit - 1] + "…"
 
 
