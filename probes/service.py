@@ -12,6 +12,7 @@ import ctypes
 import logging
 import threading
 import time
+from pathlib import Path
 
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
@@ -24,6 +25,22 @@ from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.sched import SchedProbe
 
 log = logging.getLogger(__name__)
+BPF_STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
+    """Say so when the kernel times every BPF program run: that adds two clock reads to
+    each probe run (about 250 ns per traced ioctl measured in a VM), a cost the host chose
+    for profiling, which looks like the probes' own."""
+    try:
+        enabled = sysctl.read_text().strip() == "1"
+    except OSError:
+        return False
+    if enabled:
+        log.warning("kernel.bpf_stats_enabled=1: every eBPF program run is timed, which "
+                    "makes each traced ioctl slower; `sysctl kernel.bpf_stats_enabled=0` "
+                    "unless you are profiling BPF programs")
+    return enabled
 
 
 class Probes:
@@ -56,6 +73,7 @@ class Probes:
 
     def load(self) -> None:
         """Load fdtrack (raises ProbeLoadError), then the optional probes."""
+        warn_if_bpf_stats_enabled()
         if self.sched is not None:        # before fdtrack's scan hands it processes
             try:
                 self.sched.load()

@@ -14,7 +14,9 @@ BENCHMARKS.md (the table, the date, the machine, its load average, and what each
 means). Benchmarks (--only takes these names):
 
   probes      P1 ns added per traced NVIDIA ioctl / untraced ioctl / other syscall, vs
-              no probes and strace -f; P2 pipe ping-pong slowdown, 10 tracked processes
+              no probes and strace -f; the floor of each attachment (bare programs on
+              syscall tracepoints, raw tracepoints, kprobes, fentry);
+              P2 pipe ping-pong slowdown, 10 tracked processes
   sidecar     P3 `gpuwhy up` steady-state CPU % and memory (RSS, anonymous), per process
               and in total: 8 simulated GPUs / 16 processes, and the seed's 1 GPU / 3;
               the probes' anonymous memory before and after malloc_trim(0)
@@ -91,6 +93,7 @@ def paired(after: list[float], before: list[float]) -> list[float]:
 def bench_probes(quick: bool) -> tuple[Figures, dict]:
     """QUICK: 3 runs of 100,000 ioctls and 10,000 round trips (full: 5 runs, 1,000,000 and
     100,000; strace half as many runs)."""
+    import bench_attach
     import bench_probes
 
     repeat, n_ioctl, n_pingpong = (3, 100_000, 10_000) if quick else (5, 1_000_000, 100_000)
@@ -113,6 +116,18 @@ def bench_probes(quick: bool) -> tuple[Figures, dict]:
         [100 * (p / n - 1) for p, n in zip(r["probes_runs"], r["none_runs"], strict=True)],
         goal="≤ 2", goal_value=2.0, note=f"round trip {r['none']:.0f} ns without probes, "
                                    f"{r['probes']:.0f} ns with"))
+    raw["attachments"] = floors = bench_attach.run(3 if quick else 5,
+                                                    100_000 if quick else 300_000)
+    for variant, label in bench_attach.VARIANTS.items():
+        found = floors[variant]
+        name = f"floor, bare programs: {label}"
+        if "refused" in found:
+            rows.append(_not_run("P1", name, f"the kernel refuses it ({found['refused']})"))
+            continue
+        for case, against in (("ioctl", "ioctl"), ("getppid", "other syscall")):
+            rows.append(figure("P1", f"{name}, per {against}", "ns",
+                               [found[case]], note="fdtrack's choice"
+                               if variant == bench_attach.CHOSEN else ""))
     return rows, raw
 
 
@@ -423,6 +438,13 @@ def table(rows: Figures) -> str:
     return "\n".join(lines)
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
 def machine() -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text()
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
@@ -430,6 +452,7 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "cpu_model": model,
             "virtual": " hypervisor" in cpuinfo or "hypervisor" in cpuinfo.split(),
             "kernel": platform.release(), "python": platform.python_version(),
+            "bpf_stats_enabled": _read("/proc/sys/kernel/bpf_stats_enabled") == "1",
             "gpu": Path("/dev/nvidia0").exists(),
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
                                 / 2**30, 1)}

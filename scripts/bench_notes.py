@@ -30,9 +30,13 @@ NOTES = """
   kernel), on a file it does not track, and on another syscall (`getppid`). The figure is
   the run-by-run difference with the same loop without probes; the reference is what
   `strace -f -e trace=ioctl` adds to the same loop, the intrusive way to see these calls.
-  Bare prototypes of these tracepoints measured +800 ns tracked / +380 ns untracked on
-  this kind of VM (where a syscall already costs 300–500 ns): the goals (≤ 400 / ≤ 150 /
-  ≤ 50 ns) are hard to meet here.
+  The "floor" rows (`scripts/bench_attach.py`) load bare programs (one array lookup) on
+  each attachment that could see ioctl, so they show what no program body can go below:
+  fdtrack's pair of syscall tracepoints costs ≈ +400 ns per ioctl by itself on this kind of
+  VM, above the 150 ns goal for an untracked ioctl; raw tracepoints cost less per ioctl but
+  tax every other syscall on the host; kprobes and fentry are refused by this kernel.
+  Every P1 figure is measured with `kernel.bpf_stats_enabled` off (restored afterwards):
+  when on, the kernel times every program run, ≈ 250 ns more per traced ioctl here.
 - **P2**: slowdown of a pipe ping-pong (two processes waking each other, the worst case
   for the `sched_switch` probe) when both are GPU processes and 10 are tracked in all.
 - **P3**: the whole sidecar as it runs: the real `gpuwhy up` (service process: correlator,

@@ -99,6 +99,7 @@ def test_memory_reads_smaps_rollup() -> None:
 
 
 def test_release_freed_memory_gives_heap_pages_back() -> None:
+    release_freed_memory()      # what earlier tests freed would otherwise be reused here
     before = bench_sidecar.memory(os.getpid())["anon_mb"]
     blocks = [bytes(2000) for _ in range(40_000)]       # ~80 MB of malloc'ed blocks
     kept = blocks[::16]                                  # holes glibc keeps by itself
@@ -109,3 +110,17 @@ def test_release_freed_memory_gives_heap_pages_back() -> None:
     assert held - before > 50
     assert held - after > 40, (before, held, after)
     assert len(kept) == 2500
+
+
+def test_bpf_stats_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from gpuwhy.probes.service import warn_if_bpf_stats_enabled
+
+    sysctl = tmp_path / "bpf_stats_enabled"
+    sysctl.write_text("1\n")
+    assert warn_if_bpf_stats_enabled(sysctl) is True
+    assert "kernel.bpf_stats_enabled=1" in caplog.text
+    caplog.clear()
+    sysctl.write_text("0\n")
+    assert warn_if_bpf_stats_enabled(sysctl) is False
+    assert warn_if_bpf_stats_enabled(tmp_path / "missing") is False
+    assert caplog.text == ""
