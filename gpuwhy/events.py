@@ -20,6 +20,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import orjson
+
 from gpuwhy.errors import DecodeError
 from gpuwhy.identity import ProcessKey
 
@@ -567,7 +569,19 @@ def to_payload(event: Event, *, src: str, seq: int) -> bytes:
     """Serialise an event with its envelope to the JSON payload frame."""
     body = event_fields(event)
     body.update(v=SCHEMA_VERSION, kind=event.kind, src=src, seq=seq)
-    return json.dumps(body, separators=(",", ":")).encode()
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        # orjson refuses what the standard library escapes: lone surrogates (a command
+        # line that is not UTF-8, read with surrogateescape) and integers over 64 bits
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _loads(payload: bytes) -> Any:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return json.loads(payload)      # to_payload's fallback: escaped lone surrogates
 
 
 @dataclass(frozen=True)
@@ -585,7 +599,7 @@ def from_frames(frames: list[bytes]) -> Envelope:
         raise DecodeError(f"expected 2 frames, got {len(frames)}")
     topic, payload = frames
     try:
-        body = json.loads(payload)
+        body = _loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DecodeError(f"payload is not JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -604,19 +618,20 @@ def from_frames(frames: list[bytes]) -> Envelope:
 
 
 @functools.cache
-def _type_hints(cls: type[Event]) -> dict[str, Any]:
-    # get_type_hints evaluates every annotation string: ~0.5 ms an event if not cached
-    return typing.get_type_hints(cls)
+def _decoded_fields(cls: type[Event]) -> tuple[tuple[str, bool], ...]:
+    """(field name, holds a process key) per field; get_type_hints evaluates every
+    annotation string (~0.5 ms), hence once per class."""
+    hints = typing.get_type_hints(cls)
+    return tuple((name, hints[name] is ProcessKey) for name in _field_names(cls))
 
 
 def _build(cls: type[Event], body: dict[str, Any]) -> Event:
-    hints = _type_hints(cls)
     kwargs = {}
-    for name in _field_names(cls):
+    for name, is_process_key in _decoded_fields(cls):
         if name not in body:
             continue
         value = body[name]
-        if hints[name] is ProcessKey:
+        if is_process_key:
             try:
                 value = ProcessKey(int(value["pid"]), int(value["start_time"]))
             except (KeyError, TypeError, ValueError):

@@ -75,6 +75,8 @@ def test_no_topic_is_a_prefix_of_another():
 @pytest.mark.parametrize("frames, message", [
     ([b"proc"], "2 frames"),
     ([b"proc", b"not json"], "not JSON"),
+    ([b"proc", b'{"v": 1, "comm": "\xff\xfe"}'], "not JSON"),
+    ([b"proc", b'{"v": 1, "comm": "\\udcff'], "not JSON"),
     ([b"proc", b"[1]"], "not a JSON object"),
     ([b"proc", b'{"v": 99, "kind": "process_seen"}'], "schema version"),
     ([b"proc", b'{"v": 1, "kind": "nope", "src": "x", "seq": 1}'], "unknown event kind"),
@@ -126,3 +128,19 @@ def test_event_fields_are_asdict_without_the_copy(event):
     from gpuwhy.events import event_fields
 
     assert event_fields(event) == dataclasses.asdict(event)
+
+
+def test_attacker_controlled_text_that_is_not_utf8_survives_the_bus():
+    # psutil reads a command line that is not UTF-8 with surrogateescape; the fast encoder
+    # refuses lone surrogates, so such an event takes the standard library's way, both ends
+    odd = ProcessSeen(ts=1, process=KEY, comm="x\udcff", cmdline="run \udcfe\x00 --\u202e")
+    payload = to_payload(odd, src="t", seq=1)
+    assert b"\\udcff" in payload
+    assert from_frames([b"proc", payload]).event == odd
+    huge = SourceHealth(ts=2, source="s", state="ok", counters={"big": 2**70})
+    assert from_frames([b"health", to_payload(huge, src="t", seq=2)]).event == huge
+
+
+def test_not_a_number_is_sent_as_null():
+    sample = SourceHealth(ts=2, source="s", state="ok", counters={"nan": float("nan")})
+    assert json.loads(to_payload(sample, src="t", seq=1))["counters"] == {"nan": None}

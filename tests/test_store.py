@@ -151,3 +151,33 @@ def test_a_bad_event_is_rejected_alone_and_leaves_nothing_behind(db):
     assert db["processes"].count == 1 and db["device_fds"].count == 1
     assert db["driver_call_stats"].count == 0 and db["gpu_bindings"].count == 0
     assert writer.write_batch(batch[:1]) == 1 and writer.rejected == 1
+
+
+def _sample(ts, gpu="GPU-a"):
+    from gpuwhy.events import GpuSample
+
+    return GpuSample(ts=ts, gpu_id=gpu, source="sim", simulated=True, fields={"gpu_util": 5.0})
+
+
+def test_a_gpu_seen_many_times_in_a_batch_ends_with_its_latest_time(db):
+    writer = StoreWriter(db)
+    writer.write_batch([Envelope("t", i, _sample(ts)) for i, ts in enumerate([30, 10, 50, 20])])
+    assert db.execute("select first_seen, last_seen from gpus").fetchall() == [(30, 50)]
+    writer.write_batch([Envelope("t", 9, _sample(40))])    # older than stored: kept at 50
+    assert db.execute("select last_seen from gpus").fetchone()[0] == 50
+    assert db.execute("select count(*) from gpu_sample_data where gpu is null").fetchone()[0] == 0
+
+
+def test_a_gpu_row_rolled_back_with_a_bad_event_is_written_again(db):
+    from gpuwhy.events import GpuSample
+
+    writer = StoreWriter(db)
+    bad = GpuSample(ts=11, gpu_id="GPU-b", source="sim", simulated=True,
+                    fields={"gpu_util": "garbage"})    # fails after the GPU row is written
+    batch = [Envelope("t", 1, bad), Envelope("t", 2, _sample(12, "GPU-b")),
+             Envelope("t", 3, _sample(13, "GPU-b"))]
+    assert writer.write_batch(batch) == 2 and writer.rejected == 1
+    assert db.execute("select id, first_seen, last_seen from gpus").fetchall() == \
+        [("GPU-b", 12, 13)]
+    assert db.execute("select count(*) from gpu_sample_data where gpu is not null").fetchone() \
+        == (2,)
