@@ -124,3 +124,11 @@ def test_bpf_stats_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     assert warn_if_bpf_stats_enabled(sysctl) is False
     assert warn_if_bpf_stats_enabled(tmp_path / "missing") is False
     assert caplog.text == ""
+
+
+def test_rules_benchmark_measures_rules_the_synthetic_host_feeds() -> None:
+    import bench_rules
+
+    rules = bench_rules.measured_rules(30)
+    assert len(rules) == 30
+    assert not [r.id for r in rules if any(s.startswith("cuda.") for s in r.requires)]
