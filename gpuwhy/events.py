@@ -20,7 +20,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import orjson
+try:
+    import orjson
+except ImportError:     # scripts/check-env.sh runs this checkout before install, without it
+    orjson = None
 
 from gpuwhy.errors import DecodeError
 from gpuwhy.identity import ProcessKey
@@ -569,19 +572,21 @@ def to_payload(event: Event, *, src: str, seq: int) -> bytes:
     """Serialise an event with its envelope to the JSON payload frame."""
     body = event_fields(event)
     body.update(v=SCHEMA_VERSION, kind=event.kind, src=src, seq=seq)
-    try:
-        return orjson.dumps(body)
-    except TypeError:
-        # orjson refuses what the standard library escapes: lone surrogates (a command
-        # line that is not UTF-8, read with surrogateescape) and integers over 64 bits
-        return json.dumps(body, separators=(",", ":")).encode()
+    if orjson is not None:
+        try:
+            return orjson.dumps(body)
+        except TypeError:   # lone surrogates (a command line that is not UTF-8, read with
+            pass            # surrogateescape), integers over 64 bits: the standard library's way
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _loads(payload: bytes) -> Any:
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return json.loads(payload)      # to_payload's fallback: escaped lone surrogates
+    if orjson is not None:
+        try:
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            pass    # to_payload's fallback: escaped lone surrogates
+    return json.loads(payload)
 
 
 @dataclass(frozen=True)

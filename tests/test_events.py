@@ -144,3 +144,12 @@ def test_attacker_controlled_text_that_is_not_utf8_survives_the_bus():
 def test_not_a_number_is_sent_as_null():
     sample = SourceHealth(ts=2, source="s", state="ok", counters={"nan": float("nan")})
     assert json.loads(to_payload(sample, src="t", seq=1))["counters"] == {"nan": None}
+
+
+def test_the_bus_works_without_orjson_as_before_install(monkeypatch):
+    import gpuwhy.events
+
+    monkeypatch.setattr(gpuwhy.events, "orjson", None)    # check-env.sh's bare checkout
+    for event in SAMPLES:
+        assert from_frames([event.topic.encode(), to_payload(event, src="t", seq=1)]).event \
+            == event
