@@ -33,6 +33,22 @@ SILENT_STATES = ("lost", "resetting", "reset_required")
 EXIT_WINDOW_NS = 60 * NS_PER_SECOND      # a death this soon after an Xid/reset is its effect
 
 
+def may_open_incident(event: Event) -> bool:
+    """An event a detector below may open an incident on (keep in step with them): the
+    correlator writes its batch at once instead of on the batch timer, so the alert is not
+    held back. Process deaths and stalls follow such an event, or are found on the timer."""
+    kind = event.kind
+    if kind in ("gpu_xid", "rule_finding"):
+        return True
+    if kind == "gpu_state":
+        return event.state in ("lost", "resetting")
+    if kind == "kernel_log_record":
+        return event.record_kind in ("xid", "fallen_off_bus")
+    if kind == "driver_call":
+        return event.sub_name in RESET_CONTROLS
+    return False
+
+
 @dataclass
 class Opened:
     """What a detector asks for; ``dedup_key`` merges repeats into one incident."""

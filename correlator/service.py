@@ -3,7 +3,11 @@
 Threads: one, the caller's. It owns the store's only writing connection. Each batch is one
 transaction: the writer applies the events, then the decide stage (incidents, chains,
 timelines) runs on the same connection, so incidents commit with the events they rest on;
-alerts go to the journal after the commit. Shutdown: ``stop`` is set, the loop ends, the
+alerts go to the journal after the commit. A batch is written when it is full, when it is
+``correlator.flush_interval`` old, or URGENT_FLUSH_GAP after an event that may open an
+incident arrived (an Xid, a GPU lost or reset, a rule finding: ``may_open_incident``): an
+alert does not wait for the batch timer, and a storm of such events still makes at most
+1/URGENT_FLUSH_GAP transactions a second. Shutdown: ``stop`` is set, the loop ends, the
 bus is drained for at most DRAIN_SECONDS, the last batch is written, the socket closes.
 """
 
@@ -21,7 +25,7 @@ from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.alerts import Alerter
-from gpuwhy.correlator.incidents import IncidentBuilder
+from gpuwhy.correlator.incidents import IncidentBuilder, may_open_incident
 from gpuwhy.events import Envelope
 from gpuwhy.store.maintenance import Maintenance
 from gpuwhy.store.writer import StoreWriter
@@ -32,6 +36,7 @@ MAX_PENDING = 100_000   # events held while the store cannot be written
 HEALTH_EVERY = 2.0
 DRAIN_SECONDS = 1.0
 DECIDE_EVERY = 1.0      # the decide stage runs this often even without events (stalls, settling)
+URGENT_FLUSH_GAP = 0.05
 
 
 class Correlator:
@@ -53,6 +58,7 @@ class Correlator:
         self.dropped_store_unavailable = 0
         self.store_error: str | None = None
         self._last_decide = 0.0
+        self._urgent_pending = False     # the pending batch holds a may_open_incident event
         # the decide stage's wall clock; a replay of recorded events sets it to return None
         self.wall_clock: Callable[[], int | None] = now_ns
 
@@ -91,6 +97,7 @@ class Correlator:
             log.warning("the store is writable again; wrote the %d events held", len(self.pending))
         self.store_error = None
         self.pending.clear()
+        self._urgent_pending = False
         if new:
             self._alert(new)
 
@@ -124,17 +131,31 @@ class Correlator:
         except sqlite3.Error:
             pass   # already reported through store_error
 
+    def _urgent_flush_at(self) -> float | None:
+        """When the pending batch must be written for an urgent event in it, or None."""
+        if not self._urgent_pending:
+            return None
+        return self._last_decide + URGENT_FLUSH_GAP
+
     def run(self, stop: threading.Event) -> None:
         batch_started = None
         next_health = next_maintenance = 0.0
         while not stop.is_set():
-            envelope = self.subscriber.receive(timeout=min(self.flush_interval, 0.2))
+            timeout = min(self.flush_interval, 0.2)
+            urgent_at = self._urgent_flush_at()
+            if urgent_at is not None:
+                timeout = max(0.0, min(timeout, urgent_at - time.monotonic()))
+            envelope = self.subscriber.receive(timeout=timeout)
             now = time.monotonic()
             if envelope is not None:
                 self.pending.append(envelope)
                 batch_started = batch_started or now
+                if may_open_incident(envelope.event):
+                    self._urgent_pending = True
+            urgent_at = self._urgent_flush_at()
             if self.pending and (len(self.pending) >= self.batch_size
-                                 or now - (batch_started or now) >= self.flush_interval):
+                                 or now - (batch_started or now) >= self.flush_interval
+                                 or (urgent_at is not None and now >= urgent_at)):
                 self.flush()
                 batch_started = None if not self.pending else now
             elif not self.pending and now - self._last_decide >= DECIDE_EVERY:

@@ -19,7 +19,9 @@ from gpuwhy.store import open_store
 
 REMOTE = Path("/lib/systemd/systemd-journal-remote")
 OTHER_BOOT = "0123456789abcdef0123456789abcdef"
-T0_US = 1_764_492_000_000_000
+# an hour ago on a whole second: a fixed date would one day fall out of store.event_days and
+# be pruned by the store's retention (a fixed 2025-11-30 did, on 2026-11-30)
+T0_US = (time.time_ns() // 1_000_000_000 - 3600) * 1_000_000
 XID79 = "Xid (PCI:0000:0a:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 
 

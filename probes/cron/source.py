@@ -26,6 +26,7 @@ from gpuwhy.probes.cron.gpu_actions import gpu_action
 from gpuwhy.probes.cron.logline import parse_cron_line
 from gpuwhy.probes.cron.schedule import ScheduledJob, read_cron_jobs
 from gpuwhy.probes.cron.timers import read_timers
+from gpuwhy.probes.klog.journald import IDLE_WAIT_S
 from gpuwhy.probes.klog.lines import RawLine
 from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
 from gpuwhy.proc import read_stat
@@ -134,7 +135,7 @@ def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:
                     detail=detail + note, counters=dict(counters)))
                 next_health = now + HEALTH_EVERY_S
             if reader is not None:
-                reader.wait(0.5)    # type: ignore[attr-defined]
+                reader.wait(IDLE_WAIT_S)    # type: ignore[attr-defined]
             else:
                 stop.wait(0.5)
     finally:

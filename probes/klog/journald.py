@@ -13,6 +13,10 @@ from gpuwhy.probes.klog.lines import RawLine
 
 MAX_TEXT = 8192
 KEEP_IDENTIFIER = ("NVRM", "nvidia-nvswitch")
+# journald tells its readers about new entries late: sd_journal_wait() woke 0.45-0.5 s after
+# a kmsg line that get_next() could read after 6 ms. The sources wait at most this long
+# between reads, which keeps an Xid's way to its alert short for a few µs of CPU a wake-up.
+IDLE_WAIT_S = 0.05
 
 
 def _text(value: object) -> str:

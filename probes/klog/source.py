@@ -26,6 +26,7 @@ from gpuwhy.clock import ClockConverter, now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import KernelLogCheckpoint, KernelLogRecord, SourceHealth
+from gpuwhy.probes.klog.journald import IDLE_WAIT_S
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.lines import RawLine
 from gpuwhy.probes.klog.parse import KernelLogParser, KernelRecord
@@ -207,7 +208,7 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
         if not pump.pump():
             if pump.checkpoint_due():
                 pump.checkpoint()
-            reader.wait(0.5)
+            reader.wait(IDLE_WAIT_S)
         elif pump.checkpoint_due():
             pump.checkpoint()
         if time.monotonic() >= next_health:
