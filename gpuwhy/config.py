@@ -47,7 +47,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("correlator.batch_size", 500, "GPUWHY_BATCH_SIZE",
             "events written to the store in one transaction at most"),
     Setting("correlator.flush_interval", 0.5, "GPUWHY_FLUSH_INTERVAL",
-            "seconds a batch waits before it is written even when not full"),
+            "seconds a batch waits before it is written even when not full (one with an "
+            "event that may open an incident is written 50 ms after it)"),
     Setting("log.level", "info", "GPUWHY_LOG_LEVEL", "debug, info, warning or error"),
     # --- probes settings (eBPF probes issue) ---
     Setting("probes.slow_call_ms", 10.0, "GPUWHY_SLOW_CALL_MS",
