@@ -20,22 +20,14 @@ from gpuwhy.config import Config
 from gpuwhy.errors import ProbeLoadError
 from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
 from gpuwhy.probes.cuda import CudaProbe
-from gpuwhy.probes.fdtrack import FdTrackProbe
+from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
 from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.sched import SchedProbe
 
 log = logging.getLogger(__name__)
-BPF_STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-
-
 def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
-    """Say so when the kernel times every BPF program run: that adds two clock reads to
-    each probe run (about 250 ns per traced ioctl measured in a VM), a cost the host chose
-    for profiling, which looks like the probes' own."""
-    try:
-        enabled = sysctl.read_text().strip() == "1"
-    except OSError:
-        return False
+    """Say so when the kernel times every BPF program run (see ``bpf_stats_enabled``)."""
+    enabled = bpf_stats_enabled(sysctl)
     if enabled:
         log.warning("kernel.bpf_stats_enabled=1: every eBPF program run is timed, which "
                     "makes each traced ioctl slower; `sysctl kernel.bpf_stats_enabled=0` "

@@ -132,3 +132,16 @@ def test_rules_benchmark_measures_rules_the_synthetic_host_feeds() -> None:
     rules = bench_rules.measured_rules(30)
     assert len(rules) == 30
     assert not [r.id for r in rules if any(s.startswith("cuda.") for s in r.requires)]
+
+
+def test_fdtrack_health_says_when_the_kernel_times_every_probe_run(
+        tmp_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwhy.probes import fdtrack
+
+    probe = fdtrack.FdTrackProbe(tmp_config, lambda event: None)
+    monkeypatch.setattr(probe, "counters", lambda: {"dropped_ringbuf": 0})   # no maps loaded
+    monkeypatch.setattr(fdtrack, "bpf_stats_enabled", lambda: True)
+    health = probe.health()
+    assert health.state == "ok" and "kernel.bpf_stats_enabled=1" in health.detail
+    monkeypatch.setattr(fdtrack, "bpf_stats_enabled", lambda: False)
+    assert "bpf_stats" not in probe.health().detail
