@@ -41,16 +41,6 @@ log = logging.getLogger(__name__)
 
 NAME = "fdtrack"
 BPF_STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-
-
-def bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
-    """Whether the kernel times every BPF program run: two clock reads more per probe run
-    (~250 ns per traced ioctl measured in a VM), a cost the host chose for profiling that
-    looks like the probes' own."""
-    try:
-        return sysctl.read_text().strip() == "1"
-    except OSError:
-        return False
 BPF_SOURCE = Path(__file__).with_name("fdtrack.bpf.c")
 EV_OPEN, EV_CLOSE, EV_EXIT, EV_DUP, EV_CALL, EV_FORK, EV_EXEC, EV_CLOSE_RANGE, EV_INHERIT = \
     range(1, 10)
@@ -66,6 +56,16 @@ DECODE_VARIANTS = 3
 CFLAGS = (f"-DHINT_SLOTS={HINT_SLOTS}", "-DMAX_TRACKED=65536", "-DMAX_STATS=65536",
           "-DRINGBUF_PAGES=256", f"-DDECODE_VARIANTS={DECODE_VARIANTS}")
 TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
+
+
+def bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
+    """Whether the kernel times every BPF program run: two clock reads more per probe run
+    (~250 ns per traced ioctl measured in a VM), a cost the host chose for profiling that
+    looks like the probes' own."""
+    try:
+        return sysctl.read_text().strip() == "1"
+    except OSError:
+        return False
 
 
 def notable_hint_slot(control: int) -> int:

@@ -25,6 +25,8 @@ from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.sched import SchedProbe
 
 log = logging.getLogger(__name__)
+
+
 def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
     """Say so when the kernel times every BPF program run (see ``bpf_stats_enabled``)."""
     enabled = bpf_stats_enabled(sysctl)

@@ -440,21 +440,16 @@ def table(rows: Figures) -> str:
     return "\n".join(lines)
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return ""
-
-
 def machine() -> dict:
+    from gpuwhy.probes.fdtrack import bpf_stats_enabled
+
     cpuinfo = Path("/proc/cpuinfo").read_text()
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                   if line.startswith("model name")), platform.processor())
     return {"cpus": os.cpu_count(), "cpu_model": model,
             "virtual": " hypervisor" in cpuinfo or "hypervisor" in cpuinfo.split(),
             "kernel": platform.release(), "python": platform.python_version(),
-            "bpf_stats_enabled": _read("/proc/sys/kernel/bpf_stats_enabled") == "1",
+            "bpf_stats_enabled": bpf_stats_enabled(),
             "gpu": Path("/dev/nvidia0").exists(),
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
                                 / 2**30, 1)}

@@ -30,11 +30,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL as STATS_SYSCTL
+
 HERE = Path(__file__).resolve().parent
 GOALS = {"tracked ioctl": 400, "untracked ioctl": 150, "getppid": 50}
-
-
-STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
 @contextlib.contextmanager
