@@ -1,9 +1,11 @@
 """The ZeroMQ event bus: sources publish ``[topic, payload]``, the correlator subscribes.
 
 The correlator is the stable side and binds; sources connect. Publishers never block:
-past the high-water mark a message is dropped and counted. Every message carries the
+past the high-water mark a message is dropped and counted. Every event carries the
 publisher's sequence number, so the subscriber counts what went missing in between
-(drops, a subscriber that was not yet connected, a restart).
+(drops, a subscriber that was not yet connected, a restart). A source that emits many
+events at once (a probe's flush) sends them in batch messages (``Publisher.batched``);
+the subscriber hands out events either way.
 
 A bound SUB socket forwards its subscriptions to a newly connected publisher only when
 it next processes commands (a poll or recv; libzmq#2267). The correlator polls all the
@@ -16,17 +18,21 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlparse
 
 import zmq
 
 from gpuwhy.errors import BusError, DecodeError
-from gpuwhy.events import TOPICS, Envelope, Event, from_frames, to_payload
+from gpuwhy.events import TOPICS, Envelope, Event, decode_message, join_payloads, to_payload
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 20
+BATCH_BYTES = MAX_MESSAGE_BYTES // 4    # a batch message stays far below the subscriber's limit
+BATCH_EVENTS = 256
 
 
 def _prepare_ipc(endpoint: str) -> None:
@@ -59,6 +65,7 @@ class Publisher:
         self._socket.setsockopt(zmq.XPUB_VERBOSE, 1)
         self._socket.setsockopt(zmq.LINGER, 1000)
         self.subscriptions = 0
+        self._held: list[tuple[str, bytes]] | None = None    # inside batched()
         try:
             self._socket.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -66,13 +73,49 @@ class Publisher:
             raise BusError(f"cannot connect to bus {endpoint}: {exc}") from None
 
     def publish(self, event: Event) -> bool:
-        """Send one event without blocking; False (and counted) when it had to be dropped."""
+        """Send one event without blocking; False (and counted) when it had to be dropped.
+        Inside :meth:`batched` the event is held and True returned."""
         self.seq += 1
         payload = to_payload(event, src=self.src, seq=self.seq)
+        if self._held is not None:
+            self._held.append((event.topic, payload))
+            return True
+        return self._send(event.topic, payload, 1)
+
+    @contextmanager
+    def batched(self) -> Iterator[None]:
+        """Hold what :meth:`publish` is given in the block and send it at the end as few
+        messages: one per run of consecutive events of a topic (the order stays as
+        published), at most BATCH_EVENTS events or BATCH_BYTES each. A dropped batch counts
+        each of its events in ``dropped``."""
+        if self._held is not None:      # nested: the outer block sends
+            yield
+            return
+        self._held = []
         try:
-            self._socket.send_multipart([event.topic.encode(), payload], flags=zmq.NOBLOCK)
+            yield
+        finally:
+            held, self._held = self._held, None
+            self._send_held(held)
+
+    def _send_held(self, held: list[tuple[str, bytes]]) -> None:
+        run: list[bytes] = []
+        run_topic, run_bytes = "", 0
+        for topic, payload in held:
+            if run and (topic != run_topic or len(run) >= BATCH_EVENTS
+                        or run_bytes + len(payload) > BATCH_BYTES):
+                self._send(run_topic, run[0] if len(run) == 1 else join_payloads(run), len(run))
+                run, run_bytes = [], 0
+            run.append(payload)
+            run_topic, run_bytes = topic, run_bytes + len(payload)
+        if run:
+            self._send(run_topic, run[0] if len(run) == 1 else join_payloads(run), len(run))
+
+    def _send(self, topic: str, payload: bytes, events: int) -> bool:
+        try:
+            self._socket.send_multipart([topic.encode(), payload], flags=zmq.NOBLOCK)
         except zmq.Again:
-            self.dropped += 1
+            self.dropped += events
             return False
         return True
 
@@ -121,30 +164,53 @@ class Subscriber:
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.last_seq: dict[str, int] = {}
         self.counters: Counter[str] = Counter()
+        self._ready: deque[Envelope] = deque()   # decoded, not yet handed out
 
     def process_commands(self) -> None:
         """Let libzmq handle pending commands (new peers), so subscriptions propagate."""
         self._socket.getsockopt(zmq.EVENTS)
 
     def receive(self, timeout: float) -> Envelope | None:
-        """The next decodable message, or None after ``timeout`` seconds of silence."""
+        """The next decodable event, or None after ``timeout`` seconds of silence."""
+        if not self._ready and not self._read(timeout):
+            return None
+        return self._ready.popleft()
+
+    def receive_many(self, timeout: float, limit: int) -> list[Envelope]:
+        """The events queued now (at least ``limit`` when that many are, whole messages), or
+        those of the first message within ``timeout`` seconds; [] after silence."""
+        if not self._ready:
+            self._read(timeout)
+        while len(self._ready) < limit and self._read(0):
+            pass
+        envelopes = list(self._ready)
+        self._ready.clear()
+        return envelopes
+
+    def _read(self, timeout: float) -> bool:
+        """Decode the next message into ``_ready``; False after ``timeout`` s of silence."""
         deadline = time.monotonic() + timeout
         while True:
             try:            # a queued message first: a poll per message costs a syscall
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 remaining = max(0.0, deadline - time.monotonic())
-                if not self._socket.poll(int(remaining * 1000), zmq.POLLIN):
-                    return None
+                if not remaining or not self._socket.poll(int(remaining * 1000), zmq.POLLIN):
+                    return False
                 continue
             try:
-                envelope = from_frames(frames)
+                envelopes, errors = decode_message(frames)
             except DecodeError as exc:
-                self.counters["decode_errors"] += 1
-                log.warning("dropped an undecodable bus message: %s", exc)
-                continue
-            self._account(envelope)
-            return envelope
+                envelopes, errors = [], [str(exc)]
+            if errors:
+                self.counters["decode_errors"] += len(errors)
+                log.warning("dropped %d undecodable event(s) of a bus message: %s",
+                            len(errors), errors[0])
+            for envelope in envelopes:
+                self._account(envelope)
+            if envelopes:
+                self._ready.extend(envelopes)
+                return True
 
     def _account(self, envelope: Envelope) -> None:
         self.counters["received"] += 1

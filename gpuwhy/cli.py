@@ -80,6 +80,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int | None,
                  pidfile: str | None) -> None:
+    from gpuwhy.correlator.service import tune_gc
     from gpuwhy.service import Service
 
     config = ctx.config(**{"web.host": host, "web.port": port})
@@ -95,6 +96,7 @@ def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int |
                                    f"{config['web.port']}: {exc.strerror}") from None
     if pidfile:
         Path(pidfile).write_text(f"{os.getpid()}\n")
+    tune_gc()
     try:
         service.start()
         service.wait()

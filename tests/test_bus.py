@@ -89,3 +89,93 @@ def test_full_queue_drops_are_counted(tmp_path):
     assert pub.dropped > 0
     assert sent + pub.dropped == 20000
     pub.close(), sub.close()
+
+
+def test_a_batched_block_keeps_the_order_in_few_messages(tmp_path):
+    from gpuwhy.bus import BATCH_EVENTS
+
+    pub, sub = _pair(tmp_path)
+    events = [SourceHealth(ts=i, source="s", state="ok") for i in range(BATCH_EVENTS + 10)]
+    exited = ProcessExited(ts=1, process=ProcessKey(1, 2))
+    events[5:5] = [exited]           # another topic in the middle: a run of its own
+    with pub.batched():
+        for event in events:
+            assert pub.publish(event)
+        with pub.batched():          # nested: the outer block sends
+            assert pub.publish(exited)
+        assert sub.receive(timeout=0.2) is None    # nothing sent before the block ends
+    received = sub.receive_many(timeout=2, limit=len(events) + 1)
+    while len(received) < len(events) + 1:
+        more = sub.receive_many(timeout=2, limit=len(events))
+        assert more, f"only {len(received)} events arrived"
+        received += more
+    assert [e.event for e in received] == [*events, exited]
+    assert [e.seq for e in received] == list(range(1, len(events) + 2))
+    assert sub.counters["gap_messages"] == sub.counters["decode_errors"] == 0
+    pub.close(), sub.close()
+
+
+def test_batches_are_split_by_topic_count_and_size(tmp_path):
+    from gpuwhy.bus import BATCH_BYTES, BATCH_EVENTS
+
+    raw = zmq.Context.instance().socket(zmq.SUB)     # sees the messages themselves
+    raw.setsockopt(zmq.SUBSCRIBE, b"")
+    raw.bind(f"ipc://{tmp_path}/bus.sock")
+    pub = Publisher(f"ipc://{tmp_path}/bus.sock", src="test")
+    for _ in range(100):
+        raw.getsockopt(zmq.EVENTS)      # let the SUB forward its subscription
+        if pub.wait_for_subscriber(0.02):
+            break
+    big = "x" * (BATCH_BYTES // 3)
+    with pub.batched():
+        for i in range(BATCH_EVENTS + 1):
+            pub.publish(SourceHealth(ts=i, source="s", state="ok"))
+        pub.publish(ProcessExited(ts=1, process=ProcessKey(1, 2)))
+        for i in range(4):
+            pub.publish(SourceHealth(ts=i, source="s", state="ok", detail=big))
+    sizes = []
+    while raw.poll(2000):
+        topic, payload = raw.recv_multipart()
+        sizes.append((topic, payload.count(b'"kind"')))
+        if len(sizes) == 5:
+            break
+    assert sizes == [(b"health", BATCH_EVENTS), (b"health", 1), (b"proc", 1),
+                     (b"health", 2), (b"health", 2)]
+    raw.close(0), pub.close()
+
+
+def test_a_dropped_batch_counts_every_event(tmp_path):
+    sub = Subscriber(f"ipc://{tmp_path}/bus.sock", hwm=2)
+    pub = Publisher(sub.endpoint, src="fast", hwm=2)
+    assert _connected(pub, sub)
+    for _ in range(200):
+        with pub.batched():
+            for i in range(10):
+                pub.publish(SourceHealth(ts=i, source="s", state="ok"))
+    assert pub.dropped > 0 and pub.dropped % 10 == 0
+    received = 0
+    while envelopes := sub.receive_many(timeout=0.5, limit=10_000):
+        received += len(envelopes)
+    assert received + pub.dropped == 2000
+    pub.close(), sub.close()
+
+
+def test_a_batch_with_garbage_delivers_the_rest(tmp_path):
+    sub = Subscriber(f"ipc://{tmp_path}/bus.sock")
+    raw = zmq.Context.instance().socket(zmq.PUB)
+    raw.connect(sub.endpoint)
+    good = SourceHealth(ts=1, source="s", state="ok")
+    from gpuwhy.events import join_payloads, to_payload
+
+    message = [b"health", join_payloads([to_payload(good, src="raw", seq=1), b'{"v":1}',
+                                         to_payload(good, src="raw", seq=2)])]
+    received = []
+    for _ in range(100):   # the raw PUB may still be joining: send until it arrives
+        sub.process_commands()
+        raw.send_multipart(message)
+        received = sub.receive_many(timeout=0.05, limit=10)
+        if received:
+            break
+    assert [(e.seq, e.event) for e in received] == [(1, good), (2, good)]
+    assert sub.counters["decode_errors"] == 1
+    raw.close(0), sub.close()

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.bus import from_frames
 from gpuwhy.cli import cli
-from gpuwhy.events import CudaCall, CudaLibrary, CudaStats, Envelope, to_payload
+from gpuwhy.events import CudaCall, CudaLibrary, CudaStats, Envelope, from_frames, to_payload
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes import cuda, cuda_cli, cudactl
 from gpuwhy.probes.cudalib import (

@@ -153,3 +153,37 @@ def test_the_bus_works_without_orjson_as_before_install(monkeypatch):
     for event in SAMPLES:
         assert from_frames([event.topic.encode(), to_payload(event, src="t", seq=1)]).event \
             == event
+
+
+def test_a_batch_decodes_in_order_and_a_bad_element_costs_only_itself():
+    from gpuwhy.events import decode_message, join_payloads
+
+    good = [SourceHealth(ts=i, source="s", state="ok", counters={"n": i}) for i in range(3)]
+    odd = SourceHealth(ts=9, source="s\udcff", state="ok")   # the standard library's form
+    payloads = [to_payload(e, src="t", seq=n + 1) for n, e in enumerate([*good, odd])]
+    wrong_topic = to_payload(SAMPLES[0], src="t", seq=5)
+    message = join_payloads([payloads[0], b"7", payloads[1], wrong_topic, payloads[2],
+                             payloads[3]])
+    envelopes, errors = decode_message([b"health", message])
+    assert [e.event for e in envelopes] == [*good, odd]
+    assert [e.seq for e in envelopes] == [1, 2, 3, 4]
+    assert len(errors) == 2
+    assert "not a JSON object" in errors[0] and "topic" in errors[1]
+    with pytest.raises(DecodeError, match="not a JSON object"):
+        from_frames([b"health", message])      # one event was asked for
+    with pytest.raises(DecodeError, match="neither"):
+        decode_message([b"health", b'"text"'])
+
+
+def test_decoded_events_get_their_own_defaults():
+    frames = [b"health", b'{"v":1,"kind":"source_health","src":"t","seq":1,"ts":1,'
+                         b'"source":"s","state":"ok"}']
+    first, second = from_frames(frames).event, from_frames(frames).event
+    assert first == SourceHealth(ts=1, source="s", state="ok")
+    assert first.counters == {} and first.counters is not second.counters
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        first.state = "failed"
+    newer = [b"health", frames[1][:-1] + b',"from_a_newer_sender":1}']
+    assert from_frames(newer).event == first
+    with pytest.raises(DecodeError, match="missing field.*source, state"):
+        from_frames([b"health", b'{"v":1,"kind":"source_health","src":"t","seq":1,"ts":1}'])
