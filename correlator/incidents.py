@@ -20,7 +20,7 @@ from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import Config
 from gpuwhy.correlator import bindings, chains, timeline
 from gpuwhy.correlator.pending import Alignment
-from gpuwhy.events import Envelope, Event, RuleFinding
+from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey
 from gpuwhy.xid import xid_info
 
@@ -80,6 +80,7 @@ class IncidentBuilder:
         self.opened = 0
         self.merged = 0
         self._next_stall_check = 0
+        self._detectors = methods_by_kind(self, "_detect_")
 
     # --- the stage -------------------------------------------------------------------------
     def decide(self, db: Database, envelopes: list[Envelope],
@@ -92,16 +93,18 @@ class IncidentBuilder:
                 bindings.learn(db, identity, now)
             self._proc_read = True
         new: list[int] = []
+        self.timelines.discard_pending()    # held by a decide that failed: rolled back with it
         for envelope in envelopes:
             event = envelope.event
             self.timelines.apply(db, event)
-            detector = getattr(self, f"_detect_{event.kind}", None)
+            detector = self._detectors.get(event.kind)
             if detector is None:
                 continue
             for wanted in detector(db, event) or ():
                 incident_id, created = self._open(db, wanted)
                 if created:
                     new.append(incident_id)
+        self.timelines.write_pending(db)    # before the stall checks and chains read the store
         if now >= self._next_stall_check:
             for wanted in self._stalls(db, now):
                 incident_id, created = self._open(db, wanted)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import sqlite3
 from collections.abc import Iterable
@@ -24,8 +23,11 @@ from gpuwhy.events import (
     SchedStats,
     SourceHealth,
     event_fields,
+    json_text,
+    methods_by_kind,
 )
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
+from gpuwhy.store.held import HeldRows
 from gpuwhy.store.samples import encode_fields
 
 
@@ -37,10 +39,13 @@ def _event_row(envelope: Envelope, **extra: object) -> dict:
     return {"ts": event.ts, "topic": event.topic, "kind": event.kind, "src": envelope.src,
             "pid": process.pid if process else None,
             "start_time": process.start_time if process else None,
-            "body": json.dumps(body, separators=(",", ":")), **extra}
+            "body": json_text(body), "gpu_id": None, **extra}
 
 
 log = logging.getLogger(__name__)
+# Tables whose rows _insert and _upsert hold until the end of the batch (store/held.py).
+_HELD_TABLES = frozenset({"events", "sched_stats"})
+_DRIVER_CALL_STATS_PK = ("pid", "start_time", "path", "cmd", "sub")
 _JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
 UNKNOWN_PROCESS_FACT = {"ppid": (0, None), "uid": (-1, None)}
@@ -68,6 +73,11 @@ class StoreWriter:
         # GPUs whose row this batch has written: their last_seen is raised once at the end
         # of the batch, not on every sample (a statement per sample cost an eighth of P4)
         self._gpus_seen: dict[str, int] = {}
+        # gpus.gpu_key of the GPUs touched this batch (the sample rows' key); per batch only:
+        # the decide stage may delete a GPU's row (bindings.learn) and a new one gets a new key
+        self._gpu_keys: dict[str, int] = {}
+        self._held = HeldRows()
+        self._handlers = methods_by_kind(self, "_on_")
 
     def write_batch(self, envelopes: Iterable[Envelope]) -> int:
         """Apply every envelope in one transaction; returns how many were applied.
@@ -76,28 +86,39 @@ class StoreWriter:
         counted in ``rejected`` and skipped, leaving nothing behind: the batch is rolled back
         and written again one event at a time, each in a savepoint (a savepoint per event
         all the time would cost a fifth of the writer). A database error (disk full, I/O)
-        rolls back the whole batch and is raised.
+        rolls back the whole batch and is raised. The hottest tables' rows are held and
+        written at the end of the batch (``HeldRows``); one by one, at the end of each event.
         """
         envelopes = list(envelopes)
         conn = self.db.conn
-        self._gpus_seen.clear()
-        with self.db.atomic():
-            conn.execute("savepoint batch")     # plain SQL: sqlite-utils' costs ~20 µs
-            try:
-                for envelope in envelopes:
-                    self.apply(envelope)
-            except sqlite3.Error:
-                raise
-            except Exception:  # noqa: BLE001 - found again, and logged, one by one below
-                conn.execute("rollback to batch")
-                conn.execute("release batch")
-                self._gpus_seen.clear()
-                applied = self._write_one_by_one(envelopes)
+        self._forget_gpus()
+        try:
+            with self.db.atomic():
+                conn.execute("savepoint batch")     # plain SQL: sqlite-utils' costs ~20 µs
+                try:
+                    for envelope in envelopes:
+                        self._handle(envelope)
+                    self._held.write(conn)          # a value SQLite refuses: found one by one
+                except sqlite3.Error:
+                    raise
+                except Exception:  # noqa: BLE001 - found again, and logged, one by one below
+                    conn.execute("rollback to batch")
+                    conn.execute("release batch")
+                    self._held.clear()
+                    self._forget_gpus()
+                    applied = self._write_one_by_one(envelopes)
+                    self._record_gpus_seen()
+                    return applied
                 self._record_gpus_seen()
-                return applied
-            self._record_gpus_seen()
-            conn.execute("release batch")
-        return len(envelopes)
+                conn.execute("release batch")
+            return len(envelopes)
+        finally:        # a rolled back batch leaves no rows held and no GPU keys it created
+            self._held.clear()
+            self._forget_gpus()
+
+    def _forget_gpus(self) -> None:
+        self._gpus_seen.clear()
+        self._gpu_keys.clear()
 
     def _record_gpus_seen(self) -> None:
         self.db.conn.executemany("update gpus set last_seen = max(last_seen, ?) where id = ?",
@@ -116,7 +137,8 @@ class StoreWriter:
             except Exception:  # noqa: BLE001 - one bad event must not stop the writer
                 conn.execute("rollback to event")
                 conn.execute("release event")
-                self._gpus_seen.clear()       # a GPU row it created is gone with it
+                self._held.clear()            # its rows held when the handler failed
+                self._forget_gpus()           # a GPU row (and key) it created is gone with it
                 self.rejected += 1
                 log.exception("store rejected a %s event from %s", envelope.event.kind,
                               envelope.src)
@@ -126,8 +148,13 @@ class StoreWriter:
         return applied
 
     def apply(self, envelope: Envelope) -> None:
+        """Apply one event, its rows written before this returns."""
+        self._handle(envelope)
+        self._held.write(self.db.conn)
+
+    def _handle(self, envelope: Envelope) -> None:
         event: Event = envelope.event
-        handler = getattr(self, f"_on_{event.kind}", None)
+        handler = self._handlers.get(event.kind)
         if handler is not None:
             handler(envelope, event)
 
@@ -203,20 +230,25 @@ class StoreWriter:
         if minor is not None:
             self._bind(event.process, self._gpu_for_minor(minor, event.ts), event.ts,
                        f"calls the driver on {event.path}")
-        self._upsert_all("driver_call_stats", [
-            {**key, "path": event.path, "device": event.device, "cmd": op["cmd"],
-             "sub": op["sub"], "op": op["op"], "sub_name": op["sub_name"],
-             "count": op["count"], "errors": op["errors"],
-             "latency_sum_ns": op["latency_sum_ns"], "latency_max_ns": op["latency_max_ns"],
-             "bytes": op["bytes"], "latency_log2": json.dumps(op["latency_log2"]),
-             "updated_at": event.ts}
-            for op in event.ops
-        ], pk=("pid", "start_time", "path", "cmd", "sub"))
+        # Cumulative figures, every column set: the last row per key in a batch is the one
+        # the per-event upserts would end with.
+        for op in event.ops:
+            row = {**key, "path": event.path, "device": event.device, "cmd": op["cmd"],
+                   "sub": op["sub"], "op": op["op"], "sub_name": op["sub_name"],
+                   "count": op["count"], "errors": op["errors"],
+                   "latency_sum_ns": op["latency_sum_ns"],
+                   "latency_max_ns": op["latency_max_ns"], "bytes": op["bytes"],
+                   "latency_log2": json_text(op["latency_log2"]), "updated_at": event.ts}
+            self._held.add_latest(
+                ("driver_call_stats", key["pid"], key["start_time"], event.path, op["cmd"],
+                 op["sub"]),
+                _statement("driver_call_stats", tuple(row), "insert", _DRIVER_CALL_STATS_PK),
+                self._values(row))
 
     def _on_driver_call(self, envelope: Envelope, event: DriverCall) -> None:
         row = {k: v for k, v in vars(event).items() if k not in ("process", "raw_ts")}
         row.update(pid=event.process.pid, start_time=event.process.start_time,
-                   gpu_ids=json.dumps(event.gpu_ids) if event.gpu_ids is not None else None,
+                   gpu_ids=json_text(event.gpu_ids) if event.gpu_ids is not None else None,
                    reasons=",".join(event.reasons))
         self._insert("driver_calls", row)
 
@@ -249,10 +281,10 @@ class StoreWriter:
                "ts": event.ts, "interval_ns": event.interval_ns, "calls": event.calls,
                "errors": event.errors, **event.totals(), "overhead_ns": event.overhead_ns,
                "traced_since_start": int(event.traced_since_start)}
-        row["detail"] = json.dumps({
+        row["detail"] = json_text({
             "launches": event.launches, "grid_log2": event.grid_log2,
             "block_log2": event.block_log2, "copies": event.copies, "syncs": event.syncs,
-            "sync_log2": event.sync_log2, "memory": event.memory}, separators=(",", ":"))
+            "sync_log2": event.sync_log2, "memory": event.memory})
         self._upsert("cuda_stats", row, pk=("pid", "start_time", "ts"))
 
     def _on_cuda_call(self, envelope: Envelope, event: Event) -> None:
@@ -293,11 +325,19 @@ class StoreWriter:
     def _on_gpu_sample(self, envelope: Envelope, event: Event) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         row = encode_fields(event.fields, self._gpu_columns())   # store issue: compact rows
-        names = ["gpu", "ts", "instance", *row]
-        self.db.execute(f"insert or replace into gpu_sample_data ({', '.join(names)}) "
-                        f"values ((select gpu_key from gpus where id = ?), "
-                        f"{', '.join('?' * (len(names) - 1))})",
-                        [event.gpu_id, event.ts, event.instance, *row.values()])
+        self._held.add("gpu_sample_data",
+                       _statement("gpu_sample_data", ("gpu", "ts", "instance", *row),
+                                  "insert or replace"),
+                       [self._gpu_key(event.gpu_id), event.ts, event.instance, *row.values()])
+
+    def _gpu_key(self, gpu_id: str) -> int | None:
+        """The GPU's gpus.gpu_key (its row is written by _touch_gpu before this is asked)."""
+        gpu_key = self._gpu_keys.get(gpu_id)
+        if gpu_key is None:
+            row = self.db.conn.execute("select gpu_key from gpus where id = ?",
+                                       [gpu_id]).fetchone()
+            gpu_key = self._gpu_keys[gpu_id] = row[0] if row else None
+        return gpu_key
 
     def _on_gpu_xid(self, envelope: Envelope, event: Event) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
@@ -348,7 +388,7 @@ class StoreWriter:
             "xid": event.xid, "sxid": event.sxid, "pci": event.pci, "gpu_id": gpu_id,
             "pid": event.pid, "name": event.name, "gpu_instance": event.gpu_instance,
             "compute_instance": event.compute_instance, "message": event.message,
-            "details": json.dumps(event.details, sort_keys=True), "line": event.line,
+            "details": json_text(event.details, sort_keys=True), "line": event.line,
         })
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
         if event.record_kind in self.KLOG_TIMELINE_KINDS:
@@ -389,21 +429,23 @@ class StoreWriter:
     # inserts the row or updates the columns given; lists and dicts are stored as JSON.
     @staticmethod
     def _values(row: dict) -> list:
-        return [json.dumps(v, default=str) if isinstance(v, _JSON_TYPES) else v
+        return [json_text(v, default=str) if isinstance(v, _JSON_TYPES) else v
                 for v in row.values()]
 
     def _insert(self, table: str, row: dict, ignore: bool = False,
                 replace: bool = False) -> None:
         verb = "insert or ignore" if ignore else "insert or replace" if replace else "insert"
-        self.db.conn.execute(_statement(table, tuple(row), verb), self._values(row))
+        self._write(table, _statement(table, tuple(row), verb), self._values(row))
 
     def _upsert(self, table: str, row: dict, pk: str | tuple[str, ...]) -> None:
         pk = (pk,) if isinstance(pk, str) else tuple(pk)
-        self.db.conn.execute(_statement(table, tuple(row), "insert", pk), self._values(row))
+        self._write(table, _statement(table, tuple(row), "insert", pk), self._values(row))
 
-    def _upsert_all(self, table: str, rows: list[dict], pk: tuple[str, ...]) -> None:
-        for row in rows:
-            self._upsert(table, row, pk)
+    def _write(self, table: str, sql: str, values: list) -> None:
+        if table in _HELD_TABLES:
+            self._held.add(table, sql, values)
+        else:
+            self.db.conn.execute(sql, values)
 
     # --- end correlator handlers ---
 
@@ -423,8 +465,8 @@ class StoreWriter:
                "first_ts": existing[0] if existing else event.ts, "last_ts": event.ts,
                "cleared_at": event.ts if event.state == "cleared" else None}
         if event.state != "cleared" or not existing:   # a clearing keeps the firing's advice
-            row.update(evidence=json.dumps(event.evidence, sort_keys=True, default=str),
-                       fixes=json.dumps(event.fixes))
+            row.update(evidence=json_text(event.evidence, sort_keys=True, default=str),
+                       fixes=json_text(event.fixes))
         self.db["rule_findings"].upsert(row, pk="finding_id")
     # --- end rules handlers ---
 
@@ -438,5 +480,5 @@ class StoreWriter:
                       counters: dict[str, int], ts: int) -> None:
         self.db["source_health"].upsert({
             "source": source, "state": state, "detail": detail,
-            "counters": json.dumps(counters, sort_keys=True), "last_seen": ts,
+            "counters": json_text(counters, sort_keys=True), "last_seen": ts,
         }, pk="source")

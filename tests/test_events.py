@@ -187,3 +187,19 @@ def test_decoded_events_get_their_own_defaults():
     assert from_frames(newer).event == first
     with pytest.raises(DecodeError, match="missing field.*source, state"):
         from_frames([b"health", b'{"v":1,"kind":"source_health","src":"t","seq":1,"ts":1}'])
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+def test_json_text_is_compact_json_with_or_without_orjson(fast, monkeypatch):
+    import gpuwhy.events
+    from gpuwhy.events import json_text
+
+    if not fast:
+        monkeypatch.setattr(gpuwhy.events, "orjson", None)
+    assert json_text({"b": [1, 2], "a": "é"}, sort_keys=True) in ('{"a":"é","b":[1,2]}',
+                                                                 '{"a":"\\u00e9","b":[1,2]}')
+    assert json_text({"key": KEY}, default=str) == '{"key":"4242-987654"}'
+    # what orjson refuses takes the standard library's ASCII form, still JSON and storable
+    odd = json_text({"cmdline": "run \udcfe", "big": 2**70})
+    assert json.loads(odd) == {"cmdline": "run \udcfe", "big": 2**70}
+    odd.encode()     # no lone surrogate left for SQLite's UTF-8

@@ -181,3 +181,90 @@ def test_a_gpu_row_rolled_back_with_a_bad_event_is_written_again(db):
         [("GPU-b", 12, 13)]
     assert db.execute("select count(*) from gpu_sample_data where gpu is not null").fetchone() \
         == (2,)
+
+
+def _mixed_batch(bad=None):
+    """Events of every held table (events, sched_stats, gpu_sample_data, driver_call_stats),
+    with ``bad`` in the middle."""
+    from gpuwhy.events import GpuSample, ProcessExec, SchedStats
+
+    def sched(ts):
+        return SchedStats(ts=ts, process=KEY, interval_ns=10**9, own={"on_cpu_ns": ts},
+                          workers={})
+
+    def calls(ts, count):
+        return DriverCallStats(ts=ts, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
+                               ops=[_op(0xC020462A, "NV_ESC_RM_CONTROL", 0x20800102, count)])
+
+    events = [
+        ProcessSeen(ts=10, process=KEY, comm="python"),
+        DeviceOpened(ts=11, process=KEY, fd=3, path="/dev/nvidiactl", device="nvidiactl"),
+        sched(12), calls(13, 5),
+        GpuSample(ts=14, gpu_id="GPU-a", source="sim", simulated=True,
+                  fields={"gpu_util": 5.0}),
+        ProcessExec(ts=15, process=KEY, filename="/usr/bin/python3"),
+        *([bad] if bad else []),
+        DeviceClosed(ts=17, process=KEY, fd=3, path="/dev/nvidiactl"),
+        sched(18), calls(19, 8),
+        GpuSample(ts=20, gpu_id="GPU-a", source="sim", simulated=True,
+                  fields={"gpu_util": 7.0}),
+    ]
+    return [Envelope("t", i, e) for i, e in enumerate(events, start=1)]
+
+
+def _held_tables(db):
+    return {table: db.execute(f"select * from {table} order by rowid").fetchall()
+            for table in ("events", "sched_stats", "driver_call_stats")} | {
+        "gpu_sample_data": db.execute("select * from gpu_sample_data order by ts").fetchall()}
+
+
+def test_a_bad_event_among_held_rows_is_rejected_and_the_rest_stored_in_order(db, tmp_path):
+    # its first op is held before the second fails: nothing of it may be written
+    bad = DriverCallStats(ts=16, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
+                          ops=[_op(0xC030462B, "NV_ESC_RM_ALLOC", 0x80, 3), {"cmd": 1}])
+    writer = StoreWriter(db)
+    assert writer.write_batch(_mixed_batch(bad)) == 10 and writer.rejected == 1
+    assert db.execute("select kind, ts from events order by id").fetchall() == [
+        ("device_opened", 11), ("process_exec", 15), ("device_closed", 17)]
+    assert db.execute("select ts from sched_stats order by ts").fetchall() == [(12,), (18,)]
+    assert db.execute("select sub, count, updated_at from driver_call_stats").fetchall() == \
+        [(0x20800102, 8, 19)]
+    assert db.execute("select ts, gpu_util from gpu_samples order by ts").fetchall() == \
+        [(14, 5.0), (20, 7.0)]
+    # the same rows as a batch without the bad event, and as one batch per event
+    for name, batches in (("whole", [_mixed_batch()]),
+                          ("each", [[e] for e in _mixed_batch()])):
+        other = open_store(tmp_path / f"{name}.db")
+        for batch in batches:
+            StoreWriter(other).write_batch(batch)
+        assert _held_tables(other) == _held_tables(db), name
+        other.close()
+
+
+def test_driver_call_stats_twice_in_a_batch_leave_the_last_figures(db, tmp_path):
+    def calls(ts, **counts):
+        return DriverCallStats(ts=ts, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
+                               ops=[_op(0xC020462A, "NV_ESC_RM_CONTROL", int(sub[1:]), count)
+                                    for sub, count in counts.items()])
+
+    # new rows keep the order they were first written in (rowid), whatever the last order
+    events = [calls(10, s1=5), calls(11, s1=6, s2=1), calls(12, s2=4, s1=9)]
+    StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)])
+    assert db.execute("select sub, count, errors, latency_sum_ns, latency_log2, updated_at "
+                      "from driver_call_stats order by rowid").fetchall() == [
+        (1, 9, 1, 9000, "[9]", 12), (2, 4, 1, 4000, "[4]", 12)]
+    each = open_store(tmp_path / "each.db")
+    for i, event in enumerate(events):
+        StoreWriter(each).write_batch([Envelope("t", i, event)])
+    assert _held_tables(each) == _held_tables(db)
+    each.close()
+
+
+def test_a_gpu_row_deleted_between_batches_gets_its_new_key(db):
+    writer = StoreWriter(db)
+    writer.write_batch([Envelope("t", 1, _sample(10, "GPU-a"))])
+    db.execute("delete from gpus where id = 'GPU-a'")     # as bindings.learn does a weak id
+    writer.write_batch([Envelope("t", 2, _sample(20, "GPU-b")),
+                        Envelope("t", 3, _sample(30, "GPU-a"))])
+    assert db.execute("select gpu_id, ts from gpu_samples where ts > 10 order by ts").fetchall() \
+        == [("GPU-b", 20), ("GPU-a", 30)]

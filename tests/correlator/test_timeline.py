@@ -3,9 +3,11 @@ uprobes on, launches, syncs, copies and allocations per second."""
 
 import dataclasses
 
+from gpuwhy.correlator.incidents import IncidentBuilder
 from gpuwhy.correlator.rules.synthetic import Synthetic
-from gpuwhy.events import CudaStats, SchedStats
+from gpuwhy.events import CudaStats, DriverCallStats, Envelope, SchedStats
 from gpuwhy.identity import ProcessKey
+from gpuwhy.store import open_store
 
 TRAINER = ProcessKey(4242, 1000)
 
@@ -34,3 +36,46 @@ def test_a_process_second_adds_up_its_scheduler_and_cuda_intervals(harness):
         [h.t0 // 10**9, TRAINER.pid]).fetchall()
     assert rows == [(1, 900.0, 100.0, 1000.0, 6000, 40, 500.0, 8e8, 2e8, 5e8, 14, 12),
                     (2, None, None, None, 3000, 20, 250.0, 4e8, 1e8, 2.5e8, 7, 6)]
+
+
+def _calls(ts: int, **counts: int) -> DriverCallStats:
+    ops = [{"cmd": 0xC020462A, "sub": sub, "op": "NV_ESC_RM_CONTROL", "sub_name": name,
+            "count": counts[name], "errors": 0, "latency_sum_ns": 0, "latency_max_ns": 0,
+            "bytes": 0, "latency_log2": []}
+           for sub, name in enumerate(("CTRL_A", "CTRL_B", "CTRL_C")) if name in counts]
+    return DriverCallStats(ts=ts, process=TRAINER, path="/dev/nvidiactl", device="nvidiactl",
+                           ops=ops)
+
+
+def _sched(ts: int, on_cpu_ns: int) -> SchedStats:
+    return SchedStats(ts=ts, process=TRAINER, interval_ns=5 * 10**8,
+                      own={"on_cpu_ns": on_cpu_ns, "sleep_ns": 2 * on_cpu_ns},
+                      workers={"blocked_ns": on_cpu_ns})
+
+
+def test_a_batch_of_stats_gives_the_process_second_one_batch_per_event_gives(tmp_config,
+                                                                            tmp_path):
+    s = 1_700_000_000 * 10**9
+    events = [_calls(s + 1, CTRL_A=5, CTRL_B=3), _sched(s + 2, 100_000),
+              _calls(s + 3, CTRL_B=4, CTRL_C=2, CTRL_A=5), _sched(s + 4, 200_000),
+              _calls(s + 10**9, CTRL_A=6), _sched(s + 5, 300_000),
+              _calls(s + 6, CTRL_C=7, CTRL_A=8)]
+    # the sums must be added in the order the events came: floats do not reassociate
+    assert (0.1 + 0.2) + 0.3 != 0.1 + (0.2 + 0.3)
+
+    def stored(batches: list[list]) -> list[tuple]:
+        db = open_store(tmp_path / f"{len(batches)}.db")
+        builder = IncidentBuilder(tmp_config)
+        for batch in batches:
+            builder.decide(db, [Envelope("t", i, e) for i, e in enumerate(batch)])
+        rows = db.execute("select * from process_seconds order by second").fetchall()
+        db.close()
+        return rows
+
+    each = stored([[e] for e in events])
+    assert each == stored([events]), "one batch"
+    assert each == stored([events[:2], events[2:]]), "two batches"
+    # ioctl_ops: each call's ops first, then those stored before it (the text is compared)
+    assert [(ioctls, ops, on_cpu) for _, _, _, _, ioctls, ops, on_cpu, *_ in each] == [
+        (18, '{"CTRL_A":7,"CTRL_C":7,"CTRL_B":4}', (0.1 + 0.2) + 0.3),
+        (1, '{"CTRL_A":1}', None)]
