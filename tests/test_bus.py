@@ -179,3 +179,55 @@ def test_a_batch_with_garbage_delivers_the_rest(tmp_path):
     assert [(e.seq, e.event) for e in received] == [(1, good), (2, good)]
     assert sub.counters["decode_errors"] == 1
     raw.close(0), sub.close()
+
+
+def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
+    """Probes.flush batches what its probes publish: every figure arrives, in order, in far
+    fewer messages than events (the stand-in probes publish as the real ones do)."""
+    from gpuwhy.config import load_config
+    from gpuwhy.events import DriverCallStats, SchedStats
+    from gpuwhy.probes.service import Probes
+
+    raw = zmq.Context.instance().socket(zmq.SUB)    # sees the messages themselves
+    raw.setsockopt(zmq.SUBSCRIBE, b"")
+    raw.bind(f"ipc://{tmp_path}/bus.sock")
+    pub = Publisher(f"ipc://{tmp_path}/bus.sock", src="probes")
+    for _ in range(100):
+        raw.getsockopt(zmq.EVENTS)
+        if pub.wait_for_subscriber(0.02):
+            break
+    probes = Probes(load_config(environ={}), pub)
+    keys = [ProcessKey(100 + n, 5000 + n) for n in range(40)]
+    calls = [DriverCallStats(ts=n, process=k, path="/dev/nvidiactl", device="nvidiactl",
+                             ops=[]) for n, k in enumerate(keys)]
+    sched = [SchedStats(ts=n, process=k, interval_ns=10**9, own={}, workers={})
+             for n, k in enumerate(keys)]
+    health = SourceHealth(ts=1, source="fdtrack", state="ok")
+
+    class FdTrack:
+        def flush(self):
+            for event in calls:
+                probes._publish_fd(event)
+
+        def health(self):
+            return health
+
+    class Sched:
+        def flush(self):
+            for event in sched:
+                pub.publish(event)
+
+        def counters(self):
+            return {}
+
+    probes.fdtrack, probes.sched, probes.cuda, probes.lifecycle = FdTrack(), Sched(), None, None
+    probes.flush()
+    messages = []
+    while raw.poll(1000):
+        messages.append(raw.recv_multipart())
+    from gpuwhy.events import decode_message
+
+    events = [e.event for m in messages for e in decode_message(m)[0]]
+    assert events[:len(calls) + len(sched) + 1] == [*calls, *sched, health]
+    assert len(messages) <= 4         # driver-call stats, sched stats, health (+ sched's)
+    raw.close(0), pub.close()
