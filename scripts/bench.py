@@ -224,13 +224,15 @@ def bench_correlator(quick: bool) -> tuple[Figures, dict]:
                goal=f"≥ {bench_correlator.GOAL_EVENTS_PER_S:,}",
                goal_value=bench_correlator.GOAL_EVENTS_PER_S, higher_is_better=True,
                reference="a message per event", reference_value=single_rate,
-               note=f"{total:,} events a run"),
+               note=f"{total:,} events a run; correlator thread busy "
+                    f"{statistics.median(r['busy'] for r in runs):.0%}"),
         figure("P4", "  same, a message per event", "events/s", [r["rate"] for r in singles],
                goal=f"≥ {bench_correlator.GOAL_EVENTS_PER_S:,}",
                goal_value=bench_correlator.GOAL_EVENTS_PER_S, higher_is_better=True),
         figure("P4", "  floor: bus receive + decode + one executemany'd events row an "
                "event, no correlator", "events/s", [r["rate"] for r in floors],
-               note="the least a correlator on this bus and Python's sqlite3 does"),
+               note="the least a correlator on this bus and Python's sqlite3 does; "
+                    f"busy {statistics.median(r['busy'] for r in floors):.0%}"),
         figure("P4", "events lost (bus gaps + rejected + unaccounted)", "events",
                [r["lost_gap"] + r["rejected"] + max(0, r["unwritten"] - r["lost_gap"])
                 for r in runs + singles], goal="0", goal_value=0),

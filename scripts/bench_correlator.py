@@ -109,7 +109,14 @@ def throughput(total: int, batch: int = 1) -> dict:
     subscriber = Subscriber(config["bus.endpoint"], hwm=1_000_000)
     correlator = Correlator(config, db, subscriber)
     stop = threading.Event()
-    thread = threading.Thread(target=correlator.run, args=(stop,))
+    cpu: list[float] = []
+
+    def run() -> None:
+        started = time.thread_time()
+        correlator.run(stop)
+        cpu.append(time.thread_time() - started)
+
+    thread = threading.Thread(target=run)
     thread.start()
     ready = multiprocessing.Event()
     sender = multiprocessing.Process(target=publish,
@@ -129,11 +136,12 @@ def throughput(total: int, batch: int = 1) -> dict:
     sender.join()
     stop.set()
     thread.join(10)
+    busy = cpu[0] / (time.monotonic() - started) if cpu else float("nan")
     counters = correlator.counters()
     subscriber.close()
     db.close()
     return {"events": total, "batch": batch, "written": counters["written"],
-            "seconds": elapsed, "rate": counters["written"] / elapsed,
+            "seconds": elapsed, "rate": counters["written"] / elapsed, "busy": busy,
             "lost_gap": counters.get("gap_messages", 0),
             "rejected": counters["rejected"], "decode_errors": counters.get("decode_errors", 0),
             "unwritten": total - counters["written"] - counters["rejected"],
@@ -266,6 +274,7 @@ def main() -> None:
         print(f"| events written | {r['written']} | all |")
         print(f"| throughput (events/s, bus -> correlator -> store) | {r['rate']:,.0f} | "
               f"≥ {GOAL_EVENTS_PER_S:,} |")
+        print(f"| correlator thread busy (CPU time / wall time) | {r['busy']:.0%} | |")
         print(f"| lost on the bus (sequence gaps) | {r['lost_gap']} | 0 |")
         print(f"| rejected by the store / undecodable | {r['rejected']} / "
               f"{r['decode_errors']} | 0 |")
