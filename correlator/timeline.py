@@ -15,8 +15,9 @@ from collections import Counter
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.events import Event, json_text, methods_by_kind
+from gpuwhy.events import Event, methods_by_kind
 from gpuwhy.identity import ProcessKey
+from gpuwhy.wire import json_text
 
 _MS = 1_000_000
 

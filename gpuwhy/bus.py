@@ -26,7 +26,8 @@ from urllib.parse import urlparse
 import zmq
 
 from gpuwhy.errors import BusError, DecodeError
-from gpuwhy.events import TOPICS, Envelope, Event, decode_message, join_payloads, to_payload
+from gpuwhy.events import TOPICS, Envelope, Event
+from gpuwhy.wire import decode_message, join_payloads, to_payload
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from gpuwhy.events import (
     SchedStats,
     SourceHealth,
     event_fields,
-    json_text,
     methods_by_kind,
 )
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
 from gpuwhy.store.held import HeldRows
 from gpuwhy.store.samples import encode_fields
+from gpuwhy.wire import json_text
 
 
 def _event_row(envelope: Envelope, **extra: object) -> dict:

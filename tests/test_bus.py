@@ -165,7 +165,7 @@ def test_a_batch_with_garbage_delivers_the_rest(tmp_path):
     raw = zmq.Context.instance().socket(zmq.PUB)
     raw.connect(sub.endpoint)
     good = SourceHealth(ts=1, source="s", state="ok")
-    from gpuwhy.events import join_payloads, to_payload
+    from gpuwhy.wire import join_payloads, to_payload
 
     message = [b"health", join_payloads([to_payload(good, src="raw", seq=1), b'{"v":1}',
                                          to_payload(good, src="raw", seq=2)])]
@@ -225,7 +225,7 @@ def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
     messages = []
     while raw.poll(1000):
         messages.append(raw.recv_multipart())
-    from gpuwhy.events import decode_message
+    from gpuwhy.wire import decode_message
 
     events = [e.event for m in messages for e in decode_message(m)[0]]
     assert events[:len(calls) + len(sched) + 1] == [*calls, *sched, health]

@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.events import ProcessSeen, from_frames
+from gpuwhy.events import ProcessSeen
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import CgroupIdentity, parse_cgroup, read_process
 from gpuwhy.store.writer import StoreWriter
+from gpuwhy.wire import from_frames
 
 DATA = Path(__file__).parent / "data" / "cgroup"
 CONTAINERD = "8d2b7a9c1e4f6a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b"
@@ -68,7 +69,7 @@ def test_read_process_fills_the_owner_and_the_store_keeps_it(tmp_path, db):
     assert seen.unit is None
     assert len(seen.cgroup) == 512            # the stored path stays bounded
     # through the bus encoding and the store writer, as the correlator does it
-    from gpuwhy.events import to_payload
+    from gpuwhy.wire import to_payload
 
     envelope = from_frames([b"proc", to_payload(seen, src="test", seq=1)])
     StoreWriter(db).write_batch([envelope])
@@ -80,7 +81,7 @@ def test_read_process_fills_the_owner_and_the_store_keeps_it(tmp_path, db):
 def test_an_older_process_seen_without_the_fields_still_decodes():
     import json
 
-    from gpuwhy.events import to_payload
+    from gpuwhy.wire import to_payload
 
     body = json.loads(to_payload(ProcessSeen(ts=1, process=ProcessKey(1, 2)), src="s", seq=1))
     for field in ("container_id", "pod_uid", "unit"):

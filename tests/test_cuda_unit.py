@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwhy.cli import cli
-from gpuwhy.events import CudaCall, CudaLibrary, CudaStats, Envelope, from_frames, to_payload
+from gpuwhy.events import CudaCall, CudaLibrary, CudaStats, Envelope
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes import cuda, cuda_cli, cudactl
 from gpuwhy.probes.cudalib import (
@@ -26,6 +26,7 @@ from gpuwhy.probes.cudalib import (
     parse_allowed,
 )
 from gpuwhy.store.writer import StoreWriter
+from gpuwhy.wire import from_frames, to_payload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "replay"))
 import fakecuda  # noqa: E402

@@ -17,10 +17,9 @@ from gpuwhy.events import (
     ProcessSeen,
     SchedStats,
     SourceHealth,
-    from_frames,
-    to_payload,
 )
 from gpuwhy.identity import GpuIdentity, ProcessKey, classify_device
+from gpuwhy.wire import from_frames, to_payload
 
 KEY = ProcessKey(4242, 987654)
 SAMPLES = [
@@ -147,16 +146,16 @@ def test_not_a_number_is_sent_as_null():
 
 
 def test_the_bus_works_without_orjson_as_before_install(monkeypatch):
-    import gpuwhy.events
+    import gpuwhy.wire
 
-    monkeypatch.setattr(gpuwhy.events, "orjson", None)    # check-env.sh's bare checkout
+    monkeypatch.setattr(gpuwhy.wire, "orjson", None)    # check-env.sh's bare checkout
     for event in SAMPLES:
         assert from_frames([event.topic.encode(), to_payload(event, src="t", seq=1)]).event \
             == event
 
 
 def test_a_batch_decodes_in_order_and_a_bad_element_costs_only_itself():
-    from gpuwhy.events import decode_message, join_payloads
+    from gpuwhy.wire import decode_message, join_payloads
 
     good = [SourceHealth(ts=i, source="s", state="ok", counters={"n": i}) for i in range(3)]
     odd = SourceHealth(ts=9, source="s\udcff", state="ok")   # the standard library's form
@@ -191,11 +190,11 @@ def test_decoded_events_get_their_own_defaults():
 
 @pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
 def test_json_text_is_compact_json_with_or_without_orjson(fast, monkeypatch):
-    import gpuwhy.events
-    from gpuwhy.events import json_text
+    import gpuwhy.wire
+    from gpuwhy.wire import json_text
 
     if not fast:
-        monkeypatch.setattr(gpuwhy.events, "orjson", None)
+        monkeypatch.setattr(gpuwhy.wire, "orjson", None)
     assert json_text({"b": [1, 2], "a": "é"}, sort_keys=True) in ('{"a":"é","b":[1,2]}',
                                                                  '{"a":"\\u00e9","b":[1,2]}')
     assert json_text({"key": KEY}, default=str) == '{"key":"4242-987654"}'

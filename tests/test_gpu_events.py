@@ -2,16 +2,8 @@
 
 import pytest
 
-from gpuwhy.events import (
-    EVENT_TYPES,
-    GpuProcesses,
-    GpuSample,
-    GpuSeen,
-    GpuState,
-    GpuXid,
-    from_frames,
-    to_payload,
-)
+from gpuwhy.events import EVENT_TYPES, GpuProcesses, GpuSample, GpuSeen, GpuState, GpuXid
+from gpuwhy.wire import from_frames, to_payload
 
 MARK = dict(gpu_id="GPU-1", source="sim", simulated=True)
 SAMPLES = [

@@ -16,8 +16,9 @@ from gpuwhy.correlator.rules.docs import render
 from gpuwhy.correlator.rules.loader import load_rules
 from gpuwhy.correlator.rules.parser import parse_rules
 from gpuwhy.correlator.rules.synthetic import Synthetic
-from gpuwhy.events import GpuXid, to_payload
+from gpuwhy.events import GpuXid
 from gpuwhy.probes.gpu.sim import SimulatedGpus
+from gpuwhy.wire import to_payload
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "rules.md"

@@ -8,8 +8,9 @@ from gpuwhy.correlator.rules.loader import load_rules
 from gpuwhy.correlator.rules.parser import parse_rules
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.correlator.rules.synthetic import BASE_TS, NS, Synthetic, run
-from gpuwhy.events import GpuState, RuleFinding, from_frames, to_payload
+from gpuwhy.events import GpuState, RuleFinding
 from gpuwhy.identity import ProcessKey
+from gpuwhy.wire import from_frames, to_payload
 
 RULES = {rule.id: rule for rule in load_rules()}
 STARVED = dict(gpu={"gpu_util": 5.0, "gr_engine_active": 0.05}, workers={"on_cpu": 3.8},

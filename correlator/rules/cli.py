@@ -238,7 +238,8 @@ def read_capture(path: str) -> list:
 
     A line that is not an event is reported with its line number; nothing is guessed.
     """
-    from gpuwhy.events import EVENT_TYPES, from_frames
+    from gpuwhy.events import EVENT_TYPES
+    from gpuwhy.wire import from_frames
 
     events = []
     with open(path, "rb") as f:
@@ -366,8 +367,8 @@ def record(obj: object, output: str, duration: float, endpoint: str, sources: st
       sudo GPUWHY_BUS=ipc:///run/gpuwhy/record.sock gpuwhy probes
     """
     from gpuwhy.bus import Subscriber
-    from gpuwhy.events import to_payload
     from gpuwhy.service import unprivileged_sources
+    from gpuwhy.wire import to_payload
 
     config = obj.config(**{"bus.endpoint": endpoint})
     runners = unprivileged_sources(config)
