@@ -102,15 +102,13 @@ class Publisher:
     def _send_held(self, held: list[tuple[str, bytes]]) -> None:
         run: list[bytes] = []
         run_topic, run_bytes = "", 0
-        for topic, payload in held:
+        for topic, payload in [*held, ("", b"")]:      # the sentinel sends the last run
             if run and (topic != run_topic or len(run) >= BATCH_EVENTS
                         or run_bytes + len(payload) > BATCH_BYTES):
                 self._send(run_topic, run[0] if len(run) == 1 else join_payloads(run), len(run))
                 run, run_bytes = [], 0
             run.append(payload)
             run_topic, run_bytes = topic, run_bytes + len(payload)
-        if run:
-            self._send(run_topic, run[0] if len(run) == 1 else join_payloads(run), len(run))
 
     def _send(self, topic: str, payload: bytes, events: int) -> bool:
         try:

@@ -95,26 +95,29 @@ class StoreWriter:
         try:
             with self.db.atomic():
                 conn.execute("savepoint batch")     # plain SQL: sqlite-utils' costs ~20 µs
-                try:
-                    for envelope in envelopes:
-                        self._handle(envelope)
-                    self._held.write(conn)          # a value SQLite refuses: found one by one
-                except sqlite3.Error:
-                    raise
-                except Exception:  # noqa: BLE001 - found again, and logged, one by one below
-                    conn.execute("rollback to batch")
-                    conn.execute("release batch")
-                    self._held.clear()
-                    self._forget_gpus()
-                    applied = self._write_one_by_one(envelopes)
-                    self._record_gpus_seen()
-                    return applied
-                self._record_gpus_seen()
+                one_by_one = not self._apply_all(envelopes)
                 conn.execute("release batch")
-            return len(envelopes)
+                applied = self._write_one_by_one(envelopes) if one_by_one else len(envelopes)
+                self._record_gpus_seen()
+            return applied
         finally:        # a rolled back batch leaves no rows held and no GPU keys it created
             self._held.clear()
             self._forget_gpus()
+
+    def _apply_all(self, envelopes: list[Envelope]) -> bool:
+        """Apply the batch inside its savepoint; False (rolled back) when an event failed."""
+        try:
+            for envelope in envelopes:
+                self._handle(envelope)
+            self._held.write(self.db.conn)     # a value SQLite refuses: found one by one
+        except sqlite3.Error:
+            raise
+        except Exception:  # noqa: BLE001 - found again, and logged, one by one
+            self.db.conn.execute("rollback to batch")
+            self._held.clear()
+            self._forget_gpus()
+            return False
+        return True
 
     def _forget_gpus(self) -> None:
         self._gpus_seen.clear()
