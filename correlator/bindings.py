@@ -14,49 +14,22 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from gpuwhy.identity import GpuIdentity, ProcessKey
-from gpuwhy.xid import normalize_pci
+from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
 
 # Tables whose gpu_id column is re-keyed when a GPU's stronger id becomes known.
 _GPU_ID_TABLES = ("gpu_bindings", "events", "kernel_log", "incidents", "incident_links",
                   "process_seconds")
 
 
-def aliases_of(identity: GpuIdentity) -> list[str]:
-    """Every alias of an identity, strongest first."""
-    names = []
-    if identity.uuid:
-        names.append(f"uuid:{identity.uuid}")
-    if identity.pci_bus_id:
-        names.append(f"pci:{normalize_pci(identity.pci_bus_id)}")
-    if identity.index is not None:
-        names.append(f"index:{identity.index}")
-    if identity.minor is not None:
-        names.append(f"minor:{identity.minor}")
-    return names
-
-
-def weak_ids(identity: GpuIdentity) -> list[str]:
-    """The ids other parts may have stored this GPU under before its UUID was known."""
-    ids = []
-    if identity.pci_bus_id:
-        ids += [normalize_pci(identity.pci_bus_id), identity.pci_bus_id]
-    if identity.index is not None:
-        ids.append(f"index:{identity.index}")
-    if identity.minor is not None:
-        ids.append(f"minor:{identity.minor}")
-    return [i for i in ids if i != identity.id]
-
-
 def learn(db: Database, identity: GpuIdentity, ts: int) -> str:
     """Record every alias of ``identity`` and move rows stored under its weaker ids to its id."""
     gpu_id = identity.id
-    for alias in aliases_of(identity):
+    for alias in identity.aliases():
         db.execute("insert into gpu_aliases (alias, gpu_id, first_seen, last_seen) "
                    "values (?, ?, ?, ?) on conflict(alias) do update set "
                    "gpu_id = excluded.gpu_id, last_seen = excluded.last_seen",
                    [alias, gpu_id, ts, ts])
-    for weak in weak_ids(identity):
+    for weak in identity.weak_ids():
         for table in _GPU_ID_TABLES:
             db.execute(f"update {table} set gpu_id = ? where gpu_id = ?", [gpu_id, weak])
         if weak != gpu_id:
@@ -75,11 +48,7 @@ def resolve(db: Database, *, uuid: str | None = None, pci: str | None = None,
         row = db.execute("select uuid from gpu_pci_uuids where pci = ?", [pci]).fetchone()
         if row:
             return row[0]
-        candidates.append(f"pci:{pci}")
-    if index is not None:
-        candidates.append(f"index:{index}")
-    if minor is not None:
-        candidates.append(f"minor:{minor}")
+    candidates += GpuIdentity(pci_bus_id=pci, index=index, minor=minor).aliases()
     for alias in candidates:
         row = db.execute("select gpu_id from gpu_aliases where alias = ?", [alias]).fetchone()
         if row:

@@ -18,6 +18,7 @@ from sqlite_utils import Database
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.correlator import bindings
 from gpuwhy.identity import ProcessKey
+from gpuwhy.reset import RESET_CONTROLS, sql_names
 
 if TYPE_CHECKING:
     from gpuwhy.correlator.incidents import IncidentBuilder
@@ -102,7 +103,7 @@ def _reset_call(db: Database, incident: dict) -> tuple | None:
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
     rows = db.execute(
         "select id, ts, pid, start_time, path, sub_name, op, status_name from driver_calls "
-        "where sub_name = 'NV0080_CTRL_CMD_BIF_RESET' and ts between ? and ? order by ts",
+        f"where sub_name in {sql_names(RESET_CONTROLS)} and ts between ? and ? order by ts",
         [at - CAUSE_LOOKBACK_NS, incident["last_seen"]]).fetchall()
     for row in rows:
         key = ProcessKey(row[2], row[3])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 
 import click
 
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
-from gpuwhy.probes.klog.cli import printable
+from gpuwhy.text import format_ts as when
+from gpuwhy.text import printable
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])\Z")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -30,11 +31,6 @@ def parse_since(text: str) -> int:
     return int(when.timestamp() * NS_PER_SECOND)
 
 
-def when(ts: int | None) -> str:
-    if ts is None:
-        return "-"
-    moment = datetime.fromtimestamp(ts / NS_PER_SECOND, tz=UTC).astimezone()
-    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ts % NS_PER_SECOND // 1_000_000:03d}"
 
 
 def _open_db(ctx: click.Context):  # noqa: ANN202

@@ -33,7 +33,7 @@ import click
 from gpuwhy.bus import Subscriber
 from gpuwhy.config import Config
 from gpuwhy.correlator.standin import DEMO_MARK, write_kmsg
-from gpuwhy.probes.klog.cli import printable
+from gpuwhy.text import printable
 
 SCENARIOS = {"cron-reset": "gpu-reset", "xid79": "xid-79", "starved-input": "input-starved"}
 STARVED_RULE = "R01_input_cpu_bound"

@@ -22,11 +22,11 @@ from gpuwhy.correlator import bindings, chains, timeline
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey
+from gpuwhy.reset import RESET_CONTROLS
 from gpuwhy.xid import xid_info
 
 log = logging.getLogger(__name__)
 
-RESET_CONTROLS = ("NV0080_CTRL_CMD_BIF_RESET",)
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 CAUSE_KINDS = ("xid", "gpu_lost", "gpu_reset")
 SILENT_STATES = ("lost", "resetting", "reset_required")

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from gpuwhy.nvioctl import iowr
+from gpuwhy.reset import BIF_RESET
 
 DEMO_MARK = "[gpuwhy demo traffic, not a GPU error]"
-BIF_RESET = 0x00800102
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 

@@ -49,6 +49,55 @@ class GpuIdentity:
             return f"minor:{self.minor}"
         raise ValueError("a GPU identity needs at least one of uuid, pci_bus_id, index, minor")
 
+    def aliases(self) -> list[str]:
+        """Every name this GPU is known by in ``gpu_aliases`` (``uuid:…``, ``pci:…``,
+        ``index:N``, ``minor:N``), strongest first."""
+        names = []
+        if self.uuid:
+            names.append(f"uuid:{self.uuid}")
+        if self.pci_bus_id:
+            names.append(f"pci:{normalize_pci(self.pci_bus_id)}")
+        if self.index is not None:
+            names.append(f"index:{self.index}")
+        if self.minor is not None:
+            names.append(GpuIdentity(minor=self.minor).id)
+        return names
+
+    def weak_ids(self) -> list[str]:
+        """The ids other parts may have stored this GPU under before its UUID was known."""
+        ids = []
+        if self.pci_bus_id:
+            ids += [normalize_pci(self.pci_bus_id), self.pci_bus_id]
+        if self.index is not None:
+            ids.append(GpuIdentity(index=self.index).id)
+        if self.minor is not None:
+            ids.append(GpuIdentity(minor=self.minor).id)
+        return [i for i in ids if i != self.id]
+
+
+def normalize_pci(address: str) -> str:
+    """A PCI address as ``dddd:bb:dd`` lowercase, whatever the source wrote.
+
+    The kernel log writes ``0000:2b:00`` (no function), NVML ``00000000:2B:00.0``, very
+    old drivers ``03:00`` (no domain).
+
+    >>> normalize_pci("00000000:2B:00.0")
+    '0000:2b:00'
+    >>> normalize_pci("03:00")
+    '0000:03:00'
+    """
+    address = address.strip().lower().split(".")[0]
+    parts = address.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3 or not 1 <= len(parts[0]) <= 8 or len(parts[1]) != 2 or \
+            len(parts[2]) != 2 or not all(c in "0123456789abcdef" for c in "".join(parts)):
+        raise ValueError(f"not a PCI address: {address!r}")
+    domain, bus, device = (int(p, 16) for p in parts)
+    if domain > 0xFFFF or bus > 0xFF or device > 0xFF:
+        raise ValueError(f"not a PCI address: {address!r}")
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
+
 
 DEVICE_KINDS = ("nvidiactl", "nvidiaN", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset",
                 "nvidia-caps", "other")

@@ -220,27 +220,3 @@ def catalogue_fields(kind: str, code: int | None, details: dict | None = None) -
     if kind == "fallen_off_bus":
         return xid_info(79).as_fields()
     return {}
-
-
-def normalize_pci(address: str) -> str:
-    """A PCI address as ``dddd:bb:dd`` lowercase, whatever the source wrote.
-
-    The kernel log writes ``0000:2b:00`` (no function), NVML ``00000000:2B:00.0``, very
-    old drivers ``03:00`` (no domain).
-
-    >>> normalize_pci("00000000:2B:00.0")
-    '0000:2b:00'
-    >>> normalize_pci("03:00")
-    '0000:03:00'
-    """
-    address = address.strip().lower().split(".")[0]
-    parts = address.split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    if len(parts) != 3 or not 1 <= len(parts[0]) <= 8 or len(parts[1]) != 2 or \
-            len(parts[2]) != 2 or not all(c in "0123456789abcdef" for c in "".join(parts)):
-        raise ValueError(f"not a PCI address: {address!r}")
-    domain, bus, device = (int(p, 16) for p in parts)
-    if domain > 0xFFFF or bus > 0xFF or device > 0xFF:
-        raise ValueError(f"not a PCI address: {address!r}")
-    return f"{domain:04x}:{bus:02x}:{device:02x}"

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwhy.correlator.rules.engine import Engine
-from gpuwhy.correlator.rules.loader import load_rules
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.correlator.rules.synthetic import BASE_TS, NS, Synthetic
 from gpuwhy.events import Envelope
+from gpuwhy.rules.loader import load_rules
 from gpuwhy.store import open_store
 from gpuwhy.store.writer import StoreWriter
 

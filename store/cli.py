@@ -14,6 +14,7 @@ from gpuwhy.errors import GpuwhyError
 from gpuwhy.store.budget import MB, measure
 from gpuwhy.store.retention import Windows, prune
 from gpuwhy.store.rollups import DONE_MARK, get_mark, roll_up
+from gpuwhy.text import format_ts
 
 RUNNING_AFTER_S = 10   # a correlator heartbeat this fresh means the service is writing
 
@@ -40,10 +41,10 @@ def _refuse_second_writer(db: object, force: bool) -> None:
             "every store.maintenance_interval); stop it first or pass --force")
 
 
+
+
 def _utc(ts: int | None) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts / NS_PER_SECOND))
+    return format_ts(ts, "s", utc=True)
 
 
 @click.group()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from gpuwhy.probes.gpu.fields import BY_NAME as FIELDS_BY_NAME
+from gpuwhy.gpufields import BY_NAME as FIELDS_BY_NAME
 from gpuwhy.store.samples import GAUGE_STATS, STORAGE_V1
 from gpuwhy.store.views import VIEWS_V1
 

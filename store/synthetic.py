@@ -33,11 +33,11 @@ from gpuwhy.events import (
     ProcessSeen,
 )
 from gpuwhy.probes.gpu.sim import SimulatedGpus
+from gpuwhy.reset import BIF_RESET
 from gpuwhy.store.writer import StoreWriter
 
 JOB_HOURS = 6          # each GPU runs one job after another, this long each
 TAGS = ("team-a", "team-b", "")
-BIF_RESET = 0x00800102
 # The 25 fields of the size budget: what a DCGM default field group reports on an H100.
 BUDGET_FIELDS = (
     "gpu_util", "mem_util", "sm_clock_mhz", "mem_clock_mhz", "clocks_event_reasons", "pstate",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from sqlite_utils import Database
 
+from gpuwhy.reset import RESET_CONTROLS, RESET_REQUEST_CONTROLS, sql_names
 from gpuwhy.store.samples import rollups_view_sql, samples_view_sql
 
 
@@ -22,8 +23,7 @@ def _utc(ts: str, fmt: str = "%Y-%m-%d %H:%M:%f") -> str:
 _NOW_NS = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000000000)"
 # The last component of a cgroup path: the container scope, pod container or unit.
 _CONTAINER = ("nullif(replace(p.cgroup, rtrim(p.cgroup, replace(p.cgroup, '/', '')), ''), '')")
-_RESET_CONTROLS = ("'NV0080_CTRL_CMD_BIF_RESET'", "'NV2080_CTRL_CMD_GPU_MARK_DEVICE_FOR_RESET'",
-                   "'NV2080_CTRL_CMD_GPU_MARK_DEVICE_FOR_DRAIN_AND_RESET'")
+_RESET_CONTROLS = sql_names(RESET_CONTROLS + RESET_REQUEST_CONTROLS)
 _TRAILING_NUMBER = "CAST(replace(d.path, rtrim(d.path, '0123456789'), '') AS INTEGER)"
 # In process_gpu_timeline the binding's since/until are kept off the samples' time index
 # (unary +): the index then serves the caller's own `ts` range, which is what a timeline
@@ -52,7 +52,7 @@ FROM (
   SELECT d.ts, (SELECT id FROM gpus WHERE d.device = 'nvidiaN' AND minor = {_TRAILING_NUMBER}),
          'driver call ' || d.sub_name, 'driver call', d.pid, d.start_time, p.comm, d.path
   FROM driver_calls d LEFT JOIN processes p ON p.pid = d.pid AND p.start_time = d.start_time
-  WHERE d.sub_name IN ({', '.join(_RESET_CONTROLS)})
+  WHERE d.sub_name IN {_RESET_CONTROLS}
   UNION ALL
   SELECT c.ts, NULL, 'cron: ' || c.gpu_action, 'cron', c.job_pid, c.job_start_time, c.user,
          c.command

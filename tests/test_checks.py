@@ -13,11 +13,11 @@ from gpuwhy.correlator.checks.environment import process_libraries, versions_fro
 from gpuwhy.correlator.checks.expectations import canonical, evaluate, parse
 from gpuwhy.correlator.checks.output import write_junit
 from gpuwhy.correlator.checks.svg import line_chart, nice_ceiling
-from gpuwhy.correlator.rules import model as m
-from gpuwhy.correlator.rules.parser import RuleSyntaxError
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.events import DriverCallStats, GpuSample, GpuSeen, GpuXid, SchedStats
 from gpuwhy.identity import ProcessKey
+from gpuwhy.rules import model as m
+from gpuwhy.rules.parser import RuleSyntaxError
 
 S = NS_PER_SECOND
 T0 = 1_800_000_000 * S

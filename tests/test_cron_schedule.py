@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuwhy.clock import ClockConverter
-from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.probes.cron.logline import parse_cron_line
 from gpuwhy.probes.cron.schedule import parse_crontab, read_cron_jobs
 from gpuwhy.probes.cron.source import execution_event, job_start_time

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.probes.gpu.fields import (
+from gpuwhy.gpufields import (
     BY_EXPORTER_NAME,
     FIELDS,
     SAMPLE_FIELDS,

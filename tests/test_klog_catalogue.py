@@ -2,7 +2,8 @@
 
 import pytest
 
-from gpuwhy.xid import catalogue_fields, normalize_pci, sxid_info, xid_info
+from gpuwhy.identity import normalize_pci
+from gpuwhy.xid import catalogue_fields, sxid_info, xid_info
 
 LISTED = [8, 13, 31, 32, 38, 39, 40, 41, 43, 44, 45, 46, 48, 54, 60, 61, 62, 63, 64, 68, 69,
           70, 74, 79, 80, 85, 92, 93, 94, 95, 109, 110, 119, 120, 121, 126, 135, 136, 137, 140,

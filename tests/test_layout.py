@@ -50,6 +50,6 @@ def test_built_wheel_carries_bpf_sources_templates_and_static_files(tmp_path):
     for expected in ("gpuwhy/probes/fdtrack.bpf.c", "gpuwhy/webui/templates/processes.html",
                      "gpuwhy/webui/static/processes.js", "gpuwhy/py.typed",
                      "gpuwhy/store/migrations.py",
-                     "gpuwhy/correlator/rules/builtin/a_host_starvation.rules"):
+                     "gpuwhy/rules/builtin/a_host_starvation.rules"):
         assert expected in names
     assert not any(n.split("/")[0] in BARE for n in names)

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from gpuwhy.bus import Publisher
 from gpuwhy.cli import cli
 from gpuwhy.clock import now_ns
-from gpuwhy.correlator.rules.docs import render
-from gpuwhy.correlator.rules.loader import load_rules
-from gpuwhy.correlator.rules.parser import parse_rules
 from gpuwhy.correlator.rules.synthetic import Synthetic
 from gpuwhy.events import GpuXid
 from gpuwhy.probes.gpu.sim import SimulatedGpus
+from gpuwhy.rules.docs import render
+from gpuwhy.rules.loader import load_rules
+from gpuwhy.rules.parser import parse_rules
 from gpuwhy.wire import to_payload
 
 REPO = Path(__file__).resolve().parent.parent

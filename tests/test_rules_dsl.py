@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from gpuwhy.correlator.rules import model as m
-from gpuwhy.correlator.rules.loader import builtin_files
-from gpuwhy.correlator.rules.parser import RuleSyntaxError, parse_rules
+from gpuwhy.rules import model as m
+from gpuwhy.rules.loader import builtin_files
+from gpuwhy.rules.parser import RuleSyntaxError, parse_rules
 
 VALID = [
     # (source, what to check on the one rule)

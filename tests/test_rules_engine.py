@@ -3,13 +3,14 @@ clearing, shadow mode and overrides; and the RuleFinding event on the wire."""
 
 from __future__ import annotations
 
-from gpuwhy.correlator.rules.engine import Engine, Override
-from gpuwhy.correlator.rules.loader import load_rules
-from gpuwhy.correlator.rules.parser import parse_rules
+from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.correlator.rules.synthetic import BASE_TS, NS, Synthetic, run
 from gpuwhy.events import GpuState, RuleFinding
 from gpuwhy.identity import ProcessKey
+from gpuwhy.rules.loader import load_rules
+from gpuwhy.rules.model import Override
+from gpuwhy.rules.parser import parse_rules
 from gpuwhy.wire import from_frames, to_payload
 
 RULES = {rule.id: rule for rule in load_rules()}

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from gpuwhy.correlator.rules.loader import load_rules
 from gpuwhy.correlator.rules.synthetic import FB_TOTAL, Synthetic, run
 from gpuwhy.events import DeviceOpened, GpuState, GpuXid, KernelLogRecord, ProcessExec, ProcessSeen
 from gpuwhy.identity import ProcessKey
+from gpuwhy.rules.loader import load_rules
 
 RULES = {rule.id: rule for rule in load_rules()}
 GPU0 = Synthetic().gpu_id(0)

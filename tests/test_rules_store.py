@@ -12,8 +12,6 @@ import pytest
 from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.engine import Engine
-from gpuwhy.correlator.rules.loader import load_rules
-from gpuwhy.correlator.rules.overrides import read_overrides, set_override
 from gpuwhy.correlator.rules.runner import env_keys, run_rules
 from gpuwhy.correlator.rules.storesignals import StoreSignals, read_environ
 from gpuwhy.events import (
@@ -26,8 +24,10 @@ from gpuwhy.events import (
 )
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.gpu.sim import SimulatedGpus
+from gpuwhy.rules.loader import load_rules
 from gpuwhy.service import unprivileged_sources
 from gpuwhy.store import open_store
+from gpuwhy.store.overrides import read_overrides, set_override
 from gpuwhy.store.writer import StoreWriter
 
 NS = 10**9
@@ -215,7 +215,7 @@ def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
     sync-bound process fires R05b over the store."""
     from gpuwhy.correlator.rules.signals import MemorySignals, Scope
     from gpuwhy.correlator.rules.synthetic import BASE_TS, Synthetic
-    from gpuwhy.correlator.rules.vocabulary import SIGNALS
+    from gpuwhy.rules.vocabulary import SIGNALS
 
     spec = Synthetic(duration_s=300, gpu={"gr_engine_active": 0.5},
                      cuda=lambda t: {"syncs": 40, "sync_frac": 0.5, "pageable_frac": 0.25,

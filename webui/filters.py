@@ -6,8 +6,8 @@ import sqlite3
 
 from flask import Flask
 
-from gpuwhy.correlator.cli import when
 from gpuwhy.errors import StoreError
+from gpuwhy.text import format_ts as when
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.queries import simulated
 

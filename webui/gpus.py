@@ -6,7 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, current_app, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
-from gpuwhy.correlator.rules.vocabulary import THROTTLE_BITS
+from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.webui import queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response

@@ -19,8 +19,8 @@ from gpuwhy.correlator.checks.environment import environment
 from gpuwhy.correlator.checks.expectations import evaluate, parse
 from gpuwhy.correlator.checks.output import results_table, table, write_junit
 from gpuwhy.correlator.checks.watch import EnvironmentProblem, Target, Watch, Watched, printable
-from gpuwhy.correlator.rules.parser import RuleSyntaxError
 from gpuwhy.errors import GpuwhyError
+from gpuwhy.rules.parser import RuleSyntaxError
 
 SOURCES = ("auto", "service", "standalone")
 
@@ -255,7 +255,7 @@ def _environment_changes(before: dict, now: dict) -> None:
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """The baselines kept in the store."""
-    from gpuwhy.correlator.cli import when
+    from gpuwhy.text import format_ts as when
 
     with contextlib.closing(_store(ctx)) as db:
         rows = baselines.listing(db)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gpuwhy.correlator.rules import model as m
 from gpuwhy.correlator.rules.evaluator import Evaluation, truth
-from gpuwhy.correlator.rules.expression import parse_expression
-from gpuwhy.correlator.rules.parser import AGGREGATES
 from gpuwhy.correlator.rules.signals import Scope, Signals
-from gpuwhy.correlator.rules.vocabulary import SIGNALS, STREAMS
+from gpuwhy.rules import model as m
+from gpuwhy.rules.expression import parse_expression
+from gpuwhy.rules.parser import AGGREGATES
+from gpuwhy.rules.vocabulary import SIGNALS, STREAMS
 
 # Short names that are not simply the signal's name without ``gpu.``.
 ALIASES = {

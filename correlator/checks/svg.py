@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from markupsafe import Markup, escape
 
-from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.text import format_ts
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 Point = tuple[int, float | None]
@@ -37,8 +36,7 @@ def short(value: float) -> str:
 
 
 def clock(ts: int, with_date: bool = False) -> str:
-    moment = datetime.fromtimestamp(ts / NS_PER_SECOND, tz=UTC).astimezone()
-    return moment.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
+    return format_ts(ts, "s", date=with_date)
 
 
 def line_chart(title: str, unit: str, series: Sequence[tuple[str, Sequence[Point]]],

@@ -31,8 +31,8 @@ from gpuwhy.correlator.rules.signals import Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.errors import GpuwhyError, NoSuchProcess
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.klog.cli import printable as escaped
 from gpuwhy.proc import process_key, read_stat
+from gpuwhy.text import printable as escaped
 
 MAX_SHOWN = 80
 LOOK_SECONDS = 1.0   # how often the process's call counts and mapped libraries are read
@@ -63,8 +63,7 @@ class Target:
 
 def printable(text: str, limit: int = MAX_SHOWN) -> str:
     """Untrusted text for one terminal line: control characters shown escaped, bounded."""
-    shown = escaped(text)
-    return shown if len(shown) <= limit else shown[:limit - 1] + "…"
+    return escaped(text, limit)
 
 
 @dataclass

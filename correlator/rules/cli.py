@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from gpuwhy.correlator.rules import model as m
 from gpuwhy.errors import DecodeError, GpuwhyError
+from gpuwhy.rules import model as m
 
 NS = 10**9
 
@@ -22,7 +22,7 @@ def _fail(exc: Exception) -> click.ClickException:
 
 
 def _rules(obj: object, extra: tuple[str, ...] = ()) -> list[m.Rule]:
-    from gpuwhy.correlator.rules.loader import load_rules
+    from gpuwhy.rules.loader import load_rules
 
     config = obj.config()
     paths = [p for p in config["rules.paths"].split(":") if p] + list(extra)
@@ -33,8 +33,8 @@ def _rules(obj: object, extra: tuple[str, ...] = ()) -> list[m.Rule]:
 
 
 def _overrides(obj: object) -> dict:
-    from gpuwhy.correlator.rules.overrides import read_overrides
     from gpuwhy.store import open_store
+    from gpuwhy.store.overrides import read_overrides
 
     path = obj.config()["store.path"]
     if not Path(path).exists():
@@ -89,7 +89,7 @@ def list_rules(obj: object, as_json: bool, markdown: bool) -> None:
     """
     loaded = _rules(obj)
     if markdown:
-        from gpuwhy.correlator.rules.docs import rules_markdown
+        from gpuwhy.rules.docs import rules_markdown
 
         click.echo(rules_markdown(loaded), nl=False)
         return
@@ -143,7 +143,7 @@ def lint(files: tuple[str, ...]) -> None:
     Example:
       gpuwhy rules lint /etc/gpuwhy/rules/*.rules
     """
-    from gpuwhy.correlator.rules.loader import load_rules
+    from gpuwhy.rules.loader import load_rules
 
     bad = 0
     for file in files:
@@ -195,8 +195,8 @@ def set_rule(obj: object, rule_id: str, changes: tuple[str, ...], reset: bool) -
       gpuwhy rules set R01 threshold idle_share=0.6 worker_busy=0.8
       gpuwhy rules set R01 --reset
     """
-    from gpuwhy.correlator.rules.overrides import set_override
     from gpuwhy.store import open_store
+    from gpuwhy.store.overrides import set_override
 
     rule = _find(_rules(obj), rule_id)
     enabled = shadow = None
@@ -276,8 +276,8 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
       gpuwhy rules test --builtin --replay capture.jsonl --json
     """
     from gpuwhy.correlator.rules.engine import Engine
-    from gpuwhy.correlator.rules.loader import load_rules
     from gpuwhy.correlator.rules.signals import MemorySignals
+    from gpuwhy.rules.loader import load_rules
 
     if not files and not builtin:
         raise click.UsageError("give rule files, --builtin, or both")
@@ -333,8 +333,8 @@ def signals(markdown: bool) -> None:
     Example:
       gpuwhy rules signals | grep gpu.
     """
-    from gpuwhy.correlator.rules.docs import signals_markdown
-    from gpuwhy.correlator.rules.vocabulary import describe
+    from gpuwhy.rules.docs import signals_markdown
+    from gpuwhy.rules.vocabulary import describe
 
     if markdown:
         click.echo(signals_markdown(), nl=False)

@@ -13,26 +13,18 @@ marked ``shadow``: recorded, never alerted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from gpuwhy.correlator.rules import model as m
 from gpuwhy.correlator.rules.evaluator import Evaluation, truth
 from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, is_monitor
-from gpuwhy.correlator.rules.vocabulary import FACTS, PROCESS_TEXT, SIGNALS
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
+from gpuwhy.rules import model as m
+from gpuwhy.rules.model import Override
+from gpuwhy.rules.vocabulary import FACTS, PROCESS_TEXT, SIGNALS
 
 RESET_WARMUP_NS = 60 * 10**9   # G-WARMUP after a GPU reset or driver load
 DEFAULT_INTERVAL_NS = 10 * 10**9
-
-
-@dataclass(frozen=True)
-class Override:
-    """What an operator changed about a rule (kept in the ``rule_overrides`` table)."""
-
-    enabled: bool = True
-    shadow: bool = False
-    params: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -13,9 +13,9 @@ import math
 import operator
 from collections.abc import Mapping
 
-from gpuwhy.correlator.rules import model as m
 from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Series, Signals
-from gpuwhy.correlator.rules.vocabulary import THROTTLE_BITS
+from gpuwhy.gpufields import THROTTLE_BITS
+from gpuwhy.rules import model as m
 
 Value = float | bool | str | None
 MIN_COVERAGE = 0.5

@@ -18,12 +18,12 @@ from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.rules.engine import Engine
-from gpuwhy.correlator.rules.loader import load_rules
-from gpuwhy.correlator.rules.overrides import read_overrides
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.events import SourceHealth
+from gpuwhy.rules.loader import load_rules
 from gpuwhy.store import open_store
+from gpuwhy.store.overrides import read_overrides
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ HEALTH_EVERY = 10.0
 
 def env_keys(rules: list) -> frozenset[str]:
     """The environment variables the rules read with env("NAME")."""
-    from gpuwhy.correlator.rules import model as m
     from gpuwhy.correlator.rules.evaluator import children
+    from gpuwhy.rules import model as m
 
     found: set[str] = set()
 

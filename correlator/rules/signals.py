@@ -14,15 +14,6 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuwhy.correlator.rules.vocabulary import (
-    FACTS,
-    MONITOR_PATTERN,
-    SIGNALS,
-    STREAMS,
-    Row,
-    call_class_totals,
-    gpu_model,
-)
 from gpuwhy.events import (
     CronExecution,
     CudaStats,
@@ -41,8 +32,17 @@ from gpuwhy.events import (
     ProcessSeen,
     SchedStats,
 )
-from gpuwhy.identity import ProcessKey, using_gpu_minor
-from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.gpu_actions import gpu_action
+from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
+from gpuwhy.rules.vocabulary import (
+    FACTS,
+    MONITOR_PATTERN,
+    SIGNALS,
+    STREAMS,
+    Row,
+    call_class_totals,
+    gpu_model,
+)
 
 Series = list[tuple[int, float]]
 MAX_TEXT = 4096
@@ -320,7 +320,7 @@ class MemorySignals(Signals):
             self.nvml_procs[event.gpu_id] = (ts, keys)
         elif isinstance(event, (DeviceOpened, DriverCallStats)) and \
                 (minor := using_gpu_minor(event)) is not None:
-            gpu = self.minors.get(minor, f"minor:{minor}")
+            gpu = self.minors.get(minor, GpuIdentity(minor=minor).id)
             self.bindings[gpu].setdefault(event.process, ts)
             if isinstance(event, DriverCallStats):
                 self._calls_of(event, ts)

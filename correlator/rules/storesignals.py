@@ -20,11 +20,11 @@ from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, _slice, pci_key
-from gpuwhy.correlator.rules.vocabulary import Row, call_class_totals
 from gpuwhy.errors import NoSuchProcess
+from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.cron.gpu_actions import gpu_action
 from gpuwhy.proc import read_stat
+from gpuwhy.rules.vocabulary import Row, call_class_totals
 
 MAX_ENVIRON = 1 << 20
 GPU_RECENT_NS = 3600 * 10**9

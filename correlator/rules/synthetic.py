@@ -14,10 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwhy.correlator.rules.engine import Engine, Override
-from gpuwhy.correlator.rules.model import Rule
+from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
-from gpuwhy.correlator.rules.vocabulary import CALL_CLASSES
 from gpuwhy.events import (
     CudaStats,
     DeviceOpened,
@@ -30,6 +28,8 @@ from gpuwhy.events import (
     SchedStats,
 )
 from gpuwhy.identity import ProcessKey
+from gpuwhy.rules.model import Override, Rule
+from gpuwhy.rules.vocabulary import CALL_CLASSES
 
 BASE_TS = 1_764_000_000 * 10**9
 NS = 10**9

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 import click
 
-from gpuwhy.probes.klog.cli import printable
-
-
-def _when(ns: int | None) -> str:
-    if ns is None:
-        return "-"
-    return datetime.fromtimestamp(ns / 1e9).astimezone().strftime("%Y-%m-%d %H:%M")
+from gpuwhy.text import format_ts, printable
 
 
 @click.command()
@@ -43,5 +36,5 @@ def cron(ctx: object, as_json: bool, gpu_only: bool) -> None:
         flag = f"  !! GPU: {job.gpu_action}" if job.gpu_action else ""
         note = f"  ({job.note})" if job.note else ""
         click.echo(f"{job.origin:<7} {printable(job.schedule):<22} {job.user:<8} "
-                   f"next {_when(job.next_run)}  last {_when(job.last_run)}  "
+                   f"next {format_ts(job.next_run, 'min')}  last {format_ts(job.last_run, 'min')}  "
                    f"{printable(job.command)}{flag}{note}")

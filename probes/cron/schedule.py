@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.gpu_actions import gpu_action
 
 MAX_COMMAND = 1024
 MAX_FILE_BYTES = 1 << 20

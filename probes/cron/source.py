@@ -22,7 +22,7 @@ from gpuwhy.clock import ClockConverter, now_ns, ticks_to_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import CronExecution, CronSchedule, SourceHealth
-from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.probes.cron.logline import parse_cron_line
 from gpuwhy.probes.cron.schedule import ScheduledJob, read_cron_jobs
 from gpuwhy.probes.cron.timers import read_timers

@@ -17,7 +17,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuwhy.probes.cron.gpu_actions import gpu_action
+from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.probes.cron.schedule import MAX_COMMAND, ScheduledJob
 
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",

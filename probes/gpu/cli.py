@@ -12,7 +12,7 @@ import click
 
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.events import Event, GpuSample
-from gpuwhy.probes.gpu.fields import fields_markdown
+from gpuwhy.gpufields import fields_markdown
 from gpuwhy.probes.gpu.select import check_interval, open_source
 from gpuwhy.probes.gpu.source import SOURCE_NAMES, GpuInfo, GpuSource
 
@@ -149,7 +149,7 @@ def fields(markdown: bool) -> None:
       gpuwhy gpu fields
       gpuwhy gpu fields --markdown > docs/gpu-fields-table.md
     """
-    from gpuwhy.probes.gpu.fields import FIELDS
+    from gpuwhy.gpufields import FIELDS
 
     if markdown:
         click.echo(fields_markdown())

@@ -22,8 +22,8 @@ import psutil
 
 from gpuwhy.clock import now_ns
 from gpuwhy.events import Event, GpuSample, GpuState, GpuXid
+from gpuwhy.gpufields import BASIC_IDS, BY_ID, PROFILING_IDS, is_blank, plausible
 from gpuwhy.identity import GpuIdentity
-from gpuwhy.probes.gpu.fields import BASIC_IDS, BY_ID, PROFILING_IDS, is_blank, plausible
 from gpuwhy.probes.gpu.source import (
     GpuInfo,
     SourceUnavailable,

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwhy.clock import now_ns
 from gpuwhy.events import Event, GpuSample, GpuXid
+from gpuwhy.gpufields import BY_EXPORTER_NAME, Field, is_blank, plausible
 from gpuwhy.identity import GpuIdentity, classify_device
-from gpuwhy.probes.gpu.fields import BY_EXPORTER_NAME, Field, is_blank, plausible
 from gpuwhy.probes.gpu.source import GpuInfo, SourceUnavailable, normalise_bus_id
 
 MAX_BODY = 16 << 20

@@ -20,8 +20,8 @@ from types import ModuleType
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import Event, GpuProcesses, GpuSample, GpuState, GpuXid
+from gpuwhy.gpufields import BY_NAME, plausible
 from gpuwhy.identity import GpuIdentity
-from gpuwhy.probes.gpu.fields import BY_NAME, plausible
 from gpuwhy.probes.gpu.source import (
     GpuInfo,
     SourceUnavailable,

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 
 from gpuwhy.clock import now_ns
 from gpuwhy.events import Event, GpuSample, GpuState, GpuXid
+from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.identity import GpuIdentity
 from gpuwhy.probes.gpu.source import GpuInfo, SourceUnavailable
 
 SCENARIOS = ("healthy-training", "input-starved", "pageable-h2d", "pcie-allreduce",
              "power-cap", "thermal-throttle", "xid-79", "gpu-reset")
 RESET_SECONDS = 5.0
-SW_POWER_CAP, SW_THERMAL, HW_THERMAL, GPU_IDLE = 0x4, 0x20, 0x40, 0x1
+SW_POWER_CAP, SW_THERMAL, HW_THERMAL, GPU_IDLE = (THROTTLE_BITS[name] for name in (
+    "SW_POWER_CAP", "SW_THERMAL", "HW_THERMAL", "IDLE"))
 
 
 @dataclass(frozen=True)

@@ -9,23 +9,13 @@ from typing import IO
 import click
 
 from gpuwhy.probes.klog.parse import KernelLogParser, KernelRecord
+from gpuwhy.text import printable
 from gpuwhy.xid import catalogue_fields
 
 _JSON_FIELDS = ("kind", "xid", "sxid", "pci", "pid", "name", "gpu_instance",
                 "compute_instance", "message", "uuid", "driver_version", "details")
 
 
-def printable(text: str) -> str:
-    """Text from a log (a process name, a message) made safe for a terminal: control and
-    other non-printable characters shown as escapes, never interpreted.
-
-    >>> printable("py\\x1b[31mthon")
-    'py\\\\x1b[31mthon'
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                   for c in text)
 
 
 def record_json(lineno: int, record: KernelRecord) -> dict:

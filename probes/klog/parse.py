@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuwhy.xid import normalize_pci
+from gpuwhy.identity import normalize_pci
 
 MAX_LINE = 8192
 MAX_MESSAGE = 2048

@@ -3,10 +3,10 @@
 import pytest
 
 from gpuwhy.config import load_config
-from gpuwhy.correlator.rules.overrides import read_overrides
 from gpuwhy.errors import ConfigError
 from gpuwhy.service import Service, check_bind_address
 from gpuwhy.store import open_store
+from gpuwhy.store.overrides import read_overrides
 from gpuwhy.webui import create_app
 
 from .conftest import TOKEN, build

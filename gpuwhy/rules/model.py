@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,3 +183,12 @@ class Rule:
     @property
     def location(self) -> str:
         return f"{self.path}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Override:
+    """What an operator changed about a rule (kept in the ``rule_overrides`` table)."""
+
+    enabled: bool = True
+    shadow: bool = False
+    params: Mapping[str, float] = field(default_factory=dict)

@@ -273,9 +273,6 @@ INSTANCE_FACTS = {
 PROCESS_TEXT = {"proc.cmdline": "command line (bounded, untrusted)", "proc.comm": "name",
                 "proc.exe": "executable path", "proc.cgroup": "cgroup path"}
 
-THROTTLE_BITS = {"IDLE": 0x1, "APP_CLOCKS": 0x2, "SW_POWER_CAP": 0x4, "HW_SLOWDOWN": 0x8,
-                 "SYNC_BOOST": 0x10, "SW_THERMAL": 0x20, "HW_THERMAL": 0x40,
-                 "HW_POWER_BRAKE": 0x80}
 
 
 @dataclass(frozen=True)

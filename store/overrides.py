@@ -8,9 +8,8 @@ import sqlite3
 from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns
-from gpuwhy.correlator.rules.engine import Override
-from gpuwhy.correlator.rules.model import Rule
 from gpuwhy.errors import GpuwhyError
+from gpuwhy.rules.model import Override, Rule
 
 
 class OverrideError(GpuwhyError):

@@ -14,8 +14,8 @@ from functools import cache
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
-from gpuwhy.correlator.rules import model as m
-from gpuwhy.correlator.rules.parser import (
+from gpuwhy.rules import model as m
+from gpuwhy.rules.parser import (
     GRAMMAR,
     MAX_REGEX_CHARS,
     RuleSyntaxError,

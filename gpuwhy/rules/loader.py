@@ -6,15 +6,15 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from gpuwhy.correlator.rules.model import Rule
-from gpuwhy.correlator.rules.parser import RuleSyntaxError, parse_rules
+from gpuwhy.rules.model import Rule
+from gpuwhy.rules.parser import RuleSyntaxError, parse_rules
 
 SUFFIX = ".rules"
 
 
 def builtin_files() -> list[tuple[str, str]]:
     """(name, text) of every shipped rule file, in name order."""
-    folder = resources.files("gpuwhy.correlator.rules") / "builtin"
+    folder = resources.files("gpuwhy.rules") / "builtin"
     return sorted((f"builtin/{entry.name}", entry.read_text(encoding="utf-8"))
                   for entry in folder.iterdir() if entry.name.endswith(SUFFIX))
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwhy.correlator.rules import model as m
-from gpuwhy.correlator.rules.vocabulary import describe
+from gpuwhy.rules import model as m
+from gpuwhy.rules.vocabulary import describe
 
 MARKERS = {
     "signals": ("<!-- generated: gpuwhy rules signals --markdown -->", "<!-- end signals -->"),

@@ -16,6 +16,12 @@ INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 FP64_BLANK = 140737488355328.0   # 2**47
 INT32_SENTINELS = frozenset(range(INT32_BLANK, INT32_BLANK + 4))
 
+# Clock-event (throttle) reason bits of clocks_event_reasons: NVML's
+# nvmlClocksEventReason* / DCGM's DCGM_CLOCKS_EVENT_REASON_* (the same values).
+THROTTLE_BITS = {"IDLE": 0x1, "APP_CLOCKS": 0x2, "SW_POWER_CAP": 0x4, "HW_SLOWDOWN": 0x8,
+                 "SYNC_BOOST": 0x10, "SW_THERMAL": 0x20, "HW_THERMAL": 0x40,
+                 "HW_POWER_BRAKE": 0x80}
+
 
 @dataclass(frozen=True)
 class Field:

@@ -1,7 +1,7 @@
 """Parse rule files (a lark LALR grammar) into checked :class:`Rule` objects.
 
 Nothing in a rule is ever executed as code: the grammar yields a tree of the nodes in
-:mod:`gpuwhy.correlator.rules.model`, every name is resolved against the vocabulary here,
+:mod:`gpuwhy.rules.model`, every name is resolved against the vocabulary here,
 and regexes are RE2 (linear time). Every error names the file, line and column, and what
 was expected there.
 """
@@ -18,16 +18,16 @@ import re2
 from lark import Token, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
-from gpuwhy.correlator.rules import model as m
-from gpuwhy.correlator.rules.vocabulary import (
+from gpuwhy.errors import GpuwhyError
+from gpuwhy.gpufields import THROTTLE_BITS
+from gpuwhy.rules import model as m
+from gpuwhy.rules.vocabulary import (
     FACTS,
     INSTANCE_FACTS,
     PROCESS_TEXT,
     SIGNALS,
     STREAMS,
-    THROTTLE_BITS,
 )
-from gpuwhy.errors import GpuwhyError
 
 MAX_SOURCE_BYTES = 1 << 20
 MAX_REGEX_CHARS = 512

@@ -1,0 +1,53 @@
+"""How gpuwhy writes things for people: timestamps, and untrusted text made terminal-safe.
+
+One formatter for every realtime-nanosecond timestamp a CLI, a report or a chart prints
+(local time unless asked for UTC), and one escaper for what processes and logs control
+(names, command lines, kernel messages): it is shown, never interpreted.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from gpuwhy.clock import NS_PER_SECOND
+
+_FORMATS = {"ms": "%H:%M:%S", "s": "%H:%M:%S", "min": "%H:%M"}
+
+
+def format_ts(ts: int | None, precision: str = "ms", *, date: bool = True,
+              utc: bool = False) -> str:
+    """A realtime timestamp in ns as ``YYYY-MM-DD HH:MM:SS.mmm`` (``precision`` ``ms``),
+    ``…HH:MM:SS`` (``s``) or ``…HH:MM`` (``min``), in local time or UTC; ``-`` for None.
+
+    >>> format_ts(1_700_000_000_123_456_789, utc=True)
+    '2023-11-14 22:13:20.123'
+    >>> format_ts(1_700_000_000_123_456_789, "s", date=False, utc=True)
+    '22:13:20'
+    """
+    if ts is None:
+        return "-"
+    moment = datetime.fromtimestamp(ts // NS_PER_SECOND, tz=UTC)
+    if not utc:
+        moment = moment.astimezone()
+    shown = moment.strftime(("%Y-%m-%d " if date else "") + _FORMATS[precision])
+    if precision == "ms":
+        shown += f".{ts % NS_PER_SECOND // 1_000_000:03d}"
+    return shown
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """Untrusted text (a process name, a command line, a log message) safe for a terminal:
+    control and other non-printable characters shown as escapes, at most ``limit``
+    characters (the last one an ellipsis) when a limit is given.
+
+    >>> printable("py\\x1b[31mthon")
+    'py\\\\x1b[31mthon'
+    >>> printable("abcdef", limit=4)
+    'abc…'
+    """
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                       for c in text)
+    if limit is not None and len(text) > limit:
+        return text[:limit - 1] + "…"
+    return text
