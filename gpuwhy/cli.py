@@ -320,9 +320,9 @@ from gpuwhy.deploy_cli import check_env as _check_env_command  # noqa: E402
 cli.add_command(_check_env_command)
 # --- end commands of the deployment ---
 # --- commands of checks and reports (CI issue) ---
-from gpuwhy.correlator.checks.cli import baseline as _baseline_command  # noqa: E402
-from gpuwhy.correlator.checks.cli import check as _check_command  # noqa: E402
-from gpuwhy.correlator.checks.report_cli import report as _report_command  # noqa: E402
+from gpuwhy.checks.cli import baseline as _baseline_command  # noqa: E402
+from gpuwhy.checks.cli import check as _check_command  # noqa: E402
+from gpuwhy.checks.report_cli import report as _report_command  # noqa: E402
 
 cli.add_command(_check_command)
 cli.add_command(_baseline_command)

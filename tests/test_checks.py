@@ -6,18 +6,18 @@ import xml.etree.ElementTree as ET
 import pytest
 from click.testing import CliRunner
 
+from gpuwhy.checks import baseline
+from gpuwhy.checks.environment import process_libraries, versions_from_libraries
+from gpuwhy.checks.expectations import canonical, evaluate, parse
+from gpuwhy.checks.output import write_junit
 from gpuwhy.cli import cli
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.correlator.checks import baseline
-from gpuwhy.correlator.checks.environment import process_libraries, versions_from_libraries
-from gpuwhy.correlator.checks.expectations import canonical, evaluate, parse
-from gpuwhy.correlator.checks.output import write_junit
-from gpuwhy.correlator.checks.svg import line_chart, nice_ceiling
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.events import DriverCallStats, GpuSample, GpuSeen, GpuXid, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules import model as m
 from gpuwhy.rules.parser import RuleSyntaxError
+from gpuwhy.webui.reports.svg import line_chart, nice_ceiling
 
 S = NS_PER_SECOND
 T0 = 1_800_000_000 * S

@@ -116,9 +116,9 @@ def test_metrics_read_the_store_at_scrape_time(harness):
 
 
 def test_process_series_are_bounded(harness):
-    from gpuwhy.correlator.metrics import StoreCollector
     from gpuwhy.events import DriverCallStats
     from gpuwhy.store import open_store
+    from gpuwhy.webui.metrics import StoreCollector
 
     h = harness
     h.feed(*(h.process(0, ProcessKey(1000 + n, n), f"p{n}") for n in range(60)),

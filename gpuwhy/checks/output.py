@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuwhy.correlator.checks.expectations import Result
+from gpuwhy.checks.expectations import Result
 
 
 def shown(value: object) -> str:

@@ -24,9 +24,9 @@ from typing import TextIO
 
 import click
 
+from gpuwhy.checks.environment import process_libraries
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.config import Config
-from gpuwhy.correlator.checks.environment import process_libraries
 from gpuwhy.correlator.rules.signals import Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.errors import GpuwhyError, NoSuchProcess

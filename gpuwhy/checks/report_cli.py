@@ -7,18 +7,18 @@ from pathlib import Path
 
 import click
 
+from gpuwhy.checks.watch import EnvironmentProblem
 from gpuwhy.clock import now_ns
-from gpuwhy.correlator.checks.pdf import render_pdf
-from gpuwhy.correlator.checks.report import (
+from gpuwhy.errors import GpuwhyError
+from gpuwhy.identity import ProcessKey
+from gpuwhy.webui.reports.pdf import render_pdf
+from gpuwhy.webui.reports.report import (
     gather,
     gpu_subject,
     incident_subject,
     process_subject,
     render,
 )
-from gpuwhy.correlator.checks.watch import EnvironmentProblem
-from gpuwhy.errors import GpuwhyError
-from gpuwhy.identity import ProcessKey
 
 
 def _process_key(ctx: click.Context, param: click.Parameter, value: str | None

@@ -22,11 +22,11 @@ from sqlite_utils import Database
 from gpuwhy import __version__
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.correlator import bindings
-from gpuwhy.correlator.checks.svg import clock, line_chart
 from gpuwhy.correlator.report import incident_detail, list_incidents
 from gpuwhy.correlator.rules.evaluator import percentile
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
+from gpuwhy.webui.reports.svg import clock, line_chart
 
 MINUTE = 60 * NS_PER_SECOND
 POINTS = 300
@@ -246,7 +246,7 @@ def _number(value: float | None) -> str:
 def render(data: dict) -> str:
     """The HTML page; every value is escaped by the template (autoescape) except the charts,
     which svg.py escapes as it draws them."""
-    env = jinja2.Environment(loader=jinja2.PackageLoader("gpuwhy.correlator.checks"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("gpuwhy.webui"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters.update(when=_when, number=_number,
                        tojson=lambda v: json.dumps(v, default=str, ensure_ascii=False))

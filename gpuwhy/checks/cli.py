@@ -13,12 +13,12 @@ import time
 
 import click
 
+from gpuwhy.checks import baseline as baselines
+from gpuwhy.checks.environment import environment
+from gpuwhy.checks.expectations import evaluate, parse
+from gpuwhy.checks.output import results_table, table, write_junit
+from gpuwhy.checks.watch import EnvironmentProblem, Target, Watch, Watched, printable
 from gpuwhy.clock import NS_PER_SECOND, now_ns
-from gpuwhy.correlator.checks import baseline as baselines
-from gpuwhy.correlator.checks.environment import environment
-from gpuwhy.correlator.checks.expectations import evaluate, parse
-from gpuwhy.correlator.checks.output import results_table, table, write_junit
-from gpuwhy.correlator.checks.watch import EnvironmentProblem, Target, Watch, Watched, printable
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.rules.parser import RuleSyntaxError
 
