@@ -271,7 +271,7 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
 
 
 # --- commands of the probes (eBPF probes issue) ---
-from gpuwhy.probes.cuda_cli import cuda as _cuda_command  # noqa: E402
+from gpuwhy.probes.cuda.cli import cuda as _cuda_command  # noqa: E402
 from gpuwhy.probes.trace import trace as _trace_command  # noqa: E402
 
 cli.add_command(_trace_command)
@@ -295,7 +295,7 @@ cli.add_command(_cron_command)
 from gpuwhy.correlator.cli import incident as _incident_command  # noqa: E402
 from gpuwhy.correlator.cli import incidents as _incidents_command  # noqa: E402
 from gpuwhy.correlator.cli import resets as _resets_command  # noqa: E402
-from gpuwhy.correlator.demo import demo as _demo_command  # noqa: E402
+from gpuwhy.demo.scenarios import demo as _demo_command  # noqa: E402
 
 cli.add_command(_incidents_command)
 cli.add_command(_incident_command)
@@ -315,7 +315,7 @@ from gpuwhy.store.cli import db as _db_command  # noqa: E402
 cli.add_command(_db_command)
 # --- end commands of the store ---
 # --- commands of the deployment (deployment issue) ---
-from gpuwhy.deploy_cli import check_env as _check_env_command  # noqa: E402
+from gpuwhy.deploy.cli import check_env as _check_env_command  # noqa: E402
 
 cli.add_command(_check_env_command)
 # --- end commands of the deployment ---

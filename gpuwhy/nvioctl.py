@@ -8,6 +8,7 @@ no ``_IOC`` encoding: they can only be told apart by the device they are sent on
 
 from __future__ import annotations
 
+import enum
 import typing
 
 NV_IOCTL_MAGIC = 0x46  # 'F'
@@ -106,7 +107,7 @@ RM_CLASSES: dict[int, str] = {
     0xC637: "AMPERE_SMC_PARTITION_REF", 0xC638: "AMPERE_SMC_EXEC_PARTITION_REF",
     0xC574: "UVM_CHANNEL_RETAINER", 0xCB33: "NV_CONFIDENTIAL_COMPUTE",
 }
-MEMORY_CLASSES = frozenset({0x003E, 0x0040, 0x50A0})   # NV_MEMORY_ALLOCATION_PARAMS.size @64
+MEMORY_CLASSES = frozenset({0x003E, 0x0040, 0x50A0})   # NV_MEMORY_ALLOCATION_PARAMS.size
 
 RM_CONTROLS: dict[int, str] = {
     0x00000101: "NV0000_CTRL_CMD_SYSTEM_GET_BUILD_VERSION",
@@ -172,17 +173,40 @@ RM_STATUS: dict[int, str] = {
 }
 
 # --- what the probe reads from each call's parameter struct -----------------------------
-# Flags, shared with fdtrack.bpf.c (same values there).
-F_NOTABLE = 1 << 0         # report every call of this operation
-F_SUB_ARG0 = 1 << 1        # arg0 names the sub-operation (RM class, control cmd, heap function)
-F_BYTES_ARG1 = 1 << 2      # arg1 is a byte count
-F_LIMIT_ARG1 = 1 << 3      # arg1 is a limit (bytes - 1)
-F_ALLOC_PARAMS = 1 << 4    # arg1 points to alloc params; memory classes hold the size at +64
-F_VERSION = 1 << 5         # a version string at +8 (CHECK_VERSION_STR)
-F_GPU_IDS = 1 << 6         # an array of u32 GPU ids fills the struct (ATTACH_GPUS_TO_FD)
-F_XFER = 1 << 7            # NV_ESC_IOCTL_XFER_CMD: {u32 cmd, u32 size, u64 ptr} wraps the call
-F_HEAP_ALLOC = 1 << 8      # arg1 is a byte count only when arg0 is an ALLOC heap function
-F_NOTABLE_SUB = 1 << 9     # report the call when arg0 is in the notable-controls set
+# The one definition: fdtrack.bpf.c gets these as F_<NAME> (probes/fdtrack.py, bpf_defines()).
+
+
+class DecodeFlag(enum.IntFlag):
+    """What the probe does with a call's fields (``Decode.flags``, bits 0-15)."""
+
+    NOTABLE = 1 << 0       # report every call of this operation
+    SUB_ARG0 = 1 << 1      # arg0 names the sub-operation (RM class, control cmd, heap function)
+    BYTES_ARG1 = 1 << 2    # arg1 is a byte count
+    LIMIT_ARG1 = 1 << 3    # arg1 is a limit (bytes - 1)
+    ALLOC_PARAMS = 1 << 4  # arg1 points to alloc params; memory classes hold the size there
+    VERSION = 1 << 5       # a version string in the struct (CHECK_VERSION_STR)
+    GPU_IDS = 1 << 6       # an array of u32 GPU ids fills the struct (ATTACH_GPUS_TO_FD)
+    XFER = 1 << 7          # NV_ESC_IOCTL_XFER_CMD: {u32 cmd, u32 size, u64 ptr} wraps the call
+    HEAP_ALLOC = 1 << 8    # arg1 is a byte count only when arg0 is an ALLOC heap function
+    NOTABLE_SUB = 1 << 9   # report the call when arg0 is in the notable-controls set
+
+
+# The short names the tables below use.
+F_NOTABLE = DecodeFlag.NOTABLE
+F_SUB_ARG0 = DecodeFlag.SUB_ARG0
+F_BYTES_ARG1 = DecodeFlag.BYTES_ARG1
+F_LIMIT_ARG1 = DecodeFlag.LIMIT_ARG1
+F_ALLOC_PARAMS = DecodeFlag.ALLOC_PARAMS
+F_VERSION = DecodeFlag.VERSION
+F_GPU_IDS = DecodeFlag.GPU_IDS
+F_XFER = DecodeFlag.XFER
+F_HEAP_ALLOC = DecodeFlag.HEAP_ALLOC
+F_NOTABLE_SUB = DecodeFlag.NOTABLE_SUB
+
+# Fixed places in the structs of a few calls (x86-64).
+ALLOC_PARAMS_SIZE_OFFSET = 64    # NV_MEMORY_ALLOCATION_PARAMS.size (the MEMORY_CLASSES)
+VERSION_STRING_OFFSET = 8        # nv_ioctl_rm_api_version_t.versionString
+VERSION_STRING_LEN = 64          # NV_RM_API_VERSION_STRING_LENGTH
 
 NO_FIELD = (-1, 0)
 

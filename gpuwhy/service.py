@@ -8,6 +8,7 @@ drain the bus and write its last batch, then stop the web server.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import ipaddress
 import logging
@@ -24,7 +25,7 @@ from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.service import Correlator
-from gpuwhy.errors import ConfigError
+from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
@@ -203,3 +204,58 @@ class Service:
             thread.join(max(0.0, deadline - time.monotonic()))
         self.web.shutdown()
         self.web.server_close()
+
+class PipelineError(GpuwhyError):
+    """A part of an in-process pipeline failed to start."""
+
+
+class Pipeline:
+    """Probes, GPU source, kernel-log and cron sources, correlator: threads of ONE process, on
+    a private bus and store (`gpuwhy check` without a service, `gpuwhy demo`). Needs root."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.stop = threading.Event()
+        self.loaded = threading.Event()
+        self.db = open_store(config["store.path"])
+        self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
+        self.correlator = Correlator(config, self.db, self.subscriber)
+        self.errors: list[BaseException] = []
+        runners = {"probes": self._probes, **unprivileged_sources(config)}
+        self.threads = [threading.Thread(target=self.correlator.run, args=(self.stop,),
+                                         name="pipeline-correlator", daemon=True)]
+        self.threads += [threading.Thread(target=self._guard, args=(name, runner),
+                                          name=f"pipeline-{name}", daemon=True)
+                         for name, runner in runners.items()]
+
+    def _probes(self, config: Config, stop: threading.Event) -> None:
+        from gpuwhy.probes.service import run_probes
+
+        run_probes(config, stop, self.loaded)
+
+    def _guard(self, name: str, runner: Callable) -> None:
+        try:
+            runner(self.config, self.stop)
+        except Exception as exc:  # noqa: BLE001 - reported by start()
+            self.errors.append(exc)
+            self.loaded.set()
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+        if not self.loaded.wait(90) or self.errors:
+            raise PipelineError(f"the pipeline did not start: {self.errors}")
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(15)
+        self.subscriber.close()
+        self.db.close()
+
+    def reader(self):  # noqa: ANN201
+        return open_store(self.config["store.path"], readonly=True)
+
+    def one(self, sql: str, params: list | tuple = ()) -> tuple | None:
+        with contextlib.closing(self.reader()) as db:
+            return db.execute(sql, params).fetchone()

@@ -20,17 +20,22 @@ from collections.abc import Iterable, Mapping
 
 Define = int | str   # a number, or C text (an expression, the body of a function-like macro)
 
+
+class Hex(int):
+    """A number written in hex in the C (a flag, a magic number, an ioctl command)."""
+
+
 # The kernel's syscall ABI, as this host's Python has it (the probes run on this host).
 SYSCALL_DEFINES: dict[str, int] = {
-    "O_CLOEXEC_FLAG": os.O_CLOEXEC,
+    "O_CLOEXEC_FLAG": Hex(os.O_CLOEXEC),
     "F_DUPFD_CMD": fcntl.F_DUPFD,
     "F_SETFD_CMD": fcntl.F_SETFD,
     "F_DUPFD_CLOEXEC_CMD": fcntl.F_DUPFD_CLOEXEC,
-    "FD_CLOEXEC_FLAG": fcntl.FD_CLOEXEC,
-    "FIONCLEX_CMD": termios.FIONCLEX,
-    "FIOCLEX_CMD": termios.FIOCLEX,
+    "FD_CLOEXEC_FLAG": Hex(fcntl.FD_CLOEXEC),
+    "FIONCLEX_CMD": Hex(termios.FIONCLEX),
+    "FIOCLEX_CMD": Hex(termios.FIOCLEX),
 }
-CLONE_THREAD = getattr(os, "CLONE_THREAD", 0x00010000)   # in os from Python 3.12
+CLONE_THREAD = Hex(getattr(os, "CLONE_THREAD", 0x00010000))   # in os from Python 3.12
 
 
 def enum_defines(prefix: str, members: type[enum.IntEnum] | type[enum.IntFlag]
@@ -57,7 +62,7 @@ def render(value: Define) -> str:
     if isinstance(value, str):
         return value
     number = int(value)
-    text = f"{number:#x}" if isinstance(value, enum.Flag) else str(number)
+    text = f"{number:#x}" if isinstance(value, enum.Flag | Hex) else str(number)
     return text + ("U" if number > 0x7FFFFFFF else "")
 
 

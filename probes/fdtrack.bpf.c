@@ -16,42 +16,15 @@
 // slot shared by two pids only costs a hash lookup). Every loss is counted in `drops`.
 #include <uapi/linux/ptrace.h>
 
-#define PATH_LEN 128
-#define PREFIX_LEN 64
+// Generated from gpuwhy/nvioctl.py and probes/fdtrack.py (bpf_defines()), compiled in as -D
+// flags (`gpuwhy probes --ebpf` prints them): F_* (DecodeFlag), CALL_* (CallFlag), EV_*
+// (EventType), DROP_* and N_DROP_REASONS (Drop), NV_IOCTL_MAGIC, the struct offsets,
+// the syscall ABI's O_CLOEXEC_FLAG, F_*_CMD, FD_CLOEXEC_FLAG, FIO*CLEX_CMD and
+// CLONE_THREAD_FLAG, the sizes user space shares (PATH_LEN, PREFIX_LEN, HINT_SLOTS,
+// LAT_BUCKETS, DECODE_*, MAX_*, RINGBUF_PAGES, NOTABLE_HINT_SLOTS), and the macros
+// NOTABLE_HINT_SLOT(c), UVM_HIGH_SLOT(code), IS_HEAP_ALLOC(function).
 #define HINT_MASK (HINT_SLOTS - 1)
-#define LAT_BUCKETS 32
-#define O_CLOEXEC_FLAG 0x80000
-#define F_DUPFD_CMD 0
-#define F_SETFD_CMD 2
-#define F_DUPFD_CLOEXEC_CMD 1030
-#define FD_CLOEXEC_FLAG 1
-#define FIONCLEX_CMD 0x5450
-#define FIOCLEX_CMD 0x5451
-#define NV_MAGIC 0x46
 #define PARAMS_PREFIX 64         // most parameter structs fit: one user read per call
-#define NOTABLE_HINT_SLOTS 256
-
-// Same values as the F_* flags in gpuwhy/nvioctl.py.
-#define F_NOTABLE (1 << 0)
-#define F_SUB_ARG0 (1 << 1)
-#define F_BYTES_ARG1 (1 << 2)
-#define F_LIMIT_ARG1 (1 << 3)
-#define F_ALLOC_PARAMS (1 << 4)
-#define F_VERSION (1 << 5)
-#define F_GPU_IDS (1 << 6)
-#define F_XFER (1 << 7)
-#define F_HEAP_ALLOC (1 << 8)
-#define F_NOTABLE_SUB (1 << 9)
-#define CALL_XFERRED (1 << 16)
-#define CALL_ERROR (1 << 17)
-#define CALL_SLOW (1 << 18)
-#define CALL_BIG (1 << 19)
-
-enum drop_reason { DROP_RINGBUF, DROP_TRACKED_FULL, DROP_STATS_FULL, DROP_INFLIGHT_FULL,
-                   DROP_PENDING_FULL, DROP_RATE_LIMITED, DROP_REASONS };
-enum event_type { EV_OPEN = 1, EV_CLOSE, EV_EXIT, EV_DUP, EV_CALL, EV_FORK, EV_EXEC,
-                  EV_CLOSE_RANGE, EV_INHERIT };
-#define CLONE_THREAD_FLAG 0x00010000
 
 struct config_t {
     u32 prefix_len;
@@ -135,7 +108,7 @@ struct fork_t { u32 parent; u32 execd; };
 
 BPF_ARRAY(config, struct config_t, 1);
 BPF_ARRAY(next_open_seq, u64, 1);
-BPF_PERCPU_ARRAY(drops, u64, DROP_REASONS);
+BPF_PERCPU_ARRAY(drops, u64, N_DROP_REASONS);
 BPF_PERCPU_ARRAY(scratch, struct open_t, 1);
 BPF_PERCPU_ARRAY(error_budget, struct budget_t, 1);
 BPF_ARRAY(proc_hint, s32, HINT_SLOTS);        // kernel's own inserts minus removals
@@ -148,10 +121,10 @@ BPF_TABLE("lru_hash", u32, u32, tracked_procs, MAX_TRACKED);
 // ioctls on inherited fds are followed from the first one (copied here on first use).
 BPF_TABLE("lru_hash", u32, struct fork_t, fork_parent, 16384);
 BPF_TASK_STORAGE(inflight, struct call_t);
-BPF_ARRAY(decode, struct decode_slot_t, 512);
-BPF_HASH(notable_controls, u32, u32, 256);
+BPF_ARRAY(decode, struct decode_slot_t, DECODE_SLOTS);
+BPF_HASH(notable_controls, u32, u32, MAX_NOTABLE_CONTROLS);
 BPF_ARRAY(notable_hint, u32, NOTABLE_HINT_SLOTS);   // most controls are ruled out here
-BPF_HASH(memory_classes, u32, u32, 64);
+BPF_HASH(memory_classes, u32, u32, MAX_MEMORY_CLASSES);
 BPF_PERCPU_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 
@@ -444,15 +417,9 @@ static __always_inline int decode_slot(u32 space, u32 code)
 {
     if (space == 0)
         return code & 0xff;
-    if (code < 256)
-        return 256 + code;
-    if (code == 0x30000001)          // UVM_INITIALIZE
-        return 510;
-    if (code == 0x30000002)          // UVM_DEINITIALIZE
-        return 511;
-    if (code == 2047)                // UVM_IS_8_SUPPORTED
-        return 509;
-    return -1;
+    if (code < UVM_SLOT_BASE)
+        return UVM_SLOT_BASE + code;
+    return UVM_HIGH_SLOT(code);      // -1: no slot
 }
 
 static __always_inline struct decode_t *find_decode(u32 space, u32 code, u32 size)
@@ -492,7 +459,7 @@ static __always_inline u64 param_field(struct call_t *call, s32 off, s32 len)
 
 static __always_inline int control_is_notable(u32 control)
 {
-    u32 slot = (control * 2654435761U) >> 24;       // Knuth's multiplicative hash
+    u32 slot = NOTABLE_HINT_SLOT(control);          // Knuth's multiplicative hash
     u32 *maybe = notable_hint.lookup(&slot);
     return maybe && *maybe && notable_controls.lookup(&control);
 }
@@ -542,7 +509,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
     call->bytes = 0;
     u32 cmd = (u32)args->cmd;
     u64 ptr = args->arg;
-    u32 space = ((cmd >> 8) & 0xff) == NV_MAGIC ? 0 : 1;
+    u32 space = ((cmd >> 8) & 0xff) == NV_IOCTL_MAGIC ? 0 : 1;
     u32 nr = space == 0 ? (cmd & 0xff) : cmd;
     u32 size = space == 0 ? ((cmd >> 16) & 0x3fff) : 0;
     struct decode_t *d = find_decode(space, nr, size);
@@ -573,10 +540,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
             call->bytes = call->arg1;
         if (d->flags & F_LIMIT_ARG1)
             call->bytes = call->arg1 + 1;
-        if ((d->flags & F_HEAP_ALLOC) && (arg0 == 2 || arg0 == 14 || arg0 == 19))
+        if ((d->flags & F_HEAP_ALLOC) && IS_HEAP_ALLOC(arg0))
             call->bytes = call->arg1;
         if ((d->flags & F_ALLOC_PARAMS) && memory_classes.lookup(&arg0))
-            call->bytes = read_field(call->arg1, 64, 8);  // NV_MEMORY_ALLOCATION_PARAMS.size
+            call->bytes = read_field(call->arg1, ALLOC_PARAMS_SIZE_OFFSET, 8);
         if ((d->flags & F_NOTABLE_SUB) && control_is_notable(arg0))
             call->flags |= F_NOTABLE;
     }
@@ -671,10 +638,12 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
             event->arg1 = call->arg1;
             event->bytes = call->bytes;
             if (flags & F_VERSION)
-                bpf_probe_read_user_str(event->data, 64, (void *)(call->ptr + 8));
+                bpf_probe_read_user_str(event->data, VERSION_STRING_LEN,
+                                        (void *)(call->ptr + VERSION_STRING_OFFSET));
             else if (flags & F_GPU_IDS)
-                bpf_probe_read_user(event->data, call->size < PATH_LEN ? call->size & 0x7f
-                                                                        : PATH_LEN,
+                bpf_probe_read_user(event->data,
+                                    call->size < PATH_LEN ? call->size & (PATH_LEN - 1)
+                                                          : PATH_LEN,
                                     (void *)call->ptr);
             events.ringbuf_submit(event, 0);
         }

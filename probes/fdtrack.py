@@ -9,6 +9,7 @@ What it sees, what it costs and its caveats: ``probes/README.md``.
 from __future__ import annotations
 
 import ctypes
+import enum
 import fnmatch
 import logging
 import os
@@ -24,13 +25,30 @@ from gpuwhy.errors import NoSuchProcess, ProbeLoadError
 from gpuwhy.events import DriverCall, Event, ProcessSeen, SourceHealth
 from gpuwhy.identity import classify_device
 from gpuwhy.nvioctl import (
+    ALLOC_PARAMS_SIZE_OFFSET,
     FRONTEND_DECODE,
+    HEAP_ALLOC_FUNCTIONS,
     MEMORY_CLASSES,
     NOTABLE_CONTROLS,
+    NV_IOCTL_MAGIC,
     UVM_DECODE,
+    VERSION_STRING_LEN,
+    VERSION_STRING_OFFSET,
+    DecodeFlag,
     ioctl_name,
     status_name,
     sub_name,
+)
+from gpuwhy.probes.bpfdefs import (
+    CLONE_THREAD,
+    SYSCALL_DEFINES,
+    Define,
+    Hex,
+    c_lookup,
+    c_member_of,
+    cflags,
+    enum_defines,
+    header,
 )
 from gpuwhy.probes.btf import BTFError, task_offsets
 from gpuwhy.probes.fdtable import LAT_BUCKETS, FdTable, OpStats
@@ -42,20 +60,108 @@ log = logging.getLogger(__name__)
 NAME = "fdtrack"
 BPF_STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 BPF_SOURCE = Path(__file__).with_name("fdtrack.bpf.c")
-EV_OPEN, EV_CLOSE, EV_EXIT, EV_DUP, EV_CALL, EV_FORK, EV_EXEC, EV_CLOSE_RANGE, EV_INHERIT = \
-    range(1, 10)
-DROP_REASONS = ("ringbuf_full", "tracked_map_full", "stats_map_full", "inflight_storage_full",
-                "pending_map_full", "rate_limited_call_events")
-CALL_REASONS = ((1 << 0, "notable"), (1 << 18, "slow"), (1 << 17, "error"), (1 << 19, "big"))
-F_VERSION, F_GPU_IDS = 1 << 5, 1 << 6
-PREFIX_LEN = 64
-DATA_LEN = 128
-HINT_SLOTS = 1 << 16
-USER_SEQ_BASE = 1 << 62   # open_seqs user space makes up never meet the kernel's
-DECODE_VARIANTS = 3
-CFLAGS = (f"-DHINT_SLOTS={HINT_SLOTS}", "-DMAX_TRACKED=65536", "-DMAX_STATS=65536",
-          "-DRINGBUF_PAGES=256", f"-DDECODE_VARIANTS={DECODE_VARIANTS}")
 TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
+
+# --- what fdtrack.bpf.c shares with this file: defined here (and in gpuwhy/nvioctl.py),
+# compiled in through bpf_defines() ----------------------------------------------------
+
+
+class EventType(enum.IntEnum):
+    """What a ring-buffer record reports (``event_t.type``; EV_<NAME> in the C)."""
+
+    OPEN = 1
+    CLOSE = 2
+    EXIT = 3
+    DUP = 4
+    CALL = 5
+    FORK = 6
+    EXEC = 7
+    CLOSE_RANGE = 8
+    INHERIT = 9
+
+
+class Drop(enum.IntEnum):
+    """Why a record or a map entry was lost: its slot in the per-CPU ``drops`` array."""
+
+    RINGBUF = 0
+    TRACKED_FULL = 1
+    STATS_FULL = 2
+    INFLIGHT_FULL = 3
+    PENDING_FULL = 4
+    RATE_LIMITED = 5
+
+
+DROP_REASONS: dict[Drop, str] = {       # counted as dropped_<reason>
+    Drop.RINGBUF: "ringbuf_full", Drop.TRACKED_FULL: "tracked_map_full",
+    Drop.STATS_FULL: "stats_map_full", Drop.INFLIGHT_FULL: "inflight_storage_full",
+    Drop.PENDING_FULL: "pending_map_full", Drop.RATE_LIMITED: "rate_limited_call_events",
+}
+
+
+class CallFlag(enum.IntFlag):
+    """What the probe adds to a call's flags, above the DecodeFlag bits (CALL_<NAME>)."""
+
+    XFERRED = 1 << 16      # unwrapped from NV_ESC_IOCTL_XFER_CMD
+    ERROR = 1 << 17
+    SLOW = 1 << 18
+    BIG = 1 << 19
+
+
+CALL_REASONS = ((DecodeFlag.NOTABLE, "notable"), (CallFlag.SLOW, "slow"),
+                (CallFlag.ERROR, "error"), (CallFlag.BIG, "big"))
+PREFIX_LEN = 64            # of the device path, compared in the kernel
+PATH_LEN = 128             # a record's data: the path, version string or GPU ids
+HINT_SLOTS = 1 << 16       # per-pid hint arrays (a power of two: the C masks)
+MAX_TRACKED = 65536
+MAX_STATS = 65536
+RINGBUF_PAGES = 256
+DECODE_VARIANTS = 3        # layouts per decode slot
+DECODE_SLOTS = 512         # escapes at their number, UVM commands < 256 at 256 + it, and:
+UVM_SLOT_BASE = 256
+UVM_HIGH_SLOTS = {0x30000001: 510, 0x30000002: 511, 2047: 509}   # INITIALIZE, DEINIT, IS_8
+MAX_NOTABLE_CONTROLS = 256
+MAX_MEMORY_CLASSES = 64
+# The notable_hint array rules most controls out before the hash-map lookup: slot =
+# Knuth's multiplicative hash, the top NOTABLE_HINT_BITS bits of control * 2^32/phi.
+NOTABLE_HINT_BITS = 8
+NOTABLE_HINT_SLOTS = 1 << NOTABLE_HINT_BITS
+NOTABLE_HASH_MULTIPLIER = 2654435761
+USER_SEQ_BASE = 1 << 62   # open_seqs user space makes up never meet the kernel's
+
+
+def notable_hint_slot(control: int) -> int:
+    """The notable_hint slot of an RM control (NOTABLE_HINT_SLOT() in the C)."""
+    return ((control * NOTABLE_HASH_MULTIPLIER) & 0xFFFFFFFF) >> (32 - NOTABLE_HINT_BITS)
+
+
+def bpf_defines() -> dict[str, Define]:
+    """Every constant fdtrack.bpf.c shares with Python, by its C name."""
+    return {
+        "HINT_SLOTS": HINT_SLOTS, "MAX_TRACKED": MAX_TRACKED, "MAX_STATS": MAX_STATS,
+        "RINGBUF_PAGES": RINGBUF_PAGES, "DECODE_VARIANTS": DECODE_VARIANTS,
+        "DECODE_SLOTS": DECODE_SLOTS, "UVM_SLOT_BASE": UVM_SLOT_BASE,
+        "PREFIX_LEN": PREFIX_LEN, "PATH_LEN": PATH_LEN, "LAT_BUCKETS": LAT_BUCKETS,
+        "MAX_NOTABLE_CONTROLS": MAX_NOTABLE_CONTROLS, "MAX_MEMORY_CLASSES": MAX_MEMORY_CLASSES,
+        "NOTABLE_HINT_SLOTS": NOTABLE_HINT_SLOTS,
+        "NV_IOCTL_MAGIC": Hex(NV_IOCTL_MAGIC),
+        "ALLOC_PARAMS_SIZE_OFFSET": ALLOC_PARAMS_SIZE_OFFSET,
+        "VERSION_STRING_OFFSET": VERSION_STRING_OFFSET,
+        "VERSION_STRING_LEN": VERSION_STRING_LEN,
+        "CLONE_THREAD_FLAG": CLONE_THREAD,
+        **SYSCALL_DEFINES,
+        **enum_defines("F_", DecodeFlag),
+        **enum_defines("CALL_", CallFlag),
+        **enum_defines("EV_", EventType),
+        **enum_defines("DROP_", Drop),
+        "N_DROP_REASONS": len(Drop),
+        "NOTABLE_HINT_SLOT(c)": (f"((u32)((u32)(c) * {NOTABLE_HASH_MULTIPLIER:#x}U) >> "
+                                 f"{32 - NOTABLE_HINT_BITS})"),
+        "UVM_HIGH_SLOT(code)": c_lookup("code", UVM_HIGH_SLOTS, -1),
+        "IS_HEAP_ALLOC(function)": c_member_of("function", HEAP_ALLOC_FUNCTIONS),
+    }
+
+
+CFLAGS = cflags(bpf_defines())
 
 
 def bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
@@ -68,26 +174,22 @@ def bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
         return False
 
 
-def notable_hint_slot(control: int) -> int:
-    """The notable_hint slot of an RM control (the same hash as control_is_notable())."""
-    return ((control * 2654435761) & 0xFFFFFFFF) >> 24
-
-
 def decode_slot(space: int, code: int) -> int:
     """Index of a command in the kernel's decode array (same as decode_slot() in the C)."""
     if space == 0:
         return code & 0xFF
-    slot = {0x30000001: 510, 0x30000002: 511, 2047: 509}.get(code)
-    if slot is None and code < 256:
-        slot = 256 + code
+    slot = UVM_HIGH_SLOTS.get(code)
+    if slot is None and code < UVM_SLOT_BASE:
+        slot = UVM_SLOT_BASE + code
     if slot is None:
         raise ValueError(f"UVM command {code:#x} has no decode slot")
     return slot
 
 
 def ebpf_text() -> str:
-    """The BPF C program and the flags it is compiled with (what ``--ebpf`` prints)."""
-    return f"// cflags: {' '.join(CFLAGS)}\n{BPF_SOURCE.read_text()}"
+    """The BPF C program and the definitions it is compiled with (what ``--ebpf`` prints)."""
+    return header(bpf_defines(), "gpuwhy/nvioctl.py and probes/fdtrack.py") + \
+        BPF_SOURCE.read_text()
 
 
 def load_bpf(name: str, source: Path, cflags: tuple[str, ...]) -> object:
@@ -344,11 +446,11 @@ class FdTrackProbe:
         if self.trace:
             reasons.append("traced")
         data = ctypes.string_at(ctypes.addressof(record) + type(record).data.offset,
-                                DATA_LEN)  # raw: ctypes stops a char array at NUL
+                                PATH_LEN)  # raw: ctypes stops a char array at NUL
         version = gpu_ids = None
-        if record.flags & F_VERSION:
+        if record.flags & DecodeFlag.VERSION:
             version = data.split(b"\0", 1)[0].decode("ascii", errors="replace")
-        elif record.flags & F_GPU_IDS:
+        elif record.flags & DecodeFlag.GPU_IDS:
             count = min(record.size, len(data)) // 4
             gpu_ids = [i for i in (int.from_bytes(data[4 * n:4 * n + 4], "little")
                                    for n in range(count)) if i]
@@ -363,9 +465,11 @@ class FdTrackProbe:
             raw_ts=record.ktime_ns))
         return events
 
-    _handlers = {EV_OPEN: _on_open, EV_DUP: _on_dup, EV_CLOSE: _on_close,
-                 EV_CLOSE_RANGE: _on_close_range, EV_FORK: _on_fork, EV_EXEC: _on_exec,
-                 EV_EXIT: _on_exit, EV_CALL: _on_call, EV_INHERIT: _on_inherit}
+    _handlers = {EventType.OPEN: _on_open, EventType.DUP: _on_dup,
+                 EventType.CLOSE: _on_close, EventType.CLOSE_RANGE: _on_close_range,
+                 EventType.FORK: _on_fork, EventType.EXEC: _on_exec,
+                 EventType.EXIT: _on_exit, EventType.CALL: _on_call,
+                 EventType.INHERIT: _on_inherit}
 
     # --- statistics ------------------------------------------------------------------------
 
@@ -396,8 +500,8 @@ class FdTrackProbe:
                     pass
 
     def counters(self) -> dict[str, int]:
-        counters = {f"dropped_{reason}": int(self._drops.sum(ctypes.c_int(i)).value)
-                    for i, reason in enumerate(DROP_REASONS)}
+        counters = {f"dropped_{reason}": int(self._drops.sum(ctypes.c_int(drop)).value)
+                    for drop, reason in DROP_REASONS.items()}
         counters.update(records=self.records, filtered=self.filtered,
                         tracked_fds=len(self.table.fds),
                         unresolved_processes=self.table.unresolved)

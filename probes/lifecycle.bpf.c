@@ -7,10 +7,9 @@
 // task_newtask, whose clone flags tell a thread from a process.
 #include <uapi/linux/ptrace.h>
 
+// EV_* (EventType), CLONE_THREAD_FLAG, RINGBUF_PAGES: generated from probes/lifecycle.py
+// (bpf_defines()), compiled in as -D flags.
 #define FILENAME_LEN 128
-#define CLONE_THREAD_FLAG 0x00010000
-
-enum event_type { EV_EXEC = 1, EV_FORK = 2, EV_EXIT = 3 };
 
 struct config_t {
     u64 ns_per_tick;

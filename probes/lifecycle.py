@@ -8,6 +8,7 @@ nothing from /proc: the kernel record names both ends exactly.
 from __future__ import annotations
 
 import ctypes
+import enum
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from gpuwhy.config import Config
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
 from gpuwhy.events import Event, ProcessExec, ProcessExited, ProcessForked, ProcessSeen
 from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.bpfdefs import CLONE_THREAD, Define, cflags, enum_defines
 from gpuwhy.probes.btf import BTFError, task_offsets
 from gpuwhy.probes.fdtrack import load_bpf
 from gpuwhy.proc import read_process
@@ -25,8 +27,24 @@ log = logging.getLogger(__name__)
 
 NAME = "lifecycle"
 BPF_SOURCE = Path(__file__).with_name("lifecycle.bpf.c")
-CFLAGS = ("-DRINGBUF_PAGES=128",)
-EV_EXEC, EV_FORK, EV_EXIT = 1, 2, 3
+RINGBUF_PAGES = 128
+
+
+class EventType(enum.IntEnum):
+    """What a ring-buffer record reports (``event_t.type``; EV_<NAME> in lifecycle.bpf.c)."""
+
+    EXEC = 1
+    FORK = 2
+    EXIT = 3
+
+
+def bpf_defines() -> dict[str, Define]:
+    """Every constant lifecycle.bpf.c shares with Python, by its C name."""
+    return {"RINGBUF_PAGES": RINGBUF_PAGES, "CLONE_THREAD_FLAG": CLONE_THREAD,
+            **enum_defines("EV_", EventType)}
+
+
+CFLAGS = cflags(bpf_defines())
 
 
 def decode_exit_code(raw: int) -> tuple[int | None, int | None]:
@@ -86,7 +104,7 @@ class LifecycleProbe:
         self.records += 1
         ts = self._clock.realtime_from_monotonic(record.ktime_ns)
         key = ProcessKey(record.tgid, record.start_ticks)
-        if record.type == EV_EXEC:
+        if record.type == EventType.EXEC:
             filename = bytes(record.filename).split(b"\0", 1)[0].decode("utf-8", "replace")
             try:
                 seen = read_process(record.tgid, ts, self.proc_root)
@@ -99,10 +117,10 @@ class LifecycleProbe:
             self._emit(seen)
             self._emit(ProcessExec(ts=ts, process=key, filename=filename,
                                    ppid=record.other_tgid, raw_ts=record.ktime_ns))
-        elif record.type == EV_FORK:
+        elif record.type == EventType.FORK:
             child = ProcessKey(record.other_tgid, record.other_start_ticks)
             self._emit(ProcessForked(ts=ts, parent=key, child=child, raw_ts=record.ktime_ns))
-        elif record.type == EV_EXIT:
+        elif record.type == EventType.EXIT:
             exit_code, signal = decode_exit_code(record.exit_code)
             self._emit(ProcessExited(ts=ts, process=key, exit_code=exit_code, signal=signal,
                                      raw_ts=record.ktime_ns))

@@ -8,12 +8,12 @@
 // watched from their birth. Any other thread costs an array lookup per event.
 #include <uapi/linux/ptrace.h>
 
+// ST_* (ThreadState), HINT_SLOTS, MAX_WATCHED: generated from probes/sched.py
+// (bpf_defines()), compiled in as -D flags.
 #define HINT_MASK (HINT_SLOTS - 1)
 // sched_switch's prev_state as the tracepoint reports it (__trace_sched_switch_state):
 #define REPORT_UNINTERRUPTIBLE 0x2
 #define REPORT_PREEMPTED 0x100      // TASK_REPORT_MAX: switched out while runnable
-
-enum state { ST_RUNNING, ST_RUNNABLE, ST_SLEEPING, ST_BLOCKED, ST_DEAD };
 
 struct thread_t {
     u64 last_ns;

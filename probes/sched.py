@@ -9,6 +9,7 @@ into one SchedStats event per GPU process: its own threads, and its workers.
 from __future__ import annotations
 
 import ctypes
+import enum
 import logging
 import os
 import time
@@ -19,6 +20,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.events import Event, SchedStats
 from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
 from gpuwhy.probes.fdtrack import load_bpf
 from gpuwhy.proc import read_tgid
 
@@ -26,12 +28,31 @@ log = logging.getLogger(__name__)
 
 NAME = "sched"
 BPF_SOURCE = Path(__file__).with_name("sched.bpf.c")
-HINT_SLOTS = 1 << 16
-CFLAGS = (f"-DHINT_SLOTS={HINT_SLOTS}", "-DMAX_WATCHED=65536")
-ST_RUNNING, ST_RUNNABLE, ST_SLEEPING, ST_BLOCKED, ST_DEAD = range(5)
+HINT_SLOTS = 1 << 16       # a power of two: the C masks
+MAX_WATCHED = 65536
+
+
+class ThreadState(enum.IntEnum):
+    """A watched thread's state (``thread_t.state``; ST_<NAME> in sched.bpf.c)."""
+
+    RUNNING = 0
+    RUNNABLE = 1
+    SLEEPING = 2
+    BLOCKED = 3
+    DEAD = 4
+
+
+def bpf_defines() -> dict[str, Define]:
+    """Every constant sched.bpf.c shares with Python, by its C name."""
+    return {"HINT_SLOTS": HINT_SLOTS, "MAX_WATCHED": MAX_WATCHED,
+            **enum_defines("ST_", ThreadState)}
+
+
+CFLAGS = cflags(bpf_defines())
 FIELDS = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns", "voluntary_switches",
           "involuntary_switches", "migrations")
-_STATE_FIELD = {ST_RUNNING: 0, ST_RUNNABLE: 1, ST_SLEEPING: 2, ST_BLOCKED: 3}
+_STATE_FIELD = {ThreadState.RUNNING: 0, ThreadState.RUNNABLE: 1, ThreadState.SLEEPING: 2,
+                ThreadState.BLOCKED: 3}
 
 
 def thread_totals(thread: object, now_ktime: int) -> tuple[int, ...]:
@@ -67,7 +88,8 @@ def _descendants(pid: int, proc_root: str) -> list[int]:
     return found
 
 
-_PROC_STATES = {b"R": ST_RUNNING, b"S": ST_SLEEPING, b"D": ST_BLOCKED, b"I": ST_SLEEPING}
+_PROC_STATES = {b"R": ThreadState.RUNNING, b"S": ThreadState.SLEEPING,
+                b"D": ThreadState.BLOCKED, b"I": ThreadState.SLEEPING}
 
 
 def _current_state(proc_root: str, pid: int, tid: int) -> int:
@@ -75,9 +97,9 @@ def _current_state(proc_root: str, pid: int, tid: int) -> int:
     try:
         raw = Path(f"{proc_root}/{pid}/task/{tid}/stat").read_bytes()
     except OSError:
-        return ST_SLEEPING
+        return ThreadState.SLEEPING
     state = raw[raw.rfind(b")") + 2:][:1]
-    return _PROC_STATES.get(state, ST_SLEEPING)
+    return _PROC_STATES.get(state, ThreadState.SLEEPING)
 
 
 class SchedProbe:
@@ -176,7 +198,7 @@ class SchedProbe:
                                                  "worker_pids": set()})
             for name, now_value, before in zip(FIELDS, totals, previous, strict=True):
                 group[side][name] += now_value - before
-            if thread.state == ST_DEAD:
+            if thread.state == ThreadState.DEAD:
                 dead.append(key)
             else:
                 group["threads"][side] += 1

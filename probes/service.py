@@ -19,7 +19,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ProbeLoadError
 from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
-from gpuwhy.probes.cuda import CudaProbe
+from gpuwhy.probes.cuda.probe import CudaProbe
 from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
 from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.sched import SchedProbe

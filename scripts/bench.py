@@ -255,7 +255,7 @@ def bench_correlator(quick: bool) -> tuple[Figures, dict]:
 def bench_cron(quick: bool) -> tuple[Figures, dict]:
     """QUICK: as full (1 run in quick, 2 in full): each waits for the next cron minute."""
     from gpuwhy.config import load_config
-    from gpuwhy.correlator.demo import play
+    from gpuwhy.demo.scenarios import play
 
     runs = []
     for _ in range(1 if quick else 2):

@@ -53,7 +53,7 @@ def measure(program: subprocess.Popen, calls: int, repeat: int) -> dict[str, flo
 
 def run(calls: int = 200_000, repeat: int = 5) -> dict[str, dict]:
     """{setup: {figure key: median ns, key_runs: [ns of each run]}} for the three setups."""
-    from gpuwhy.probes.cuda import CudaProbe
+    from gpuwhy.probes.cuda.probe import CudaProbe
 
     with tempfile.TemporaryDirectory() as workdir:
         work = Path(workdir)

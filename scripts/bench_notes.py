@@ -42,7 +42,7 @@ NOTES = """
 - **P3**: the whole sidecar as it runs: the real `gpuwhy up` (service process: correlator,
   store, web view, simulated GPU source, kernel-log, cron and rules threads; and its
   `gpuwhy probes` child) with 8 simulated GPUs at 1 Hz and 16 stand-in GPU processes
-  (`gpuwhy.correlator.standin train --starved`: each holds nvidiactl/nvidiaN/nvidia-uvm
+  (`gpuwhy.demo.standin train --starved`: each holds nvidiactl/nvidiaN/nvidia-uvm
   look-alikes and sends about 20 driver calls a second), then the seed tool's case of
   1 GPU and 3 processes. CPU is CPU seconds per wall second of those two processes
   (psutil), per window after the warm-up; the eBPF programs' own time runs inside the

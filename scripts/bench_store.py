@@ -25,13 +25,13 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from gpuwhy.config import SETTINGS_BY_NAME
+from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.events import Envelope, GpuSample, GpuSeen
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.store import open_store
 from gpuwhy.store.migrations import migrations
 from gpuwhy.store.retention import DAY_NS, Windows, delete_batch
 from gpuwhy.store.rollups import roll_up
-from gpuwhy.store.synthetic import BUDGET_FIELDS, Plan, fill
 from gpuwhy.store.writer import StoreWriter
 
 MB = 1e6

@@ -23,9 +23,9 @@ from flask.testing import FlaskClient
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import load_config
+from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.store import open_store
 from gpuwhy.store.rollups import roll_up
-from gpuwhy.store.synthetic import BUDGET_FIELDS, Plan, fill
 from gpuwhy.webui import create_app
 
 DAY_NS = 86_400 * NS_PER_SECOND

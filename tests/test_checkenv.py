@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy import checkenv
-from gpuwhy.checkenv import Host, check_bpf, check_disk, check_driver, dcgm_driver_mismatch
 from gpuwhy.cli import cli
 from gpuwhy.config import load_config
-from gpuwhy.envfixes import FAMILIES, Distro
+from gpuwhy.deploy import checkenv
+from gpuwhy.deploy.checkenv import Host, check_bpf, check_disk, check_driver, dcgm_driver_mismatch
+from gpuwhy.deploy.envfixes import FAMILIES, Distro
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = os.uname().release

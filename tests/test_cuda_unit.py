@@ -14,8 +14,10 @@ from click.testing import CliRunner
 from gpuwhy.cli import cli
 from gpuwhy.events import CudaCall, CudaLibrary, CudaStats, Envelope
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes import cuda, cuda_cli, cudactl
-from gpuwhy.probes.cudalib import (
+from gpuwhy.probes.cuda import cli as cuda_cli
+from gpuwhy.probes.cuda import control as cudactl
+from gpuwhy.probes.cuda import probe as cuda
+from gpuwhy.probes.cuda.libraries import (
     FUNCTIONS,
     SHAPES,
     ElfError,
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "replay"))
 import fakecuda  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-BPF_C = (REPO / "probes" / "cuda.bpf.c").read_text()
+BPF_C = (REPO / "probes" / "cuda" / "cuda.bpf.c").read_text()
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from click.testing import CliRunner
 
 from gpuwhy.cli import cli
 from gpuwhy.clock import now_ns
+from gpuwhy.demo.synthetic_store import Plan, fill
 from gpuwhy.store import open_store
-from gpuwhy.store.synthetic import Plan, fill
 from gpuwhy.store.writer import StoreWriter
 
 SCHEMA_PAGE = Path(__file__).resolve().parent.parent / "docs" / "schema.md"

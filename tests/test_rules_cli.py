@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from gpuwhy.bus import Publisher
 from gpuwhy.cli import cli
 from gpuwhy.clock import now_ns
-from gpuwhy.correlator.rules.synthetic import Synthetic
+from gpuwhy.demo.synthetic_signals import Synthetic
 from gpuwhy.events import GpuXid
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.rules.docs import render

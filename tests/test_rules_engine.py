@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
-from gpuwhy.correlator.rules.synthetic import BASE_TS, NS, Synthetic, run
+from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.events import GpuState, RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.loader import load_rules

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from gpuwhy.correlator.rules.synthetic import FB_TOTAL, Synthetic, run
+from gpuwhy.demo.synthetic_signals import FB_TOTAL, Synthetic, run
 from gpuwhy.events import DeviceOpened, GpuState, GpuXid, KernelLogRecord, ProcessExec, ProcessSeen
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.loader import load_rules

@@ -214,7 +214,7 @@ def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
     StoreSignals, give the same cuda.* series as MemorySignals fed the same events; a
     sync-bound process fires R05b over the store."""
     from gpuwhy.correlator.rules.signals import MemorySignals, Scope
-    from gpuwhy.correlator.rules.synthetic import BASE_TS, Synthetic
+    from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
     from gpuwhy.rules.vocabulary import SIGNALS
 
     spec = Synthetic(duration_s=300, gpu={"gr_engine_active": 0.5},

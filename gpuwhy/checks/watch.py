@@ -156,7 +156,7 @@ class Watch:
                 raise EnvironmentProblem(f"no process {self.target.pid}") from None
 
     def _start_pipeline(self) -> None:
-        from gpuwhy.correlator.demo import Pipeline
+        from gpuwhy.service import Pipeline, PipelineError
 
         if os.geteuid() != 0:
             raise EnvironmentProblem("no gpuwhy service is running and a standalone watch "
@@ -174,8 +174,8 @@ class Watch:
         self.stack.callback(pipe.close)
         try:
             pipe.start()
-        except click.ClickException as exc:
-            raise EnvironmentProblem(exc.message) from None
+        except PipelineError as exc:
+            raise EnvironmentProblem(str(exc)) from None
         self._wait_for_gpus(5.0)
 
     def _wait_for_gpus(self, timeout: float) -> None:

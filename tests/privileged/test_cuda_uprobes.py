@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwhy.cli import cli
-from gpuwhy.probes.cudalib import build_id
+from gpuwhy.probes.cuda.libraries import build_id
 from gpuwhy.proc import process_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "replay"))

@@ -21,8 +21,8 @@ import pytest
 
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.correlator.alerts import MESSAGE_IDS
-from gpuwhy.correlator.demo import play
-from gpuwhy.correlator.standin import DEMO_MARK
+from gpuwhy.demo.scenarios import play
+from gpuwhy.demo.standin import DEMO_MARK
 from gpuwhy.errors import StoreError
 from gpuwhy.store import open_store
 

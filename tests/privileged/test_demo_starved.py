@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from gpuwhy.correlator.demo import play
+from gpuwhy.demo.scenarios import play
 from gpuwhy.store import open_store
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

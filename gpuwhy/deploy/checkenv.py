@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwhy import envfixes
 from gpuwhy.caps import PROBE_CAPABILITIES, can_load_bpf, effective_capabilities
 from gpuwhy.config import load_config
-from gpuwhy.envfixes import Distro
+from gpuwhy.deploy import envfixes
+from gpuwhy.deploy.envfixes import Distro
 
 MIN_PYTHON = (3, 11)
 DISK_FAIL_BYTES = 256 << 20

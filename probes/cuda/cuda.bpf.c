@@ -1,9 +1,9 @@
 // cuda.bpf.c  Host-side CUDA API calls of GPU processes: launches, copies, syncs, allocations.
 //
-// Two programs, cuda_enter and cuda_leave, attached by probes/cuda.py through uprobe_multi
+// Two programs, cuda_enter and cuda_leave, attached by probes/cuda/probe.py through uprobe_multi
 // links (one entry and one return link per library per process, only to processes that
 // hold NVIDIA fds, only to libraries whose build id is allowed). Each uprobe's cookie says
-// which function it is: id | shape << 8 | arg << 16 (probes/cudalib.py's FUNCTIONS; the
+// which function it is: id | shape << 8 | arg << 16 (probes/cuda/libraries.py's FUNCTIONS; the
 // SH_* shapes come from there as cflags).
 //
 //  - `config.enabled` is checked first: the kill switch takes effect at once, before the
@@ -27,7 +27,7 @@
 #define RET_SP_DELTA 8           // x86-64: `ret` pops the return address before the uretprobe
 
 // Same order as DIRECTIONS, SYNC_KINDS, LAUNCH_KINDS, GRAPH_KINDS and DROP_REASONS in
-// probes/cuda.py.
+// probes/cuda/probe.py.
 enum direction { DIR_HTOD, DIR_DTOH, DIR_DTOD, DIR_HTOH, DIR_UNKNOWN, DIRECTIONS };
 enum drop_reason { DROP_RINGBUF, DROP_RATE_LIMITED, DROP_STATS_FULL, DROP_ALLOCS_FULL,
                    DROP_PINNED_FULL, DROP_INFLIGHT, DROP_STALE, DROP_READ, DROP_REASONS };

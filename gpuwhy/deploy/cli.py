@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from gpuwhy.checkenv import Host, render, report, run_checks
+from gpuwhy.deploy.checkenv import Host, render, report, run_checks
 
 
 @click.command("check-env")

@@ -3,8 +3,8 @@
 Opt-in (``probes.cuda_uprobes``). Loads ``cuda.bpf.c`` (two programs, told apart per
 function by the uprobe's cookie) and measures what one uprobe hit costs on this host. For
 each process that fdtrack finds holding NVIDIA fds, the control thread
-(:mod:`~gpuwhy.probes.cuda_attach`) puts an uprobe and an uretprobe on every traced function
-(:data:`~gpuwhy.probes.cudalib.FUNCTIONS`) of each libcuda/libcudart it has mapped whose
+(:mod:`~gpuwhy.probes.cuda.attach`) puts an uprobe and an uretprobe on every traced function
+(:data:`~gpuwhy.probes.cuda.libraries.FUNCTIONS`) of each libcuda/libcudart it has mapped whose
 build id is allowed, and watches the kill switch. Each flush turns the in-kernel figures
 into one CudaStats per active process, detaches a process whose estimated probe cost passes
 ``probes.cuda_max_overhead_pct``, and sets the kill switch when probe errors pass
@@ -29,17 +29,17 @@ from gpuwhy.config import Config
 from gpuwhy.errors import ProbeLoadError
 from gpuwhy.events import CudaCall, CudaStats, Event, SourceHealth
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes import cudactl
-from gpuwhy.probes.cuda_attach import Attacher
-from gpuwhy.probes.cudalib import (
+from gpuwhy.probes.cuda import control as cudactl
+from gpuwhy.probes.cuda.attach import Attacher
+from gpuwhy.probes.cuda.libraries import (
     FUNCTIONS,
     file_offsets,
     mapped_files,
     shape_flags,
 )
+from gpuwhy.probes.cuda.uprobe_multi import BPF_TRACE_UPROBE_MULTI, close_all
+from gpuwhy.probes.cuda.uprobe_multi import attach as attach_multi
 from gpuwhy.probes.fdtrack import load_bpf
-from gpuwhy.probes.uprobe_multi import BPF_TRACE_UPROBE_MULTI, close_all
-from gpuwhy.probes.uprobe_multi import attach as attach_multi
 
 log = logging.getLogger(__name__)
 

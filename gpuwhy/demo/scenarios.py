@@ -23,16 +23,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
 
-from gpuwhy.bus import Subscriber
 from gpuwhy.config import Config
-from gpuwhy.correlator.standin import DEMO_MARK, write_kmsg
+from gpuwhy.demo.standin import DEMO_MARK, write_kmsg
+from gpuwhy.service import Pipeline, PipelineError
 from gpuwhy.text import printable
 
 SCENARIOS = {"cron-reset": "gpu-reset", "xid79": "xid-79", "starved-input": "input-starved"}
@@ -108,62 +107,6 @@ def _wait(predicate: Callable[[], object], timeout: float, every: float = 0.2) -
         time.sleep(every)
 
 
-class Pipeline:
-    """Probes, GPU simulator, kernel-log and cron sources, correlator: threads of this
-    process, on a private bus and store."""
-
-    def __init__(self, config: Config):
-        from gpuwhy.correlator.service import Correlator
-        from gpuwhy.service import unprivileged_sources
-        from gpuwhy.store import open_store
-
-        self.config = config
-        self.stop = threading.Event()
-        self.loaded = threading.Event()
-        self.db = open_store(config["store.path"])
-        self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
-        self.correlator = Correlator(config, self.db, self.subscriber)
-        self.errors: list[BaseException] = []
-        runners = {"probes": self._probes, **unprivileged_sources(config)}
-        self.threads = [threading.Thread(target=self.correlator.run, args=(self.stop,),
-                                         name="demo-correlator", daemon=True)]
-        self.threads += [threading.Thread(target=self._guard, args=(name, runner),
-                                          name=f"demo-{name}", daemon=True)
-                         for name, runner in runners.items()]
-
-    def _probes(self, config: Config, stop: threading.Event) -> None:
-        from gpuwhy.probes.service import run_probes
-
-        run_probes(config, stop, self.loaded)
-
-    def _guard(self, name: str, runner: Callable) -> None:
-        try:
-            runner(self.config, self.stop)
-        except Exception as exc:  # noqa: BLE001 - reported by start()
-            self.errors.append(exc)
-            self.loaded.set()
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-        if not self.loaded.wait(90) or self.errors:
-            raise click.ClickException(f"the pipeline did not start: {self.errors}")
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(15)
-        self.subscriber.close()
-        self.db.close()
-
-    def reader(self):  # noqa: ANN201
-        from gpuwhy.store import open_store
-
-        return open_store(self.config["store.path"], readonly=True)
-
-    def one(self, sql: str, params: list | tuple = ()) -> tuple | None:
-        with contextlib.closing(self.reader()) as db:
-            return db.execute(sql, params).fetchone()
 
 
 def demo_config(base: Config, scenario: str, work: Path, event_after: float) -> Config:
@@ -201,7 +144,7 @@ def refuse_on_gpu_host(force: bool) -> None:
 
 
 def _standin(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpuwhy.correlator.standin", *args]
+    return [sys.executable, "-m", "gpuwhy.demo.standin", *args]
 
 
 def _wait_incident(pipe: Pipeline, sql: str, params: list, timeout: float) -> int | None:
@@ -219,7 +162,7 @@ def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
     smi = work / "bin" / "nvidia-smi"
     smi.parent.mkdir(exist_ok=True)
     smi.write_text(f"#!{sys.executable}\n# stand-in nvidia-smi of `gpuwhy demo`\n"
-                   "import sys\nfrom gpuwhy.correlator.standin import main\n"
+                   "import sys\nfrom gpuwhy.demo.standin import main\n"
                    "main(['nvidia-smi', *sys.argv[1:]])\n")
     smi.chmod(0o755)
     marker = f"gpuwhy-demo-{os.urandom(4).hex()}"
@@ -338,7 +281,10 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
             stack.enter_context(cron_daemon(progress))
         pipe = Pipeline(config)
         stack.callback(pipe.close)
-        pipe.start()
+        try:
+            pipe.start()
+        except PipelineError as exc:
+            raise click.ClickException(str(exc)) from None
         progress.step("probes loaded; simulated GPUs, kernel log and cron are read")
         _wait(lambda: pipe.one("select 1 from gpu_aliases where alias = 'minor:0'"), 15)
         args = ["train", str(work / "dev"), "--minor", "0"]

@@ -1,6 +1,6 @@
 """The CUDA libraries a process has mapped, their build ids, and the functions gpuwhy traces.
 
-:data:`FUNCTIONS` is the one table of traced functions: ``probes/cuda.py`` attaches them and
+:data:`FUNCTIONS` is the one table of traced functions: ``probes/cuda/probe.py`` attaches them and
 passes their ids and argument shapes to ``cuda.bpf.c`` (``CUDA_FUNCTIONS``). Libraries are
 found in ``/proc/PID/maps`` under any directory (system, conda, or a Python wheel such as
 ``site-packages/nvidia/cuda_runtime/lib/libcudart.so.12``) and read through

@@ -5,9 +5,9 @@ NVIDIA driver's real ioctl command numbers and parameter structs (on ordinary fi
 call fails with ENOTTY; the probes' tracepoints see them all the same). Every kernel-log
 line they write says that it is demo traffic.
 
-    python -m gpuwhy.correlator.standin train DEV_DIR --minor 0 [--workers N] [--starved]
+    python -m gpuwhy.demo.standin train DEV_DIR --minor 0 [--workers N] [--starved]
         [--decode]
-    python -m gpuwhy.correlator.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U \
+    python -m gpuwhy.demo.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U \
         [--strike FILE]
 """
 

@@ -1,7 +1,7 @@
 """The cuda probe's control thread: kill switch, allow-list, attach and detach.
 
 Runs beside the probes' loop so that a slow attach never delays it, and so that the kill
-switch (:mod:`~gpuwhy.probes.cudactl`) is looked at every 50 ms whatever the loop does.
+switch (:mod:`~gpuwhy.probes.cuda.control`) is looked at every 50 ms whatever the loop does.
 It attaches uprobe_multi links (one for entries, one for returns, per library per process)
 to the libraries a watched process maps whose build id is allowed, closes them all at once
 when told, and writes the state file. Events go to the probe's outbox: the probes' loop
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from gpuwhy.clock import now_ns
 from gpuwhy.events import CudaLibrary
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes import cudactl
-from gpuwhy.probes.cudalib import (
+from gpuwhy.probes.cuda import control as cudactl
+from gpuwhy.probes.cuda.libraries import (
     BY_SYMBOL,
     SYMBOL_PATTERN,
     MappedLibrary,
@@ -32,11 +32,11 @@ from gpuwhy.probes.cudalib import (
     mapped_libraries,
     parse_allowed,
 )
-from gpuwhy.probes.uprobe_multi import UprobeMultiError, close_all
-from gpuwhy.probes.uprobe_multi import attach as attach_multi
+from gpuwhy.probes.cuda.uprobe_multi import UprobeMultiError, close_all
+from gpuwhy.probes.cuda.uprobe_multi import attach as attach_multi
 
 if TYPE_CHECKING:
-    from gpuwhy.probes.cuda import CudaProbe
+    from gpuwhy.probes.cuda.probe import CudaProbe
 
 log = logging.getLogger(__name__)
 

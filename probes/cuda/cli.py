@@ -7,8 +7,8 @@ import time
 
 import click
 
-from gpuwhy.probes import cudactl
-from gpuwhy.probes.cudalib import ElfError, build_id, mapped_libraries, parse_allowed
+from gpuwhy.probes.cuda import control as cudactl
+from gpuwhy.probes.cuda.libraries import ElfError, build_id, mapped_libraries, parse_allowed
 
 CONFIRM_SECONDS = 2.0
 

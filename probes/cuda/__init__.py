@@ -1,0 +1,1 @@
+"""CUDA API uprobes (opt-in): launches, copies, syncs and allocations of GPU processes."""
