@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from sqlite_utils import Database
 
-from gpuwhy.correlator import bindings
+from gpuwhy.store.queries import pci_and_uuid
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,10 @@ def _journal_send() -> Sender | None:
 
 def alert_fields(db: Database, incident_id: int, base_url: str) -> dict[str, str]:
     """The journal entry of one incident: MESSAGE plus its structured fields."""
-    cursor = db.execute("select id, kind, severity, gpu_id, pid, start_time, title, summary, "
-                        "opened_at from incidents where id = ?", [incident_id])
-    names = [d[0] for d in cursor.description]
-    incident = dict(zip(names, cursor.fetchone(), strict=True))
-    pci, uuid = bindings.pci_and_uuid(db, incident["gpu_id"])
+    [incident] = db.execute_returning_dicts(
+        "select id, kind, severity, gpu_id, pid, start_time, title, summary, opened_at "
+        "from incidents where id = ?", [incident_id])
+    pci, uuid = pci_and_uuid(db, incident["gpu_id"])
     # title/summary may carry process names from the kernel log: keep them one bounded line
     text = f"{incident['title']}: {incident['summary']}".replace("\n", " ")[:1000]
     fields = {

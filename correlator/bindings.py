@@ -4,7 +4,8 @@ One table, ``gpu_aliases``, maps every name a GPU goes by to its :attr:`GpuIdent
 ``minor:N`` (device files), ``pci:dddd:bb:dd`` (kernel log, NVML), ``index:N`` (DCGM/NVML)
 and ``uuid:GPU-…``. When a source first names a GPU by a weaker name (a device file opened
 before the GPU source said which UUID has minor 0), the rows stored under the weaker id are
-re-keyed once the strong one is known.
+re-keyed once the strong one is known. Looking a GPU up by any of its names (for the CLI,
+the web view and alerts) is a read: ``gpuwhy.store.queries.resolve_gpu``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
+from gpuwhy.identity import GpuIdentity, ProcessKey
 
 # Tables whose gpu_id column is re-keyed when a GPU's stronger id becomes known.
 _GPU_ID_TABLES = ("gpu_bindings", "events", "kernel_log", "incidents", "incident_links",
@@ -35,44 +36,6 @@ def learn(db: Database, identity: GpuIdentity, ts: int) -> str:
         if weak != gpu_id:
             db.execute("delete from gpus where id = ? and uuid is null", [weak])
     return gpu_id
-
-
-def resolve(db: Database, *, uuid: str | None = None, pci: str | None = None,
-            index: int | None = None, minor: int | None = None) -> str | None:
-    """The GPU id for whatever name is at hand (strongest first), or None when unknown."""
-    if uuid:
-        return uuid
-    candidates = []
-    if pci:
-        pci = normalize_pci(pci)
-        row = db.execute("select uuid from gpu_pci_uuids where pci = ?", [pci]).fetchone()
-        if row:
-            return row[0]
-    candidates += GpuIdentity(pci_bus_id=pci, index=index, minor=minor).aliases()
-    for alias in candidates:
-        row = db.execute("select gpu_id from gpu_aliases where alias = ?", [alias]).fetchone()
-        if row:
-            return row[0]
-    if pci:
-        return pci
-    return GpuIdentity(index=index, minor=minor).id if (index, minor) != (None, None) else None
-
-
-def pci_and_uuid(db: Database, gpu_id: str | None) -> tuple[str | None, str | None]:
-    """The PCI address and UUID a GPU id is known by (for alerts and the CLI)."""
-    if not gpu_id:
-        return None, None
-    uuid = gpu_id if gpu_id.startswith("GPU-") else None
-    pci = None
-    row = db.execute("select alias from gpu_aliases where gpu_id = ? and alias like 'pci:%'",
-                     [gpu_id]).fetchone()
-    if row:
-        pci = row[0][4:]
-    else:
-        row = db.execute("select pci from gpu_pci_uuids where uuid = ?", [gpu_id]).fetchone()
-        pci = row[0] if row else (gpu_id if ":" in gpu_id and not uuid and
-                                  not gpu_id.startswith(("minor:", "index:")) else None)
-    return pci, uuid
 
 
 @dataclass(frozen=True)

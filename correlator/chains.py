@@ -42,9 +42,7 @@ class Link:
 
 
 def _incident(db: Database, incident_id: int) -> dict:
-    cursor = db.execute("select * from incidents where id = ?", [incident_id])
-    names = [d[0] for d in cursor.description]
-    return dict(zip(names, cursor.fetchone(), strict=True))
+    return db["incidents"].get(incident_id)
 
 
 def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Link]:

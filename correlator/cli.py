@@ -60,7 +60,7 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
       gpuwhy incidents --since 1d
       gpuwhy incidents --gpu 0000:18:00 --kind gpu_reset --json
     """
-    from gpuwhy.correlator.report import list_incidents
+    from gpuwhy.store.queries import list_incidents
 
     since = parse_since(since_text) if since_text else None
     db = _open_db(ctx)
@@ -132,7 +132,7 @@ def incident(ctx: click.Context, incident_id: int, as_json: bool) -> None:
       gpuwhy incident 12
       gpuwhy incident 12 --json | jq '.chain[].kind'
     """
-    from gpuwhy.correlator.report import incident_detail
+    from gpuwhy.store.queries import incident_detail
 
     db = _open_db(ctx)
     try:
@@ -159,7 +159,7 @@ def resets(ctx: click.Context, gpu: str | None, as_json: bool) -> None:
       gpuwhy resets
       gpuwhy resets --gpu GPU-5f3c... --json
     """
-    from gpuwhy.correlator.report import reset_history
+    from gpuwhy.store.queries import reset_history
 
     db = _open_db(ctx)
     try:

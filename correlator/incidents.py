@@ -23,6 +23,7 @@ from gpuwhy.correlator.pending import Alignment
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey
 from gpuwhy.reset import RESET_CONTROLS
+from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.xid import xid_info
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class IncidentBuilder:
                        gpu_id, process, details)]
 
     def _detect_kernel_log_record(self, db: Database, event: Event) -> list[Opened]:
-        gpu_id = bindings.resolve(db, uuid=event.uuid, pci=event.pci)
+        gpu_id = resolve_gpu(db, uuid=event.uuid, pci=event.pci)
         if event.record_kind == "xid" and event.xid is not None:
             return self._xid(db, event.ts, gpu_id, event.xid, event.pid, event.name,
                              f"kernel log ({event.origin})", event.message)
@@ -218,7 +219,7 @@ class IncidentBuilder:
             return []
         key = event.process
         minor = _minor_of(event.path)
-        gpus = [bindings.resolve(db, minor=minor)] if minor is not None else \
+        gpus = [resolve_gpu(db, minor=minor)] if minor is not None else \
             bindings.gpus_of(db, key, event.ts)
         return [self._reset(gpu, event.ts, f"{event.sub_name} by pid {key.pid}",
                             {"pid": key.pid, "start_time": key.start_time,

@@ -184,7 +184,7 @@ def classify_stall(db: Database, key: ProcessKey, since: int, until: int) -> str
 
 def process_timeline(db: Database, key: ProcessKey, since: int, until: int) -> list[dict]:
     """The process's seconds in [since, until] (realtime ns), with its GPU's counters."""
-    cursor = db.execute(
+    return db.execute_returning_dicts(
         "select s.*, g.gpu_util as gpu_util, g.sm_active as gpu_sm_active from "
         "process_seconds s left join gpu_bindings b on b.pid = s.pid and "
         "b.start_time = s.start_time and b.since <= s.second * 1000000000 and "
@@ -192,14 +192,10 @@ def process_timeline(db: Database, key: ProcessKey, since: int, until: int) -> l
         "g.gpu_id = b.gpu_id and g.instance = '' and g.ts / 1000000000 = s.second "
         "where s.pid = ? and s.start_time = ? and s.second between ? and ? order by s.second",
         [key.pid, key.start_time, since // NS_PER_SECOND, until // NS_PER_SECOND])
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def gpu_timeline(db: Database, gpu_id: str, since: int, until: int) -> list[dict]:
     """The GPU's samples in [since, until], one per second, plus its events."""
-    cursor = db.execute("select ts / 1000000000 as second, * from gpu_samples where "
-                        "gpu_id = ? and instance = '' and ts between ? and ? order by ts",
-                        [gpu_id, since, until])
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return db.execute_returning_dicts(
+        "select ts / 1000000000 as second, * from gpu_samples where gpu_id = ? and "
+        "instance = '' and ts between ? and ? order by ts", [gpu_id, since, until])

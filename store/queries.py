@@ -1,13 +1,132 @@
-"""Read-side queries shared by the web view and the CLI."""
+"""The store's one read API: what the web view, the CLI, reports and checks show.
+
+GPUs (identity, latest sample, bound processes), processes (device fds, driver calls,
+events), incidents with their chains, the reset history, rules' findings and sources'
+health. Chart series are in :mod:`gpuwhy.store.series`, the rules' time-window reads in
+:mod:`gpuwhy.store.streams`; every read returns plain dicts (sqlite-utils'
+``execute_returning_dicts``), so callers never see a cursor.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlite_utils import Database
 
-from gpuwhy.identity import ProcessKey
+from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
 
+Row = dict[str, Any]
+_CONTAINER = "coalesce(p.container_id, p.pod_uid, p.unit)"
+
+
+# --- GPUs --------------------------------------------------------------------------------
+
+def resolve_gpu(db: Database, *, uuid: str | None = None, pci: str | None = None,
+                index: int | None = None, minor: int | None = None) -> str | None:
+    """The GPU id for whatever name is at hand (strongest first), or None when unknown."""
+    if uuid:
+        return uuid
+    candidates = []
+    if pci:
+        pci = normalize_pci(pci)
+        row = db.execute("select uuid from gpu_pci_uuids where pci = ?", [pci]).fetchone()
+        if row:
+            return row[0]
+    candidates += GpuIdentity(pci_bus_id=pci, index=index, minor=minor).aliases()
+    for alias in candidates:
+        row = db.execute("select gpu_id from gpu_aliases where alias = ?", [alias]).fetchone()
+        if row:
+            return row[0]
+    if pci:
+        return pci
+    return GpuIdentity(index=index, minor=minor).id if (index, minor) != (None, None) else None
+
+
+def pci_and_uuid(db: Database, gpu_id: str | None) -> tuple[str | None, str | None]:
+    """The PCI address and UUID a GPU id is known by (for alerts and the CLI)."""
+    if not gpu_id:
+        return None, None
+    uuid = gpu_id if gpu_id.startswith("GPU-") else None
+    pci = None
+    row = db.execute("select alias from gpu_aliases where gpu_id = ? and alias like 'pci:%'",
+                     [gpu_id]).fetchone()
+    if row:
+        pci = row[0][4:]
+    else:
+        row = db.execute("select pci from gpu_pci_uuids where uuid = ?", [gpu_id]).fetchone()
+        pci = row[0] if row else (gpu_id if ":" in gpu_id and not uuid and
+                                  not gpu_id.startswith(("minor:", "index:")) else None)
+    return pci, uuid
+
+
+def gpus(db: Database) -> list[Row]:
+    return db.execute_returning_dicts(
+        "select id, uuid, pci_bus_id, gpu_index, minor, model, driver_version, "
+        "simulated, source, state, state_since, first_seen, last_seen from gpus "
+        "order by gpu_index is null, gpu_index, id")
+
+
+def gpu(db: Database, gpu_id: str) -> Row | None:
+    found = [g for g in gpus(db) if gpu_id in (g["id"], g["uuid"])]
+    return found[0] if found else None
+
+
+def latest_sample(db: Database, gpu_id: str) -> Row | None:
+    found = db.execute_returning_dicts(
+        "select * from gpu_samples where gpu_id = ? and instance = '' "
+        "order by ts desc limit 1", [gpu_id])
+    return found[0] if found else None
+
+
+def bound_processes(db: Database, gpu_id: str, since: int | None = None,
+                    until: int | None = None) -> list[Row]:
+    """Bindings of processes to the GPU: all current ones, or those overlapping a window."""
+    where = ("b.until is null and p.exited_at is null" if since is None else
+             "b.since < ? and coalesce(b.until, p.exited_at, b.since) >= ?")
+    params = [] if since is None else [until, since]
+    return db.execute_returning_dicts(
+        f"select b.pid, b.start_time, b.since, coalesce(b.until, p.exited_at) "
+        f"as until, b.evidence, p.comm, p.cmdline, p.tag, {_CONTAINER} as container "
+        f"from gpu_bindings b left join processes p on p.pid = b.pid and "
+        f"p.start_time = b.start_time where b.gpu_id = ? and {where} "
+        f"order by b.since", [gpu_id, *params])
+
+
+def open_incidents(db: Database, gpu_id: str | None = None) -> list[Row]:
+    where = "state = 'open'" + (" and gpu_id = ?" if gpu_id else "")
+    return db.execute_returning_dicts(
+        f"select id, kind, severity, title, opened_at, last_seen from incidents "
+        f"where {where} order by opened_at desc limit 20", [gpu_id] if gpu_id else [])
+
+
+def overview(db: Database) -> list[Row]:
+    """One card per GPU: identity, latest sample, bound processes, open incidents."""
+    return [{**g, "sample": latest_sample(db, g["id"]),
+             "processes": bound_processes(db, g["id"]),
+             "incidents": open_incidents(db, g["id"])} for g in gpus(db)]
+
+
+def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
+    """What to mark on a GPU's time axis: its incidents, resets and bound processes."""
+    incidents = db.execute_returning_dicts(
+        "select id, kind, severity, title, opened_at, closed_at from "
+        "incidents where gpu_id = ? and opened_at < ? and "
+        "coalesce(closed_at, last_seen, opened_at) >= ? order by opened_at",
+        [gpu_id, until, since])
+    resets = db.execute_returning_dicts(
+        "select ts, what, source, pid, start_time, comm, detail from "
+        "gpu_reset_history where gpu_id = ? and ts between ? and ? order by ts",
+        [gpu_id, since, until])
+    return {"incidents": incidents, "resets": resets,
+            "lanes": bound_processes(db, gpu_id, since, until)}
+
+
+def simulated(db: Database) -> bool:
+    return bool(db.execute("select count(*) from gpus where simulated").fetchone()[0])
+
+
+# --- processes ---------------------------------------------------------------------------
 
 def processes_holding_devices(db: Database, include_exited: bool = False) -> list[dict]:
     """Processes with their device fds and ioctl counts, busiest first.
@@ -41,6 +160,190 @@ def processes_holding_devices(db: Database, include_exited: bool = False) -> lis
     return result
 
 
+def process(db: Database, key: ProcessKey) -> Row | None:
+    found = db.execute_returning_dicts(f"select p.*, {_CONTAINER} as container from processes p "
+                     f"where pid = ? and start_time = ?", [key.pid, key.start_time])
+    return found[0] if found else None
+
+
+def process_last_ts(db: Database, key: ProcessKey) -> int | None:
+    """The last second the correlator has for the process (ns), live ones included."""
+    row = db.execute("select max(second) from process_seconds where pid = ? and start_time = ?",
+                     [key.pid, key.start_time]).fetchone()
+    return row[0] * 1_000_000_000 if row and row[0] is not None else None
+
+
+def process_start(db: Database, key: ProcessKey) -> int | None:
+    row = db.execute("select first_seen from processes where pid = ? and start_time = ?",
+                     [key.pid, key.start_time]).fetchone()
+    return row[0] if row else None
+
+
+def process_end(db: Database, key: ProcessKey) -> int | None:
+    """When it exited, or the last time anything was heard of it while it lives."""
+    row = db.execute("select exited_at, last_seen from processes where pid = ? and "
+                     "start_time = ?", [key.pid, key.start_time]).fetchone()
+    if not row:
+        return None
+    return row[0] or max(row[1] or 0, process_last_ts(db, key) or 0) or None
+
+
+def process_calls(db: Database, key: ProcessKey) -> list[Row]:
+    """Driver calls by operation: count, errors, mean and max latency, rate over the life."""
+    seconds = max(((process_end(db, key) or 0) - (process_start(db, key) or 0)) / 1e9, 1.0)
+    calls = db.execute_returning_dicts(
+        "select coalesce(sub_name, op) as operation, op, device, sum(count) as "
+        "count, sum(errors) as errors, sum(latency_sum_ns) as latency_sum_ns, "
+        "max(latency_max_ns) as latency_max_ns from driver_call_stats where "
+        "pid = ? and start_time = ? group by 1, 2, 3 order by count desc",
+        [key.pid, key.start_time])
+    for call in calls:
+        call["per_second"] = round(call["count"] / seconds, 3)
+        call["mean_latency_us"] = round(call["latency_sum_ns"] / call["count"] / 1000, 1) \
+            if call["count"] else None
+        call["max_latency_us"] = round((call["latency_max_ns"] or 0) / 1000, 1)
+    return calls
+
+
+def process_events(db: Database, key: ProcessKey, limit: int = 500) -> list[Row]:
+    """Lifecycle events, notable or failed driver calls and kernel-log lines naming the pid
+    during the process's life, oldest first."""
+    life = process(db, key) or {}
+    end = life.get("exited_at") or 2**62
+    events = db.execute_returning_dicts(
+        "select ts, kind as what, body as detail from events where pid = ? and "
+        "start_time = ? and topic in ('proc', 'fd') order by ts limit ?",
+        [key.pid, key.start_time, limit])
+    events += db.execute_returning_dicts(
+        "select ts, 'driver call ' || coalesce(sub_name, op) as what, "
+        "coalesce(status_name, '') || ' ' || coalesce(reasons, '') as detail "
+        "from driver_calls where pid = ? and start_time = ? order by ts limit ?",
+        [key.pid, key.start_time, limit])
+    events += db.execute_returning_dicts(
+        "select ts, 'kernel log ' || kind || coalesce(' ' || xid, '') as what, "
+        "message as detail from kernel_log where pid = ? and ts between ? and ? "
+        "order by ts limit ?", [key.pid, key.start_time, end, limit])
+    return sorted(events, key=lambda e: e["ts"])[:limit]
+
+
+def process_gpus(db: Database, key: ProcessKey) -> list[Row]:
+    """The GPUs the process held at any time (``gpu_id`` rows)."""
+    return db.execute_returning_dicts("select distinct gpu_id from gpu_bindings where pid = ? "
+                                      "and start_time = ? order by gpu_id",
+                                      [key.pid, key.start_time])
+
+
+def process_incident_ids(db: Database, key: ProcessKey) -> list[int]:
+    """Incidents the process took part in (any role)."""
+    return [r[0] for r in db.execute("select incident_id from incident_processes where pid = ? "
+                                     "and start_time = ?", [key.pid, key.start_time])]
+
+
+# --- incidents and resets ----------------------------------------------------------------
+
+def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = None,
+                   kind: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """Incidents, newest first; ``gpu`` matches the id, UUID or PCI address."""
+    where, params = [], []
+    if gpu:
+        gpu_id = resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
+                                  pci=gpu if ":" in gpu and not gpu.startswith("GPU-") else None)
+        where.append("(gpu_id = ? or gpu_id = ?)")
+        params += [gpu, gpu_id or gpu]
+    if since is not None:
+        where.append("last_seen >= ?")
+        params.append(since)
+    if kind:
+        where.append("kind = ?")
+        params.append(kind)
+    sql = ("select id, kind, severity, state, gpu_id, pid, start_time, title, summary, "
+           "opened_at, closed_at, last_seen, count from incidents"
+           + (" where " + " and ".join(where) if where else "")
+           + " order by opened_at desc, id desc limit ?")
+    return db.execute_returning_dicts(sql, [*params, limit])
+
+
+def incident_detail(db: Database, incident_id: int) -> dict[str, Any] | None:
+    """One incident with its chain (``{kind, ts, summary, evidence, confidence, pid}``)."""
+    found = db.execute_returning_dicts("select * from incidents where id = ?", [incident_id])
+    if not found:
+        return None
+    row = found[0]
+    links = db.execute_returning_dicts(
+        "select kind, ts, summary, evidence, confidence, pid, start_time, gpu_id "
+        "from incident_links where incident_id = ? order by seq", [incident_id])
+    for link in links:
+        link["evidence"] = json.loads(link["evidence"] or "{}")
+    processes = db.execute_returning_dicts(
+        "select i.pid, i.start_time, i.role, p.comm from incident_processes i "
+        "left join processes p on p.pid = i.pid and "
+        "p.start_time = i.start_time where incident_id = ? "
+        "order by i.pid", [incident_id])
+    pci, uuid = pci_and_uuid(db, row["gpu_id"])
+    return {"id": row["id"], "kind": row["kind"], "severity": row["severity"],
+            "state": row["state"], "title": row["title"], "summary": row["summary"],
+            "gpu": row["gpu_id"], "gpu_uuid": uuid, "gpu_pci": pci,
+            "started": row["opened_at"], "ended": row["closed_at"],
+            "last_seen": row["last_seen"], "count": row["count"],
+            "confidence": row["confidence"],
+            "details": json.loads(row["details"] or "{}"),
+            "processes": processes, "chain": links}
+
+
+def reset_history(db: Database, gpu: str | None = None) -> list[dict[str, Any]]:
+    """Every GPU reset, newest first: when, by what/whom, which processes were hit."""
+    history = []
+    for incident in list_incidents(db, gpu=gpu, kind="gpu_reset", limit=1000):
+        detail = incident_detail(db, incident["id"])
+        chain = detail["chain"]
+        by = [link for link in chain if link["kind"] in ("cron_job", "timer", "operator_command",
+                                                          "command", "driver_call")]
+        hit = [link for link in chain if link["kind"] in ("process_stall", "process_exit",
+                                                           "process")]
+        history.append({"id": incident["id"], "gpu": incident["gpu_id"],
+                        "at": incident["opened_at"], "seen_by": detail["details"].get("seen_by"),
+                        "by": [f"{link['kind']}: {link['summary']}" for link in by],
+                        "hit": [{"pid": link["pid"], "start_time": link["start_time"],
+                                 "what": link["kind"], "summary": link["summary"]}
+                                for link in hit]})
+    return history
+
+
+# --- rules' findings and sources' health -------------------------------------------------
+
+def _decode_finding(row: Row) -> Row:
+    for name in ("evidence", "fixes"):
+        try:
+            row[name] = json.loads(row[name] or ("{}" if name == "evidence" else "[]"))
+        except ValueError:
+            pass   # shown as the text it is
+    return row
+
+
+def findings(db: Database, *, key: ProcessKey | None = None, rule_id: str | None = None,
+             limit: int = 100) -> list[Row]:
+    where, params = [], []
+    if key is not None:
+        where.append("pid = ? and start_time = ?")
+        params += [key.pid, key.start_time]
+    if rule_id is not None:
+        where.append("rule_id = ?")
+        params.append(rule_id)
+    sql = ("select * from rule_findings" + (" where " + " and ".join(where) if where else "")
+           + " order by last_ts desc limit ?")
+    return [_decode_finding(r) for r in db.execute_returning_dicts(sql, [*params, limit])]
+
+
+def findings_by_rule(db: Database) -> dict[str, Row]:
+    """Per rule: how many findings, how many firing, and the last one."""
+    summary = {r["rule_id"]: r for r in db.execute_returning_dicts(
+        "select rule_id, count(*) as findings, sum(state = 'firing') as firing, "
+            "max(last_ts) as last_ts from rule_findings group by rule_id")}
+    for rule_id, row in summary.items():
+        row["last"] = findings(db, rule_id=rule_id, limit=1)[0]
+    return summary
+
+
 def source_health(db: Database) -> list[dict]:
     """Every source's last heartbeat, counters decoded."""
     rows = db.execute_returning_dicts(
@@ -48,3 +351,23 @@ def source_health(db: Database) -> list[dict]:
     for row in rows:
         row["counters"] = json.loads(row["counters"] or "{}")
     return rows
+
+
+def findings_in_window(db: Database, gpu_ids: list[str], process: ProcessKey | None,
+                       since: int, until: int) -> list[Row]:
+    """Findings on any of ``gpu_ids`` or on ``process`` that were open during [since, until];
+    evidence and fixes as stored (JSON text)."""
+    if not db["rule_findings"].exists():
+        return []
+    where, params = [], []
+    if gpu_ids:
+        where.append(f"gpu_id in ({', '.join('?' * len(gpu_ids))})")
+        params += gpu_ids
+    if process is not None:
+        where.append("(pid = ? and start_time = ?)")
+        params += [process.pid, process.start_time]
+    if not where:
+        return []
+    return db.execute_returning_dicts(
+        f"select * from rule_findings where ({' or '.join(where)}) and "
+        f"first_ts <= ? and coalesce(cleared_at, last_ts) >= ?", [*params, until, since])

@@ -7,9 +7,9 @@ import sqlite3
 from flask import Flask
 
 from gpuwhy.errors import StoreError
+from gpuwhy.store.queries import simulated
 from gpuwhy.text import format_ts as when
 from gpuwhy.webui.db import get_db
-from gpuwhy.webui.queries import simulated
 
 
 def number(value: float | None, digits: int = 0, unit: str = "") -> str:

@@ -7,9 +7,10 @@ from flask import Blueprint, abort, current_app, jsonify, render_template, reque
 from flask.typing import ResponseReturnValue
 
 from gpuwhy.gpufields import THROTTLE_BITS
-from gpuwhy.webui import queries, series
+from gpuwhy.store import queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
+from gpuwhy.webui.window import requested_window
 
 bp = Blueprint("gpus", __name__)
 
@@ -23,7 +24,7 @@ def _gpu_or_404(gpu_id: str) -> dict:
 
 def _window(gpu_id: str) -> series.Window:
     try:
-        return series.requested_window(request.args, series.last_sample_ts(get_db(), gpu_id),
+        return requested_window(request.args, series.last_sample_ts(get_db(), gpu_id),
                                        current_app.config["MAX_POINTS"])
     except ValueError as exc:
         abort(400, description=str(exc))

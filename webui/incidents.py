@@ -1,13 +1,13 @@
 """Incident pages: the list with filters, one incident's root-cause chain as steps with their
 evidence and recommended actions, a printable report, and their JSON. Incidents are read by
-``gpuwhy.correlator.report``, the same code as ``gpuwhy incidents``/``gpuwhy incident``."""
+``gpuwhy.store.queries``, the same code as ``gpuwhy incidents``/``gpuwhy incident``."""
 
 from __future__ import annotations
 
 from flask import Blueprint, abort, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
-from gpuwhy.correlator.report import incident_detail, list_incidents
+from gpuwhy.store.queries import incident_detail, list_incidents
 from gpuwhy.webui.db import get_db
 
 bp = Blueprint("incidents", __name__)

@@ -8,10 +8,10 @@ from flask.typing import ResponseReturnValue
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.identity import ProcessKey
-from gpuwhy.store.queries import processes_holding_devices
-from gpuwhy.webui import queries, series
+from gpuwhy.store import queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
+from gpuwhy.webui.window import requested_window
 
 bp = Blueprint("processes", __name__)
 
@@ -39,20 +39,20 @@ def _window(process: dict) -> series.Window:
         return series.window(end + NS_PER_SECOND, 0, current_app.config["MAX_POINTS"],
                              since=start)
     try:
-        return series.requested_window(request.args, end, current_app.config["MAX_POINTS"])
+        return requested_window(request.args, end, current_app.config["MAX_POINTS"])
     except ValueError as exc:
         abort(400, description=str(exc))
 
 
 @bp.get("/processes")
 def index() -> ResponseReturnValue:
-    return render_template("processes.html", processes=processes_holding_devices(get_db()),
+    return render_template("processes.html", processes=queries.processes_holding_devices(get_db()),
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 
 @bp.get("/api/processes")
 def api_processes() -> ResponseReturnValue:
-    return jsonify(processes_holding_devices(get_db()))
+    return jsonify(queries.processes_holding_devices(get_db()))
 
 
 def _detail(key: ProcessKey, process: dict) -> dict:
@@ -61,8 +61,7 @@ def _detail(key: ProcessKey, process: dict) -> dict:
             "last_heard": queries.process_end(db, key),
             "events": queries.process_events(db, key),
             "findings": queries.findings(db, key=key),
-            "gpus": queries.rows(db, "select distinct gpu_id from gpu_bindings where pid = ? "
-                                     "and start_time = ?", [key.pid, key.start_time])}
+            "gpus": queries.process_gpus(db, key)}
 
 
 @bp.get("/processes/<key>")

@@ -1,5 +1,5 @@
 """``/resets``: every GPU reset, per GPU, with what asked for it and which processes were hit
-(``gpuwhy.correlator.report.reset_history``, the same as ``gpuwhy resets``)."""
+(``gpuwhy.store.queries.reset_history``, the same as ``gpuwhy resets``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from itertools import groupby
 from flask import Blueprint, jsonify, render_template
 from flask.typing import ResponseReturnValue
 
-from gpuwhy.correlator.report import reset_history
+from gpuwhy.store.queries import reset_history
 from gpuwhy.webui.db import get_db
 
 bp = Blueprint("resets", __name__)

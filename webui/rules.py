@@ -19,9 +19,8 @@ from flask.typing import ResponseReturnValue
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.rules.loader import load_rules
 from gpuwhy.rules.model import Rule
-from gpuwhy.store import open_store
+from gpuwhy.store import open_store, queries
 from gpuwhy.store.overrides import OverrideError, read_overrides, set_override
-from gpuwhy.webui import queries
 from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Series, Signals
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.rules import model as m
+from gpuwhy.stats import increase, percentile
 
 Value = float | bool | str | None
 MIN_COVERAGE = 0.5
@@ -41,21 +42,6 @@ def _num(value: Value) -> float | None:
 def _is_aggregate(node: m.Call) -> bool:
     return node.func in SCALAR_ONLY and len(node.args) >= 2 and isinstance(
         node.args[-1], m.Dur) or (node.func[:1] == "p" and node.func[1:].isdigit())
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-def increase(series: Series) -> float:
-    """Reset-aware increase of a counter: a drop means the counter restarted from 0."""
-    total = 0.0
-    for (_, a), (_, b) in zip(series, series[1:], strict=False):
-        total += b - a if b >= a else b
-    return total
 
 
 class Evaluation:

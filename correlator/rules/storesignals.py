@@ -1,10 +1,11 @@
 """Signals read from the store (a read-only connection), for the engine in the service.
 
-Tables: ``gpu_samples`` (one row per GPU and instant), ``sched_stats``, ``cuda_stats``,
-``driver_call_stats`` (cumulative: this class keeps one snapshot per evaluation round, so
-call rates need two rounds), ``driver_calls``, ``kernel_log``, ``cron_runs``, ``events``
-(gpu_xid, gpu_state, process_exec, process_exited), ``processes``, ``gpu_bindings``,
-``gpu_processes``, ``gpus``.
+The SQL lives in ``gpuwhy.store.streams``; this class caches, widens windows and shapes
+the rows it returns into signal rows. Tables read: ``gpu_samples`` (one row per GPU and
+instant), ``sched_stats``, ``cuda_stats``, ``driver_call_stats`` (cumulative: this class
+keeps one snapshot per evaluation round, so call rates need two rounds), ``driver_calls``,
+``kernel_log``, ``cron_runs``, ``events`` (gpu_xid, gpu_state, process_exec,
+process_exited), ``processes``, ``gpu_bindings``, ``gpu_processes``, ``gpus``.
 Everything read in a round is cached for that round: the same window is read once for all
 the rules that ask for it. Process environments are read from /proc (bounded, only the
 variables rules name), and only while the pid still has the same start time.
@@ -25,6 +26,7 @@ from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import read_stat
 from gpuwhy.rules.vocabulary import Row, call_class_totals
+from gpuwhy.store import streams
 
 MAX_ENVIRON = 1 << 20
 GPU_RECENT_NS = 3600 * 10**9
@@ -75,45 +77,29 @@ class StoreSignals(Signals):
     def now(self) -> int:
         return self._now if self._now is not None else now_ns()
 
-    def _rows(self, sql: str, params: list) -> list[dict]:
-        cursor = self.db.execute(sql, params)
-        names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
     def _cached(self, key: tuple, load):  # noqa: ANN001, ANN202
         if key not in self._cache:
             self._cache[key] = load()
         return self._cache[key]
 
     def _gpu(self, gpu_id: str) -> dict:
-        rows = self._cached(("gpu", gpu_id), lambda: self._rows(
-            "select id, model, pci_bus_id from gpus where id = ?", [gpu_id]))
+        rows = self._cached(("gpu", gpu_id), lambda: streams.gpu_row(self.db, gpu_id))
         return rows[0] if rows else {}
 
     def gpus(self) -> list[str]:
-        return [r["id"] for r in self._cached(("gpus",), lambda: self._rows(
-            "select id from gpus where last_seen >= ? order by id",
-            [self.now() - GPU_RECENT_NS]))]
+        return [r["id"] for r in self._cached(("gpus",), lambda: streams.recent_gpus(
+            self.db, self.now() - GPU_RECENT_NS))]
 
     def gpu_model_name(self, gpu_id: str) -> str:
         return self._gpu(gpu_id).get("model") or ""
 
     def processes(self, gpu_id: str) -> list[ProcessKey]:
         now = self.now()
-        rows = self._rows(
-            "select b.pid, b.start_time from gpu_bindings b left join processes p "
-            "on p.pid = b.pid and p.start_time = b.start_time "
-            "where b.gpu_id = ? and b.until is null and p.exited_at is null "
-            "union select g.pid, g.start_time from gpu_processes g left join processes p "
-            "on p.pid = g.pid and p.start_time = g.start_time where g.gpu_id = ? "
-            "and g.start_time is not null and p.exited_at is null and g.ts = "
-            "(select max(ts) from gpu_processes where gpu_id = ? and ts >= ?)",
-            [gpu_id, gpu_id, gpu_id, now - NVML_RECENT_NS])
+        rows = streams.live_processes_on(self.db, gpu_id, now - NVML_RECENT_NS)
         return sorted(ProcessKey(r["pid"], r["start_time"]) for r in rows)
 
     def facts(self, process: ProcessKey) -> ProcessFacts | None:
-        rows = self._rows("select comm, cmdline, exe, cgroup, first_seen from processes "
-                          "where pid = ? and start_time = ?", [process.pid, process.start_time])
+        rows = streams.process_row(self.db, process)
         if not rows:
             return None
         row = rows[0]
@@ -129,8 +115,7 @@ class StoreSignals(Signals):
     def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
         rows = self._window_rows(("gpu_rows", gpu_id), start, end, lambda s, e: [
             (r["ts"], {k: v for k, v in r.items() if k not in _NOT_FIELDS})
-            for r in self._rows("select * from gpu_samples where gpu_id = ? and ts >= ? "
-                                "and ts <= ? and instance = '' order by ts", [gpu_id, s, e])])
+            for r in streams.gpu_samples_between(self.db, gpu_id, s, e)])
         return _slice(rows, start, end)
 
     def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
@@ -142,9 +127,7 @@ class StoreSignals(Signals):
     def _process_rows(self, table: str, process: ProcessKey, start: int,
                       end: int) -> list[tuple[int, Row]]:
         rows = self._window_rows((table, process), start, end, lambda s, e: [
-            (r["ts"], r) for r in self._rows(
-                f"select * from {table} where pid = ? and start_time = ? and ts >= ? "
-                "and ts <= ? order by ts", [process.pid, process.start_time, s, e])])
+            (r["ts"], r) for r in streams.process_stats_between(self.db, table, process, s, e)])
         return _slice(rows, start, end)
 
     def _window_rows(self, key: tuple, start: int, end: int, load) -> list:  # noqa: ANN001
@@ -161,10 +144,7 @@ class StoreSignals(Signals):
         snapshots = self._snapshots[process]
         if ("calls", process) not in self._cache:
             self._cache[("calls", process)] = True
-            ops = self._rows("select op, sum(count) as count, sum(errors) as errors, "
-                             "max(updated_at) as updated_at from driver_call_stats "
-                             "where pid = ? and start_time = ? group by op",
-                             [process.pid, process.start_time])
+            ops = streams.call_totals_by_op(self.db, process)
             if ops:
                 ts = max(op["updated_at"] or 0 for op in ops)
                 if not snapshots or snapshots[-1][0] < ts:
@@ -189,19 +169,16 @@ class StoreSignals(Signals):
         return out
 
     def _load_events(self, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
-        window = [start, end]
         if stream in ("journal.xid", "journal.nvrm"):
-            op = "=" if stream == "journal.xid" else "!="
             return [(r["ts"], {"_gpu": r["gpu_id"], "_pci": r["pci"], "code": r["xid"],
                                "pid": r["pid"], "name": r["name"] or "", "kind": r["kind"],
                                "text": r["message"] or ""})
-                    for r in self._rows(f"select * from kernel_log where kind {op} 'xid' and "
-                                        "ts >= ? and ts <= ? order by ts", window)]
+                    for r in streams.kernel_log_between(self.db, stream == "journal.xid",
+                                                        start, end)]
         if stream in ("gpu.xid", "gpu.state"):
             kind = "gpu_xid" if stream == "gpu.xid" else "gpu_state"
             out = []
-            for r in self._rows("select ts, gpu_id, body from events where kind = ? and "
-                                "ts >= ? and ts <= ? order by ts", [kind, *window]):
+            for r in streams.gpu_events_between(self.db, kind, start, end):
                 body = json.loads(r["body"] or "{}")
                 out.append((r["ts"], {"_gpu": r["gpu_id"], "code": body.get("xid"),
                                       "state": body.get("state"),
@@ -210,15 +187,11 @@ class StoreSignals(Signals):
         if stream == "cron.run":
             return [(r["ts"], {"command": r["command"] or "", "user": r["user"] or "",
                                "gpu_action": r["gpu_action"] or ""})
-                    for r in self._rows("select * from cron_runs where phase = 'started' and "
-                                        "ts >= ? and ts <= ? order by ts", window)]
+                    for r in streams.cron_starts_between(self.db, start, end)]
         if stream in ("proc.exec", "proc.exit"):
             kind = "process_exec" if stream == "proc.exec" else "process_exited"
             out = []
-            for r in self._rows("select e.ts, e.pid, e.start_time, e.body, p.comm, p.cmdline "
-                                "from events e left join processes p on p.pid = e.pid and "
-                                "p.start_time = e.start_time where e.kind = ? and e.ts >= ? "
-                                "and e.ts <= ? order by e.ts", [kind, *window]):
+            for r in streams.process_events_between(self.db, kind, start, end):
                 body = json.loads(r["body"] or "{}")
                 cmdline = r["cmdline"] or ""
                 out.append((r["ts"], {
@@ -232,6 +205,5 @@ class StoreSignals(Signals):
                                "op": r["op"] or "", "sub_name": r["sub_name"] or "",
                                "reasons": r["reasons"] or "", "status": r["status_name"] or "",
                                "latency_ms": (r["latency_ns"] or 0) / 1e6})
-                    for r in self._rows("select * from driver_calls where ts >= ? and ts <= ? "
-                                        "order by ts", window)]
+                    for r in streams.driver_calls_between(self.db, start, end)]
         raise KeyError(stream)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.correlator.rules.evaluator import increase, percentile
 from gpuwhy.correlator.rules.signals import Scope, Signals
 from gpuwhy.rules.vocabulary import SIGNALS
+from gpuwhy.stats import increase, percentile
 
 STATS = ("p5", "p50", "p95", "mean")
 # GPU signals that are not engine metrics (a bitmask, a state, a constant).

@@ -279,13 +279,13 @@ class Watch:
     def _gpu(self, db) -> str | None:  # noqa: ANN001
         """The GPU watched: --gpu, else the process's binding, else NVML's process list,
         else the only GPU there is."""
-        from gpuwhy.correlator import bindings
+        from gpuwhy.store.queries import resolve_gpu
 
         if self.target.gpu:
             gpu = self.target.gpu
-            return bindings.resolve(db, uuid=gpu if gpu.startswith("GPU-") else None,
-                                    pci=gpu if ":" in gpu else None,
-                                    index=int(gpu) if gpu.isdigit() else None) or gpu
+            return resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
+                               pci=gpu if ":" in gpu else None,
+                               index=int(gpu) if gpu.isdigit() else None) or gpu
         if self.process is not None:
             for sql in ("select gpu_id from gpu_bindings where pid = ? and start_time = ? "
                         "order by since desc limit 1",

@@ -309,7 +309,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         time.sleep(0.5)
         if incident is not None:
             from gpuwhy.correlator.cli import print_incident
-            from gpuwhy.correlator.report import incident_detail
+            from gpuwhy.store.queries import incident_detail
 
             with contextlib.closing(pipe.reader()) as db:
                 detail = incident_detail(db, incident)

@@ -4,9 +4,8 @@ samples, and a bucket's mean is the mean of the samples in it."""
 import pytest
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.store import open_store
+from gpuwhy.store import open_store, series
 from gpuwhy.store.rollups import DONE_MARK, MINUTE_NS, get_mark, roll_up
-from gpuwhy.webui import series
 
 from .conftest import build
 

@@ -3,9 +3,9 @@
 What it holds: the environment (GPUs, driver, host, processes), metric trends as inline SVG
 charts with the incidents marked, the incidents with their root-cause chains, rule findings
 with their fixes in priority order, and optionally the same figures for the period before.
-Data come from the same readers as the CLI and the web view (``correlator.report``,
-``webui.series``); the page has no script and no external reference, so it works offline
-and prints (``--pdf``) as it shows.
+Data come from the store's read API, as for the CLI and the web view
+(``gpuwhy.store.queries``, ``gpuwhy.store.series``); the page has no script and no external
+reference, so it works offline and prints (``--pdf``) as it shows.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from sqlite_utils import Database
 
 from gpuwhy import __version__
 from gpuwhy.clock import NS_PER_SECOND, now_ns
-from gpuwhy.correlator import bindings
-from gpuwhy.correlator.report import incident_detail, list_incidents
-from gpuwhy.correlator.rules.evaluator import percentile
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
+from gpuwhy.stats import percentile
+from gpuwhy.store import queries
+from gpuwhy.store.series import gpu_series, process_series, window
 from gpuwhy.webui.reports.svg import clock, line_chart
 
 MINUTE = 60 * NS_PER_SECOND
 POINTS = 300
 MAX_TEXT = 2000
-# (field of webui.series.GPU_FIELDS, chart title, unit); several fields share a chart.
+# (field of store.series.GPU_FIELDS, chart title, unit); several fields share a chart.
 GPU_CHARTS = (
     ("Engine activity", "%", ("gpu_util", "sm_active", "tensor_active", "dram_active")),
     ("Power", "W", ("power_w", "power_limit_w")),
@@ -65,12 +65,8 @@ class Subject:
     incident_id: int | None = None
 
 
-def _one(db: Database, sql: str, params: list) -> tuple | None:
-    return db.execute(sql, params).fetchone()
-
-
 def incident_subject(db: Database, incident_id: int, margin_ns: int = 10 * MINUTE) -> Subject:
-    detail = incident_detail(db, incident_id)
+    detail = queries.incident_detail(db, incident_id)
     if detail is None:
         raise ReportError(f"no incident {incident_id} in the store")
     end = detail["ended"] or detail["last_seen"] or detail["started"]
@@ -81,29 +77,26 @@ def incident_subject(db: Database, incident_id: int, margin_ns: int = 10 * MINUT
 
 
 def gpu_subject(db: Database, gpu: str, since: int, until: int) -> Subject:
-    gpu_id = bindings.resolve(db, uuid=gpu if gpu.startswith("GPU-") else None,
-                              pci=gpu if ":" in gpu else None,
-                              index=int(gpu) if gpu.isdigit() else None) or gpu
-    if not _one(db, "select 1 from gpus where id = ?", [gpu_id]):
+    gpu_id = queries.resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
+                                 pci=gpu if ":" in gpu else None,
+                                 index=int(gpu) if gpu.isdigit() else None) or gpu
+    if queries.gpu(db, gpu_id) is None:
         raise ReportError(f"no GPU {gpu!r} in the store")
     return Subject(f"GPU {gpu_id}", since, until, [gpu_id])
 
 
 def process_subject(db: Database, key: ProcessKey, margin_ns: int = MINUTE) -> Subject:
-    row = _one(db, "select first_seen, coalesce(exited_at, last_seen), comm from processes "
-                   "where pid = ? and start_time = ?", [key.pid, key.start_time])
+    row = queries.process(db, key)
     if row is None:
         raise ReportError(f"no process {key} in the store")
-    gpus = [r[0] for r in db.execute("select distinct gpu_id from gpu_bindings where pid = ? "
-                                     "and start_time = ? order by gpu_id",
-                                     [key.pid, key.start_time])]
-    return Subject(f"Process {key} ({row[2] or '?'})", (row[0] or now_ns()) - margin_ns,
-                   (row[1] or now_ns()) + margin_ns, gpus, process=key)
+    gpus = [r["gpu_id"] for r in queries.process_gpus(db, key)]
+    end = row["exited_at"] or row["last_seen"]
+    return Subject(f"Process {key} ({row['comm'] or '?'})",
+                   (row["first_seen"] or now_ns()) - margin_ns, (end or now_ns()) + margin_ns,
+                   gpus, process=key)
 
 
 def _series(db: Database, gpu_id: str, since: int, until: int) -> dict:
-    from gpuwhy.webui.series import gpu_series, window
-
     return gpu_series(db, gpu_id, window(until, 0, POINTS, since=since))
 
 
@@ -139,26 +132,24 @@ def _gpu_section(db: Database, gpu_id: str, subject: Subject, markers: list,
         if now and then and then["mean"]:
             change = (now["mean"] - then["mean"]) / abs(then["mean"])
         summary.append({"field": name, "now": now, "before": then, "change": change})
-    row = db.execute("select model, driver_version, simulated, pci_bus_id, uuid from gpus "
-                     "where id = ?", [gpu_id]).fetchone() or (None,) * 5
-    return {"id": gpu_id, "model": row[0], "driver": row[1], "simulated": bool(row[2]),
-            "pci": row[3], "uuid": row[4], "charts": charts, "summary": summary,
+    row = queries.gpu(db, gpu_id) or {}
+    return {"id": gpu_id, "model": row.get("model"), "driver": row.get("driver_version"),
+            "simulated": bool(row.get("simulated")), "pci": row.get("pci_bus_id"),
+            "uuid": row.get("uuid"), "charts": charts, "summary": summary,
             "samples": len(data["rows"])}
 
 
 def _process_section(db: Database, key: ProcessKey, subject: Subject, markers: list) -> dict:
-    from gpuwhy.webui.series import process_series, window
-
     data = process_series(db, key, window(subject.until, 0, POINTS, since=subject.since))
     charts = [line_chart(title, unit, [(name, _column(data, name)) for name in names],
                          subject.since, subject.until, markers)
               for title, unit, names in PROCESS_CHARTS]
-    row = db.execute("select comm, cmdline, exe, cgroup, uid, first_seen, exited_at from "
-                     "processes where pid = ? and start_time = ?",
-                     [key.pid, key.start_time]).fetchone() or (None,) * 7
-    return {"key": str(key), "comm": row[0], "cmdline": (row[1] or "")[:MAX_TEXT],
-            "exe": row[2], "cgroup": row[3], "uid": row[4], "first_seen": row[5],
-            "exited_at": row[6], "charts": charts}
+    row = queries.process(db, key) or {}
+    return {"key": str(key), "comm": row.get("comm"),
+            "cmdline": (row.get("cmdline") or "")[:MAX_TEXT], "exe": row.get("exe"),
+            "cgroup": row.get("cgroup"), "uid": row.get("uid"),
+            "first_seen": row.get("first_seen"), "exited_at": row.get("exited_at"),
+            "charts": charts}
 
 
 def _incidents(db: Database, subject: Subject) -> list[dict]:
@@ -168,17 +159,15 @@ def _incidents(db: Database, subject: Subject) -> list[dict]:
     if subject.incident_id is not None:
         found[subject.incident_id] = {}
     for gpu_id in subject.gpu_ids:
-        for row in list_incidents(db, gpu=gpu_id, since=subject.since, limit=200):
+        for row in queries.list_incidents(db, gpu=gpu_id, since=subject.since, limit=200):
             if row["opened_at"] <= subject.until:
                 found.setdefault(row["id"], {})
     if subject.process is not None:
-        for (incident_id,) in db.execute(
-                "select incident_id from incident_processes where pid = ? and start_time = ?",
-                [subject.process.pid, subject.process.start_time]):
+        for incident_id in queries.process_incident_ids(db, subject.process):
             found.setdefault(incident_id, {})
     out = []
     for incident_id in found:
-        detail = incident_detail(db, incident_id)
+        detail = queries.incident_detail(db, incident_id)
         if detail is not None:
             out.append({**detail, "actions": recommended_actions(detail)})
     out.sort(key=lambda i: (i["id"] != subject.incident_id, RANK.get(i["severity"], 9),
@@ -188,30 +177,14 @@ def _incidents(db: Database, subject: Subject) -> list[dict]:
 
 def _findings(db: Database, subject: Subject) -> list[dict]:
     """Rule findings in the period, the most severe (and still firing) first."""
-    if not db["rule_findings"].exists():
-        return []
-    where, params = [], []
-    if subject.gpu_ids:
-        where.append(f"gpu_id in ({', '.join('?' * len(subject.gpu_ids))})")
-        params += subject.gpu_ids
-    if subject.process is not None:
-        where.append("(pid = ? and start_time = ?)")
-        params += [subject.process.pid, subject.process.start_time]
-    if not where:
-        return []
-    cursor = db.execute(f"select * from rule_findings where ({' or '.join(where)}) and "
-                        f"first_ts <= ? and coalesce(cleared_at, last_ts) >= ?",
-                        [*params, subject.until, subject.since])
-    names = [d[0] for d in cursor.description]
-    found = []
-    for values in cursor.fetchall():
-        row = dict(zip(names, values, strict=True))
+    found = queries.findings_in_window(db, subject.gpu_ids, subject.process, subject.since,
+                                       subject.until)
+    for row in found:
         for key, empty in (("evidence", {}), ("fixes", [])):
             try:
                 row[key] = json.loads(row[key]) if row[key] else empty
             except ValueError:
                 row[key] = empty
-        found.append(row)
     found.sort(key=lambda f: (RANK.get(f["severity"], 9), f["state"] != "firing",
                               f["first_ts"]))
     return found
@@ -221,7 +194,7 @@ def gather(db: Database, subject: Subject, compare: bool = False) -> dict:
     """Everything the report shows, as plain data (and SVG markup for the charts)."""
     incidents = _incidents(db, subject)
     markers = [(i["started"], f"#{i['id']} {i['kind']}") for i in incidents]
-    simulated = bool(db.execute("select count(*) from gpus where simulated").fetchone()[0])
+    simulated = queries.simulated(db)
     return {
         "subject": subject, "generated": now_ns(), "version": __version__,
         "host": {"name": platform.node(), "kernel": platform.release()},

@@ -1,0 +1,112 @@
+"""Time-window reads of the store that the rules' signals run on: GPUs, live processes,
+samples, per-process stats, driver call totals and the event streams.
+
+Each function returns plain rows (one dict per row, column names as keys) in time order
+where rows have a time; shaping them into signal rows is the caller's business. Windows
+are inclusive at both ends.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+
+from gpuwhy.identity import ProcessKey
+
+# The table name goes into the SQL text, so only these may be asked for.
+PROCESS_STATS_TABLES = frozenset({"sched_stats", "cuda_stats"})
+
+
+def recent_gpus(db: Database, since: int) -> list[dict]:
+    """Ids of the GPUs seen at or after ``since``, by id."""
+    return db.execute_returning_dicts(
+        "select id from gpus where last_seen >= ? order by id", [since])
+
+
+def gpu_row(db: Database, gpu_id: str) -> list[dict]:
+    """The GPU's id, model and pci_bus_id (no rows when it is unknown)."""
+    return db.execute_returning_dicts(
+        "select id, model, pci_bus_id from gpus where id = ?", [gpu_id])
+
+
+def live_processes_on(db: Database, gpu_id: str, nvml_since: int) -> list[dict]:
+    """pid and start_time of the unexited processes on the GPU: those with an open binding,
+    and those in NVML's latest process list for it if that list is from ``nvml_since`` on."""
+    return db.execute_returning_dicts(
+        "select b.pid, b.start_time from gpu_bindings b left join processes p "
+        "on p.pid = b.pid and p.start_time = b.start_time "
+        "where b.gpu_id = ? and b.until is null and p.exited_at is null "
+        "union select g.pid, g.start_time from gpu_processes g left join processes p "
+        "on p.pid = g.pid and p.start_time = g.start_time where g.gpu_id = ? "
+        "and g.start_time is not null and p.exited_at is null and g.ts = "
+        "(select max(ts) from gpu_processes where gpu_id = ? and ts >= ?)",
+        [gpu_id, gpu_id, gpu_id, nvml_since])
+
+
+def process_row(db: Database, key: ProcessKey) -> list[dict]:
+    """The process's comm, cmdline, exe, cgroup and first_seen (no rows when unknown)."""
+    return db.execute_returning_dicts(
+        "select comm, cmdline, exe, cgroup, first_seen from processes "
+        "where pid = ? and start_time = ?", [key.pid, key.start_time])
+
+
+def gpu_samples_between(db: Database, gpu_id: str, start: int, end: int) -> list[dict]:
+    """The GPU's whole-device samples (not per-instance ones) in the window."""
+    return db.execute_returning_dicts(
+        "select * from gpu_samples where gpu_id = ? and ts >= ? "
+        "and ts <= ? and instance = '' order by ts", [gpu_id, start, end])
+
+
+def process_stats_between(db: Database, table: str, key: ProcessKey, start: int,
+                          end: int) -> list[dict]:
+    """The process's rows of ``table`` (sched_stats or cuda_stats) in the window."""
+    if table not in PROCESS_STATS_TABLES:
+        raise ValueError(f"not a per-process stats table: {table!r}")
+    return db.execute_returning_dicts(
+        f"select * from {table} where pid = ? and start_time = ? and ts >= ? "
+        "and ts <= ? order by ts", [key.pid, key.start_time, start, end])
+
+
+def call_totals_by_op(db: Database, key: ProcessKey) -> list[dict]:
+    """The process's cumulative driver call count, errors and latest updated_at per op."""
+    return db.execute_returning_dicts(
+        "select op, sum(count) as count, sum(errors) as errors, "
+        "max(updated_at) as updated_at from driver_call_stats "
+        "where pid = ? and start_time = ? group by op", [key.pid, key.start_time])
+
+
+def kernel_log_between(db: Database, xid: bool, start: int, end: int) -> list[dict]:
+    """Kernel log lines in the window: the Xid ones when ``xid``, every other kind if not."""
+    op = "=" if xid else "!="
+    return db.execute_returning_dicts(
+        f"select * from kernel_log where kind {op} 'xid' and "
+        "ts >= ? and ts <= ? order by ts", [start, end])
+
+
+def gpu_events_between(db: Database, kind: str, start: int, end: int) -> list[dict]:
+    """ts, gpu_id and (json) body of the events of ``kind`` in the window."""
+    return db.execute_returning_dicts(
+        "select ts, gpu_id, body from events where kind = ? and "
+        "ts >= ? and ts <= ? order by ts", [kind, start, end])
+
+
+def cron_starts_between(db: Database, start: int, end: int) -> list[dict]:
+    """Cron runs that started in the window."""
+    return db.execute_returning_dicts(
+        "select * from cron_runs where phase = 'started' and "
+        "ts >= ? and ts <= ? order by ts", [start, end])
+
+
+def process_events_between(db: Database, kind: str, start: int, end: int) -> list[dict]:
+    """Events of ``kind`` in the window (ts, pid, start_time, json body) with the process's
+    comm and cmdline, None where the process is not recorded."""
+    return db.execute_returning_dicts(
+        "select e.ts, e.pid, e.start_time, e.body, p.comm, p.cmdline "
+        "from events e left join processes p on p.pid = e.pid and "
+        "p.start_time = e.start_time where e.kind = ? and e.ts >= ? "
+        "and e.ts <= ? order by e.ts", [kind, start, end])
+
+
+def driver_calls_between(db: Database, start: int, end: int) -> list[dict]:
+    """Single driver calls recorded in the window."""
+    return db.execute_returning_dicts(
+        "select * from driver_calls where ts >= ? and ts <= ? order by ts", [start, end])
