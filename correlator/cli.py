@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import click
 
@@ -33,14 +35,19 @@ def parse_since(text: str) -> int:
 
 
 
-def _open_db(ctx: click.Context):  # noqa: ANN202
+def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """One read of the store's read API, on a read-only connection of its own."""
     from gpuwhy.store import open_store
 
     config = ctx.obj.config()
     try:
-        return open_store(config["store.path"], readonly=True)
+        db = open_store(config["store.path"], readonly=True)
     except GpuwhyError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        return read(db, *args, **kwargs)
+    finally:
+        db.close()
 
 
 @click.command()
@@ -63,11 +70,7 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
     from gpuwhy.store.queries import list_incidents
 
     since = parse_since(since_text) if since_text else None
-    db = _open_db(ctx)
-    try:
-        rows = list_incidents(db, gpu=gpu, since=since, kind=kind, limit=limit)
-    finally:
-        db.close()
+    rows = _read(ctx, list_incidents, gpu=gpu, since=since, kind=kind, limit=limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -134,11 +137,7 @@ def incident(ctx: click.Context, incident_id: int, as_json: bool) -> None:
     """
     from gpuwhy.store.queries import incident_detail
 
-    db = _open_db(ctx)
-    try:
-        detail = incident_detail(db, incident_id)
-    finally:
-        db.close()
+    detail = _read(ctx, incident_detail, incident_id)
     if detail is None:
         raise click.ClickException(f"no incident {incident_id} (see `gpuwhy incidents`)")
     if as_json:
@@ -161,11 +160,7 @@ def resets(ctx: click.Context, gpu: str | None, as_json: bool) -> None:
     """
     from gpuwhy.store.queries import reset_history
 
-    db = _open_db(ctx)
-    try:
-        history = reset_history(db, gpu)
-    finally:
-        db.close()
+    history = _read(ctx, reset_history, gpu)
     if as_json:
         click.echo(json.dumps(history, indent=2))
         return

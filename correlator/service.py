@@ -62,7 +62,7 @@ class Correlator:
         self.flush_interval: float = config["correlator.flush_interval"]
         self.subscriber = subscriber
         self.writer = StoreWriter(db)
-        self.maintenance = Maintenance(config, db)   # rollups, retention, size (store issue)
+        self.maintenance = Maintenance(config, db)   # rollups, retention, size
         self.builder = IncidentBuilder(config)
         self.alerter = alerter or Alerter(config["correlator.url"],
                                           enabled=config["correlator.alerts"])
@@ -107,7 +107,7 @@ class Correlator:
                 self.dropped_store_unavailable += overflow
                 del self.pending[:overflow]
             return
-        if self.store_error is not None:   # store issue: say that it is over
+        if self.store_error is not None:   # say that it is over
             log.warning("the store is writable again; wrote the %d events held", len(self.pending))
         self.store_error = None
         self.pending.clear()
@@ -179,7 +179,7 @@ class Correlator:
                 self._write_health()
                 next_health = now + HEALTH_EVERY
             if now >= next_maintenance and not self.store_error:
-                more = self.maintenance.step()   # a few ms of rollups/retention (store issue)
+                more = self.maintenance.step()   # a few ms of rollups/retention
                 next_maintenance = now if more else now + self.maintenance.interval
         # Drain what the sources sent before they stopped, within a bounded time: a stop must
         # not wait on a backlog. Sources re-send their state or resume from a stored cursor.

@@ -270,28 +270,25 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
         click.echo(f"{row['name']:<26} {row['value']!r:<30} ${row['env']}\n    {row['help']}")
 
 
-# --- commands of the probes (eBPF probes issue) ---
+# --- commands of the probes ---
 from gpuwhy.probes.cuda.cli import cuda as _cuda_command  # noqa: E402
 from gpuwhy.probes.trace import trace as _trace_command  # noqa: E402
 
 cli.add_command(_trace_command)
 cli.add_command(_cuda_command)
-# --- end commands of the probes ---
-# --- commands of the GPU sources (GPU sources issue) ---
+# --- commands of the GPU sources ---
 from gpuwhy.probes.gpu.cli import dcgm as _dcgm_command  # noqa: E402
 from gpuwhy.probes.gpu.cli import gpu as _gpu_command  # noqa: E402
 
 cli.add_command(_gpu_command)
 cli.add_command(_dcgm_command)
-# --- end commands of the GPU sources ---
-# --- commands of the kernel log and cron sources (kernel-log and cron issue) ---
+# --- commands of the kernel log and cron sources ---
 from gpuwhy.probes.cron.cli import cron as _cron_command  # noqa: E402
 from gpuwhy.probes.klog.cli import xid as _xid_command  # noqa: E402
 
 cli.add_command(_xid_command)
 cli.add_command(_cron_command)
-# --- end commands of the kernel log and cron sources ---
-# --- commands of the correlator (correlator issue) ---
+# --- commands of the correlator ---
 from gpuwhy.correlator.cli import incident as _incident_command  # noqa: E402
 from gpuwhy.correlator.cli import incidents as _incidents_command  # noqa: E402
 from gpuwhy.correlator.cli import resets as _resets_command  # noqa: E402
@@ -301,25 +298,21 @@ cli.add_command(_incidents_command)
 cli.add_command(_incident_command)
 cli.add_command(_resets_command)
 cli.add_command(_demo_command)
-# --- end commands of the correlator ---
-# --- commands of the rules (rules issue) ---
+# --- commands of the rules ---
 from gpuwhy.correlator.rules.cli import record as _record_command  # noqa: E402
 from gpuwhy.correlator.rules.cli import rules as _rules_command  # noqa: E402
 
 cli.add_command(_rules_command)
 cli.add_command(_record_command)
-# --- end commands of the rules ---
-# --- commands of the store (store issue) ---
+# --- commands of the store ---
 from gpuwhy.store.cli import db as _db_command  # noqa: E402
 
 cli.add_command(_db_command)
-# --- end commands of the store ---
-# --- commands of the deployment (deployment issue) ---
+# --- commands of the deployment ---
 from gpuwhy.deploy.cli import check_env as _check_env_command  # noqa: E402
 
 cli.add_command(_check_env_command)
-# --- end commands of the deployment ---
-# --- commands of checks and reports (CI issue) ---
+# --- commands of checks and reports ---
 from gpuwhy.checks.cli import baseline as _baseline_command  # noqa: E402
 from gpuwhy.checks.cli import check as _check_command  # noqa: E402
 from gpuwhy.checks.report_cli import report as _report_command  # noqa: E402
@@ -327,9 +320,7 @@ from gpuwhy.checks.report_cli import report as _report_command  # noqa: E402
 cli.add_command(_check_command)
 cli.add_command(_baseline_command)
 cli.add_command(_report_command)
-# --- end commands of checks and reports ---
-# --- commands of the benchmarks (bench issue) ---
+# --- commands of the benchmarks ---
 from gpuwhy.bench_cli import bench as _bench_command  # noqa: E402
 
 cli.add_command(_bench_command)
-# --- end commands of the benchmarks ---

@@ -50,7 +50,7 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds a batch waits before it is written even when not full (one with an "
             "event that may open an incident is written 50 ms after it)"),
     Setting("log.level", "info", "GPUWHY_LOG_LEVEL", "debug, info, warning or error"),
-    # --- probes settings (eBPF probes issue) ---
+    # --- probes settings ---
     Setting("probes.slow_call_ms", 10.0, "GPUWHY_SLOW_CALL_MS",
             "a driver call slower than this is reported on its own"),
     Setting("probes.big_alloc_bytes", 1 << 30, "GPUWHY_BIG_ALLOC_BYTES",
@@ -59,8 +59,7 @@ SETTINGS: tuple[Setting, ...] = (
             "failed or large calls reported one by one per CPU per second (the rest are counted)"),
     Setting("probes.sched", True, "GPUWHY_SCHED",
             "trace the scheduler for processes that use the GPU, their threads and workers"),
-    # --- end probes settings ---
-    # --- cuda settings (cuda issue) ---
+    # --- cuda settings ---
     Setting("probes.cuda_uprobes", False, "GPUWHY_CUDA_UPROBES",
             "attach uprobes to the CUDA libraries (libcuda, libcudart) of GPU processes: "
             "launches, copies, syncs, allocations (opt-in; see probes/README.md)"),
@@ -79,8 +78,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probes.cuda_max_errors_per_second", 100, "GPUWHY_CUDA_MAX_ERRORS",
             "probe errors (lost records, full maps, unreadable arguments) per second past "
             "which every CUDA uprobe is detached and the kill switch set"),
-    # --- end cuda settings ---
-    # --- GPU source settings (GPU sources issue) ---
+    # --- GPU source settings ---
     Setting("gpu.source", "auto", "GPUWHY_GPU_SOURCE",
             "GPU counter source: auto (DCGM, then NVML, then dcgm-exporter if a URL is set, "
             "then the simulator), dcgm, nvml, dcgm-exporter or sim"),
@@ -109,8 +107,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.sim_event_file", "", "GPUWHY_SIM_EVENT_FILE",
             "when set, the simulated event also comes as soon as this file exists (how "
             "`gpuwhy demo`'s stand-in reset strikes the simulated GPU)"),
-    # --- end GPU source settings ---
-    # --- kernel log and cron settings (kernel-log and cron issue) ---
+    # --- kernel log and cron settings ---
     Setting("klog.backend", "auto", "GPUWHY_KLOG_BACKEND",
             "where the kernel log is read: auto (journald, else /dev/kmsg, else klog.file), "
             "journald, kmsg or file"),
@@ -136,8 +133,7 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds between re-reads of the cron and timer schedule"),
     Setting("cron.journal_path", "", "GPUWHY_CRON_JOURNAL",
             "journal directory or file to read CRON lines from instead of the system journal"),
-    # --- end kernel log and cron settings ---
-    # --- correlator settings (correlator issue) ---
+    # --- correlator settings ---
     Setting("correlator.lag_seconds", 5.0, "GPUWHY_LAG",
             "how late an event may arrive and still land in its incident's chain: chains are "
             "rebuilt until this long after their last event"),
@@ -153,8 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
             "log each new incident to the systemd journal (MESSAGE_ID per kind)"),
     Setting("correlator.url", "http://127.0.0.1:8000", "GPUWHY_URL",
             "base URL of the web view, used for the incident links in alerts"),
-    # --- end correlator settings ---
-    # --- rules settings (rules issue) ---
+    # --- rules settings ---
     Setting("rules.interval", 10.0, "GPUWHY_RULES_INTERVAL",
             "seconds between evaluations of the rules (a rule's own 'every' can be longer)"),
     Setting("rules.paths", "", "GPUWHY_RULES_PATHS",
@@ -162,8 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rules.builtin", True, "GPUWHY_RULES_BUILTIN", "load the rules shipped with gpuwhy"),
     Setting("rules.shadow", False, "GPUWHY_RULES_SHADOW",
             "every rule in shadow mode: findings are recorded, never alerted"),
-    # --- end rules settings ---
-    # --- store settings (store issue) ---
+    # --- store settings ---
     Setting("store.raw_days", 7.0, "GPUWHY_RAW_DAYS",
             "days raw GPU samples and per-second rows are kept (once rolled up)"),
     Setting("store.rollup_days", 90.0, "GPUWHY_ROLLUP_DAYS",
@@ -179,10 +173,7 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds between the writer's rollup, retention and size checks"),
     Setting("store.prune_batch", 500, "GPUWHY_PRUNE_BATCH",
             "rows deleted per retention transaction (small: the writer waits for each)"),
-    # --- end store settings ---
-    # --- deployment settings (deployment issue) ---
-    # --- end deployment settings ---
-    # --- web settings (web issue) ---
+    # --- web settings ---
     Setting("web.auth", False, "ENABLE_AUTH",
             "require the token (web.auth_token) for every page and API call; on by itself "
             "when a token is set. Binding anything but loopback needs it"),
@@ -194,8 +185,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the source tree (scripts/setup.sh installs it there)"),
     Setting("web.max_points", 720, "GPUWHY_MAX_POINTS",
             "points per chart series at most: longer ranges are averaged into buckets"),
-    # --- end web settings ---
-    # --- checks and reports settings (CI issue) ---
+    # --- checks and reports settings ---
     Setting("checks.progress_seconds", 10.0, "GPUWHY_CHECK_PROGRESS",
             "seconds between the progress lines (on stderr) of `gpuwhy check` and "
             "`gpuwhy baseline` watches"),
@@ -208,7 +198,6 @@ SETTINGS: tuple[Setting, ...] = (
             "headless Chromium used by `gpuwhy report --pdf`"),
     Setting("checks.pdf_timeout", 60.0, "GPUWHY_PDF_TIMEOUT",
             "seconds Chromium may take to print a report to PDF"),
-    # --- end checks and reports settings ---
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -47,7 +47,7 @@ class ProcessSeen(Event):
     uid: int = -1
     cgroup: str = ""
     tag: str | None = None
-    # from the cgroup path (deployment issue): None when the path does not say
+    # from the cgroup path: None when the path does not say
     container_id: str | None = None
     pod_uid: str | None = None
     unit: str | None = None
@@ -162,7 +162,7 @@ class SourceHealth(Event):
     counters: dict[str, int] = field(default_factory=dict)
 
 
-# --- probes: lifecycle, scheduler, driver calls (eBPF probes issue) ---
+# --- probes: lifecycle, scheduler, driver calls ---
 @dataclass(frozen=True)
 class ProcessExec(Event):
     """Event name: ``process_exec`` (topic ``proc``). A process replaced its image; ``filename``
@@ -205,9 +205,8 @@ class SchedStats(Event):
     own: dict[str, int]
     workers: dict[str, int]
     worker_processes: int = 0
-# --- end probes ---
 
-# --- cuda uprobes events (cuda issue) ---
+# --- cuda uprobes events ---
 CUDA_COPY_DIRECTIONS = ("htod", "dtoh", "dtod", "htoh", "unknown")
 CUDA_MEMORY_FIGURES = ("allocs", "alloc_bytes", "frees", "free_bytes", "host_allocs",
                        "host_alloc_bytes")
@@ -306,9 +305,8 @@ class CudaLibrary(Event):
     state: str
     reason: str = ""
     probes: int = 0
-# --- end cuda uprobes events ---
 
-# --- GPU counter sources (GPU sources issue) ---
+# --- GPU counter sources ---
 @dataclass(frozen=True)
 class GpuSeen(Event):
     """Event name: ``gpu_seen`` (topic ``gpu``). Everything a GPU source knows a GPU by.
@@ -392,15 +390,34 @@ class GpuProcesses(Event):
     gpu_id: str
     source: str
     processes: list[dict]
-# --- end GPU counter sources ---
 
-# --- kernel log and cron sources (kernel-log and cron issue) ---
+# --- kernel log and cron sources ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelLogFacts:
+    """What one recognised NVIDIA kernel-log line says: the parser's reading
+    (``gpuwhy.probes.klog.parse.KernelRecord``) and the bus's record of it
+    (:class:`KernelLogRecord`) share these fields. ``pci`` is ``dddd:bb:dd`` lowercase;
+    ``message`` and ``name`` come from the line: bounded, untrusted."""
+
+    message: str = ""
+    xid: int | None = None
+    sxid: int | None = None
+    pci: str | None = None
+    pid: int | None = None
+    name: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    uuid: str | None = None
+    driver_version: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class KernelLogRecord(Event):
+class KernelLogRecord(Event, KernelLogFacts):
     """Event name: ``kernel_log_record`` (topic ``klog``). One recognised NVIDIA kernel-log
-    line (see ``gpuwhy.probes.klog.parse.KernelRecord``): ``record_kind`` is ``xid``,
+    line: its facts (:class:`KernelLogFacts`) and where it was read. ``record_kind`` is ``xid``,
     ``sxid``, ``fallen_off_bus``, ``rm_init_failed``, ``gpu_uuid``, ``gpu_serial``,
     ``driver_loaded``, ``gsp_timeout``, ``gsp_rate_limited`` or ``gsp_rpc_failed``; ``pci``
     is ``dddd:bb:dd``. ``cursor`` is the line's position in ``origin`` (``journald``,
@@ -415,17 +432,6 @@ class KernelLogRecord(Event):
     origin: str
     boot_id: str
     record_kind: str
-    message: str = ""
-    xid: int | None = None
-    sxid: int | None = None
-    pci: str | None = None
-    pid: int | None = None
-    name: str | None = None
-    gpu_instance: int | None = None
-    compute_instance: int | None = None
-    uuid: str | None = None
-    driver_version: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
     line: str = ""
 
 
@@ -479,12 +485,9 @@ class CronExecution(Event):
     cron_pid: int | None = None
     gpu_action: str | None = None
     boot_id: str = ""
-# --- end kernel log and cron sources ---
 
-# --- correlator events (correlator issue) ---
-# --- end correlator events ---
 
-# --- rules events (rules issue) ---
+# --- rules events ---
 @dataclass(frozen=True)
 class RuleFinding(Event):
     """Event name: ``rule_finding`` (topic ``rule``). A rule's condition held (``state``
@@ -520,10 +523,7 @@ class RuleFinding(Event):
             except (KeyError, ValueError) as exc:
                 raise TypeError(f"process is not a process key: {exc}") from None
             object.__setattr__(self, "process", key)
-# --- end rules events ---
 
-# --- store events (store issue) ---
-# --- end store events ---
 
 
 def _concrete_event_types(base: type[Event]) -> list[type[Event]]:

@@ -45,23 +45,20 @@ def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
     until the event it is given is set; it must return within SOURCE_STOP_TIMEOUT then.
     """
     sources: dict[str, SourceRunner] = {}
-    # --- GPU source (GPU sources issue) ---
+    # --- GPU source ---
     from gpuwhy.probes.gpu.runner import run_gpu_source
 
     sources["gpu"] = run_gpu_source
-    # --- end GPU source ---
-    # --- kernel log and cron sources (kernel-log and cron issue) ---
+    # --- kernel log and cron sources ---
     from gpuwhy.probes.cron.source import run_cron_source
     from gpuwhy.probes.klog.source import run_klog_source
 
     sources["klog"] = run_klog_source
     sources["cron"] = run_cron_source
-    # --- end kernel log and cron sources ---
-    # --- rules (rules issue) ---
+    # --- rules ---
     from gpuwhy.correlator.rules.runner import run_rules
 
     sources["rules"] = run_rules
-    # --- end rules ---
     return sources
 
 

@@ -1,1 +1,1 @@
-"""Event sources: eBPF probes (privileged) and, later, GPU counters, kernel log and cron."""
+"""Event sources: eBPF probes (privileged), GPU counters, the kernel log and cron."""

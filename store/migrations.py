@@ -59,7 +59,7 @@ def m001_core_tables(db: Database) -> None:
     }, pk="source")
 
 
-# --- probes migrations: name them m1NN_* (eBPF probes issue) ---
+# --- probes migrations: name them m1NN_* ---
 @migrations()
 def m101_decoded_driver_calls(db: Database) -> None:
     db["device_fds"].add_column("how", str)
@@ -89,9 +89,8 @@ def m101_decoded_driver_calls(db: Database) -> None:
                      "voluntary_switches", "involuntary_switches", "migrations", "threads"):
             columns[f"{side}_{name}"] = int
     db["sched_stats"].create(columns, pk=("pid", "start_time", "ts"))
-# --- end probes migrations ---
 
-# --- GPU source migrations: name them m2NN_* (GPU sources issue) ---
+# --- GPU source migrations: name them m2NN_* ---
 _M201_SAMPLE_COLUMNS = (
     "gpu_util", "mem_util", "enc_util", "dec_util", "sm_clock_mhz", "mem_clock_mhz",
     "clocks_event_reasons", "pstate", "temp_c", "mem_temp_c", "power_w", "power_limit_w",
@@ -126,9 +125,8 @@ def m201_gpu_samples_wide(db: Database) -> None:
                "pid INTEGER NOT NULL, start_time INTEGER, used_memory_mib REAL, sm_util REAL, "
                "mem_util REAL, enc_util REAL, dec_util REAL, "
                "PRIMARY KEY (gpu_id, ts, pid)) WITHOUT ROWID")
-# --- end GPU source migrations ---
 
-# --- kernel log and cron migrations: name them m3NN_* (kernel-log and cron issue) ---
+# --- kernel log and cron migrations: name them m3NN_* ---
 
 
 @migrations()
@@ -160,9 +158,8 @@ def m301_kernel_log_and_cron(db: Database) -> None:
         "ended_at": int,
     }, pk="cursor")
     db["cron_runs"].create_index(["job_pid", "ts"])
-# --- end kernel log and cron migrations ---
 
-# --- correlator migrations: name them m4NN_* (correlator issue) ---
+# --- correlator migrations: name them m4NN_* ---
 
 
 @migrations()
@@ -192,9 +189,8 @@ def m401_incidents_chains_timelines(db: Database) -> None:
                "workers_on_cpu_ms REAL, workers_runqueue_ms REAL, workers_blocked_ms REAL, "
                "sm_util REAL, used_memory_mib REAL, "
                "PRIMARY KEY (pid, start_time, second)) WITHOUT ROWID")
-# --- end correlator migrations ---
 
-# --- rules migrations: name them m5NN_* (rules issue) ---
+# --- rules migrations: name them m5NN_* ---
 
 
 @migrations()
@@ -213,9 +209,8 @@ def m501_rule_findings_and_overrides(db: Database) -> None:
     db["rule_overrides"].create({
         "rule_id": str, "enabled": int, "shadow": int, "params": str, "updated_at": int,
     }, pk="rule_id")
-# --- end rules migrations ---
 
-# --- store migrations: name them m6NN_* (store issue) ---
+# --- store migrations: name them m6NN_* ---
 
 
 @migrations()
@@ -280,9 +275,8 @@ def m603_views(db: Database) -> None:
     from gpuwhy.store.views import VIEWS_V1, create_views
 
     create_views(db, VIEWS_V1)
-# --- end store migrations ---
 
-# --- deployment migrations: name them m7NN_* (deployment issue) ---
+# --- deployment migrations: name them m7NN_* ---
 
 
 @migrations()
@@ -292,9 +286,8 @@ def m701_process_owner(db: Database) -> None:
         db["processes"].add_column(column, str)
     db["processes"].create_index(["pod_uid"])
     db["processes"].create_index(["container_id"])
-# --- end deployment migrations ---
 
-# --- cuda migrations: name them m8NN_* (cuda issue) ---
+# --- cuda migrations: name them m8NN_* ---
 
 
 @migrations()
@@ -329,9 +322,8 @@ def m802_cuda_timeline(db: Database) -> None:
                          ("cuda_pageable_bytes", int), ("cuda_allocs", int),
                          ("cuda_frees", int)):
         db["process_seconds"].add_column(column, kind)
-# --- end cuda migrations ---
 
-# --- checks migrations: name them m9NN_* (CI issue) ---
+# --- checks migrations: name them m9NN_* ---
 
 
 @migrations()
@@ -342,4 +334,3 @@ def m901_baselines(db: Database) -> None:
         "name": str, "created_at": int, "seconds": float, "target": str, "gpu_id": str,
         "environment": str, "figures": str, "watched": str,
     }, pk="name")
-# --- end checks migrations ---

@@ -10,16 +10,29 @@ from collections.abc import Iterable
 from sqlite_utils import Database
 
 from gpuwhy.events import (
+    CronExecution,
+    CronSchedule,
+    CudaCall,
+    CudaLibrary,
+    CudaStats,
     DeviceClosed,
     DeviceOpened,
     DriverCall,
     DriverCallStats,
     Envelope,
     Event,
+    GpuProcesses,
+    GpuSample,
+    GpuSeen,
+    GpuState,
+    GpuXid,
+    KernelLogCheckpoint,
+    KernelLogRecord,
     ProcessExec,
     ProcessExited,
     ProcessForked,
     ProcessSeen,
+    RuleFinding,
     SchedStats,
     SourceHealth,
     event_fields,
@@ -226,7 +239,7 @@ class StoreWriter:
                         "and fd = ? and closed_at is null", [event.ts, *key, event.fd])
         self._insert("events", _event_row(envelope))
 
-    # --- probes handlers (eBPF probes issue) ---
+    # --- probes handlers ---
     def _on_driver_call_stats(self, envelope: Envelope, event: DriverCallStats) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
         minor = using_gpu_minor(event)
@@ -276,10 +289,9 @@ class StoreWriter:
         row = _event_row(envelope)
         row.update(pid=event.child.pid, start_time=event.child.start_time)
         self._insert("events", row)
-    # --- end probes handlers ---
 
-    # --- cuda handlers (cuda issue) ---
-    def _on_cuda_stats(self, envelope: Envelope, event: Event) -> None:
+    # --- cuda handlers ---
+    def _on_cuda_stats(self, envelope: Envelope, event: CudaStats) -> None:
         row = {"pid": event.process.pid, "start_time": event.process.start_time,
                "ts": event.ts, "interval_ns": event.interval_ns, "calls": event.calls,
                "errors": event.errors, **event.totals(), "overhead_ns": event.overhead_ns,
@@ -290,17 +302,16 @@ class StoreWriter:
             "sync_log2": event.sync_log2, "memory": event.memory})
         self._upsert("cuda_stats", row, pk=("pid", "start_time", "ts"))
 
-    def _on_cuda_call(self, envelope: Envelope, event: Event) -> None:
+    def _on_cuda_call(self, envelope: Envelope, event: CudaCall) -> None:
         row = {k: v for k, v in vars(event).items() if k not in ("process", "raw_ts")}
         row.update(pid=event.process.pid, start_time=event.process.start_time,
                    reasons=",".join(event.reasons))
         self._insert("cuda_calls", row)
 
-    def _on_cuda_library(self, envelope: Envelope, event: Event) -> None:
+    def _on_cuda_library(self, envelope: Envelope, event: CudaLibrary) -> None:
         self._insert("events", _event_row(envelope))
-    # --- end cuda handlers ---
 
-    # --- GPU source handlers (GPU sources issue) ---
+    # --- GPU source handlers ---
     def _gpu_columns(self) -> set[str]:
         if not hasattr(self, "_gpu_sample_columns"):
             self._gpu_sample_columns = set(self.db["gpu_sample_data"].columns_dict) - {
@@ -317,7 +328,7 @@ class StoreWriter:
                         "last_seen = max(last_seen, excluded.last_seen)",
                         [gpu_id, int(simulated), source, ts, ts])
 
-    def _on_gpu_seen(self, envelope: Envelope, event: Event) -> None:
+    def _on_gpu_seen(self, envelope: Envelope, event: GpuSeen) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         self.db.execute(
             "update gpus set uuid = ?, pci_bus_id = ?, gpu_index = ?, minor = coalesce(?, minor),"
@@ -325,9 +336,9 @@ class StoreWriter:
             [event.uuid, event.pci_bus_id, event.index, event.minor, event.model,
              event.driver_version, int(event.simulated), event.source, event.gpu_id])
 
-    def _on_gpu_sample(self, envelope: Envelope, event: Event) -> None:
+    def _on_gpu_sample(self, envelope: Envelope, event: GpuSample) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
-        row = encode_fields(event.fields, self._gpu_columns())   # store issue: compact rows
+        row = encode_fields(event.fields, self._gpu_columns())   # compact rows
         self._held.add("gpu_sample_data",
                        _statement("gpu_sample_data", ("gpu", "ts", "instance", *row),
                                   "insert or replace"),
@@ -342,26 +353,25 @@ class StoreWriter:
             gpu_key = self._gpu_keys[gpu_id] = row[0] if row else None
         return gpu_key
 
-    def _on_gpu_xid(self, envelope: Envelope, event: Event) -> None:
+    def _on_gpu_xid(self, envelope: Envelope, event: GpuXid) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))
 
-    def _on_gpu_state(self, envelope: Envelope, event: Event) -> None:
+    def _on_gpu_state(self, envelope: Envelope, event: GpuState) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         self.db.execute("update gpus set state = ?, state_since = ? where id = ?",
                         [event.state, event.ts, event.gpu_id])
         self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))
 
-    def _on_gpu_processes(self, envelope: Envelope, event: Event) -> None:
+    def _on_gpu_processes(self, envelope: Envelope, event: GpuProcesses) -> None:
         self.db["gpu_processes"].insert_all(
             [{"gpu_id": event.gpu_id, "ts": event.ts, "pid": p.get("pid"),
               "start_time": p.get("start_time"), "used_memory_mib": p.get("used_memory_mib"),
               "sm_util": p.get("sm_util"), "mem_util": p.get("mem_util"),
               "enc_util": p.get("enc_util"), "dec_util": p.get("dec_util")}
              for p in event.processes], replace=True)
-    # --- end GPU source handlers ---
 
-    # --- kernel log and cron handlers (kernel-log and cron issue) ---
+    # --- kernel log and cron handlers ---
     # Kernel-log records that also go to the events timeline (the rest stay in kernel_log).
     KLOG_TIMELINE_KINDS = ("xid", "sxid", "fallen_off_bus", "rm_init_failed", "gsp_timeout",
                            "gsp_rate_limited", "driver_loaded")
@@ -371,7 +381,7 @@ class StoreWriter:
         self._upsert("source_cursors", {"source": source, "origin": origin, "cursor": cursor,
                                           "boot_id": boot_id, "updated_at": ts}, pk="source")
 
-    def _on_kernel_log_record(self, envelope: Envelope, event: Event) -> None:
+    def _on_kernel_log_record(self, envelope: Envelope, event: KernelLogRecord) -> None:
         if self.db.execute("select 1 from kernel_log where cursor = ?",
                            [event.cursor]).fetchone():
             return    # re-sent after a restart of the source: already stored with its cursor
@@ -397,16 +407,15 @@ class StoreWriter:
         if event.record_kind in self.KLOG_TIMELINE_KINDS:
             self._insert("events", _event_row(envelope, gpu_id=gpu_id))
 
-    def _on_kernel_log_checkpoint(self, envelope: Envelope,
-                                  event: Event) -> None:
+    def _on_kernel_log_checkpoint(self, envelope: Envelope, event: KernelLogCheckpoint) -> None:
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
 
-    def _on_cron_schedule(self, envelope: Envelope, event: Event) -> None:
+    def _on_cron_schedule(self, envelope: Envelope, event: CronSchedule) -> None:
         self.db.execute("delete from cron_jobs")
         self.db["cron_jobs"].insert_all(
             [{**job, "updated_at": event.ts} for job in event.jobs], pk="ident", replace=True)
 
-    def _on_cron_execution(self, envelope: Envelope, event: Event) -> None:
+    def _on_cron_execution(self, envelope: Envelope, event: CronExecution) -> None:
         if self.db.execute("select 1 from cron_runs where cursor = ?",
                            [event.cursor]).fetchone():
             return
@@ -424,9 +433,8 @@ class StoreWriter:
         row = _event_row(envelope)
         row["pid"], row["start_time"] = event.job_pid, event.job_start_time
         self._insert("events", row)
-    # --- end kernel log and cron handlers ---
 
-    # --- correlator handlers (correlator issue) ---
+    # --- correlator handlers ---
     # Rows are written with prepared SQL (see _statement): sqlite-utils' insert and upsert
     # introspect the table on every call, which cost ~1 ms an event. Same semantics: upsert
     # inserts the row or updates the columns given; lists and dicts are stored as JSON.
@@ -450,10 +458,9 @@ class StoreWriter:
         else:
             self.db.conn.execute(sql, values)
 
-    # --- end correlator handlers ---
 
-    # --- rules handlers (rules issue) ---
-    def _on_rule_finding(self, envelope: Envelope, event: Event) -> None:
+    # --- rules handlers ---
+    def _on_rule_finding(self, envelope: Envelope, event: RuleFinding) -> None:
         """One row per finding: created at onset, updated on escalation, closed on clearing."""
         process = event.process
         existing = self.db.execute("select first_ts from rule_findings where finding_id = ?",
@@ -471,10 +478,7 @@ class StoreWriter:
             row.update(evidence=json_text(event.evidence, sort_keys=True, default=str),
                        fixes=json_text(event.fixes))
         self.db["rule_findings"].upsert(row, pk="finding_id")
-    # --- end rules handlers ---
 
-    # --- store handlers (store issue) ---
-    # --- end store handlers ---
 
     def _on_source_health(self, envelope: Envelope, event: SourceHealth) -> None:
         self.record_health(event.source, event.state, event.detail, event.counters, event.ts)

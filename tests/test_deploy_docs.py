@@ -1,6 +1,7 @@
 """The deployment docs name real settings, files and commands."""
 
 import re
+import subprocess
 from pathlib import Path
 
 from gpuwhy.cli import cli
@@ -27,3 +28,30 @@ def test_readme_production_install_names_what_exists():
     assert "scripts/install.sh --mode standalone" in section
     assert "deploy/kubernetes/daemonset.yaml" in section
     assert "check-env" in cli.commands
+
+
+def _commands(text: str) -> list[str]:
+    return [line.split("#", 1)[0].strip() for line in text.splitlines()
+            if line.split("#", 1)[0].strip()]
+
+
+def test_ci_runs_the_readme_quick_start_commands_exactly_as_written():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    quick_start = _commands(re.search(r"```sh\n(.*?)```", section, re.S)[1])
+    assert quick_start == ["scripts/setup.sh", ".venv/bin/pytest"]
+    ci = _commands((REPO / ".ci" / "run").read_text())
+    ran = [line for line in ci if line in quick_start]
+    assert ran == quick_start
+    assert not any(re.match(r"(export )?\w+=", line) for line in ci), \
+        "CI sets no variable the README's commands do not"
+
+
+def test_readme_picture_maps_every_top_level_folder():
+    readme = (REPO / "README.md").read_text()
+    picture = readme.split("## How it is built", 1)[1].split("```", 2)[1]
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    folders = {f.split("/", 1)[0] for f in files if "/" in f}
+    missing = {f for f in folders if f"{f}/" not in picture}
+    assert len(folders) >= 10 and missing == set()

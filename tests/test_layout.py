@@ -17,7 +17,7 @@ def test_every_module_imports_only_under_the_gpuwhy_namespace():
         "for pkg in ('gpuwhy', 'gpuwhy.probes', 'gpuwhy.correlator', 'gpuwhy.store',"
         " 'gpuwhy.webui'):\n"
         "    mod = __import__(pkg, fromlist=['x'])\n"
-        "    for info in pkgutil.iter_modules(mod.__path__, pkg + '.'):\n"
+        "    for info in pkgutil.walk_packages(mod.__path__, pkg + '.'):\n"
         "        if info.name != 'gpuwhy.__main__':\n"
         "            __import__(info.name)\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {BARE!r}))\n"
@@ -50,6 +50,9 @@ def test_built_wheel_carries_bpf_sources_templates_and_static_files(tmp_path):
     for expected in ("gpuwhy/probes/fdtrack.bpf.c", "gpuwhy/webui/templates/processes.html",
                      "gpuwhy/webui/static/processes.js", "gpuwhy/py.typed",
                      "gpuwhy/store/migrations.py",
-                     "gpuwhy/rules/builtin/a_host_starvation.rules"):
+                     "gpuwhy/rules/builtin/a_host_starvation.rules",
+                     "gpuwhy/probes/cuda/cuda.bpf.c", "gpuwhy/webui/templates/report.html",
+                     "gpuwhy/webui/static/report.css", "gpuwhy/demo/standin.py",
+                     "gpuwhy/deploy/checkenv.py", "gpuwhy/checks/watch.py"):
         assert expected in names
     assert not any(n.split("/")[0] in BARE for n in names)

@@ -36,6 +36,14 @@ def test_docs_list_every_shipped_rule_and_signal():
         assert f"`{rule.id}`" in text
 
 
+def test_the_docs_and_readme_state_the_real_rule_count():
+    shipped = len(load_rules())
+    stated = re.findall(r"\b(\d+) (?:expert|shipped) rules\b|\((\d+) shipped\b",
+                        DOC.read_text() + (REPO / "README.md").read_text())
+    counts = [int(a or b) for a, b in stated]
+    assert len(counts) >= 3 and set(counts) == {shipped}
+
+
 def test_docs_examples_are_valid_rules_that_lint_clean(tmp_path):
     blocks = re.findall(r"```rules\n(.*?)```", DOC.read_text(), re.S)
     assert len(blocks) >= 2

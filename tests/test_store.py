@@ -268,3 +268,17 @@ def test_a_gpu_row_deleted_between_batches_gets_its_new_key(db):
                         Envelope("t", 3, _sample(30, "GPU-a"))])
     assert db.execute("select gpu_id, ts from gpu_samples where ts > 10 order by ts").fetchall() \
         == [("GPU-b", 20), ("GPU-a", 30)]
+
+
+def test_every_writer_handler_is_typed_with_its_event_class():
+    import typing
+
+    from gpuwhy.events import EVENT_TYPES
+
+    handlers = [name for name in vars(StoreWriter) if name.startswith("_on_")]
+    assert len(handlers) >= 20
+    for name in handlers:
+        kind = name.removeprefix("_on_")
+        assert kind in EVENT_TYPES, name
+        hints = typing.get_type_hints(getattr(StoreWriter, name))
+        assert hints["event"] is EVENT_TYPES[kind], name

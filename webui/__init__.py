@@ -44,7 +44,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     filters.init_app(app)
     for module in (auth, gpus, processes, incidents, resets, rules, vendor, health):
         app.register_blueprint(module.bp)
-    from gpuwhy.webui import metrics  # /metrics (correlator issue)
+    from gpuwhy.webui import metrics  # /metrics
 
     metrics.register_metrics(app)
     return app

@@ -1,49 +1,59 @@
-"""Stand-in GPU programs for `gpuwhy demo`: a training process and `nvidia-smi -r`.
+"""Stand-in GPU programs for `gpuwhy demo` and the tests: a training process, `nvidia-smi -r`
+and a replay of a CUDA process's driver traffic.
 
-Both are real processes that open the configured look-alike device files and send the
-NVIDIA driver's real ioctl command numbers and parameter structs (on ordinary files each
-call fails with ENOTTY; the probes' tracepoints see them all the same). Every kernel-log
-line they write says that it is demo traffic.
+All are real processes that open look-alike device files and send the NVIDIA driver's real
+ioctl command numbers and parameter structs (on ordinary files each call fails with ENOTTY;
+the probes' tracepoints see them all the same, and the structs are in memory to be read).
+Every kernel-log line they write says that it is demo traffic.
 
     python -m gpuwhy.demo.standin train DEV_DIR --minor 0 [--workers N] [--starved]
         [--decode]
     python -m gpuwhy.demo.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U \
         [--strike FILE]
+    python -m gpuwhy.demo.standin replay DIR [--rounds N] [--threads T] [--hold]
+
+`replay` creates (if missing) DIR/nvidiactl, DIR/nvidia0 and DIR/nvidia-uvm and sends, from
+T threads, N rounds of the calls in gpuwhy.demo.replay. It prints one JSON line: the pid,
+the thread ids, and per "path|cmd|sub" the count, errors and bytes the probe should report;
+with --hold, it waits for a line on stdin before closing the files and exiting.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
+import json
 import os
 import signal
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
+from gpuwhy.demo.replay import (
+    GPU_IDS,
+    RM_ALLOC,
+    RM_CONTROL,
+    VERSION,
+    create_devices,
+    expected,
+    rm_alloc_params,
+    rm_control_params,
+    script,
+    send_ioctl,
+)
 from gpuwhy.nvioctl import iowr
 from gpuwhy.reset import BIF_RESET
 
 DEMO_MARK = "[gpuwhy demo traffic, not a GPU error]"
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
-
-
-def _ioctl(fd: int, cmd: int, params: bytes) -> None:
-    buffer = ctypes.create_string_buffer(params, len(params))
-    _LIBC.ioctl(fd, cmd, ctypes.addressof(buffer))
 
 
 def _control(fd: int, control: int) -> None:
-    # NVOS54_PARAMETERS: hClient, hObject, cmd, flags, params, paramsSize, status
-    _ioctl(fd, iowr(0x2A, 32), struct.pack("<IIIIQII", 1, 2, control, 0, 0, 0, 0))
+    send_ioctl(fd, RM_CONTROL, rm_control_params(control))
 
 
 def _alloc(fd: int, h_class: int) -> None:
-    # NVOS64 (>= 535): hRoot, hObjectParent, hObjectNew, hClass, pAllocParms, pRights,
-    # paramsSize, flags, status
-    _ioctl(fd, iowr(0x2B, 48), struct.pack("<IIIIQQIII4x", 1, 1, 0, h_class, 0, 0, 0, 0, 0))
+    send_ioctl(fd, RM_ALLOC, rm_alloc_params(h_class))
 
 
 def open_devices(directory: str, minor: int) -> dict[str, int]:
@@ -55,11 +65,11 @@ def open_devices(directory: str, minor: int) -> dict[str, int]:
 def cuda_init(fds: dict[str, int], minor: int) -> None:
     """A CUDA context's start-up: version check, GPU attach, client/device/channel allocs."""
     ctl = fds["nvidiactl"]
-    _ioctl(ctl, iowr(0xD2, 72), struct.pack("<II64s", 0, 0, b"595.45.04"))
-    _ioctl(ctl, iowr(0xD4, 32), struct.pack("<8I", 0x100 * (minor + 1), 0, 0, 0, 0, 0, 0, 0))
+    send_ioctl(ctl, iowr(0xD2, 72), struct.pack("<II64s", 0, 0, VERSION))
+    send_ioctl(ctl, iowr(0xD4, 32), struct.pack("<8I", 0x100 * (minor + 1), 0, 0, 0, 0, 0, 0, 0))
     for h_class in (0x41, 0x80, 0x2080, 0xA06C, 0xC86F):
         _alloc(ctl, h_class)
-    _ioctl(fds[f"nvidia{minor}"], iowr(0xC9, 4), struct.pack("<i", ctl))
+    send_ioctl(fds[f"nvidia{minor}"], iowr(0xC9, 4), struct.pack("<i", ctl))
 
 
 def write_kmsg(lines: list[str]) -> None:
@@ -137,6 +147,36 @@ def nvidia_smi(args: argparse.Namespace) -> None:
     print(f"GPU {args.pci} was successfully reset. (stand-in)")
 
 
+def replay(args: argparse.Namespace) -> None:
+    """Send the replayed CUDA start-up traffic from --threads threads, --rounds times each,
+    all starting together; print what the probe should see; with --hold, wait for stdin."""
+    fds = create_devices(args.directory)
+    calls = script()
+    tids: list[int] = []
+    barrier = threading.Barrier(args.threads)
+
+    def worker() -> None:
+        tids.append(threading.get_native_id())
+        barrier.wait()
+        for _ in range(args.rounds):
+            for call in calls:
+                call.send(fds)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps({"pid": os.getpid(), "tids": sorted(tids), "version": VERSION.decode(),
+                      "gpu_ids": list(GPU_IDS),
+                      "expected": expected(args.directory, calls, args.rounds * args.threads)}),
+          flush=True)
+    if args.hold:
+        sys.stdin.readline()
+    for fd in fds.values():
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="gpuwhy-standin")
@@ -155,8 +195,13 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--uuid", required=True)
     s.add_argument("--mark", default="")
     s.add_argument("--strike", default="", help="file that makes the simulator's GPU reset")
+    r = sub.add_parser("replay", help="replay a CUDA process's driver traffic")
+    r.add_argument("directory")
+    r.add_argument("--rounds", type=int, default=1)
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--hold", action="store_true", help="wait for stdin before closing")
     args = parser.parse_args(argv)
-    (train if args.program == "train" else nvidia_smi)(args)
+    {"train": train, "nvidia-smi": nvidia_smi, "replay": replay}[args.program](args)
 
 
 if __name__ == "__main__":

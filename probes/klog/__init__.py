@@ -1,0 +1,1 @@
+"""Kernel-log source: NVIDIA Xid, SXid and NVRM lines from journald, /dev/kmsg or kern.log."""

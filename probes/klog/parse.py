@@ -13,8 +13,9 @@ name a process (``current->comm``): bounded here, escaped wherever shown.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from gpuwhy.events import KernelLogFacts
 from gpuwhy.identity import normalize_pci
 
 MAX_LINE = 8192
@@ -72,23 +73,12 @@ _SXID_LINK = re.compile(r"(?:^|, )(?P<sev>Fatal|Non-fatal|Correctable), Link (?P
 
 
 @dataclass(frozen=True)
-class KernelRecord:
+class KernelRecord(KernelLogFacts):
     """One recognised kernel-log fact. ``kind``: ``xid``, ``sxid``, ``fallen_off_bus``,
     ``rm_init_failed``, ``gpu_uuid``, ``gpu_serial``, ``driver_loaded``, ``gsp_timeout``,
-    ``gsp_rate_limited`` or ``gsp_rpc_failed``. ``pci`` is ``dddd:bb:dd`` lowercase."""
+    ``gsp_rate_limited`` or ``gsp_rpc_failed``; the facts are those of :class:`KernelLogFacts`."""
 
     kind: str
-    message: str = ""
-    xid: int | None = None
-    sxid: int | None = None
-    pci: str | None = None
-    pid: int | None = None
-    name: str | None = None
-    gpu_instance: int | None = None
-    compute_instance: int | None = None
-    uuid: str | None = None
-    driver_version: str | None = None
-    details: dict[str, str | int | bool] = field(default_factory=dict)
 
 
 def _pci(text: str | None) -> str | None:
@@ -153,7 +143,7 @@ def _parse_xid(match: re.Match[str]) -> KernelRecord:
             name = None
         message = rest["msg"]
     message = _bounded(message)
-    return KernelRecord("xid", message, xid=code, pci=_pci(match["pci"]), pid=pid,
+    return KernelRecord("xid", message=message, xid=code, pci=_pci(match["pci"]), pid=pid,
                         name=name[:MAX_NAME] if name else None,
                         gpu_instance=_int(match["gi"]), compute_instance=_int(match["ci"]),
                         details=_xid_details(code, message))
@@ -167,7 +157,7 @@ def _parse_sxid(match: re.Match[str]) -> KernelRecord:
     if link := _SXID_LINK.search(message):
         details.update(fatal=link["sev"] == "Fatal", severity=link["sev"].lower(),
                        link=int(link["link"]))
-    return KernelRecord("sxid", message, sxid=int(match["code"]), pci=_pci(match["pci"]),
+    return KernelRecord("sxid", message=message, sxid=int(match["code"]), pci=_pci(match["pci"]),
                         details=details)
 
 
@@ -187,41 +177,44 @@ def parse_line(line: str) -> KernelRecord | None:
         return _parse_sxid(match)
     if match := _UUID.search(line):
         uuid = "GPU-" + match["uuid"][4:].lower()
-        return KernelRecord("gpu_uuid", uuid, pci=_pci(match["pci"]), uuid=uuid)
+        return KernelRecord("gpu_uuid", message=uuid, pci=_pci(match["pci"]), uuid=uuid)
     if match := _FALLEN.search(line) or _FALLEN_MERGED.search(line):
         details = {"pci_id": match["id"].lower()} if "id" in match.groupdict() else {}
-        return KernelRecord("fallen_off_bus", "GPU has fallen off the bus",
+        return KernelRecord("fallen_off_bus", message="GPU has fallen off the bus",
                             pci=_pci(match["pci"]), details=details)
     if match := _RM_INIT.search(line):
-        return KernelRecord("rm_init_failed", "RmInitAdapter failed", pci=_pci(match["pci"]),
+        return KernelRecord("rm_init_failed", message="RmInitAdapter failed",
+                            pci=_pci(match["pci"]),
                             details={"init_status": match["init"], "rm_status": match["rm"],
                                      "source_line": int(match["line"])})
     if match := _RM_INIT_MINOR.search(line):
-        return KernelRecord("rm_init_failed", "rm_init_adapter failed", pci=_pci(match["pci"]),
-                            details={"minor": int(match["minor"])})
+        return KernelRecord("rm_init_failed", message="rm_init_adapter failed",
+                            pci=_pci(match["pci"]), details={"minor": int(match["minor"])})
     return _parse_other(line)
 
 
 def _parse_other(line: str) -> KernelRecord | None:
     if match := _DRIVER.search(line):
         flavour = "open" if "Open Kernel Module" in match["module"] else "proprietary"
-        return KernelRecord("driver_loaded", _bounded(match["module"]),
+        return KernelRecord("driver_loaded", message=_bounded(match["module"]),
                             driver_version=match["version"], details={"flavour": flavour})
     if match := _SERIAL_AT.search(line):
-        return KernelRecord("gpu_serial", "", pci=_pci(match["pci"]),
+        return KernelRecord("gpu_serial", message="", pci=_pci(match["pci"]),
                             details={"serial": match["serial"]})
     if match := _SERIAL.search(line):
-        return KernelRecord("gpu_serial", "", details={"serial": match["serial"]})
+        return KernelRecord("gpu_serial", message="", details={"serial": match["serial"]})
     if match := _GSP_BANNER.search(line):
-        return KernelRecord("gsp_timeout", "GSP Timeout", details={"rm_gpu": int(match["gpu"])})
+        return KernelRecord("gsp_timeout", message="GSP Timeout",
+                            details={"rm_gpu": int(match["gpu"])})
     if match := _GSP_RATE.search(line):
-        return KernelRecord("gsp_rate_limited", "GSP RPC error prints rate-limited; the GPU "
-                            "likely needs to be reset", pci=_pci(match["pci"]),
+        return KernelRecord("gsp_rate_limited",
+                            message="GSP RPC error prints rate-limited; the GPU likely needs "
+                                    "to be reset", pci=_pci(match["pci"]),
                             details={"printing_one_of": int(match["every"])})
     if match := _GSP_RPC_FAILED.search(line):
         details: dict[str, str | int | bool] = {"operation": match["op"]}
         details.update({k: v for k, v in _KEY_VALUE.findall(match["msg"])[:12]})
-        return KernelRecord("gsp_rpc_failed", _bounded(match["msg"]), details=details)
+        return KernelRecord("gsp_rpc_failed", message=_bounded(match["msg"]), details=details)
     return None
 
 
@@ -257,14 +250,15 @@ class KernelLogParser:
             self._head = None
             if _FALLEN_TAIL.search(line[:MAX_LINE]):
                 details = {"pci_id": pci_id} if pci_id else {}
-                return [(head_lineno, KernelRecord("fallen_off_bus", "GPU has fallen off the "
-                                                   "bus", pci=pci, details=details))]
+                return [(head_lineno, KernelRecord("fallen_off_bus",
+                                                   message="GPU has fallen off the bus",
+                                                   pci=pci, details=details))]
         record = parse_line(line)
         if record is None:
             return []
         if record.kind == "gpu_uuid":
             self._last_uuid_pci = record.pci
         elif record.kind == "gpu_serial" and record.pci is None and self._last_uuid_pci:
-            record = KernelRecord("gpu_serial", record.message, pci=self._last_uuid_pci,
+            record = KernelRecord("gpu_serial", message=record.message, pci=self._last_uuid_pci,
                                   details=record.details)
         return [(self.lineno, record)]

@@ -14,6 +14,7 @@ from an earlier boot have only journald's receive time; ``raw_ts`` keeps the pri
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ from gpuwhy.bus import Publisher
 from gpuwhy.clock import ClockConverter, now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ConfigError, GpuwhyError
-from gpuwhy.events import KernelLogCheckpoint, KernelLogRecord, SourceHealth
+from gpuwhy.events import KernelLogCheckpoint, KernelLogFacts, KernelLogRecord, SourceHealth
 from gpuwhy.probes.klog.journald import IDLE_WAIT_S
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.lines import RawLine
@@ -107,12 +108,10 @@ def _boot_id_or_empty() -> str:
 
 
 def record_event(raw: RawLine, record: KernelRecord, origin: str, ts: int) -> KernelLogRecord:
+    facts = {f.name: getattr(record, f.name) for f in dataclasses.fields(KernelLogFacts)}
     return KernelLogRecord(
         ts=ts, raw_ts=raw.monotonic_ns, cursor=raw.cursor, origin=origin, boot_id=raw.boot_id,
-        record_kind=record.kind, message=record.message, xid=record.xid, sxid=record.sxid,
-        pci=record.pci, pid=record.pid, name=record.name, gpu_instance=record.gpu_instance,
-        compute_instance=record.compute_instance, uuid=record.uuid,
-        driver_version=record.driver_version, details=dict(record.details),
+        record_kind=record.kind, **{**facts, "details": dict(record.details)},
         line=raw.text[:MAX_LINE_STORED])
 
 

@@ -80,7 +80,7 @@ def probe_config(tmp_config):
     return tmp_config.replace({"probes.error_events_per_second": 1_000_000})
 
 
-# --- shared by the correlator's privileged tests (correlator issue) ---
+# --- shared by the correlator's privileged tests ---
 @pytest.fixture
 def system_journald():
     """A running systemd-journald with /dev/log linked: the host's, or one started (and

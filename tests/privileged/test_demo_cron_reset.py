@@ -5,12 +5,11 @@ journald carries its NVRM line and cron's log, the stand-in reset strikes the si
 correlator builds cron_job -> command -> driver_call -> gpu_reset -> process_stall with the
 right pids, GPU and times, and logs the alerts to the journal.
 
-Writes a (marked) line into the host kernel log: runs only with CI=true or GPUWHY_TEST_KMSG=1.
+Writes a (marked) line into the host kernel log (excluded with GPUWHY_TEST_KMSG=0).
 Waits for cron's next minute: up to ~90 s.
 """
 
 import json
-import os
 import sqlite3
 import subprocess
 import threading
@@ -27,14 +26,7 @@ from gpuwhy.errors import StoreError
 from gpuwhy.store import open_store
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.kmsg]
-KMSG_ALLOWED = os.environ.get("CI") == "true" or os.environ.get("GPUWHY_TEST_KMSG") == "1"
 CHAIN = ["cron_job", "command", "driver_call", "gpu_reset", "process_stall"]
-
-
-@pytest.fixture(autouse=True)
-def kmsg_allowed():
-    if not KMSG_ALLOWED:
-        pytest.skip("writes to the host kernel log: runs only with CI=true or GPUWHY_TEST_KMSG=1")
 
 
 def rows(db, sql, params=()):

@@ -21,7 +21,7 @@ from gpuwhy.proc import process_key
 pytestmark = pytest.mark.root
 
 NOBODY = 65534
-REPLAY = Path(__file__).resolve().parents[1] / "replay" / "nvreplay.py"
+REPLAY = (sys.executable, "-m", "gpuwhy.demo.standin", "replay")
 
 
 def _host_bounding_set() -> int:
@@ -48,9 +48,9 @@ def world(tmp_path):
     base.chmod(0o755)
     devices = base / "dev"
     devices.mkdir()
-    replay = subprocess.Popen([sys.executable, str(REPLAY), str(devices), "--rounds", "1",
-                               "--hold"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "GPUWHY_TAG": "caps-test"})
+    replay = subprocess.Popen([*REPLAY, str(devices), "--rounds", "1", "--hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "GPUWHY_TAG": "caps-test"})
     pid = json.loads(replay.stdout.readline())["pid"]
     yield base, devices, process_key(pid)
     replay.communicate("\n", timeout=10)

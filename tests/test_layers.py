@@ -1,0 +1,145 @@
+"""The layers drawn in docs/architecture.md hold: every module's imports are walked (top-level,
+inside functions and under TYPE_CHECKING alike) and an arrow the picture forbids fails.
+
+Sources publish (probes), the correlator decides and writes, the store keeps and offers the
+one read API, the web view reads the store and core only; core imports no part. Command
+lines, the service and the checks, deploy and demo applications sit on top and may import
+any part; nothing below them imports them.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PARTS = ("probes", "correlator", "store", "webui")
+# What each layer may import, besides itself.
+ALLOWED = {
+    "core": set(),
+    "probes": {"core"},
+    "store": {"core"},
+    "correlator": {"core", "store"},
+    "webui": {"core", "store"},
+}
+APP_PACKAGES = ("gpuwhy.checks", "gpuwhy.deploy", "gpuwhy.demo")
+APP_MODULES = ("gpuwhy.cli", "gpuwhy.__main__", "gpuwhy.service", "gpuwhy.bench_cli")
+
+
+def module_name(path: Path) -> str:
+    """The dotted name a file of this repository is installed under."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts if parts[0] == "gpuwhy" else ["gpuwhy", *parts])
+
+
+def is_app(module: str) -> bool:
+    return (module in APP_MODULES or module.startswith(tuple(p + "." for p in APP_PACKAGES))
+            or module in APP_PACKAGES or module.rsplit(".", 1)[-1] in ("cli", "report_cli"))
+
+
+def layer(module: str) -> str:
+    """``app``, ``core`` or the part a gpuwhy module belongs to."""
+    if is_app(module):
+        return "app"
+    second = module.split(".")[1] if "." in module else ""
+    return second if second in PARTS else "core"
+
+
+def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, imported module) for every gpuwhy import in ``path``."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # `from gpuwhy import cli` names a module, not an attribute
+            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names
+                      if target == "gpuwhy"]
+    return [(line, name) for line, name in found if name == "gpuwhy"
+            or name.startswith("gpuwhy.")]
+
+
+def forbidden(module: str, imported: str) -> str | None:
+    """Why ``module`` may not import ``imported``, or None when the arrow is allowed."""
+    if imported in ("gpuwhy", "gpuwhy.__init__"):
+        return None
+    source, target = layer(module), layer(imported)
+    if source == "app":
+        return None
+    if target == "app":
+        return f"{source} imports the application {imported}"
+    if target != source and target not in ALLOWED[source]:
+        return f"{source} imports {target} ({imported})"
+    return None
+
+
+def product_files() -> list[Path]:
+    files = list((REPO / "gpuwhy").rglob("*.py"))
+    for part in PARTS:
+        files += (REPO / part).rglob("*.py")
+    return sorted(files)
+
+
+def test_every_module_keeps_to_its_layer():
+    wrong = []
+    for path in product_files():
+        module = module_name(path)
+        for line, imported in imports_of(path, module):
+            reason = forbidden(module, imported)
+            if reason:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {reason}")
+    assert wrong == []
+
+
+def test_the_walk_sees_every_part():
+    layers = {layer(module_name(p)) for p in product_files()}
+    assert layers == {"app", "core", *PARTS}
+    assert len(product_files()) > 100
+
+
+@pytest.mark.parametrize(("module", "imported", "allowed"), [
+    ("gpuwhy.webui.gpus", "gpuwhy.correlator.report", False),
+    ("gpuwhy.webui.gpus", "gpuwhy.store.queries", True),
+    ("gpuwhy.store.writer", "gpuwhy.probes.gpu.sim", False),
+    ("gpuwhy.correlator.incidents", "gpuwhy.store.queries", True),
+    ("gpuwhy.correlator.incidents", "gpuwhy.webui", False),
+    ("gpuwhy.probes.fdtrack", "gpuwhy.store", False),
+    ("gpuwhy.identity", "gpuwhy.probes.fdtrack", False),
+    ("gpuwhy.rules.model", "gpuwhy.correlator.rules.engine", False),
+    ("gpuwhy.correlator.rules.engine", "gpuwhy.rules.model", True),
+    ("gpuwhy.correlator.rules.engine", "gpuwhy.demo.synthetic_signals", False),
+    ("gpuwhy.store.queries", "gpuwhy.cli", False),
+    ("gpuwhy.probes.gpu.runner", "gpuwhy.probes.gpu.cli", False),
+    ("gpuwhy.cli", "gpuwhy.webui", True),
+    ("gpuwhy.demo.scenarios", "gpuwhy.correlator.cli", True),
+    ("gpuwhy.store.cli", "gpuwhy.probes.gpu.sim", True),
+])
+def test_the_rules_of_the_picture(module, imported, allowed):
+    assert (forbidden(module, imported) is None) is allowed
+
+
+def test_relative_and_lazy_imports_are_walked(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    source = tmp_path / "webui" / "page.py"
+    source.parent.mkdir()
+    source.write_text("from . import db\n"
+                      "from ..correlator import chains\n"
+                      "def view():\n"
+                      "    from gpuwhy import cli\n")
+    module = module_name(source)
+    assert module == "gpuwhy.webui.page"
+    imported = [name for _, name in imports_of(source, module)]
+    assert imported == ["gpuwhy.webui", "gpuwhy.correlator", "gpuwhy", "gpuwhy.cli"]
+    assert [forbidden(module, name) for name in imported] == [
+        None, "webui imports correlator (gpuwhy.correlator)", None,
+        "webui imports the application gpuwhy.cli"]
