@@ -19,6 +19,16 @@ _CONTROL_NUMBERS = {name: number for number, name in RM_CONTROLS.items()}
 BIF_RESET = _CONTROL_NUMBERS["NV0080_CTRL_CMD_BIF_RESET"]
 
 
+def reset_kind(control: str | None) -> str:
+    """``reset`` for a control that performs a GPU reset, ``request`` for one that marks the
+    GPU for a later reset, ``""`` for any other (reading a reset's status is not one)."""
+    if control in RESET_CONTROLS:
+        return "reset"
+    if control in RESET_REQUEST_CONTROLS:
+        return "request"
+    return ""
+
+
 def sql_names(names: tuple[str, ...]) -> str:
     """``('A', 'B')`` for an SQL ``IN``: the names are ours (identifiers), never input."""
     assert all(name.isidentifier() for name in names)

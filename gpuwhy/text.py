@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from gpuwhy.clock import NS_PER_SECOND
 
 _FORMATS = {"ms": "%H:%M:%S", "s": "%H:%M:%S", "min": "%H:%M"}
+# SQLite's %f is seconds with milliseconds (SS.SSS): the same text as "ms" above.
+_SQL_FORMATS = {"ms": "%Y-%m-%d %H:%M:%f", "s": "%Y-%m-%d %H:%M:%S", "min": "%Y-%m-%d %H:%M"}
 
 
 def format_ts(ts: int | None, precision: str = "ms", *, date: bool = True,
@@ -33,6 +35,16 @@ def format_ts(ts: int | None, precision: str = "ms", *, date: bool = True,
     if precision == "ms":
         shown += f".{ts % NS_PER_SECOND // 1_000_000:03d}"
     return shown
+
+
+def sql_utc(ns_expr: str, precision: str = "ms") -> str:
+    """The SQLite expression that writes ``ns_expr`` (realtime ns) as
+    ``format_ts(…, precision, utc=True)`` does: the ``time`` columns of the store's views.
+
+    >>> sql_utc("s.ts", "s")
+    "strftime('%Y-%m-%d %H:%M:%S', s.ts / 1e9, 'unixepoch')"
+    """
+    return f"strftime('{_SQL_FORMATS[precision]}', {ns_expr} / 1e9, 'unixepoch')"
 
 
 def printable(text: str, limit: int | None = None) -> str:

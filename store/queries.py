@@ -3,13 +3,15 @@
 GPUs (identity, latest sample, bound processes), processes (device fds, driver calls,
 events), incidents with their chains, the reset history, rules' findings and sources'
 health. Chart series are in :mod:`gpuwhy.store.series`, the rules' time-window reads in
-:mod:`gpuwhy.store.streams`; every read returns plain dicts (sqlite-utils'
-``execute_returning_dicts``), so callers never see a cursor.
+:mod:`gpuwhy.store.streams`. Rows come as plain dicts (sqlite-utils'
+``execute_returning_dicts``), or as tuples where the ``/metrics`` collector unpacks them on
+every scrape; either way callers never see a cursor.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from sqlite_utils import Database
@@ -290,6 +292,11 @@ def incident_detail(db: Database, incident_id: int) -> dict[str, Any] | None:
             "processes": processes, "chain": links}
 
 
+def incident_kinds(db: Database) -> list[str]:
+    """Every kind of incident recorded, sorted (the list page's filter)."""
+    return [r[0] for r in db.execute("select distinct kind from incidents order by 1")]
+
+
 def reset_history(db: Database, gpu: str | None = None) -> list[dict[str, Any]]:
     """Every GPU reset, newest first: when, by what/whom, which processes were hit."""
     history = []
@@ -371,3 +378,85 @@ def findings_in_window(db: Database, gpu_ids: list[str], process: ProcessKey | N
     return db.execute_returning_dicts(
         f"select * from rule_findings where ({' or '.join(where)}) and "
         f"first_ts <= ? and coalesce(cleared_at, last_ts) >= ?", [*params, until, since])
+
+
+# --- metrics and checks ------------------------------------------------------------------
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def latest_gpu_samples(db: Database, columns: list[str]) -> list[tuple]:
+    """Per GPU its latest whole-GPU sample: ``(gpu_id, ts, *columns, simulated)``."""
+    bad = [c for c in columns if not _IDENTIFIER.fullmatch(c)]
+    if bad:   # the names are spliced into the SQL
+        raise ValueError(f"not gpu_samples column names: {bad!r}")
+    select = ", ".join(["s.gpu_id", "s.ts", *("s." + c for c in columns), "g.simulated"])
+    return db.execute(
+        f"select {select} from gpu_samples s join (select gpu_id, max(ts) as ts from "
+        "gpu_samples where instance = '' group by gpu_id) last on last.gpu_id = s.gpu_id and "
+        "last.ts = s.ts left join gpus g on g.id = s.gpu_id where s.instance = ''").fetchall()
+
+
+def bound_process_counts(db: Database) -> list[tuple[str, int]]:
+    """``(gpu_id, processes holding it now)`` for every GPU held by any."""
+    return db.execute("select gpu_id, count(distinct pid || '-' || start_time) "
+                      "from gpu_bindings where until is null group by gpu_id").fetchall()
+
+
+def driver_call_totals_of_living_processes(db: Database) -> list[tuple[int, int, str, int]]:
+    """``(pid, start_time, comm, driver calls)`` of processes not known to have exited,
+    busiest first."""
+    return db.execute(
+        "select s.pid, s.start_time, coalesce(p.comm, ''), sum(s.count) as n from "
+        "driver_call_stats s left join processes p on p.pid = s.pid and "
+        "p.start_time = s.start_time where p.exited_at is null "
+        "group by s.pid, s.start_time order by n desc").fetchall()
+
+
+def latest_gpu_process_lists(db: Database) -> list[tuple]:
+    """NVML's latest process list of every GPU, most memory first:
+    ``(gpu_id, pid, start_time, comm, used_memory_mib, sm_util)``."""
+    return db.execute(
+        "select g.gpu_id, g.pid, g.start_time, coalesce(p.comm, ''), g.used_memory_mib, "
+        "g.sm_util from gpu_processes g join (select gpu_id, max(ts) as ts from "
+        "gpu_processes group by gpu_id) last on last.gpu_id = g.gpu_id and last.ts = g.ts "
+        "left join processes p on p.pid = g.pid and p.start_time = g.start_time "
+        "order by g.used_memory_mib desc").fetchall()
+
+
+def incident_counts(db: Database) -> list[tuple[str, str, int]]:
+    """``(kind, severity, incidents)``; a repeat merged into an incident is not counted."""
+    return db.execute("select kind, severity, count(*) from incidents "
+                      "group by kind, severity").fetchall()
+
+
+def open_incident_counts(db: Database) -> list[tuple[str, int]]:
+    """``(kind, incidents still open)``."""
+    return db.execute("select kind, count(*) from incidents where state = 'open' "
+                      "group by kind").fetchall()
+
+
+def process_driver_version(db: Database, key: ProcessKey) -> str | None:
+    """The driver version the process's own version check saw, when it made one."""
+    row = db.execute("select version from driver_calls where pid = ? and start_time = ? "
+                     "and version is not null limit 1", [key.pid, key.start_time]).fetchone()
+    return row[0] if row and row[0] else None
+
+
+def has_gpu_samples(db: Database, since: int | None = None) -> bool:
+    """Whether any GPU sample is stored (taken at ``since`` or later, when given)."""
+    if since is None:
+        return db.execute("select 1 from gpu_samples limit 1").fetchone() is not None
+    return db.execute("select 1 from gpu_samples where ts >= ? limit 1",
+                      [since]).fetchone() is not None
+
+
+def gpu_of_process(db: Database, key: ProcessKey) -> str | None:
+    """The GPU the process last opened, else the one whose NVML process list last named it."""
+    for sql in ("select gpu_id from gpu_bindings where pid = ? and start_time = ? "
+                "order by since desc limit 1",
+                "select gpu_id from gpu_processes where pid = ? and start_time = ? "
+                "order by ts desc limit 1"):
+        row = db.execute(sql, [key.pid, key.start_time]).fetchone()
+        if row:
+            return row[0]
+    return None

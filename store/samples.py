@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuwhy.text import sql_utc
+
 
 @dataclass(frozen=True)
 class Stored:
@@ -108,7 +110,7 @@ def samples_view_sql(name: str = "gpu_samples") -> str:
     """CREATE VIEW for the raw samples with the GPU's ids and every field in its unit."""
     fields = ",\n  ".join(f"{s.decode_sql('s.' + s.column)} AS {s.field}" for s in STORAGE_V1)
     return (f"CREATE VIEW {name} AS SELECT\n  s.ts, "
-            f"strftime('%Y-%m-%d %H:%M:%f', s.ts / 1e9, 'unixepoch') AS time,\n"
+            f"{sql_utc('s.ts')} AS time,\n"
             f"  g.id AS gpu_id, g.uuid, g.gpu_index, s.instance,\n  {fields}\n"
             f"FROM gpu_sample_data s JOIN gpus g ON g.gpu_key = s.gpu")
 
@@ -124,6 +126,6 @@ def rollups_view_sql(name: str = "gpu_rollups") -> str:
             parts.append(f"{s.decode_sql('r.' + s.column)} AS {s.field}")
     fields = ",\n  ".join(parts)
     return (f"CREATE VIEW {name} AS SELECT\n  r.minute, "
-            f"strftime('%Y-%m-%d %H:%M', r.minute / 1e9, 'unixepoch') AS time,\n"
+            f"{sql_utc('r.minute', 'min')} AS time,\n"
             f"  g.id AS gpu_id, g.uuid, g.gpu_index, r.instance, r.samples,\n  {fields}\n"
             f"FROM gpu_rollup_data r JOIN gpus g ON g.gpu_key = r.gpu")

@@ -14,11 +14,7 @@ from sqlite_utils import Database
 
 from gpuwhy.reset import RESET_CONTROLS, RESET_REQUEST_CONTROLS, sql_names
 from gpuwhy.store.samples import rollups_view_sql, samples_view_sql
-
-
-def _utc(ts: str, fmt: str = "%Y-%m-%d %H:%M:%f") -> str:
-    return f"strftime('{fmt}', {ts} / 1e9, 'unixepoch')"
-
+from gpuwhy.text import sql_utc
 
 _NOW_NS = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000000000)"
 # The last component of a cgroup path: the container scope, pod container or unit.
@@ -33,7 +29,7 @@ VIEWS_V1: dict[str, str] = {
     "gpu_samples": samples_view_sql("gpu_samples"),
     "gpu_rollups": rollups_view_sql("gpu_rollups"),
     "gpu_reset_history": f"""CREATE VIEW gpu_reset_history AS
-SELECT x.ts, {_utc('x.ts')} AS time, x.gpu_id, g.uuid, g.gpu_index, x.what, x.source,
+SELECT x.ts, {sql_utc('x.ts')} AS time, x.gpu_id, g.uuid, g.gpu_index, x.what, x.source,
        x.pid, x.start_time, x.comm, x.detail
 FROM (
   SELECT e.ts, e.gpu_id, 'gpu ' || json_extract(e.body, '$.state') AS what,
@@ -59,16 +55,16 @@ FROM (
   FROM cron_runs c WHERE c.gpu_action IS NOT NULL AND c.phase = 'started'
 ) x LEFT JOIN gpus g ON g.id = x.gpu_id""",
     "incident_list": f"""CREATE VIEW incident_list AS
-SELECT i.id, {_utc('i.opened_at', '%Y-%m-%d %H:%M:%S')} AS opened,
-       {_utc('i.closed_at', '%Y-%m-%d %H:%M:%S')} AS closed, i.kind, i.severity, i.state,
+SELECT i.id, {sql_utc('i.opened_at', 's')} AS opened,
+       {sql_utc('i.closed_at', 's')} AS closed, i.kind, i.severity, i.state,
        i.count, i.gpu_id, g.uuid, g.gpu_index, i.pid, i.start_time, i.title, i.summary,
        (SELECT count(*) FROM incident_links l WHERE l.incident_id = i.id) AS links,
        i.opened_at, i.closed_at
 FROM incidents i LEFT JOIN gpus g ON g.id = i.gpu_id""",
     "incident_chains": f"""CREATE VIEW incident_chains AS
 SELECT i.id AS incident_id, i.kind AS incident_kind, i.severity, i.gpu_id, i.title,
-       {_utc('i.opened_at', '%Y-%m-%d %H:%M:%S')} AS opened, l.seq AS step, l.kind,
-       l.ts, {_utc('l.ts')} AS time, l.summary, l.evidence, l.confidence, l.pid,
+       {sql_utc('i.opened_at', 's')} AS opened, l.seq AS step, l.kind,
+       l.ts, {sql_utc('l.ts')} AS time, l.summary, l.evidence, l.confidence, l.pid,
        l.start_time, p.comm, i.opened_at
 FROM incidents i
 JOIN incident_links l ON l.incident_id = i.id
@@ -90,9 +86,9 @@ GROUP BY x.day, x.gpu_id, x.xid""",
     "gpu_time_by_process": f"""CREATE VIEW gpu_time_by_process AS
 SELECT b.pid, b.start_time, p.comm, p.tag, {_CONTAINER} AS container, p.cgroup,
        b.gpu_id, g.uuid, g.gpu_index, count(*) AS bindings,
-       {_utc('min(b.since)', '%Y-%m-%d %H:%M:%S')} AS first_bound,
-       {_utc('max(coalesce(b.until, p.exited_at, ' + _NOW_NS + '))',
-             '%Y-%m-%d %H:%M:%S')} AS last_bound,
+       {sql_utc('min(b.since)', 's')} AS first_bound,
+       {sql_utc('max(coalesce(b.until, p.exited_at, ' + _NOW_NS + '))',
+             's')} AS last_bound,
        round(sum(coalesce(b.until, p.exited_at, {_NOW_NS}) - b.since) / 1e9, 1)
          AS gpu_seconds
 FROM gpu_bindings b
@@ -110,7 +106,7 @@ SELECT coalesce(nullif(tag, ''), '(none)') AS tag, count(DISTINCT pid || '-' || 
        round(sum(gpu_seconds) / 3600, 3) AS gpu_hours
 FROM gpu_time_by_process GROUP BY 1""",
     "process_gpu_timeline": f"""CREATE VIEW process_gpu_timeline AS
-SELECT b.pid, b.start_time, p.comm, b.gpu_id, g.uuid, g.gpu_index, s.ts, {_utc('s.ts')} AS time,
+SELECT b.pid, b.start_time, p.comm, b.gpu_id, g.uuid, g.gpu_index, s.ts, {sql_utc('s.ts')} AS time,
        s.gpu_util, s.mem_util, s.sm_active_bp / 10000.0 AS sm_active,
        s.tensor_active_bp / 10000.0 AS tensor_active, s.dram_active_bp / 10000.0 AS dram_active,
        s.fb_used_mib, s.power_mw / 1000.0 AS power_w, s.temp_c, s.sm_clock_mhz,

@@ -40,6 +40,7 @@ from gpuwhy.events import (
 )
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
 from gpuwhy.store.held import HeldRows
+from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.store.samples import encode_fields
 from gpuwhy.wire import json_text
 
@@ -390,11 +391,7 @@ class StoreWriter:
                 "insert into gpu_pci_uuids (pci, uuid, first_seen, last_seen) "
                 "values (?, ?, ?, ?) on conflict(pci) do update set uuid = excluded.uuid, "
                 "last_seen = excluded.last_seen", [event.pci, event.uuid, event.ts, event.ts])
-        gpu_id = event.uuid
-        if gpu_id is None and event.pci:
-            row = self.db.execute("select uuid from gpu_pci_uuids where pci = ?",
-                                  [event.pci]).fetchone()
-            gpu_id = row[0] if row else event.pci
+        gpu_id = resolve_gpu(self.db, uuid=event.uuid, pci=event.pci)
         self._insert("kernel_log", {
             "cursor": event.cursor, "ts": event.ts, "raw_ts": event.raw_ts,
             "boot_id": event.boot_id, "origin": event.origin, "kind": event.record_kind,

@@ -7,7 +7,15 @@ import dataclasses
 import pytest
 
 from gpuwhy.demo.synthetic_signals import FB_TOTAL, Synthetic, run
-from gpuwhy.events import DeviceOpened, GpuState, GpuXid, KernelLogRecord, ProcessExec, ProcessSeen
+from gpuwhy.events import (
+    DeviceOpened,
+    DriverCall,
+    GpuState,
+    GpuXid,
+    KernelLogRecord,
+    ProcessExec,
+    ProcessSeen,
+)
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.loader import load_rules
 
@@ -275,3 +283,23 @@ def test_a_forked_dataloader_worker_is_not_a_second_compute_process():
              (1, DeviceOpened(ts=0, process=worker, fd=5, path="/dev/nvidia0",
                               device="nvidiaN", minor=0, how="fork"))]
     assert not fired("R26_multi_process_contention", Synthetic(extra=extra))[0]
+
+
+def _rm_control(name: str) -> list:
+    """A notable RM_CONTROL of one of the compute processes, as fdtrack reports it."""
+    return [(200, DriverCall(ts=0, process=Synthetic().process(0, 0), tid=1, fd=3,
+                             path="/dev/nvidiactl", device="nvidiactl", cmd=0xC020462A,
+                             nr=0x2A, size=32, op="NV_ESC_RM_CONTROL", latency_ns=50_000,
+                             ret=0, sub_name=name, reasons=["notable"]))]
+
+
+@pytest.mark.parametrize("control, fires", [
+    ("NV0080_CTRL_CMD_BIF_RESET", True),
+    ("NV2080_CTRL_CMD_GPU_MARK_DEVICE_FOR_RESET", True),
+    ("NV2080_CTRL_CMD_GPU_GET_RESET_STATUS", False),      # reading a status resets nothing
+    ("NV906F_CTRL_CMD_RESET_CHANNEL", False),             # a channel, not the GPU
+    ("NV2080_CTRL_CMD_GPU_RESET_ECC_ERROR_STATUS", False),
+])
+def test_a_driver_call_counts_as_an_intervention_only_when_it_resets_the_gpu(control, fires):
+    firing, _ = fired("R40_operator_or_cron_intervention", Synthetic(extra=_rm_control(control)))
+    assert bool(firing) is fires

@@ -7,7 +7,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
-from gpuwhy.store.queries import incident_detail, list_incidents
+from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
 from gpuwhy.webui.db import get_db
 
 bp = Blueprint("incidents", __name__)
@@ -63,7 +63,7 @@ def _incident_or_404(incident_id: int) -> dict:
 @bp.get("/incidents")
 def index() -> ResponseReturnValue:
     filters = _filters()
-    kinds = [r[0] for r in get_db().execute("select distinct kind from incidents order by 1")]
+    kinds = incident_kinds(get_db())
     return render_template("incidents.html", incidents=filtered_incidents(filters),
                            filters=filters, kinds=kinds, severities=SEVERITIES)
 

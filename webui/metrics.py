@@ -10,7 +10,6 @@ series (labelled pid, start_time, comm), the rest are summed under ``pid="other"
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterator
 
 from flask import Flask, Response
@@ -20,6 +19,15 @@ from prometheus_client.registry import Collector
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.store.queries import (
+    bound_process_counts,
+    driver_call_totals_of_living_processes,
+    incident_counts,
+    latest_gpu_process_lists,
+    latest_gpu_samples,
+    open_incident_counts,
+    source_health,
+)
 
 MAX_PROCESSES = 50
 MIB = 1 << 20
@@ -55,11 +63,7 @@ class StoreCollector(Collector):
 
     def _gpus(self, db: Database) -> Iterator[Metric]:
         columns = [c for c in _GPU_FIELDS if c in db["gpu_samples"].columns_dict]
-        rows = db.execute(
-            f"select s.gpu_id, s.ts, {', '.join('s.' + c for c in columns)}, g.simulated "
-            "from gpu_samples s join (select gpu_id, max(ts) as ts from gpu_samples where "
-            "instance = '' group by gpu_id) last on last.gpu_id = s.gpu_id and last.ts = s.ts "
-            "left join gpus g on g.id = s.gpu_id where s.instance = ''").fetchall()
+        rows = latest_gpu_samples(db, columns)
         families = {c: GaugeMetricFamily(f"gpuwhy_gpu_{_GPU_FIELDS[c][0]}", _GPU_FIELDS[c][1],
                                          labels=["gpu", "simulated"]) for c in columns}
         sample_time = GaugeMetricFamily("gpuwhy_gpu_last_sample_timestamp_seconds",
@@ -75,8 +79,7 @@ class StoreCollector(Collector):
         yield from families.values()
         bound = GaugeMetricFamily("gpuwhy_gpu_bound_processes",
                                   "processes holding the GPU's device file now", labels=["gpu"])
-        for gpu, count in db.execute("select gpu_id, count(distinct pid || '-' || start_time) "
-                                     "from gpu_bindings where until is null group by gpu_id"):
+        for gpu, count in bound_process_counts(db):
             bound.add_metric([gpu], count)
         yield bound
 
@@ -85,11 +88,7 @@ class StoreCollector(Collector):
         calls = CounterMetricFamily("gpuwhy_process_driver_calls",
                                     "NVIDIA driver calls (ioctls) of a living process",
                                     labels=labels)
-        rows = db.execute(
-            "select s.pid, s.start_time, coalesce(p.comm, ''), sum(s.count) as n from "
-            "driver_call_stats s left join processes p on p.pid = s.pid and "
-            "p.start_time = s.start_time where p.exited_at is null "
-            "group by s.pid, s.start_time order by n desc").fetchall()
+        rows = driver_call_totals_of_living_processes(db)
         for pid, start_time, comm, n in rows[:self.max_processes]:
             calls.add_metric([str(pid), str(start_time), comm[:32]], n)
         if rows[self.max_processes:]:
@@ -100,12 +99,7 @@ class StoreCollector(Collector):
                                    labels=["gpu", *labels])
         sm = GaugeMetricFamily("gpuwhy_process_sm_utilization_ratio",
                                "the process's share of SM time (NVML)", labels=["gpu", *labels])
-        rows = db.execute(
-            "select g.gpu_id, g.pid, g.start_time, coalesce(p.comm, ''), g.used_memory_mib, "
-            "g.sm_util from gpu_processes g join (select gpu_id, max(ts) as ts from "
-            "gpu_processes group by gpu_id) last on last.gpu_id = g.gpu_id and last.ts = g.ts "
-            "left join processes p on p.pid = g.pid and p.start_time = g.start_time "
-            "order by g.used_memory_mib desc").fetchall()
+        rows = latest_gpu_process_lists(db)
         for gpu, pid, start_time, comm, mib, sm_util in rows[:self.max_processes]:
             key = [gpu, str(pid), str(start_time), comm[:32]]
             if mib is not None:
@@ -121,11 +115,9 @@ class StoreCollector(Collector):
                                     labels=["kind", "severity"])
         open_now = GaugeMetricFamily("gpuwhy_incidents_open", "incidents still open",
                                      labels=["kind"])
-        for kind, severity, count in db.execute(
-                "select kind, severity, count(*) from incidents group by kind, severity"):
+        for kind, severity, count in incident_counts(db):
             total.add_metric([kind, severity], count)
-        for kind, opened in db.execute("select kind, count(*) from incidents where "
-                                       "state = 'open' group by kind"):
+        for kind, opened in open_incident_counts(db):
             open_now.add_metric([kind], opened)
         yield total
         yield open_now
@@ -137,11 +129,11 @@ class StoreCollector(Collector):
                                  "the source's last heartbeat", labels=["source"])
         lost = CounterMetricFamily("gpuwhy_events_lost", "events lost, dropped or refused, "
                                    "by source and reason", labels=["source", "reason"])
-        for source, state, counters, last_seen in db.execute(
-                "select source, state, counters, last_seen from source_health"):
-            up.add_metric([source], {"ok": 1.0, "degraded": 0.5}.get(state, 0.0))
-            seen.add_metric([source], (last_seen or 0) / NS_PER_SECOND)
-            for reason, value in json.loads(counters or "{}").items():
+        for health in source_health(db):
+            source = health["source"]
+            up.add_metric([source], {"ok": 1.0, "degraded": 0.5}.get(health["state"], 0.0))
+            seen.add_metric([source], (health["last_seen"] or 0) / NS_PER_SECOND)
+            for reason, value in health["counters"].items():
                 if isinstance(value, int | float) and any(w in reason for w in _LOSS_WORDS):
                     lost.add_metric([source, reason[:64]], value)
         yield up

@@ -34,6 +34,7 @@ from gpuwhy.events import (
 )
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
+from gpuwhy.reset import reset_kind
 from gpuwhy.rules.vocabulary import (
     FACTS,
     MONITOR_PATTERN,
@@ -357,7 +358,7 @@ class MemorySignals(Signals):
             self._event("driver.call", ts, {
                 "_process": event.process, "op": event.op, "sub_name": event.sub_name or "",
                 "reasons": ",".join(event.reasons), "status": event.status_name,
-                "latency_ms": event.latency_ns / 1e6})
+                "latency_ms": event.latency_ns / 1e6, "reset": reset_kind(event.sub_name)})
         elif isinstance(event, KernelLogRecord):
             gpu = event.uuid or self._gpu_for_pci(event.pci)
             if event.record_kind == "xid":

@@ -25,6 +25,7 @@ from gpuwhy.errors import NoSuchProcess
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import read_stat
+from gpuwhy.reset import reset_kind
 from gpuwhy.rules.vocabulary import Row, call_class_totals
 from gpuwhy.store import streams
 
@@ -204,6 +205,7 @@ class StoreSignals(Signals):
             return [(r["ts"], {"_process": ProcessKey(r["pid"], r["start_time"]),
                                "op": r["op"] or "", "sub_name": r["sub_name"] or "",
                                "reasons": r["reasons"] or "", "status": r["status_name"] or "",
-                               "latency_ms": (r["latency_ns"] or 0) / 1e6})
+                               "latency_ms": (r["latency_ns"] or 0) / 1e6,
+                               "reset": reset_kind(r["sub_name"])})
                     for r in streams.driver_calls_between(self.db, start, end)]
         raise KeyError(stream)

@@ -14,6 +14,7 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from gpuwhy.identity import ProcessKey
+from gpuwhy.store import queries
 
 MAX_MAPS_BYTES = 4 << 20
 MAX_LIBRARIES = 64
@@ -85,20 +86,17 @@ def environment(db: Database, gpu_id: str | None, process: ProcessKey | None,
     whether the GPU is simulated, the process's command line, and library versions."""
     env: dict[str, object] = {}
     if gpu_id:
-        row = db.execute("select model, driver_version, simulated from gpus where id = ?",
-                         [gpu_id]).fetchone()
+        row = queries.gpu(db, gpu_id)
         if row:
-            env.update(gpu_model=row[0], driver=row[1], simulated=bool(row[2]))
+            env.update(gpu_model=row["model"], driver=row["driver_version"],
+                       simulated=bool(row["simulated"]))
         env["gpu"] = gpu_id
     if process is not None:
-        version = db.execute("select version from driver_calls where pid = ? and "
-                             "start_time = ? and version is not null limit 1",
-                             [process.pid, process.start_time]).fetchone()
-        if version and version[0]:
-            env["driver"] = version[0][:MAX_VERSION_CHARS]
-        row = db.execute("select comm, cmdline from processes where pid = ? and start_time = ?",
-                         [process.pid, process.start_time]).fetchone()
+        version = queries.process_driver_version(db, process)
+        if version:
+            env["driver"] = version[:MAX_VERSION_CHARS]
+        row = queries.process(db, process)
         if row:
-            env.update(comm=row[0], cmdline=(row[1] or "")[:1024])
+            env.update(comm=row["comm"], cmdline=(row["cmdline"] or "")[:1024])
     env.update(versions_from_libraries(libraries))
     return env

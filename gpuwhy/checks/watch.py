@@ -32,6 +32,7 @@ from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.errors import GpuwhyError, NoSuchProcess
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import process_key, read_stat
+from gpuwhy.store.queries import gpu_of_process, gpus, has_gpu_samples, resolve_gpu
 from gpuwhy.text import printable as escaped
 
 MAX_SHOWN = 80
@@ -183,7 +184,7 @@ class Watch:
         while self.clock() < deadline:
             with contextlib.suppress(GpuwhyError):
                 with contextlib.closing(self.reader()) as db:
-                    if db.execute("select 1 from gpu_samples limit 1").fetchone():
+                    if has_gpu_samples(db):
                         return
             time.sleep(0.1)
 
@@ -271,28 +272,21 @@ class Watch:
         deadline = self.clock() + float(self.config["checks.settle_seconds"])
         while self.clock() < deadline:
             with contextlib.closing(self.reader()) as db:
-                if db.execute("select 1 from gpu_samples where ts >= ? limit 1",
-                              [end_ns]).fetchone():
+                if has_gpu_samples(db, since=end_ns):
                     return
             time.sleep(0.1)
 
     def _gpu(self, db) -> str | None:  # noqa: ANN001
         """The GPU watched: --gpu, else the process's binding, else NVML's process list,
         else the only GPU there is."""
-        from gpuwhy.store.queries import resolve_gpu
-
         if self.target.gpu:
             gpu = self.target.gpu
             return resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
                                pci=gpu if ":" in gpu else None,
                                index=int(gpu) if gpu.isdigit() else None) or gpu
         if self.process is not None:
-            for sql in ("select gpu_id from gpu_bindings where pid = ? and start_time = ? "
-                        "order by since desc limit 1",
-                        "select gpu_id from gpu_processes where pid = ? and start_time = ? "
-                        "order by ts desc limit 1"):
-                row = db.execute(sql, [self.process.pid, self.process.start_time]).fetchone()
-                if row:
-                    return row[0]
-        gpus = db.execute("select id from gpus").fetchall()
-        return gpus[0][0] if len(gpus) == 1 else None
+            held = gpu_of_process(db, self.process)
+            if held is not None:
+                return held
+        known = gpus(db)
+        return known[0]["id"] if len(known) == 1 else None

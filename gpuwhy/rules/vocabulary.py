@@ -305,8 +305,10 @@ STREAMS: dict[str, Stream] = {s.name: s for s in (
                                  "own": "num"},
            "a process ended"),
     Stream("driver.call", "host", {"op": "text", "sub_name": "text", "reasons": "text",
-                                   "status": "text", "latency_ms": "num", "own": "num"},
-           "a notable, slow or failed driver call"),
+                                   "status": "text", "latency_ms": "num", "reset": "text",
+                                   "own": "num"},
+           "a notable, slow or failed driver call; reset is \"reset\" when the call resets "
+           "the GPU, \"request\" when it marks the GPU for a reset, \"\" otherwise"),
 )}
 
 # G-MONITOR: processes that open the GPU to watch it, never to compute.

@@ -1,0 +1,32 @@
+"""gpuwhy.text: one timestamp format for Python and the store's SQL views, and terminal-safe
+text; its docstring examples are run too."""
+
+import doctest
+import sqlite3
+
+import pytest
+
+from gpuwhy import text
+from gpuwhy.text import format_ts, printable, sql_utc
+
+MOMENTS = [0, 1_700_000_000_123_000_000, 1_798_761_599_999_000_000, 1_764_633_600_000_000_000]
+
+
+def test_the_docstring_examples_hold():
+    result = doctest.testmod(text)
+    assert result.attempted >= 5 and result.failed == 0
+
+
+@pytest.mark.parametrize("precision", ["ms", "s", "min"])
+def test_the_views_write_time_as_the_cli_does(precision):
+    db = sqlite3.connect(":memory:")
+    for ts in MOMENTS:
+        [(in_sql,)] = db.execute(f"select {sql_utc('?', precision)}", [ts]).fetchall()
+        assert in_sql == format_ts(ts, precision, utc=True)
+
+
+def test_untrusted_text_cannot_drive_the_terminal():
+    shown = printable("evil\x1b]0;title\x07\r\nname\u202e")
+    assert shown.isprintable() and "\x1b" not in shown
+    assert printable("x" * 50, limit=10) == "x" * 9 + "…"
+    assert format_ts(None) == "-"
