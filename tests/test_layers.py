@@ -23,7 +23,8 @@ ALLOWED = {
     "webui": {"core", "store"},
 }
 APP_PACKAGES = ("gpuwhy.checks", "gpuwhy.deploy", "gpuwhy.demo")
-APP_MODULES = ("gpuwhy.cli", "gpuwhy.__main__", "gpuwhy.service", "gpuwhy.bench_cli")
+APP_MODULES = ("gpuwhy.cli", "gpuwhy.__main__", "gpuwhy.service", "gpuwhy.status",
+               "gpuwhy.bench_cli")
 
 
 def module_name(path: Path) -> str:

@@ -95,7 +95,7 @@ class Watched:
 
 def service_running(config: Config) -> bool:
     """True when the service's correlator reports to ``store.path`` (`gpuwhy status`)."""
-    from gpuwhy.cli import collect_status
+    from gpuwhy.status import collect_status
 
     if not Path(config["store.path"]).exists():
         return False
