@@ -26,6 +26,8 @@ struct thread_t {
     u64 voluntary;
     u64 involuntary;
     u64 migrations;
+    u32 seeded;              // added by user space, its state read from /proc: see settle()
+    u32 pad;
 };
 
 BPF_HASH(watched, u32, struct thread_t, MAX_WATCHED);
@@ -43,18 +45,26 @@ static __always_inline struct thread_t *find(u32 tid)
     return watched.lookup(&tid);
 }
 
-static __always_inline void settle(struct thread_t *t, u64 now)
+// Credit the time since last_ns to the state the thread was in. For a thread user space
+// has just added, the state it read from /proc may be stale: the thread can switch out
+// between that read and the entry being in place, and a sleeping thread taken for a running
+// one would be credited its whole sleep as CPU time at its next switch. Its first event
+// proves what the state was (a switch-out: running; a switch-in: runnable; a wakeup:
+// asleep), so that event's state is the one credited.
+static __always_inline void settle(struct thread_t *t, u64 now, u32 proven)
 {
     u64 delta = now - t->last_ns;
-    if (t->state == ST_RUNNING)
+    u32 state = t->seeded ? proven : t->state;
+    if (state == ST_RUNNING)
         t->on_cpu_ns += delta;
-    else if (t->state == ST_RUNNABLE)
+    else if (state == ST_RUNNABLE)
         t->runqueue_ns += delta;
-    else if (t->state == ST_SLEEPING)
+    else if (state == ST_SLEEPING)
         t->sleep_ns += delta;
-    else if (t->state == ST_BLOCKED)
+    else if (state == ST_BLOCKED)
         t->blocked_ns += delta;
     t->last_ns = now;
+    t->seeded = 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_switch)
@@ -62,7 +72,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u64 now = bpf_ktime_get_ns();
     struct thread_t *prev = find(args->prev_pid);
     if (prev && prev->state != ST_DEAD) {
-        settle(prev, now);
+        settle(prev, now, ST_RUNNING);
         long state = args->prev_state;
         if (state == 0 || (state & REPORT_PREEMPTED)) {
             prev->state = ST_RUNNABLE;
@@ -74,7 +84,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     }
     struct thread_t *next = find(args->next_pid);
     if (next && next->state != ST_DEAD) {
-        settle(next, now);
+        settle(next, now, ST_RUNNABLE);
         next->state = ST_RUNNING;
     }
     return 0;
@@ -83,8 +93,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
 static __always_inline int on_wakeup(u32 tid)
 {
     struct thread_t *t = find(tid);
-    if (t && (t->state == ST_SLEEPING || t->state == ST_BLOCKED)) {
-        settle(t, bpf_ktime_get_ns());
+    if (t && (t->seeded || t->state == ST_SLEEPING || t->state == ST_BLOCKED)) {
+        settle(t, bpf_ktime_get_ns(), t->state == ST_BLOCKED ? ST_BLOCKED : ST_SLEEPING);
         t->state = ST_RUNNABLE;
     }
     return 0;
@@ -127,7 +137,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     struct thread_t *t = find((u32)bpf_get_current_pid_tgid());
     if (t) {
-        settle(t, bpf_ktime_get_ns());
+        settle(t, bpf_ktime_get_ns(), ST_RUNNING);      // an exiting thread runs
         t->state = ST_DEAD;   // user space reads the last figures, then deletes the entry
     }
     return 0;

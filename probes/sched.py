@@ -57,11 +57,13 @@ _STATE_FIELD = {ThreadState.RUNNING: 0, ThreadState.RUNNABLE: 1, ThreadState.SLE
 
 def thread_totals(thread: object, now_ktime: int) -> tuple[int, ...]:
     """A thread's cumulative figures, counting the time spent in its current state so far
-    (a thread alone on a CPU may not switch for seconds)."""
+    (a thread alone on a CPU may not switch for seconds). Not for a thread whose state is
+    still the one read from /proc: until the kernel's first event on it proves the state
+    (sched.bpf.c's settle()), crediting it could be undone, a negative interval."""
     values = [thread.on_cpu_ns, thread.runqueue_ns, thread.sleep_ns, thread.blocked_ns,
               thread.voluntary, thread.involuntary, thread.migrations]
     index = _STATE_FIELD.get(thread.state)
-    if index is not None and now_ktime > thread.last_ns:
+    if index is not None and not thread.seeded and now_ktime > thread.last_ns:
         values[index] += now_ktime - thread.last_ns
     return tuple(values)
 
@@ -136,6 +138,7 @@ class SchedProbe:
         leaf.last_ns = time.monotonic_ns()
         leaf.state = state
         leaf.owner = owner
+        leaf.seeded = 1        # the kernel's first event on it says what the state really was
         self._watched[key] = leaf
         self._hint(tid, 1)
 

@@ -109,6 +109,37 @@ def test_scheduler_figures_agree_with_proc(pipeline_for, tmp_config, tmp_path):
     assert involuntary > 10
 
 
+def test_a_state_read_from_proc_that_went_stale_is_corrected_by_the_kernel(tmp_config):
+    """The race behind a sleeping process once counted as on CPU: user space reads a thread's
+    state from /proc, the thread falls asleep before the map entry is in place, and the
+    entry says running. Here the stale state is written on purpose; the thread's next
+    scheduler event must prove it asleep, and its sleep be counted as sleep."""
+    from gpuwhy.probes.sched import SchedProbe, ThreadState
+
+    published = []
+    probe = SchedProbe(tmp_config, published.append)
+    probe.load()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                                "print(flush=True); time.sleep(1.5)"], stdout=subprocess.PIPE)
+    try:
+        sleeper.stdout.readline()
+        time.sleep(0.3)                                   # asleep now, for 1.2 s more
+        key = process_key(sleeper.pid)
+        probe.owners[key.pid] = key
+        probe._add(sleeper.pid, sleeper.pid, ThreadState.RUNNING)   # the stale /proc read
+        probe.flush()                                     # nothing proven yet: nothing credited
+        sleeper.wait(10)
+        probe.flush()
+    finally:
+        probe.close()
+    own = [event.own for event in published]
+    assert all(min(o["on_cpu_ns"], o["sleep_ns"]) >= 0 for o in own)
+    on_cpu = sum(o["on_cpu_ns"] for o in own)
+    sleep = sum(o["sleep_ns"] for o in own)
+    assert sleep >= 1_000_000_000, own
+    assert on_cpu < 300_000_000, own      # the wake-up and exit, not the sleep
+
+
 def test_storm_never_blocks_the_caller_and_nothing_is_lost(pipeline_for, tmp_config,
                                                            tmp_path):
     storm = tmp_path / "storm"
