@@ -11,14 +11,6 @@ from gpuwhy.checks.watch import EnvironmentProblem
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
-from gpuwhy.webui.reports.pdf import render_pdf
-from gpuwhy.webui.reports.report import (
-    gather,
-    gpu_subject,
-    incident_subject,
-    process_subject,
-    render,
-)
 
 
 def _process_key(ctx: click.Context, param: click.Parameter, value: str | None
@@ -62,8 +54,17 @@ def report(ctx: click.Context, incident_id: int | None, gpu: str | None, since_t
       gpuwhy report --gpu 0000:18:00.0 --since 72h --compare -o gpu18.html
       gpuwhy report --process 4242-1000 -o job.html
     """
+    # the renderers load the web view's package (Flask, Jinja): only when a report is made
     from gpuwhy.correlator.cli import parse_since
     from gpuwhy.store import open_store
+    from gpuwhy.webui.reports.pdf import render_pdf
+    from gpuwhy.webui.reports.report import (
+        gather,
+        gpu_subject,
+        incident_subject,
+        process_subject,
+        render,
+    )
 
     chosen = [x is not None for x in (incident_id, gpu, process)]
     if sum(chosen) != 1:

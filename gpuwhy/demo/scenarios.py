@@ -26,13 +26,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuwhy.config import Config
 from gpuwhy.demo.standin import DEMO_MARK, write_kmsg
-from gpuwhy.service import Pipeline, PipelineError
 from gpuwhy.text import printable
+
+if TYPE_CHECKING:      # the pipeline (flask, the correlator) loads when a demo runs
+    from gpuwhy.service import Pipeline
 
 SCENARIOS = {"cron-reset": "gpu-reset", "xid79": "xid-79", "starved-input": "input-starved"}
 STARVED_RULE = "R01_input_cpu_bound"
@@ -279,6 +282,8 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         stack.enter_context(journald(progress))
         if scenario == "cron-reset":
             stack.enter_context(cron_daemon(progress))
+        from gpuwhy.service import Pipeline, PipelineError
+
         pipe = Pipeline(config)
         stack.callback(pipe.close)
         try:
