@@ -45,6 +45,7 @@ def bpf_defines() -> dict[str, Define]:
 
 
 CFLAGS = cflags(bpf_defines())
+_EXEC, _FORK, _EXIT = int(EventType.EXEC), int(EventType.FORK), int(EventType.EXIT)  # the loop
 
 
 def decode_exit_code(raw: int) -> tuple[int | None, int | None]:
@@ -104,7 +105,7 @@ class LifecycleProbe:
         self.records += 1
         ts = self._clock.realtime_from_monotonic(record.ktime_ns)
         key = ProcessKey(record.tgid, record.start_ticks)
-        if record.type == EventType.EXEC:
+        if record.type == _EXEC:
             filename = bytes(record.filename).split(b"\0", 1)[0].decode("utf-8", "replace")
             try:
                 seen = read_process(record.tgid, ts, self.proc_root)
@@ -117,10 +118,10 @@ class LifecycleProbe:
             self._emit(seen)
             self._emit(ProcessExec(ts=ts, process=key, filename=filename,
                                    ppid=record.other_tgid, raw_ts=record.ktime_ns))
-        elif record.type == EventType.FORK:
+        elif record.type == _FORK:
             child = ProcessKey(record.other_tgid, record.other_start_ticks)
             self._emit(ProcessForked(ts=ts, parent=key, child=child, raw_ts=record.ktime_ns))
-        elif record.type == EventType.EXIT:
+        elif record.type == _EXIT:
             exit_code, signal = decode_exit_code(record.exit_code)
             self._emit(ProcessExited(ts=ts, process=key, exit_code=exit_code, signal=signal,
                                      raw_ts=record.ktime_ns))
