@@ -42,7 +42,7 @@ class Link:
 
 
 def _incident(db: Database, incident_id: int) -> dict:
-    return db["incidents"].get(incident_id)
+    return db.execute_returning_dicts("select * from incidents where id = ?", [incident_id])[0]
 
 
 def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Link]:
