@@ -16,7 +16,7 @@ from gpuwhy.demo.synthetic_signals import Synthetic
 from gpuwhy.events import GpuXid
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.rules.docs import render
-from gpuwhy.rules.loader import load_rules
+from gpuwhy.rules.loader import load_rule_set, load_rules
 from gpuwhy.rules.parser import parse_rules
 from gpuwhy.wire import to_payload
 
@@ -154,3 +154,54 @@ def test_record_captures_what_connects_to_its_own_endpoint(tmp_path, tmp_config)
     assert "R33_xid48_double_bit_ecc" in replay.output
     unknown = invoke(tmp_path, "record", "--duration", "1", "--sources", "nope", str(output))
     assert unknown.exit_code == 2 and "unknown source(s) nope" in unknown.output
+
+
+GOOD = ('rule G1_good {{ title: "t" group: memory when: gpu.util > {} cause: "c" fix: "a" '
+        'fix: "b" verify: "v" }}\n')
+
+
+def broken_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "rules.d"
+    folder.mkdir()
+    (folder / "a_good.rules").write_text(GOOD.format(0.5))
+    (folder / "b_broken.rules").write_bytes(
+        GOOD.replace("G1", "B1").format(0.5).encode()
+        + b'\nrule B2 {\n  title: "t"\n  window: ' + b"9" * 309 + b's\n  when: gpu.util > 1\n}\n'
+        + b'rule B3 { title: "\xff" when: gpu.util > 1 }\n'
+        + GOOD.replace("G1", "B4").format("").encode())
+    return folder
+
+
+def test_lint_names_each_broken_rule_and_still_reports_the_good_files(tmp_path):
+    folder = broken_folder(tmp_path)
+    result = CliRunner().invoke(cli, ["rules", "lint", str(folder)])
+    assert result.exit_code == 1
+    broken = folder / "b_broken.rules"
+    assert f"{folder / 'a_good.rules'}: 1 rules OK" in result.output
+    assert f"{broken}:5:11: duration too large (max 7d)" in result.output
+    assert f"{broken}:8:19: not UTF-8 text (byte 0xff)" in result.output
+    assert f"{broken}:9:64: unexpected ':'" in result.output
+    assert f"{broken}: 1 rules loaded, 3 broken (not loaded)" in result.output
+    assert "Traceback" not in result.output
+    alone = CliRunner().invoke(cli, ["rules", "lint", str(folder / "a_good.rules")])
+    assert alone.exit_code == 0
+
+
+def test_lint_reports_a_rule_id_given_in_two_files(tmp_path):
+    one, two = tmp_path / "one.rules", tmp_path / "two.rules"
+    one.write_text(GOOD.format(0.5))
+    two.write_text("\n" + GOOD.format(0.7))
+    result = CliRunner().invoke(cli, ["rules", "lint", str(one), str(two)])
+    assert result.exit_code == 1
+    assert f"{two}:2:1: rule G1_good is already defined at {one}:1" in result.output
+
+
+def test_a_broken_rules_path_costs_only_its_broken_rules(tmp_path):
+    folder = broken_folder(tmp_path)
+    result = invoke(tmp_path, "rules", "list", "--json", env={"GPUWHY_RULES_PATHS": str(folder)})
+    assert result.exit_code == 0
+    ids = [row["id"] for row in json.loads(result.stdout)]
+    assert len(ids) == len(load_rules()) + 2 and {"G1_good", "B1_good"} <= set(ids)
+    assert f"warning: {folder / 'b_broken.rules'}:5:11: duration too large" in result.stderr
+    loaded = load_rule_set([str(folder)])   # what the service runs
+    assert [r.id for r in loaded.rules] == ids and len(loaded.problems) == 3

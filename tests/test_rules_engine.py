@@ -149,3 +149,16 @@ def test_rule_finding_round_trips_the_wire():
     gpu_only = RuleFinding(ts=5, finding_id="f", rule_id="R", title="t", severity="info",
                            state="cleared", gpu_id="g")
     assert from_frames([b"rule", to_payload(gpu_only, src="rules", seq=2)]).event == gpu_only
+
+
+def test_arithmetic_that_overflows_is_unknown_not_an_exception():
+    # Numbers in a rule are bounded (|x| <= 1e18), but products of them are not: inf and nan
+    # must not reach int() in bit() or round() in the evidence.
+    huge = " * 1e18" * 20
+    [rule] = parse_rules(
+        'rule X_overflow { title: "t"\n'
+        f'  when: not bit(gpu.util{huge}, SW_POWER_CAP) or gpu.util >= 0\n'
+        f'  evidence: mean(gpu.util{huge}, 1m) as inf, mean(gpu.util{huge} - '
+        f'gpu.util{huge}, 1m) as nan, last(bit(gpu.util{huge}, IDLE), 1m) as bit }}')
+    findings, _ = run(Synthetic(duration_s=60), [rule])
+    assert findings and findings[0].evidence == {"inf": None, "nan": None, "bit": None}

@@ -209,6 +209,60 @@ def test_the_service_runs_the_rules_and_findings_reach_the_bus(tmp_config):
     assert not thread.is_alive()
 
 
+def test_a_broken_extra_rule_file_costs_only_its_rules_and_status_names_it(tmp_config,
+                                                                           tmp_path):
+    folder = tmp_path / "rules.d"
+    folder.mkdir()
+    (folder / "good.rules").write_text('rule X1_extra { title: "t" when: gpu.util > 2 }\n')
+    (folder / "broken.rules").write_text(
+        'rule X2_extra { title: "t" when: gpu.util > 2 }\n'
+        'rule X3_broken {\n  title: "t"\n  when: mean(gpu.util, ' + "9" * 309 + 's) > 1\n}\n'
+        'rule R32_xid79_fallen_off_bus { title: "replaced?" when: gpu.util > 2 }\n')
+    config = tmp_config.replace({"rules.interval": 0.2, "rules.paths": str(folder)})
+    db = open_store(config["store.path"])
+    fill(db, "xid-79", 90, start=now_ns() - 90 * NS, with_host=False)
+    db.close()
+    subscriber = Subscriber(config["bus.endpoint"], topics=("rule", "health"))
+    stop = threading.Event()
+    thread = threading.Thread(target=run_rules, args=(config, stop), daemon=True)
+    thread.start()
+    try:
+        found, health = None, None
+        deadline = now_ns() + 20 * NS
+        while now_ns() < deadline and (found is None or health is None):
+            envelope = subscriber.receive(0.2)
+            if envelope is None:
+                continue
+            if isinstance(envelope.event, RuleFinding):
+                found = found or envelope
+            elif envelope.event.source == "rules":
+                health = envelope
+    finally:
+        stop.set()
+        thread.join(5)
+        subscriber.close()
+    assert not thread.is_alive()
+    # Every shipped rule still runs (and the shipped R32 is not replaced), with the good extras.
+    assert found is not None and found.event.rule_id == "R32_xid79_fallen_off_bus"
+    assert found.event.title == "GPU has fallen off the bus (Xid 79)"
+    assert health is not None and health.event.state == "degraded"
+    detail = health.event.detail
+    assert detail.startswith(f"{len(RULES) + 2} rules; ")
+    assert f"2 broken rule(s) not loaded: {folder / 'broken.rules'}:4:24: duration too large " \
+           "(max 7d)" in detail
+    assert f"{folder / 'broken.rules'}:6:1: rule R32_xid79_fallen_off_bus is already " \
+           "defined at builtin/g_failures.rules:" in detail
+    assert health.event.counters["rule_problems"] == 2
+    # ... and `gpuwhy status` shows it, from the store.
+    from gpuwhy.status import collect_status
+
+    db = open_store(config["store.path"])
+    StoreWriter(db).write_batch([health])
+    db.close()
+    [part] = [p for p in collect_status(config)["parts"] if p["part"] == "rules"]
+    assert part["state"] == "degraded" and f"{folder / 'broken.rules'}:4:24" in part["detail"]
+
+
 def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
     """The CUDA uprobes' intervals through the StoreWriter and cuda_stats, read back by
     StoreSignals, give the same cuda.* series as MemorySignals fed the same events; a

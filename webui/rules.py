@@ -17,7 +17,7 @@ from flask import (
 from flask.typing import ResponseReturnValue
 
 from gpuwhy.errors import GpuwhyError
-from gpuwhy.rules.loader import load_rules
+from gpuwhy.rules.loader import load_rule_set
 from gpuwhy.rules.model import Rule
 from gpuwhy.store import open_store, queries
 from gpuwhy.store.overrides import OverrideError, read_overrides, set_override
@@ -27,14 +27,26 @@ from gpuwhy.webui.db import get_db
 bp = Blueprint("rules", __name__)
 
 
-def all_rules() -> list[Rule]:
-    """The rules the service runs (rules.paths and the built-in ones), loaded once per app."""
+def _rule_set() -> dict:
     cache = current_app.extensions.setdefault("gpuwhy.rules", {})
     if "rules" not in cache:
         config = current_app.config["GPUWHY"]
         paths = [p for p in config["rules.paths"].split(":") if p]
-        cache["rules"] = load_rules(paths, builtin=config["rules.builtin"])
-    return cache["rules"]
+        loaded = load_rule_set(paths, builtin=config["rules.builtin"])
+        cache["rules"], cache["problems"] = loaded.rules, loaded.problems
+    return cache
+
+
+def all_rules() -> list[Rule]:
+    """The rules the service runs (rules.paths and the built-in ones), loaded once per app:
+    as in the service, a broken rule costs only itself (see ``rule_problems``)."""
+    return _rule_set()["rules"]
+
+
+def rule_problems() -> list[dict]:
+    """The rules that could not be loaded, each with its file:line:column."""
+    return [{"path": p.path, "line": p.line, "column": p.column, "message": p.message,
+             "where": f"{p.path}:{p.line}:{p.column}"} for p in _rule_set()["problems"]]
 
 
 def _rule_or_404(rule_id: str) -> Rule:
@@ -84,7 +96,7 @@ def rules_unreadable(exc: GpuwhyError) -> ResponseReturnValue:
 
 @bp.get("/rules")
 def index() -> ResponseReturnValue:
-    return render_template("rules.html", rules=rule_states(),
+    return render_template("rules.html", rules=rule_states(), problems=rule_problems(),
                            auth=bool(current_app.config["AUTH_TOKEN"]),
                            changed=request.args.get("changed"))
 
@@ -92,6 +104,11 @@ def index() -> ResponseReturnValue:
 @bp.get("/api/rules")
 def api_index() -> ResponseReturnValue:
     return jsonify(rule_states())
+
+
+@bp.get("/api/rules/problems")
+def api_problems() -> ResponseReturnValue:
+    return jsonify(rule_problems())
 
 
 @bp.post("/rules/<rule_id>")

@@ -22,14 +22,16 @@ def _fail(exc: Exception) -> click.ClickException:
 
 
 def _rules(obj: object, extra: tuple[str, ...] = ()) -> list[m.Rule]:
-    from gpuwhy.rules.loader import load_rules
+    """The rules the service runs: a broken rule file is named on stderr and skipped, as the
+    service skips it."""
+    from gpuwhy.rules.loader import load_rule_set
 
     config = obj.config()
     paths = [p for p in config["rules.paths"].split(":") if p] + list(extra)
-    try:
-        return load_rules(paths, builtin=config["rules.builtin"])
-    except GpuwhyError as exc:
-        raise _fail(exc) from None
+    loaded = load_rule_set(paths, builtin=config["rules.builtin"])
+    for problem in loaded.problems:
+        click.echo(f"warning: {problem} (rule skipped)", err=True)
+    return loaded.rules
 
 
 def _overrides(obj: object) -> dict:
@@ -143,22 +145,27 @@ def lint(files: tuple[str, ...]) -> None:
     Example:
       gpuwhy rules lint /etc/gpuwhy/rules/*.rules
     """
-    from gpuwhy.rules.loader import load_rules
+    from gpuwhy.rules.loader import load_rule_set
 
+    # All files at once: a rule id given in two of them is a problem, as in the service.
+    # Every file is reported, the broken ones with each problem's line.
+    loaded = load_rule_set(list(files), builtin=False)
     bad = 0
-    for file in files:
-        try:
-            loaded = load_rules([file], builtin=False)
-        except GpuwhyError as exc:
-            click.echo(str(exc), err=True)
-            bad += 1
-            continue
-        problems = [problem for rule in loaded for problem in lint_rule(rule)]
+    for file in loaded.files:
+        problems = [str(p) for p in file.problems] + \
+            [problem for rule in file.rules for problem in lint_rule(rule)]
         for problem in problems:
             click.echo(problem, err=True)
         bad += bool(problems)
         if not problems:
-            click.echo(f"{file}: {len(loaded)} rules OK")
+            click.echo(f"{file.path}: {len(file.rules)} rules OK")
+        elif file.problems:
+            click.echo(f"{file.path}: {len(file.rules)} rules loaded, {len(file.problems)} "
+                       f"broken (not loaded)")
+    for folder in files:
+        if Path(folder).is_dir() and not any(f.path.startswith(str(Path(folder)) + "/")
+                                             for f in loaded.files):
+            click.echo(f"{folder}: no *.rules files")
     if bad:
         sys.exit(1)
 

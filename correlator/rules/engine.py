@@ -12,6 +12,7 @@ marked ``shadow``: recorded, never alerted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -42,6 +43,8 @@ class InstanceState:
 
 def _round(value: object) -> object:
     if isinstance(value, float):
+        if not math.isfinite(value):   # a series can hold one; round() would raise
+            return None
         return round(value, 4) if abs(value) < 1e6 else round(value)
     return value
 

@@ -135,8 +135,7 @@ class Evaluation:
             return _lift(_negation, v(node.item))
         if isinstance(node, m.Call) and node.func == "bit":
             mask = THROTTLE_BITS[node.args[1].name]
-            return _lift(lambda x: None if _num(x) is None else bool(int(x) & mask),
-                         v(node.args[0]))
+            return _lift(lambda x: _bit(x, mask), v(node.args[0]))
         if isinstance(node, m.Call) and node.func in ("coalesce", "abs") or \
                 isinstance(node, m.Call) and node.func in ("min", "max") and \
                 not isinstance(node.args[-1], m.Dur):
@@ -240,7 +239,7 @@ class Evaluation:
             return _scalar(f, [self.value(a, env) for a in args])
         if f == "bit":
             v = _num(self.value(args[0], env))
-            return None if v is None else bool(int(v) & THROTTLE_BITS[args[1].name])
+            return _bit(v, THROTTLE_BITS[args[1].name])
         if f == "env":
             if self.process_facts is None or self.process_facts.env is None:
                 self.missing.add(f'env("{args[0].value}")')
@@ -353,12 +352,21 @@ def _arith(op: str, a: Value, b: Value) -> Value:
     if a is None or b is None:
         return None
     if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    return None if b == 0 else a / b
+        result = a + b
+    elif op == "-":
+        result = a - b
+    elif op == "*":
+        result = a * b
+    else:
+        result = None if b == 0 else a / b
+    # An overflow (inf, or nan from inf - inf) is unknown like a division by 0: an infinity
+    # would only turn into an exception further on (int() in bit(), rounding evidence).
+    return result if result is None or math.isfinite(result) else None
+
+
+def _bit(value: Value, mask: int) -> bool | None:
+    v = _num(value)
+    return None if v is None or not math.isfinite(v) else bool(int(v) & mask)
 
 
 def _between(value: Value, low: Value, high: Value) -> bool | None:

@@ -19,15 +19,15 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.errors import GpuwhyError
 from gpuwhy.events import SourceHealth
-from gpuwhy.rules.loader import load_rules
+from gpuwhy.rules.loader import load_rule_set
 from gpuwhy.store import open_store
 from gpuwhy.store.overrides import read_overrides
 
 log = logging.getLogger(__name__)
 
 HEALTH_EVERY = 10.0
+SHOWN_PROBLEMS = 3   # rule-file problems named in the health detail (all are counted)
 
 
 def env_keys(rules: list) -> frozenset[str]:
@@ -55,9 +55,12 @@ class RulesRunner:
     """Evaluates every ``interval`` s and publishes what the engine finds."""
 
     def __init__(self, engine: Engine, signals: StoreSignals, publisher: Publisher,
-                 interval: float):
+                 interval: float, problems: list[str] | tuple[str, ...] = ()):
         self.engine, self.signals, self.publisher = engine, signals, publisher
         self.interval = interval
+        # "file:line:col: message" of every rule that did not load: the health names them
+        # for as long as the engine runs without them.
+        self.problems = list(problems)
         self.counters: Counter[str] = Counter()
         self.cpu_seconds = 0.0
         self.error: str | None = None
@@ -85,12 +88,19 @@ class RulesRunner:
         detail = (f"{len(self.engine.rules)} rules; " +
                   ", ".join(f"{n} {s}" for s, n in sorted(states.items())) +
                   f"; {self.cpu_seconds:.2f} CPU s so far")
+        if self.problems:
+            shown = [p if len(p) <= 300 else p[:297] + "..."
+                     for p in self.problems[:SHOWN_PROBLEMS]]
+            more = len(self.problems) - len(shown)
+            detail += (f"; {len(self.problems)} broken rule(s) not loaded: " + "; ".join(shown)
+                       + (f"; and {more} more (gpuwhy rules lint)" if more else ""))
         if self.error:
             detail += f"; ERROR: {self.error}"
         self.publisher.publish(SourceHealth(
-            ts=now_ns(), source="rules", state="degraded" if self.error else "ok",
-            detail=detail, counters={**self.counters, **{f"instances_{k}": v
-                                                         for k, v in states.items()}}))
+            ts=now_ns(), source="rules",
+            state="degraded" if self.error or self.problems else "ok",
+            detail=detail, counters={**self.counters, "rule_problems": len(self.problems),
+                                     **{f"instances_{k}": v for k, v in states.items()}}))
 
     def run(self, stop: threading.Event) -> None:
         next_health = time.monotonic()
@@ -108,13 +118,12 @@ def run_rules(config: Config, stop: threading.Event) -> None:
     paths = [p for p in config["rules.paths"].split(":") if p]
     publisher = Publisher(config["bus.endpoint"], src="rules", hwm=config["bus.hwm"])
     try:
-        try:
-            rules = load_rules(paths, builtin=config["rules.builtin"])
-        except GpuwhyError as exc:
-            publisher.wait_for_subscriber(1.0)
-            publisher.publish(SourceHealth(ts=now_ns(), source="rules", state="failed",
-                                           detail=str(exc)))
-            raise
+        # A broken rule file costs only its broken rules: the engine runs the others (the
+        # shipped ones always) and its health names each one left out.
+        loaded = load_rule_set(paths, builtin=config["rules.builtin"])
+        rules, problems = loaded.rules, [str(p) for p in loaded.problems]
+        for problem in problems:
+            log.warning("rule not loaded: %s", problem)
         db = open_store(config["store.path"], readonly=True)
         try:
             signals = StoreSignals(db, proc_root=config["probes.proc_root"],
@@ -123,7 +132,8 @@ def run_rules(config: Config, stop: threading.Event) -> None:
                             interval_ns=int(config["rules.interval"] * 1e9))
             publisher.wait_for_subscriber(1.0)
             log.info("rules engine: %d rules every %s s", len(rules), config["rules.interval"])
-            RulesRunner(engine, signals, publisher, config["rules.interval"]).run(stop)
+            RulesRunner(engine, signals, publisher, config["rules.interval"],
+                        problems).run(stop)
         finally:
             db.close()
     finally:

@@ -23,6 +23,7 @@ from gpuwhy.rules.parser import (
     _Checker,
     _expected,
     _ToModel,
+    check_tree,
     problems_reported,
 )
 
@@ -64,6 +65,7 @@ def parse_expression(text: str, *, scope: str = "process",
         raise RuleSyntaxError(path, 1, 1, "expression nested too deeply") from None
     rule = m.Rule(id="expression", path=path, line=1, text=text, scope=scope)
     with problems_reported(path, "expression"):
+        check_tree(tree)
         node = _ToModel().transform(tree)
         if rewrite is not None:
             node = rewrite(node)

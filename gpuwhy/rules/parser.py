@@ -3,20 +3,27 @@
 Nothing in a rule is ever executed as code: the grammar yields a tree of the nodes in
 :mod:`gpuwhy.rules.model`, every name is resolved against the vocabulary here,
 and regexes are RE2 (linear time). Every error names the file, line and column, and what
-was expected there.
+was expected there. Input is bounded (size, tokens, nesting, numbers, durations: the MAX_*
+below) before it can cost time, memory or recursion, and a broken rule costs only itself:
+:func:`parse_rules_report` parses each ``rule NAME {`` block on its own.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import difflib
+import math
+import re
 from collections.abc import Iterable, Iterator
+from fractions import Fraction
 from functools import cache
 
 import lark
 import re2
 from lark import Token, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from lark.parsers.lalr_analysis import Shift
 
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.gpufields import THROTTLE_BITS
@@ -29,9 +36,18 @@ from gpuwhy.rules.vocabulary import (
     STREAMS,
 )
 
-MAX_SOURCE_BYTES = 1 << 20
+# Bounds on what a rule file may ask of the parser and the engine (docs/rules.md, "Limits").
+# Parsing costs 35-70 us a token: a file at the bound loads in under 2 s (2-CPU VM, ~40 MB)
+# and one rule at its bound in a fifth of that; the shipped files are 3 to 17 KiB, their
+# largest rule ~300 tokens and 15 levels deep.
+MAX_SOURCE_BYTES = 128 * 1024
+MAX_RULE_TOKENS = 4000
+MAX_DEPTH = 64
 MAX_REGEX_CHARS = 512
-MAX_DEPTH = 200
+MAX_NUMBER_CHARS = 64
+MAX_NUMBER = 1e18
+# Raw samples are kept a week (store.raw_days): a longer window could never be answered.
+MAX_DURATION_NS = 7 * 86400 * 10**9
 
 GRAMMAR = r"""
 start: rule*
@@ -144,17 +160,49 @@ def _expected(names: set[str]) -> str:
     return ", ".join(ordered) if len(ordered) < 16 else ", ".join(ordered[:15]) + ", ..."
 
 
+def _takes(states: dict, end_state: object, stack: list, terminal: str) -> bool:
+    """Whether the LALR automaton in ``stack`` can shift ``terminal`` (or end, for $END):
+    its reductions replayed on a copy of the state stack only."""
+    stack = list(stack)
+    while True:
+        action = states[stack[-1]].get(terminal)
+        if action is None:
+            return False
+        kind, arg = action
+        if kind is Shift:
+            return True
+        size = len(arg.expansion)
+        if size:
+            del stack[-size:]
+        goto = states[stack[-1]].get(arg.origin.name)
+        if goto is None:
+            return False
+        stack.append(goto[1])
+        if terminal == "$END" and stack[-1] == end_state:
+            return True
+
+
 def _accepted(exc: UnexpectedInput, fallback: Iterable[str]) -> set[str]:
-    """The tokens the parser would take here: exact (it tries each), not LALR's superset."""
+    """The tokens the parser would take here: exact (it tries each), not LALR's superset.
+
+    lark's own ``accepts()`` copies the parser and its lexer once per terminal, a fifth of
+    the time of parsing a broken rule; replaying the reductions on the state stack gives the
+    same answer. Any surprise in lark's internals falls back to ``accepts()``.
+    """
     parser = getattr(exc, "interactive_parser", None)
-    if parser is not None:
+    if parser is None:
+        return set(fallback)
+    try:
+        state = parser.parser_state
+        conf = state.parse_conf
+        accepted = {t for t in conf.states[state.state_stack[-1]] if t.isupper()
+                    and _takes(conf.states, conf.end_state, state.state_stack, t)}
+    except Exception:  # noqa: BLE001 - lark's internals moved: its own slower way
         try:
-            accepted = parser.accepts()
-            if accepted:
-                return set(accepted)
-        except Exception:  # noqa: BLE001 - fall back to lark's own list
-            pass
-    return set(fallback)
+            accepted = set(parser.accepts())
+        except Exception:  # noqa: BLE001 - then lark's own list
+            accepted = set()
+    return accepted or set(fallback)
 
 
 def _unescape(token: str) -> str:
@@ -170,10 +218,49 @@ def _unescape(token: str) -> str:
 
 
 def duration_ns(token: str) -> int:
+    """Nanoseconds of a duration token (``90s``, ``1.5m``); ValueError past MAX_DURATION_NS.
+
+    The digits are bounded before any conversion and converted exactly (Fraction): a float
+    overflows on a long literal, and Python refuses an int of more than 4300 digits.
+    """
     for unit in ("ms", "s", "m", "h", "d"):
-        if token.endswith(unit) and token[:-len(unit)].replace(".", "", 1).isdigit():
-            return int(float(token[:-len(unit)]) * UNIT_NS[unit])
-    raise ValueError(token)
+        digits = token[:-len(unit)]
+        if not token.endswith(unit) or not digits.replace(".", "", 1).isdigit():
+            continue
+        too_large = ValueError(f"duration too large (max {MAX_DURATION_NS // UNIT_NS['d']}d)")
+        if len(digits.partition(".")[0].lstrip("0")) > 20:
+            raise too_large
+        if len(digits) > MAX_NUMBER_CHARS:
+            raise ValueError(f"duration longer than {MAX_NUMBER_CHARS} characters")
+        ns = int(Fraction(digits) * UNIT_NS[unit])
+        if ns > MAX_DURATION_NS:
+            raise too_large
+        return ns
+    raise ValueError(f"not a duration: {token!r}")
+
+
+def number_value(token: str) -> float:
+    """The value of a number token; ValueError when it is too long, too large or not finite."""
+    if len(token) > MAX_NUMBER_CHARS:
+        raise ValueError(f"number longer than {MAX_NUMBER_CHARS} characters")
+    value = float(token)
+    if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+        raise ValueError("number too large (max 1e18)")
+    return value
+
+
+def _duration(token: Token) -> int:
+    try:
+        return duration_ns(str(token))
+    except ValueError as exc:
+        raise _Problem(token, str(exc)) from None
+
+
+def _number(token: Token) -> float:
+    try:
+        return number_value(str(token))
+    except ValueError as exc:
+        raise _Problem(token, str(exc)) from None
 
 
 def _pos(item: object) -> tuple[int, int]:
@@ -196,10 +283,10 @@ class _ToModel(lark.Transformer):
     """Tree -> nodes and clause tuples, with positions."""
 
     def number(self, meta, c):  # noqa: ANN001, ANN201
-        return m.Num(float(c[0]), meta.line, meta.column)
+        return m.Num(_number(c[0]), meta.line, meta.column)
 
     def duration(self, meta, c):  # noqa: ANN001, ANN201
-        return m.Dur(duration_ns(str(c[0])), meta.line, meta.column)
+        return m.Dur(_duration(c[0]), meta.line, meta.column)
 
     def string(self, meta, c):  # noqa: ANN001, ANN201
         return m.Str(_unescape(str(c[0])), meta.line, meta.column)
@@ -269,10 +356,10 @@ class _ToModel(lark.Transformer):
         return (c[0], c[1])
 
     def signed(self, meta, c):  # noqa: ANN001, ANN201
-        return float(c[0])
+        return _number(c[0])
 
     def neg_number(self, meta, c):  # noqa: ANN001, ANN201
-        return -float(c[0])
+        return -_number(c[0])
 
     def escalation(self, meta, c):  # noqa: ANN001, ANN201
         return (c[0], c[1])
@@ -467,12 +554,12 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
                 checker._ref(ref, None)
             rule.requires = tuple(ref.name for ref in items)
         elif clause == "window":
-            rule.window_ns = duration_ns(str(items[0]))
-            rule.every_ns = duration_ns(str(items[1])) if len(items) > 1 else None
+            rule.window_ns = _duration(items[0])
+            rule.every_ns = _duration(items[1]) if len(items) > 1 else None
             if rule.window_ns <= 0:
                 raise _Problem(items[0], "a window must be longer than 0")
         elif clause == "warmup":
-            rule.warmup_ns = duration_ns(str(items[0]))
+            rule.warmup_ns = _duration(items[0])
         elif clause == "shared":
             if str(items[0]) not in m.SHARED_POLICIES:
                 raise _Problem(items[0], "expected one of " + ", ".join(m.SHARED_POLICIES))
@@ -480,9 +567,9 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
         elif clause == "when":
             rule.when = checker.resolve(items[0])
         elif clause == "for_":
-            rule.for_ns = duration_ns(str(items[0]))
+            rule.for_ns = _duration(items[0])
         elif clause == "clear_after":
-            rule.clear_after_ns = duration_ns(str(items[0]))
+            rule.clear_after_ns = _duration(items[0])
         elif clause == "clear":
             rule.clear = checker.resolve(items[0])
         elif clause == "guard":
@@ -516,39 +603,194 @@ def _severity(token: Token) -> str:
     return str(token)
 
 
-def parse_rules(source: str, path: str = "<rules>") -> list[m.Rule]:
-    """Every rule in ``source``; raises :class:`RuleSyntaxError` (never anything else)."""
-    if len(source.encode("utf-8", errors="replace")) > MAX_SOURCE_BYTES:
-        raise RuleSyntaxError(path, 1, 1, f"rule file larger than {MAX_SOURCE_BYTES} bytes")
-    try:
-        tree = _parser().parse(source)
-    except UnexpectedEOF as exc:
-        raise RuleSyntaxError(path, exc.line if exc.line > 0 else source.count("\n") + 1,
-                              max(exc.column, 1), "unexpected end of file; expected "
-                              + _expected(_accepted(exc, exc.expected))) from None
-    except UnexpectedCharacters as exc:
-        char = source[exc.pos_in_stream] if exc.pos_in_stream < len(source) else ""
+# Where a rule starts: "rule NAME {" outside strings and comments. A "{" appears nowhere
+# else in the grammar, so in a valid file these are exactly the rules' starts, and in a
+# broken one the next rule still starts there when the one before is not closed: each
+# block is parsed on its own, and a problem costs only its block. The other alternatives
+# only step over strings and comments and count tokens (cheaply, before lark sees them).
+_SCAN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"?'
+                   r"|(?<![A-Za-z0-9_])rule\s+([A-Za-z_][A-Za-z0-9_]*)\s*\{"
+                   r"|[A-Za-z0-9_.]+|\S")
+# Lone surrogates: what surrogateescape makes of bytes that are not UTF-8 (loader.py).
+_NOT_TEXT = re.compile("[\ud800-\udfff]")
+
+
+class _Block:
+    __slots__ = ("start", "end", "name", "tokens")
+
+    def __init__(self, start: int, name: str | None):
+        self.start, self.end, self.name, self.tokens = start, start, name, 0
+
+
+def _blocks(source: str) -> list[_Block]:
+    """The rule blocks of ``source``; text before the first rule is a block of its own
+    when it holds anything but comments."""
+    blocks = [_Block(0, None)]
+    for match in _SCAN.finditer(source):
+        token = match.group()
+        if token[0] == "#":
+            continue
+        if match.group(1) is not None:
+            blocks.append(_Block(match.start(), match.group(1)))
+        blocks[-1].tokens += 1
+    for block, after in zip(blocks, blocks[1:], strict=False):
+        block.end = after.start
+    blocks[-1].end = len(source)
+    return [b for b in blocks if b.tokens]
+
+
+class _Lines:
+    """Line and column of an offset in a file, by bisecting its newline offsets."""
+
+    def __init__(self, source: str):
+        self.newlines = [found.start() for found in re.finditer("\n", source)]
+
+    def at(self, pos: int) -> tuple[int, int]:
+        index = bisect.bisect_left(self.newlines, pos)
+        return index + 1, pos - (self.newlines[index - 1] if index else -1)
+
+    @property
+    def count(self) -> int:
+        return len(self.newlines) + 1
+
+
+def _move(item: object, lines: int, columns: int, chars: int) -> None:
+    """Positions in a block -> positions in its file: ``columns`` only on the block's first
+    line (the block may start inside a line)."""
+    if item.line is not None and item.line == 1:
+        item.column += columns
+    if item.end_line is not None and item.end_line == 1 and item.end_column is not None:
+        item.end_column += columns
+    if item.line is not None:
+        item.line += lines
+    if item.end_line is not None:
+        item.end_line += lines
+    if item.start_pos is not None:
+        item.start_pos += chars
+    if item.end_pos is not None:
+        item.end_pos += chars
+
+
+def check_tree(tree: lark.Tree, line_offset: int = 0, pos_offset: int = 0,
+               column_offset: int = 0) -> None:
+    """Move a block's tree to its place in the file and bound its depth, without recursion
+    (lark's transformer and the evaluator recurse: a deep tree must never reach them)."""
+    stack: list[tuple[object, int]] = [(tree, 1)]
+    seen: set[int] = set()
+    moving = bool(line_offset or pos_offset or column_offset)
+    while stack:
+        node, depth = stack.pop()
+        if id(node) in seen:   # lark's trees may share nodes
+            continue
+        seen.add(id(node))
+        if isinstance(node, Token):
+            if moving:
+                _move(node, line_offset, column_offset, pos_offset)
+            continue
+        if not isinstance(node, lark.Tree):
+            continue
+        if moving and not node.meta.empty:
+            _move(node.meta, line_offset, column_offset, pos_offset)
+        if depth > MAX_DEPTH:
+            raise _Problem(node, f"expression nested too deeply (max {MAX_DEPTH} levels)")
+        stack.extend((child, depth + 1) for child in node.children)
+
+
+def _syntax_error(exc: UnexpectedInput, text: str, path: str, lines: _Lines, line_offset: int,
+                  column_offset: int,
+                  next_rule: tuple[int, int, str, str | None] | None) -> RuleSyntaxError:
+    """A lark error in a block (``text``, starting ``line_offset`` lines and, on its first
+    line, ``column_offset`` columns into the file) as a RuleSyntaxError at its place in the
+    file; ``next_rule``: where the next block starts."""
+    at_end = isinstance(exc, UnexpectedEOF) or (
+        not isinstance(exc, UnexpectedCharacters) and exc.token.type == "$END")
+    if exc.line == 1 and exc.column > 0:
+        exc.column += column_offset
+    if at_end:
+        expected = _expected(_accepted(exc, exc.expected))
+        if next_rule is not None:   # the input ends only because the next rule starts
+            line, column, name, own = next_rule
+            above = f"rule {own}" if own else "the text above"
+            return RuleSyntaxError(path, line, column, f"unexpected start of rule {name} "
+                                   f"({above} is not closed); expected {expected}")
+        line = exc.line + line_offset if exc.line > 0 else lines.count
+        return RuleSyntaxError(path, line, max(exc.column, 1),
+                               f"unexpected end of file; expected {expected}")
+    if isinstance(exc, UnexpectedCharacters):
+        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
         expected = f"; expected {_expected(set(exc.allowed))}" if exc.allowed else ""
-        raise RuleSyntaxError(path, exc.line, exc.column,
-                              f"unexpected character {char!r}{expected}") from None
-    except UnexpectedInput as exc:
-        token = exc.token
-        what = "end of file" if token.type == "$END" else f"{str(token)!r}"
-        raise RuleSyntaxError(path, exc.line if exc.line > 0 else 1, max(exc.column, 1),
-                              f"unexpected {what}; expected "
-                              + _expected(_accepted(exc, exc.expected))) from None
-    except RecursionError:
-        raise RuleSyntaxError(path, 1, 1, "rule nested too deeply") from None
-    with problems_reported(path, "rule"):
-        rules_tree = _ToModel().transform(tree)
-        rules, ids = [], set()
-        for rule_tree in rules_tree[1]:
-            rule = _build_rule(rule_tree, path, source)
-            if rule.id in ids:
-                raise _Problem(rule_tree[2], f"rule {rule.id} defined twice")
+        return RuleSyntaxError(path, exc.line + line_offset, exc.column,
+                               f"unexpected character {char!r}{expected}")
+    return RuleSyntaxError(path, max(exc.line, 1) + line_offset, max(exc.column, 1),
+                           f"unexpected {str(exc.token)!r}; expected "
+                           + _expected(_accepted(exc, exc.expected)))
+
+
+def parse_rules_report(source: str, path: str = "<rules>"
+                       ) -> tuple[list[m.Rule], list[RuleSyntaxError]]:
+    """The rules of ``source`` that are sound, and a problem for each block that is not.
+
+    A problem costs only its own rule (its block, from ``rule NAME {`` to the next one);
+    a file over MAX_SOURCE_BYTES costs all of them. Raises nothing but a bug's exception
+    (the fuzz test, tests/test_rules_fuzz.py, looks for those).
+    """
+    if len(source) > MAX_SOURCE_BYTES or \
+            len(source.encode("utf-8", errors="surrogatepass")) > MAX_SOURCE_BYTES:
+        return [], [RuleSyntaxError(path, 1, 1, f"rule file larger than {MAX_SOURCE_BYTES} "
+                                                f"bytes (max {MAX_SOURCE_BYTES // 1024} KiB)")]
+    lines = _Lines(source)
+    blocks = _blocks(source)
+    rules: list[m.Rule] = []
+    problems: list[RuleSyntaxError] = []
+    ids: set[str] = set()
+    for index, block in enumerate(blocks):
+        line, column = lines.at(block.start)
+        text = source[block.start:block.end]
+        bad = _NOT_TEXT.search(text)
+        if bad is not None:
+            char = bad.group()
+            what = f"not UTF-8 text (byte 0x{ord(char) - 0xDC00:02x})" \
+                if "\udc80" <= char <= "\udcff" else f"not text (U+{ord(char):04X})"
+            problems.append(RuleSyntaxError(path, *lines.at(block.start + bad.start()), what))
+            continue
+        if block.tokens > MAX_RULE_TOKENS:
+            problems.append(RuleSyntaxError(path, line, column, "rule larger than "
+                                            f"{MAX_RULE_TOKENS} tokens"))
+            continue
+        after = blocks[index + 1] if index + 1 < len(blocks) else None
+        next_rule = None if after is None else (*lines.at(after.start), after.name or "",
+                                                 block.name)
+        try:
+            tree = _parser().parse(text)
+        except UnexpectedInput as exc:
+            problems.append(_syntax_error(exc, text, path, lines, line - 1, column - 1,
+                                          next_rule))
+            continue
+        except RecursionError:
+            problems.append(RuleSyntaxError(path, line, column, "rule nested too deeply"))
+            continue
+        for rule_tree in tree.children:
+            try:
+                with problems_reported(path, "rule"):
+                    check_tree(rule_tree, line - 1, block.start, column - 1)
+                    rule = _build_rule(_ToModel().transform(rule_tree), path, source)
+                    if rule.id in ids:
+                        raise _Problem(rule_tree.meta, f"rule {rule.id} defined twice")
+            except RuleSyntaxError as problem:
+                problems.append(problem)
+                continue
             ids.add(rule.id)
             rules.append(rule)
-        return rules
+    return rules, problems
+
+
+def parse_rules(source: str, path: str = "<rules>") -> list[m.Rule]:
+    """Every rule in ``source``; raises :class:`RuleSyntaxError` (never anything else) for
+    the first problem. :func:`parse_rules_report` keeps the sound rules instead."""
+    rules, problems = parse_rules_report(source, path)
+    if problems:
+        raise problems[0]
+    return rules
 
 
 @contextlib.contextmanager

@@ -285,12 +285,16 @@ def test_json_api_mirrors_each_page(client):
         json.dumps(response.get_json())
 
 
-def test_a_broken_rule_file_is_named_not_a_bare_500(scenario, tmp_path):
+def test_a_broken_rule_file_is_named_and_costs_only_its_rule(scenario, tmp_path):
     broken = tmp_path / "broken.rules"
     broken.write_text("rule X01 {\n  when: ((\n}\n")
     app = create_app(scenario.config.replace({"rules.paths": str(broken)}))
     client = app.test_client()
     client.environ_base["HTTP_AUTHORIZATION"] = "Bearer s3cret-token"
     page = client.get("/rules")
-    assert page.status_code == 500 and b"broken.rules" in page.data
-    assert "broken.rules" in client.get("/api/rules").get_json()["error"]
+    assert page.status_code == 200
+    assert f"{broken}:3:1".encode() in page.data and b"1 rule(s) could not be loaded" in page.data
+    listed = client.get("/api/rules").get_json()
+    assert len(listed) == 44 and "X01" not in {rule["id"] for rule in listed}
+    [problem] = client.get("/api/rules/problems").get_json()
+    assert problem["path"] == str(broken) and problem["line"] == 3
