@@ -26,6 +26,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
         resets,
         rules,
         security,
+        throttle,
         vendor,
     )
 
@@ -39,6 +40,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
                             SECRET_KEY=secrets.token_bytes(32))
     if test_config:
         app.config.update(test_config)
+    app.extensions["gpuwhy.throttle"] = throttle.Throttle()   # token attempts (auth)
     db.init_app(app)
     security.init_app(app)
     filters.init_app(app)

@@ -4,6 +4,12 @@ every change (rules) always, sent in the request itself so a cookie alone never 
 A token comes as ``Authorization: Bearer TOKEN`` or as the form field ``token``. A browser
 logs in once through ``/login``: the signed session cookie then lets it read pages; changes
 still carry the token in their form (that also stops cross-site requests).
+
+Every token presented (login form, change form, Bearer header) is charged to the client's
+address first (gpuwhy.webui.throttle): after a few quick attempts the address gets 429 with
+Retry-After, whatever it sends, the right token included, until its bucket has drained;
+comparing the token meanwhile would answer the guess and defeat the limit. A success empties
+the bucket, so a scraper that always sends the right token is never slowed.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import hmac
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import (
     Blueprint,
@@ -24,9 +31,12 @@ from flask import (
     url_for,
 )
 from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import TooManyRequests
+from werkzeug.urls import iri_to_uri
 
 from gpuwhy.config import Config
 from gpuwhy.errors import ConfigError
+from gpuwhy.webui.throttle import Throttle, client_key
 
 bp = Blueprint("auth", __name__)
 # Reachable without the token: the login form itself, liveness, the stylesheet.
@@ -44,9 +54,20 @@ def auth_token(config: Config) -> str:
 
 
 def _matches(presented: str | None) -> bool:
+    """Whether ``presented`` is the token; raises TooManyRequests (429) for an address that
+    tried too often, before comparing anything."""
     token = current_app.config["AUTH_TOKEN"]
-    return bool(token) and presented is not None and hmac.compare_digest(
-        presented.encode(), token.encode())
+    if not token or presented is None:
+        return False
+    throttle: Throttle = current_app.extensions["gpuwhy.throttle"]
+    client = client_key(request.remote_addr)
+    if wait := throttle.attempt(client):
+        raise TooManyRequests("too many token attempts from this address; wait and retry",
+                              retry_after=wait)
+    if hmac.compare_digest(presented.encode(), token.encode()):
+        throttle.succeeded(client)
+        return True
+    return False
 
 
 def presented_token() -> str | None:
@@ -61,6 +82,12 @@ def _refused(status: int, message: str) -> ResponseReturnValue:
     if request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json":
         return jsonify(error=message), status
     return render_template("refused.html", message=message), status
+
+
+@bp.app_errorhandler(TooManyRequests)
+def too_many_attempts(error: TooManyRequests) -> ResponseReturnValue:
+    body, status = _refused(429, error.description or "too many attempts")
+    return body, status, {"Retry-After": str(error.retry_after)}
 
 
 def require_token(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,11 +113,18 @@ def require_login() -> ResponseReturnValue | None:
     return redirect(url_for("auth.login", next=request.full_path))
 
 
-def _local_path(target: str | None) -> str:
-    """Only a path on this site (never ``//host``), so login cannot redirect elsewhere."""
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return url_for("gpus.overview")
+def local_path(target: str | None) -> str:
+    """``target`` when it is a path on this site, else the overview: login never sends the
+    browser elsewhere. Browsers drop tabs and newlines inside a URL and read ``\\`` as ``/``,
+    so ``/\\t/evil`` or ``/\\evil`` would mean ``//evil``, another host: a target with a
+    backslash, a control character or white space is refused outright, not cleaned."""
+    if (not target or not target.startswith("/") or target.startswith("//") or "\\" in target
+            or any(c.isspace() or not c.isprintable() for c in target)):
+        return url_for("gpus.overview")
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return url_for("gpus.overview")
+    return iri_to_uri(target)   # ASCII for the Location header (Werkzeug would not quote it)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -100,6 +134,6 @@ def login() -> ResponseReturnValue:
         if _matches(request.form.get("token")):
             session.clear()
             session["authenticated"] = True
-            return redirect(_local_path(request.args.get("next")))
+            return redirect(local_path(request.args.get("next")))
         error = "wrong token"
     return render_template("login.html", error=error), 401 if error else 200
