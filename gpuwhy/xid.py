@@ -155,6 +155,7 @@ _CATALOGUE: dict[int, tuple[str, str, str, str, str, bool, bool]] = {
           "critical", "hardware", _RESET_GPU, True, False),
 }
 
+MAX_CODE = (1 << 32) - 1     # the driver prints an Xid as %u
 _COPY_ENGINES = (*range(39, 42), 70, 71, 72, 73, 75, 76, 77, 85, *range(126, 136))
 
 # Recovery actions named by Xid 154 (gpu.c _gpuRecoveryActionName).
@@ -170,12 +171,18 @@ def xid_info(code: int) -> XidInfo:
     'GPU has fallen off the bus'
     >>> xid_info(9999).origin
     'unknown'
+    >>> xid_info(10 ** 5000).title
+    'Xid code out of range (not one the driver prints)'
     """
     if code in _CATALOGUE:
         return XidInfo(code, *_CATALOGUE[code])
     if code in _COPY_ENGINES:
         return XidInfo(code, "ROBUST_CHANNEL_CE_ERROR", "Copy engine exception", "error",
                        "driver", _RESTART_APP)
+    if not 0 <= code <= MAX_CODE:
+        # not a code the driver can print (a u32); and str() of a huge int raises
+        return XidInfo(code, "UNKNOWN", "Xid code out of range (not one the driver prints)",
+                       "warning", "unknown", "Check where the code came from.")
     return XidInfo(code, "UNKNOWN", f"Xid {code} (not in gpuwhy's catalogue)", "warning",
                    "unknown", "Look the code up in NVIDIA's Xid catalogue for your driver.")
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import IO
 
 import click
 
-from gpuwhy.probes.klog.parse import KernelLogParser, KernelRecord
+from gpuwhy.probes.klog.parse import MAX_LINE, KernelLogParser, KernelRecord
 from gpuwhy.text import printable
 from gpuwhy.xid import catalogue_fields
 
 _JSON_FIELDS = ("kind", "xid", "sxid", "pci", "pid", "name", "gpu_instance",
                 "compute_instance", "message", "uuid", "driver_version", "details")
-
-
+# The rest of a line longer than MAX_LINE bytes is read past in pieces this big and
+# dropped: the parser looks at no more, and a line without end must not fill memory.
+_DRAIN_BYTES = 1 << 16
 
 
 def record_json(lineno: int, record: KernelRecord) -> dict:
@@ -65,6 +68,7 @@ _PLAIN = {
     "gsp_rate_limited": "So many GSP errors on {gpu} that the driver now prints only some: "
                         "the GPU likely needs a reset.",
     "gsp_rpc_failed": "A driver call forwarded to the GSP firmware failed: {message}.",
+    "unparsed": "{what} that could not be parsed, skipped: {reason}.",
 }
 
 
@@ -85,6 +89,9 @@ def explain(lineno: int, record: KernelRecord) -> str:
     values = {**{k: printable(str(v)) for k, v in record.details.items()},
               "gpu": _gpu(record), "uuid": record.uuid, "message": printable(record.message),
               "driver_version": record.driver_version}
+    if record.kind == "unparsed":
+        kind = record.details.get("parsed_as")
+        values["what"] = f"an NVIDIA {printable(str(kind))} line" if kind else "an NVIDIA line"
     text = _PLAIN[record.kind].format_map(_Missing(values))
     if record.kind == "fallen_off_bus":
         text += f"{_needs(fields)} {fields['action']}"
@@ -104,8 +111,18 @@ def scan(lines: Iterable[str]) -> Iterator[tuple[int, KernelRecord]]:
 
 
 def _read_lines(stream: IO[bytes]) -> Iterator[str]:
-    for raw in stream:
-        yield raw.decode("utf-8", errors="replace")
+    """Each line's first MAX_LINE bytes, decoded (bytes that are not UTF-8 replaced); a read
+    error is one clear error naming the input."""
+    name = getattr(stream, "name", "-")
+    try:
+        while raw := stream.readline(MAX_LINE):
+            if len(raw) == MAX_LINE and not raw.endswith(b"\n"):
+                while (more := stream.readline(_DRAIN_BYTES)) and not more.endswith(b"\n"):
+                    pass
+            yield raw.decode("utf-8", errors="replace")
+    except OSError as exc:
+        where = "standard input" if name in ("-", "<stdin>") else name
+        raise click.ClickException(f"cannot read {where}: {exc.strerror or exc}") from None
 
 
 @click.command()
@@ -117,7 +134,9 @@ def xid(files: tuple[IO[bytes], ...], as_json: bool) -> None:
     """Explain the NVIDIA lines (Xid, SXid, fallen off the bus, ...) of a kernel log.
 
     Reads FILES, or standard input when none is given. Lines it does not recognise are
-    skipped silently; line numbers count across all inputs.
+    skipped silently; an NVIDIA line it cannot parse (a number of thousands of digits, an
+    over-long UUID) is reported as such, with why. Only the first 8192 bytes of a line are
+    read; line numbers count across all inputs.
 
     \b
     Examples:
@@ -127,8 +146,14 @@ def xid(files: tuple[IO[bytes], ...], as_json: bool) -> None:
     """
     streams = files or (click.open_file("-", "rb"),)
     lines = (line for stream in streams for line in _read_lines(stream))
-    for lineno, record in scan(lines):
-        if as_json:
-            click.echo(json.dumps(record_json(lineno, record), ensure_ascii=True))
-        else:
-            click.echo(explain(lineno, record))
+    try:
+        for lineno, record in scan(lines):
+            if as_json:
+                click.echo(json.dumps(record_json(lineno, record), ensure_ascii=True))
+            else:
+                click.echo(explain(lineno, record))
+    except BrokenPipeError:
+        # the reader left (`gpuwhy xid | head`): stop quietly, as cat does; the interpreter
+        # would otherwise fail once more flushing stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -8,77 +8,126 @@ ftrace lines. Formats follow open-gpu-kernel-modules ``kernel_rc.c`` (515..595),
 ``osinit.c``, ``osapi.c``, ``kernel_gsp.c`` and ``nvswitch``; the ``'<unknown>'``
 pid/name defaults of 515..565 become None. Names and messages come from the kernel but
 name a process (``current->comm``): bounded here, escaped wherever shown.
+
+Everything in a line is bounded before it is converted: the line (:data:`MAX_LINE`), each
+decimal field (:data:`MAX_DIGITS`: far below Python's 4 300-digit ``int()`` limit, and
+under 2**63 so SQLite and JSON take it), each hex field, identifiers (UUID, serial,
+version) and free text. A line that names an NVIDIA fact but breaks a bound, or that the
+parser fails on for any other reason, is an ``unparsed`` record whose ``details["reason"]``
+says why: stored like any record, so its cursor moves past it and it is seen, not lost.
+Patterns are ASCII (``\\d`` is ``[0-9]``: the kernel prints no other digits) and their gaps
+are bounded, so no line costs more than a few milliseconds.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuwhy.events import KernelLogFacts
 from gpuwhy.identity import normalize_pci
 
-MAX_LINE = 8192
+MAX_LINE = 8192          # characters of a line parsed; the rest is never looked at
 MAX_MESSAGE = 2048
 MAX_NAME = 64
+MAX_DIGITS = 18          # a decimal field: < 2**63 (SQLite INTEGER, JSON), << int()'s limit
+MAX_HEX = 16             # hex digits after 0x: a 64-bit register, status or address
+MAX_TOKEN = 64           # UUID, serial, version, function and unit names
+MAX_REASON = 200
+UNPARSED = "unparsed"
 
+# ASCII: \d is [0-9] and \w is [A-Za-z0-9_] (int() takes other digits, the kernel prints
+# none). The codes' digit runs end in a look-ahead: without it, backtracking into a
+# 5 000-digit run before a line end that never comes (a "\n" further on) cost 0.4 s a
+# line. (Not possessive quantifiers: Python 3.11.2, Debian 12's, matches wrongly with them.)
+_A = re.ASCII
 _ADDR = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 _PREFILTER = re.compile(r"Xid|NVRM|GPU|fallen off")
 _XID = re.compile(
     rf"(?<!\w)Xid \((?:PCI:)?(?P<pci>{_ADDR})(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\)"
-    r": (?P<code>\d+)(?P<rest>.*)$")
+    r": (?P<code>\d+)(?!\d)(?P<rest>.*)$", _A)
 _XID_REST = re.compile(
     r",(?: pid=(?P<pid>'<unknown>'|<unknown>|<n/a>|\d+),)?(?: name=(?P<name>[^,]*),)?"
-    r" ?(?P<msg>.*)$")
+    r" ?(?P<msg>.*)$", _A)
 _SXID = re.compile(rf"(?:nvidia-nvswitch(?P<sw>\d+): )?(?<!\w)SXid \((?:PCI:)?(?P<pci>{_ADDR})\)"
-                   r": (?P<code>\d+),? ?(?P<msg>.*)$")
-_UUID = re.compile(rf"(?<!\w)GPU at (?:PCI:)?(?P<pci>{_ADDR}): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+                   r": (?P<code>\d+)(?!\d),? ?(?P<msg>.*)$", _A)
+_UUID = re.compile(rf"(?<!\w)GPU at (?:PCI:)?(?P<pci>{_ADDR}): (?P<uuid>GPU-[0-9a-fA-F-]+)", _A)
 _FALLEN = re.compile(rf"(?<!\w)GPU (?:at )?(?:PCI:)?(?P<pci>{_ADDR}):? (?:GPU )?has fallen off "
-                     r"the bus")
-_FALLEN_MERGED = re.compile(rf"(?s)The NVIDIA GPU (?P<pci>{_ADDR})\s.*?\(PCI ID: (?P<id>[0-9a-fA-F"
-                            r"]{4}:[0-9a-fA-F]{4})\).*?fallen off the bus and is not responding")
-_FALLEN_HEAD = re.compile(rf"The NVIDIA GPU (?P<pci>{_ADDR})\s*$")
+                     r"the bus", _A)
+# The gaps are bounded (the real ones are ~10 and ~40 characters): unbounded lazy gaps
+# made a line of repeated "The NVIDIA GPU 00:00 (PCI ID: 0000:0000) " cost 0.9 s.
+_FALLEN_MERGED = re.compile(rf"(?s)The NVIDIA GPU (?P<pci>{_ADDR})\s.{{0,200}}?\(PCI ID: "
+                            r"(?P<id>[0-9a-fA-F]{4}:[0-9a-fA-F]{4})\).{0,200}?fallen off the "
+                            r"bus and is not responding", _A)
+_FALLEN_HEAD = re.compile(rf"The NVIDIA GPU (?P<pci>{_ADDR})\s*$", _A)
 _FALLEN_MID = re.compile(r"\(PCI ID: (?P<id>[0-9a-fA-F]{4}:[0-9a-fA-F]{4})\) installed in this "
-                         r"system has\s*$")
+                         r"system has\s*$", _A)
 _FALLEN_TAIL = re.compile(r"fallen off the bus and is not responding to commands")
 _RM_INIT = re.compile(rf"(?<!\w)GPU (?P<pci>{_ADDR}): RmInitAdapter failed! \((?P<init>0x[0-9a-f"
-                      r"A-F]+):(?P<rm>0x[0-9a-fA-F]+):(?P<line>\d+)\)")
+                      r"A-F]+):(?P<rm>0x[0-9a-fA-F]+):(?P<line>\d+)\)", _A)
 _RM_INIT_MINOR = re.compile(rf"(?<!\w)GPU (?P<pci>{_ADDR}): rm_init_adapter failed, device minor"
-                            r" number (?P<minor>\d+)")
-_DRIVER = re.compile(r"(?:^|NVRM: |[\s;\]])loading (?P<module>NVIDIA UNIX .*?)\s+"
-                     r"(?P<version>\d{3}\.\d+(?:\.\d+)?)\s")
-_SERIAL = re.compile(r"(?<!\w)GPU Board Serial Number: (?P<serial>[\w-]+)")
-_SERIAL_AT = re.compile(rf"(?<!\w)GPU (?P<pci>{_ADDR}): GPU serial number is (?P<serial>[\w-]+)")
-_GSP_BANNER = re.compile(r"(?<!\w)GPU(?P<gpu>\d+) _kgspLogRpcTimeout: \**\s*GSP Timeout")
+                            r" number (?P<minor>\d+)", _A)
+_DRIVER = re.compile(r"(?:^|NVRM: |[\s;\]])loading (?P<module>NVIDIA UNIX .{0,200}?)\s+"
+                     r"(?P<version>\d{3}\.\d+(?:\.\d+)?)\s", _A)
+_SERIAL = re.compile(r"(?<!\w)GPU Board Serial Number: (?P<serial>[\w-]+)", _A)
+_SERIAL_AT = re.compile(rf"(?<!\w)GPU (?P<pci>{_ADDR}): GPU serial number is (?P<serial>[\w-]+)",
+                        _A)
+_GSP_BANNER = re.compile(r"(?<!\w)GPU(?P<gpu>\d+) _kgspLogRpcTimeout: \**\s*GSP Timeout", _A)
 _GSP_RATE = re.compile(rf"Rate limiting GSP RPC error prints for GPU at (?:PCI:)?(?P<pci>{_ADDR})"
-                       r" \(printing 1 of every (?P<every>\d+)\)")
-_GSP_RPC_FAILED = re.compile(r"(?<!\w)rpcRmApi(?P<op>\w+)_GSP: (?P<msg>GspRm\w+ failed: .*)$")
-_KEY_VALUE = re.compile(r"(\w+)=(0x[0-9a-fA-F]+|\d+)")
+                       r" \(printing 1 of every (?P<every>\d+)\)", _A)
+_GSP_RPC_FAILED = re.compile(r"(?<!\w)rpcRmApi(?P<op>\w+)_GSP: (?P<msg>GspRm\w+ failed: .*)$", _A)
+# Anchored at a word start, key and value bounded: "\w+=" tried at every offset of a long
+# word was quadratic (0.6 s for an 8 KiB line); a value over its bound is left out whole.
+_KEY_VALUE = re.compile(rf"(?<!\w)(\w{{1,{MAX_TOKEN}}})=(0x[0-9a-fA-F]{{1,{MAX_HEX}}}"
+                        rf"|\d{{1,{MAX_DIGITS}}})(?!\w)", _A)
 
 _GSP_TIMEOUT = re.compile(
     r"Timeout (?:after (?P<secs>\d+)s of waiting for RPC response from GPU(?P<gpu>\d+) GSP"
     r"|waiting for RPC from GSP(?P<gsp>\d+))! Expected function (?P<fn>\d+) \((?P<fnname>\w+)\)"
-    r"(?: sequence (?P<seq>\d+))?(?: \((?P<d0>0x[0-9a-fA-F]+) (?P<d1>0x[0-9a-fA-F]+)\))?")
+    r"(?: sequence (?P<seq>\d+))?(?: \((?P<d0>0x[0-9a-fA-F]+) (?P<d1>0x[0-9a-fA-F]+)\))?", _A)
 _RECOVERY = re.compile(r"GPU recovery action changed from (?P<old>0x[0-9a-fA-F]+) "
-                       r"\((?P<oldname>[^)]*)\) to (?P<new>0x[0-9a-fA-F]+) \((?P<newname>[^)]*)\)")
-_CONTAINED = re.compile(r"(?P<kind>Contained|Uncontained): (?P<unit>[^(.]+?)(?: \([^)]*\))?\."
-                        r"(?: physAddr: (?P<pa>0x[0-9a-fA-F]+))? RST: (?P<rst>Yes|No), "
-                        r"D-RST: (?P<drst>Yes|No)")
+                       r"\((?P<oldname>[^)]*)\) to (?P<new>0x[0-9a-fA-F]+) \((?P<newname>[^)]*)\)",
+                       _A)
+_CONTAINED = re.compile(r"(?P<kind>Contained|Uncontained): (?P<unit>[^(.]{1,200}?)"
+                        r"(?: \([^)]*\))?\.(?: physAddr: (?P<pa>0x[0-9a-fA-F]+))? RST: "
+                        r"(?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)", _A)
 _NVLINK5 = re.compile(r"^(?P<sub>\w+) (?P<sev>Fatal|Nonfatal) XC(?P<xc>\d+) i(?P<inst>\d+) "
-                      r"Link (?P<link>-?\d+)")
-_CAUSED_BY = re.compile(r" caused by previous Xid (?P<root>\d+)\s*$")
-_PHYS_ADDR = re.compile(r"physAddr (?P<pa>0x[0-9a-fA-F]+)")
-_NVLINK_LINK = re.compile(r"NVLink: .*? on link (?P<link>\d+)")
-_SXID_LINK = re.compile(r"(?:^|, )(?P<sev>Fatal|Non-fatal|Correctable), Link (?P<link>\d+)")
+                      r"Link (?P<link>-?\d+)", _A)
+_CAUSED_BY = re.compile(r" caused by previous Xid (?P<root>\d+)\s*$", _A)
+_PHYS_ADDR = re.compile(r"physAddr (?P<pa>0x[0-9a-fA-F]+)", _A)
+_NVLINK_LINK = re.compile(r"NVLink: .{0,200}? on link (?P<link>\d+)", _A)
+_SXID_LINK = re.compile(r"(?:^|, )(?P<sev>Fatal|Non-fatal|Correctable), Link (?P<link>\d+)", _A)
 
 
 @dataclass(frozen=True)
 class KernelRecord(KernelLogFacts):
     """One recognised kernel-log fact. ``kind``: ``xid``, ``sxid``, ``fallen_off_bus``,
     ``rm_init_failed``, ``gpu_uuid``, ``gpu_serial``, ``driver_loaded``, ``gsp_timeout``,
-    ``gsp_rate_limited`` or ``gsp_rpc_failed``; the facts are those of :class:`KernelLogFacts`."""
+    ``gsp_rate_limited`` or ``gsp_rpc_failed``; the facts are those of :class:`KernelLogFacts`.
+
+    ``unparsed``: an NVIDIA line that could not be read (a field over its bound, or a
+    parser failure); ``details["reason"]`` says why, ``details["parsed_as"]`` (when known)
+    what it looked like, and no other fact is set: nothing of a line that lies is trusted.
+    """
 
     kind: str
+
+
+class Unparsable(ValueError):
+    """A recognised line breaks a bound. Raised and caught inside this module only."""
+
+
+def unparsed_record(reason: str, parsed_as: str | None = None) -> KernelRecord:
+    """The record of a line that could not be parsed, with why (bounded: it may quote the
+    line)."""
+    reason = _bounded(reason, MAX_REASON) or "unknown"
+    details: dict[str, str | int | bool] = {"reason": reason}
+    what = "NVIDIA kernel-log line"
+    if parsed_as:
+        details["parsed_as"] = parsed_as
+        what = f"{parsed_as} line"
+    return KernelRecord(UNPARSED, message=f"{what} not parsed: {reason}", details=details)
 
 
 def _pci(text: str | None) -> str | None:
@@ -90,62 +139,106 @@ def _pci(text: str | None) -> str | None:
         return None
 
 
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
+def _int(text: str, field: str) -> int:
+    """A decimal field, its length checked *before* int() (which raises past 4 300 digits
+    and is quadratic below that)."""
+    digits = text[1:] if text.startswith("-") else text
+    if len(digits) > MAX_DIGITS:
+        raise Unparsable(f"{field} has {len(digits)} digits (at most {MAX_DIGITS} are read)")
+    if not (digits.isascii() and digits.isdigit()):
+        raise Unparsable(f"{field} is not a decimal number")
+    return int(text)
+
+
+def _maybe_int(text: str | None, field: str) -> int | None:
+    return None if text is None else _int(text, field)
+
+
+def _hex(text: str, field: str) -> str:
+    """A ``0x…`` field kept as text, its length checked."""
+    if len(text) - 2 > MAX_HEX:
+        raise Unparsable(f"{field} has {len(text) - 2} hex digits (at most {MAX_HEX} are read)")
+    return text
+
+
+def _hex_int(text: str, field: str) -> int:
+    return int(_hex(text, field), 16)
+
+
+def _token(text: str, field: str, limit: int = MAX_TOKEN) -> str:
+    """An identifier (UUID, serial, version, name of a function): over its bound the line is
+    not what it claims to be, so it is not cut down to look like one."""
+    if len(text) > limit:
+        raise Unparsable(f"{field} is {len(text)} characters long (at most {limit} are read)")
+    return text
+
+
+def _cut(text: str, limit: int) -> str:
+    """Free text cut to ``limit``. A lone surrogate (only a reader that is not journald,
+    kmsg or a file can hand one over) becomes "?": SQLite refuses it."""
+    text = text[:limit]
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _bounded(text: str, limit: int = MAX_MESSAGE) -> str:
-    return text.strip()[:limit]
+    return _cut(text.strip(), limit)
 
 
 def _xid_details(code: int, message: str) -> dict[str, str | int | bool]:
     details: dict[str, str | int | bool] = {}
     if match := _CAUSED_BY.search(message):
-        details["root_cause_xid"] = int(match["root"])
+        details["root_cause_xid"] = _int(match["root"], "the root-cause Xid")
     if match := _GSP_TIMEOUT.search(message):
-        details["gsp_function"] = int(match["fn"])
-        details["gsp_function_name"] = match["fnname"]
+        details["gsp_function"] = _int(match["fn"], "the GSP function")
+        details["gsp_function_name"] = _token(match["fnname"], "the GSP function name")
         if match["secs"]:
-            details["timeout_s"] = int(match["secs"])
+            details["timeout_s"] = _int(match["secs"], "the GSP timeout")
         if match["seq"]:
-            details["sequence"] = int(match["seq"])
+            details["sequence"] = _int(match["seq"], "the GSP sequence")
         if match["d0"]:
-            details["data0"], details["data1"] = match["d0"], match["d1"]
+            details["data0"] = _hex(match["d0"], "the GSP data")
+            details["data1"] = _hex(match["d1"], "the GSP data")
     if match := _RECOVERY.search(message):
-        details.update(recovery_from=match["oldname"], recovery_to=match["newname"],
-                       recovery_from_code=int(match["old"], 16),
-                       recovery_to_code=int(match["new"], 16))
+        details.update(recovery_from=_bounded(match["oldname"], MAX_TOKEN),
+                       recovery_to=_bounded(match["newname"], MAX_TOKEN),
+                       recovery_from_code=_hex_int(match["old"], "the recovery action"),
+                       recovery_to_code=_hex_int(match["new"], "the recovery action"))
     if match := _CONTAINED.search(message):
-        details.update(contained=match["kind"] == "Contained", unit=match["unit"].strip(),
+        details.update(contained=match["kind"] == "Contained",
+                       unit=_bounded(match["unit"], MAX_TOKEN),
                        reset_required=match["rst"] == "Yes",
                        drain_and_reset_required=match["drst"] == "Yes")
         if match["pa"]:
-            details["phys_addr"] = match["pa"]
+            details["phys_addr"] = _hex(match["pa"], "physAddr")
     if 144 <= code <= 150 and (match := _NVLINK5.search(message)):
-        details.update(subcode=match["sub"], fatal=match["sev"] == "Fatal",
-                       link=int(match["link"]))
+        details.update(subcode=_token(match["sub"], "the NVLink sub-code"),
+                       fatal=match["sev"] == "Fatal", link=_int(match["link"], "the link"))
     if code == 48 and (match := _PHYS_ADDR.search(message)):
-        details["phys_addr"] = match["pa"]
+        details["phys_addr"] = _hex(match["pa"], "physAddr")
     if code == 74 and (match := _NVLINK_LINK.search(message)):
-        details["link"] = int(match["link"])
+        details["link"] = _int(match["link"], "the link")
     return details
 
 
 def _parse_xid(match: re.Match[str]) -> KernelRecord:
-    code = int(match["code"])
+    code = _int(match["code"], "the Xid code")
     rest = _XID_REST.match(match["rest"])
     pid = name = None
     message = match["rest"].lstrip(", ")
     if rest:
-        pid = _int(rest["pid"])
+        if rest["pid"] and rest["pid"][0].isdigit():      # not '<unknown>' nor <n/a>
+            pid = _int(rest["pid"], "pid")
         name = rest["name"]
         if name is not None and name in ("<unknown>", "'<unknown>'", ""):
             name = None
         message = rest["msg"]
     message = _bounded(message)
     return KernelRecord("xid", message=message, xid=code, pci=_pci(match["pci"]), pid=pid,
-                        name=name[:MAX_NAME] if name else None,
-                        gpu_instance=_int(match["gi"]), compute_instance=_int(match["ci"]),
+                        name=_cut(name, MAX_NAME) if name else None,
+                        gpu_instance=_maybe_int(match["gi"], "the GPU instance"),
+                        compute_instance=_maybe_int(match["ci"], "the compute instance"),
                         details=_xid_details(code, message))
 
 
@@ -153,69 +246,119 @@ def _parse_sxid(match: re.Match[str]) -> KernelRecord:
     message = _bounded(match["msg"])
     details: dict[str, str | int | bool] = {}
     if match["sw"]:
-        details["switch"] = int(match["sw"])
+        details["switch"] = _int(match["sw"], "the NVSwitch number")
     if link := _SXID_LINK.search(message):
         details.update(fatal=link["sev"] == "Fatal", severity=link["sev"].lower(),
-                       link=int(link["link"]))
-    return KernelRecord("sxid", message=message, sxid=int(match["code"]), pci=_pci(match["pci"]),
-                        details=details)
+                       link=_int(link["link"], "the link"))
+    return KernelRecord("sxid", message=message, sxid=_int(match["code"], "the SXid code"),
+                        pci=_pci(match["pci"]), details=details)
+
+
+def _parse_uuid(match: re.Match[str]) -> KernelRecord:
+    uuid = "GPU-" + _token(match["uuid"], "the UUID")[4:].lower()
+    return KernelRecord("gpu_uuid", message=uuid, pci=_pci(match["pci"]), uuid=uuid)
+
+
+def _parse_fallen(match: re.Match[str]) -> KernelRecord:
+    details = {"pci_id": match["id"].lower()} if "id" in match.groupdict() else {}
+    return KernelRecord("fallen_off_bus", message="GPU has fallen off the bus",
+                        pci=_pci(match["pci"]), details=details)
+
+
+def _parse_rm_init(match: re.Match[str]) -> KernelRecord:
+    return KernelRecord("rm_init_failed", message="RmInitAdapter failed", pci=_pci(match["pci"]),
+                        details={"init_status": _hex(match["init"], "the init status"),
+                                 "rm_status": _hex(match["rm"], "the RM status"),
+                                 "source_line": _int(match["line"], "the source line")})
+
+
+def _parse_rm_init_minor(match: re.Match[str]) -> KernelRecord:
+    return KernelRecord("rm_init_failed", message="rm_init_adapter failed",
+                        pci=_pci(match["pci"]),
+                        details={"minor": _int(match["minor"], "the device minor")})
+
+
+def _parse_driver(match: re.Match[str]) -> KernelRecord:
+    flavour = "open" if "Open Kernel Module" in match["module"] else "proprietary"
+    return KernelRecord("driver_loaded", message=_bounded(match["module"]),
+                        driver_version=_token(match["version"], "the driver version"),
+                        details={"flavour": flavour})
+
+
+def _parse_serial(match: re.Match[str]) -> KernelRecord:
+    pci = _pci(match["pci"]) if "pci" in match.groupdict() else None
+    return KernelRecord("gpu_serial", message="", pci=pci,
+                        details={"serial": _token(match["serial"], "the serial number")})
+
+
+def _parse_gsp_banner(match: re.Match[str]) -> KernelRecord:
+    return KernelRecord("gsp_timeout", message="GSP Timeout",
+                        details={"rm_gpu": _int(match["gpu"], "the GPU number")})
+
+
+def _parse_gsp_rate(match: re.Match[str]) -> KernelRecord:
+    return KernelRecord("gsp_rate_limited",
+                        message="GSP RPC error prints rate-limited; the GPU likely needs "
+                                "to be reset", pci=_pci(match["pci"]),
+                        details={"printing_one_of": _int(match["every"], "the rate")})
+
+
+def _parse_gsp_rpc_failed(match: re.Match[str]) -> KernelRecord:
+    message = _bounded(match["msg"])
+    details: dict[str, str | int | bool] = {"operation": _token(match["op"], "the operation")}
+    details.update({k: v for k, v in _KEY_VALUE.findall(message)[:12]})
+    return KernelRecord("gsp_rpc_failed", message=message, details=details)
+
+
+# Tried in this order; the first pattern found decides what the line is. Each is tried only
+# when its literal is in the line: ``in`` is a fast C search, while a pattern that starts
+# with a look-behind or an alternation is tried at every offset of an 8 KiB line.
+_Builder = Callable[[re.Match[str]], KernelRecord]
+_RULES: tuple[tuple[str, str, re.Pattern[str], _Builder], ...] = (
+    ("xid", "Xid (", _XID, _parse_xid),
+    ("sxid", "SXid (", _SXID, _parse_sxid),
+    ("gpu_uuid", "GPU at ", _UUID, _parse_uuid),
+    ("fallen_off_bus", " has fallen off the bus", _FALLEN, _parse_fallen),
+    ("fallen_off_bus", "The NVIDIA GPU ", _FALLEN_MERGED, _parse_fallen),
+    ("rm_init_failed", ": RmInitAdapter failed! (", _RM_INIT, _parse_rm_init),
+    ("rm_init_failed", ": rm_init_adapter failed, ", _RM_INIT_MINOR, _parse_rm_init_minor),
+    ("driver_loaded", "loading NVIDIA UNIX ", _DRIVER, _parse_driver),
+    ("gpu_serial", ": GPU serial number is ", _SERIAL_AT, _parse_serial),
+    ("gpu_serial", "GPU Board Serial Number: ", _SERIAL, _parse_serial),
+    ("gsp_timeout", " _kgspLogRpcTimeout: ", _GSP_BANNER, _parse_gsp_banner),
+    ("gsp_rate_limited", "Rate limiting GSP RPC ", _GSP_RATE, _parse_gsp_rate),
+    ("gsp_rpc_failed", "rpcRmApi", _GSP_RPC_FAILED, _parse_gsp_rpc_failed),
+)
 
 
 def parse_line(line: str) -> KernelRecord | None:
-    """The record in one kernel-log line, or None. Never raises on any text.
+    """The record in one kernel-log line, or None. Never raises on any text: a line that
+    breaks a bound, or that the parser fails on, is an ``unparsed`` record with its reason.
 
     >>> parse_line("NVRM: Xid (PCI:0000:0A:00): 79, pid=1234, name=python, GPU has "
     ...            "fallen off the bus.").pci
     '0000:0a:00'
+    >>> parse_line("NVRM: Xid (PCI:0000:0A:00): 79, pid=" + "9" * 5000 + ", name=x, y"
+    ...            ).details["reason"]
+    'pid has 5000 digits (at most 18 are read)'
     """
-    line = line[:MAX_LINE]
-    if not _PREFILTER.search(line):
+    try:
+        line = line[:MAX_LINE]
+        if not _PREFILTER.search(line):
+            return None
+        for kind, literal, pattern, build in _RULES:
+            if literal in line and (match := pattern.search(line)):
+                try:
+                    return build(match)
+                except Unparsable as exc:
+                    return unparsed_record(str(exc), kind)
         return None
-    if match := _XID.search(line):
-        return _parse_xid(match)
-    if match := _SXID.search(line):
-        return _parse_sxid(match)
-    if match := _UUID.search(line):
-        uuid = "GPU-" + match["uuid"][4:].lower()
-        return KernelRecord("gpu_uuid", message=uuid, pci=_pci(match["pci"]), uuid=uuid)
-    if match := _FALLEN.search(line) or _FALLEN_MERGED.search(line):
-        details = {"pci_id": match["id"].lower()} if "id" in match.groupdict() else {}
-        return KernelRecord("fallen_off_bus", message="GPU has fallen off the bus",
-                            pci=_pci(match["pci"]), details=details)
-    if match := _RM_INIT.search(line):
-        return KernelRecord("rm_init_failed", message="RmInitAdapter failed",
-                            pci=_pci(match["pci"]),
-                            details={"init_status": match["init"], "rm_status": match["rm"],
-                                     "source_line": int(match["line"])})
-    if match := _RM_INIT_MINOR.search(line):
-        return KernelRecord("rm_init_failed", message="rm_init_adapter failed",
-                            pci=_pci(match["pci"]), details={"minor": int(match["minor"])})
-    return _parse_other(line)
+    except Exception as exc:  # noqa: BLE001 - a parser bug must cost one line, not the source
+        return unparsed_record(_failure(exc))
 
 
-def _parse_other(line: str) -> KernelRecord | None:
-    if match := _DRIVER.search(line):
-        flavour = "open" if "Open Kernel Module" in match["module"] else "proprietary"
-        return KernelRecord("driver_loaded", message=_bounded(match["module"]),
-                            driver_version=match["version"], details={"flavour": flavour})
-    if match := _SERIAL_AT.search(line):
-        return KernelRecord("gpu_serial", message="", pci=_pci(match["pci"]),
-                            details={"serial": match["serial"]})
-    if match := _SERIAL.search(line):
-        return KernelRecord("gpu_serial", message="", details={"serial": match["serial"]})
-    if match := _GSP_BANNER.search(line):
-        return KernelRecord("gsp_timeout", message="GSP Timeout",
-                            details={"rm_gpu": int(match["gpu"])})
-    if match := _GSP_RATE.search(line):
-        return KernelRecord("gsp_rate_limited",
-                            message="GSP RPC error prints rate-limited; the GPU likely needs "
-                                    "to be reset", pci=_pci(match["pci"]),
-                            details={"printing_one_of": int(match["every"])})
-    if match := _GSP_RPC_FAILED.search(line):
-        details: dict[str, str | int | bool] = {"operation": match["op"]}
-        details.update({k: v for k, v in _KEY_VALUE.findall(match["msg"])[:12]})
-        return KernelRecord("gsp_rpc_failed", message=_bounded(match["msg"]), details=details)
-    return None
+def _failure(exc: Exception) -> str:
+    return f"parser error: {type(exc).__name__}: {exc}"
 
 
 class KernelLogParser:
@@ -225,7 +368,8 @@ class KernelLogParser:
 
     :meth:`feed` returns ``(lineno, record)`` pairs; ``lineno`` (1-based) is the line
     where the fact starts. :attr:`pending` is true while a multi-line report is open:
-    a reader must not checkpoint past its first line then.
+    a reader must not checkpoint past its first line then. :meth:`feed` never raises:
+    a line it fails on is an ``unparsed`` record, and any open report is dropped.
     """
 
     def __init__(self) -> None:
@@ -239,16 +383,23 @@ class KernelLogParser:
 
     def feed(self, line: str) -> list[tuple[int, KernelRecord]]:
         self.lineno += 1
-        if "\n" not in line and (match := _FALLEN_HEAD.search(line[:MAX_LINE])):
+        try:
+            return self._feed(line[:MAX_LINE])
+        except Exception as exc:  # noqa: BLE001 - see parse_line
+            self._head = None
+            return [(self.lineno, unparsed_record(_failure(exc)))]
+
+    def _feed(self, line: str) -> list[tuple[int, KernelRecord]]:
+        if "\n" not in line and (match := _FALLEN_HEAD.search(line)):
             self._head = (self.lineno, _pci(match["pci"]), None)
             return []
         if self._head is not None:
             head_lineno, pci, pci_id = self._head
-            if pci_id is None and (match := _FALLEN_MID.search(line[:MAX_LINE])):
+            if pci_id is None and (match := _FALLEN_MID.search(line)):
                 self._head = (head_lineno, pci, match["id"].lower())
                 return []
             self._head = None
-            if _FALLEN_TAIL.search(line[:MAX_LINE]):
+            if _FALLEN_TAIL.search(line):
                 details = {"pci_id": pci_id} if pci_id else {}
                 return [(head_lineno, KernelRecord("fallen_off_bus",
                                                    message="GPU has fallen off the bus",
