@@ -10,7 +10,8 @@ series (labelled pid, start_time, comm), the rest are summed under ``pid="other"
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -18,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlite_utils import Database
 
-from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.clock import NS_PER_SECOND, now_ns
+from gpuwhy.stalls import STALL_FACTOR, STALLED, judge, stall_counts
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
@@ -50,9 +52,11 @@ _LOSS_WORDS = ("drop", "lost", "gap", "late_beyond_lag", "rejected", "decode_err
 class StoreCollector(Collector):
     """Reads the store on each ``collect``; ``open_db`` gives a read-only connection."""
 
-    def __init__(self, open_db: Callable[[], Database], max_processes: int = MAX_PROCESSES):
+    def __init__(self, open_db: Callable[[], Database], max_processes: int = MAX_PROCESSES,
+                 config: Mapping[str, Any] | None = None):
         self.open_db = open_db
         self.max_processes = max_processes
+        self.config = config   # the sources' heartbeat periods (gpuwhy.stalls)
 
     def collect(self) -> Iterator[Metric]:
         with contextlib.closing(self.open_db()) as db:
@@ -129,9 +133,18 @@ class StoreCollector(Collector):
                                  "the source's last heartbeat", labels=["source"])
         lost = CounterMetricFamily("gpuwhy_events_lost", "events lost, dropped or refused, "
                                    "by source and reason", labels=["source", "reason"])
-        for health in source_health(db):
+        stalled = GaugeMetricFamily("gpuwhy_source_stalled", "1 while the source is stalled: "
+                                    f"silent, or stuck in a read, for {STALL_FACTOR} of its "
+                                    "periods (gpuwhy status)", labels=["source"])
+        stalls = CounterMetricFamily("gpuwhy_source_stalls", "stall episodes of the source "
+                                     "since the correlator started", labels=["source"])
+        rows = source_health(db)
+        episodes = stall_counts(rows)
+        for health in judge(rows, now_ns(), self.config):
             source = health["source"]
             up.add_metric([source], {"ok": 1.0, "degraded": 0.5}.get(health["state"], 0.0))
+            stalled.add_metric([source], 1.0 if health["state"] == STALLED else 0.0)
+            stalls.add_metric([source], episodes.get(source, 0))
             seen.add_metric([source], (health["last_seen"] or 0) / NS_PER_SECOND)
             for reason, value in health["counters"].items():
                 if isinstance(value, int | float) and any(w in reason for w in _LOSS_WORDS):
@@ -139,6 +152,8 @@ class StoreCollector(Collector):
         yield up
         yield seen
         yield lost
+        yield stalled
+        yield stalls
 
 
 def register_metrics(app: Flask, registry: CollectorRegistry | None = None) -> None:
@@ -146,7 +161,8 @@ def register_metrics(app: Flask, registry: CollectorRegistry | None = None) -> N
     from gpuwhy.store import open_store
 
     registry = registry or CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(lambda: open_store(app.config["DATABASE"], readonly=True)))
+    registry.register(StoreCollector(lambda: open_store(app.config["DATABASE"], readonly=True),
+                                     config=app.config.get("GPUWHY")))
 
     @app.get("/metrics")
     def metrics() -> Response:

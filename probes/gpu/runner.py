@@ -1,12 +1,23 @@
 """Run the selected GPU source and publish what it reads on the bus, with its health.
 
-One thread (the caller's). Shutdown: ``stop`` is set; the loop returns within one
-interval (at most 1 s) and closes the source and its publisher.
+Two threads. The caller's keeps the schedule and owns the publisher (a ZeroMQ socket is
+not thread-safe): it asks for a read every ``interval`` s, publishes what comes back, and
+beats the source's health every HEALTH_EVERY s whatever the reads do. A reader thread only
+calls ``source.read()``. So a read that blocks (a hung DCGM hostengine, an NVML call stuck
+in the driver, a scrape target trickling bytes) cannot stop the heartbeat: once a read has
+run STALL_FACTOR intervals, or the last one took that long, the health says ``stalled``
+(see :mod:`gpuwhy.stalls`) until a read is quick again. The exporter's scrape also ends at
+its own deadline (gpu.exporter_timeout); DCGM and NVML calls cannot be interrupted, so a
+stuck one is reported, not cut.
+
+Shutdown: ``stop`` is set; the loop returns within POLL_WHILE_READING s, waits up to
+CLOSE_WAIT s for a read in flight, and closes the source unless a read is still in it.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import Counter
@@ -17,11 +28,18 @@ from gpuwhy.config import Config
 from gpuwhy.events import Event, GpuSample, SourceHealth
 from gpuwhy.probes.gpu.select import open_source
 from gpuwhy.probes.gpu.source import GpuSource, SourceUnavailable
+from gpuwhy.stalls import HEALTH_PERIOD_S, STALL_FACTOR, STALLED
 
 log = logging.getLogger(__name__)
 
-HEALTH_EVERY = 2.0
+HEALTH_EVERY = HEALTH_PERIOD_S["gpu"]
 RESEND_GPUS_EVERY = 60.0
+POLL_WHILE_READING = 0.2   # how soon a stop is seen while waiting on a read
+CLOSE_WAIT = 1.0
+
+# what a read hands back: events, or the reason the source gave; its seconds; and what it
+# raised besides (a bug: re-raised in the runner's thread, as before there was a reader)
+ReadResult = tuple[list[Event] | None, str | None, float, Exception | None]
 
 
 def health_of(source: GpuSource, steps: list[str], error: str | None) -> tuple[str, str]:
@@ -39,8 +57,14 @@ class GpuRunner:
                  interval: float):
         self.source, self.steps, self.publisher = source, steps, publisher
         self.interval = interval
+        self.stall_after = STALL_FACTOR * interval
         self.counters: Counter[str] = Counter()
         self.error: str | None = None
+        self.reading_since: float | None = None   # monotonic start of the read in flight
+        self.last_read_s = 0.0                     # how long the last finished read took
+        self._requests: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[ReadResult] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
 
     def publish(self, events: list[Event]) -> None:
         for event in events:
@@ -51,45 +75,123 @@ class GpuRunner:
     def publish_gpus(self) -> None:
         ts = now_ns()
         self.publish([gpu.seen(ts, self.source.name, self.source.simulated)
-                      for gpu in self.source.gpus])
+                      for gpu in list(self.source.gpus)])   # a copy: the reader may add one
+
+    def stalled(self, now: float) -> str | None:
+        """Why the source counts as stalled at ``now`` (monotonic), or None."""
+        expected = f"one every {self.interval:g} s expected, stalled after {self.stall_after:g} s"
+        if self.reading_since is not None and now - self.reading_since > self.stall_after:
+            return (f"a read of {self.source.name} has been running for "
+                    f"{now - self.reading_since:.1f} s ({expected})")
+        if self.last_read_s > self.stall_after:
+            return f"the last read of {self.source.name} took {self.last_read_s:.1f} s ({expected})"
+        return None
 
     def publish_health(self) -> None:
         state, detail = health_of(self.source, self.steps, self.error)
+        stalled = self.stalled(time.monotonic())
+        if stalled is not None:
+            state, detail = STALLED, f"STALLED: {stalled}; {detail}"
         self.publisher.publish(SourceHealth(ts=now_ns(), source="gpu", state=state,
                                             detail=detail, counters=dict(self.counters)))
 
-    def step(self) -> None:
+    def read(self) -> ReadResult:
+        """One timed ``source.read()``; any thread."""
+        started = time.monotonic()
+        events, error, crash = None, None, None
         try:
             events = self.source.read()
         except SourceUnavailable as exc:
-            if self.error != exc.reason:
-                log.warning("GPU source %s: %s (retrying)", self.source.name, exc.reason)
-            self.error = exc.reason
+            error = exc.reason
+        except Exception as exc:  # noqa: BLE001 - handed to the runner's thread, raised there
+            crash = exc
+        return events, error, time.monotonic() - started, crash
+
+    def finish(self, result: ReadResult) -> None:
+        """Take a read's result in (the publishing thread)."""
+        events, error, seconds, crash = result
+        if crash is not None:
+            raise crash
+        self.last_read_s = seconds
+        if seconds > self.stall_after:
+            self.counters["slow_reads"] += 1
+        if error is not None:
+            if self.error != error:
+                log.warning("GPU source %s: %s (retrying)", self.source.name, error)
+            self.error = error
             self.counters["read_errors"] += 1
             return
         self.error = None
-        self.publish(events)
+        self.publish(events or [])
+
+    def step(self) -> None:
+        """One read and its publishing, in the caller's thread (benchmarks, tests)."""
+        self.finish(self.read())
+
+    def _serve_reads(self) -> None:
+        while self._requests.get():
+            self._results.put(self.read())
+
+    @property
+    def busy(self) -> bool:
+        """A read is still running in the reader thread."""
+        return self.reading_since is not None
 
     def run(self, stop: threading.Event) -> None:
+        self._reader = threading.Thread(target=self._serve_reads, name="gpuwhy-gpu-read",
+                                        daemon=True)   # a read stuck for good must not hold exit
+        self._reader.start()
+        try:
+            self._loop(stop)
+            if self.busy:
+                self._take_result(CLOSE_WAIT)
+        finally:
+            self._requests.put(False)   # the reader ends after its read, if one is running
+        self.publish_health()
+
+    def _loop(self, stop: threading.Event) -> None:
         self.publish_gpus()
         self.publish_health()
         next_read = next_health = time.monotonic()
         next_resend = next_read + RESEND_GPUS_EVERY
+        was_stalled = False
         while not stop.is_set():
             now = time.monotonic()
             if self.publisher.poll_subscriptions() or now >= next_resend:
                 self.publish_gpus()   # a (re)started correlator learns the GPUs again
                 next_resend = now + RESEND_GPUS_EVERY
-            if now >= next_read:
-                self.step()
+            if now >= next_read and not self.busy:
+                self.reading_since = now
+                self._requests.put(True)
                 next_read += self.interval
                 if next_read < now:   # fell behind (suspend, slow source): do not burst
                     next_read = now + self.interval
-            if now >= next_health:
+            stalled = self.stalled(now) is not None
+            if now >= next_health or stalled != was_stalled:   # a stall is said at once
                 self.publish_health()
                 next_health = now + HEALTH_EVERY
+                was_stalled = stalled
+            self._wait(stop, next_read, next_health)
+
+    def _wait(self, stop: threading.Event, next_read: float, next_health: float) -> None:
+        """Until the next thing to do: a read's result, a read or a beat due, a stall."""
+        if not self.busy:
             stop.wait(max(0.0, min(next_read, next_health) - time.monotonic()))
-        self.publish_health()
+            return
+        now = time.monotonic()
+        wake = next_health
+        stalls_at = self.reading_since + self.stall_after + 0.01
+        if stalls_at > now:   # wake when the read becomes a stall, to say so then
+            wake = min(wake, stalls_at)
+        self._take_result(min(POLL_WHILE_READING, max(0.0, wake - now)))
+
+    def _take_result(self, timeout: float) -> None:
+        try:
+            result = self._results.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self.reading_since = None
+        self.finish(result)
 
 
 def run_gpu_source(config: Config, stop: threading.Event) -> None:
@@ -103,9 +205,15 @@ def run_gpu_source(config: Config, stop: threading.Event) -> None:
         else:
             log.info("GPU source: %s", "; ".join(steps))
         publisher.wait_for_subscriber(1.0)
+        runner = GpuRunner(source, steps, publisher, config["gpu.interval"])
         try:
-            GpuRunner(source, steps, publisher, config["gpu.interval"]).run(stop)
+            runner.run(stop)
         finally:
-            source.close()
+            if runner.busy:
+                # closing a DCGM or NVML handle under a running call can crash the process
+                log.warning("GPU source %s: a read still running at stop; left unclosed",
+                            source.name)
+            else:
+                source.close()
     finally:
         publisher.close()

@@ -32,7 +32,11 @@ def make_source(name: str, config: Mapping[str, Any], url: str | None = None) ->
     if name == "dcgm-exporter":
         from gpuwhy.probes.gpu.exporter import ExporterSource
 
-        return ExporterSource(url if url is not None else config["gpu.exporter_url"])
+        if not config["gpu.exporter_timeout"] > 0:
+            raise ConfigError(f"expected seconds above 0, got {config['gpu.exporter_timeout']}",
+                              key="gpu.exporter_timeout")
+        return ExporterSource(url if url is not None else config["gpu.exporter_url"],
+                              timeout=config["gpu.exporter_timeout"])
     if name == "sim":
         from gpuwhy.probes.gpu.sim import SimulatedGpus
 
