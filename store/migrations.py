@@ -334,3 +334,28 @@ def m901_baselines(db: Database) -> None:
         "name": str, "created_at": int, "seconds": float, "target": str, "gpu_id": str,
         "environment": str, "figures": str, "watched": str,
     }, pk="name")
+
+
+# Appended, not placed among the probes migrations above: migrations run in the order they
+# are defined, and an applied one is never edited.
+@migrations()
+def m102_process_events_once(db: Database) -> None:
+    """A process event is stored once (a re-sent scan or a second probes process's copy is
+    ignored): ``events.dedup_key`` tells it from its process's other events of its kind (its
+    meaning: store/writer.py, "process events"), and a partial unique index on (pid,
+    start_time, kind, dedup_key) holds it. Copies stored before are deleted, the first kept."""
+    db.execute("ALTER TABLE events ADD COLUMN dedup_key TEXT")
+    # The same keys as the writer's exec_dedup_key, ONCE_PER_PROCESS and fd_dedup_key.
+    db.execute("""UPDATE events SET dedup_key = CASE kind
+                    WHEN 'process_exec' THEN json_extract(body, '$.filename')
+                    WHEN 'process_forked' THEN ''
+                    WHEN 'process_exited' THEN ''
+                    ELSE json_extract(body, '$.fd') || '@' || ts END
+                  WHERE kind IN ('process_exec', 'process_forked', 'process_exited',
+                                 'device_opened', 'device_closed')
+                    AND pid IS NOT NULL AND start_time IS NOT NULL""")
+    db.execute("""DELETE FROM events WHERE dedup_key IS NOT NULL AND id NOT IN (
+                    SELECT min(id) FROM events WHERE dedup_key IS NOT NULL
+                    GROUP BY pid, start_time, kind, dedup_key)""")
+    db.execute("CREATE UNIQUE INDEX events_once ON events (pid, start_time, kind, dedup_key) "
+               "WHERE dedup_key IS NOT NULL")

@@ -29,7 +29,11 @@ DESCRIPTIONS = {
     "device_fds": "NVIDIA device files each process held, from open to close.",
     "gpu_bindings": "Process ↔ GPU intervals (since/until, ns) and the evidence for them.",
     "events": "The timeline of everything that happened, one row per event; `body` is the "
-              "event as JSON.",
+              "event as JSON. A process's exec, fork, exit and device-fd events are stored "
+              "once: `dedup_key` (the exec's file, the fd and time of an fd event, '' for "
+              "fork and exit; NULL for other events) tells one from its process's other "
+              "events of the same kind, and a unique index on (pid, start_time, kind, "
+              "dedup_key) holds them to one row each.",
     "incidents": "Incidents found by the correlator: kind, severity, GPU, open/closed.",
     "source_health": "Each source's last heartbeat: state, detail, counters (JSON).",
     "gpu_sample_data": "Raw GPU samples (kept `store.raw_days`), one row per GPU and instant, "

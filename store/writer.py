@@ -56,6 +56,28 @@ def _event_row(envelope: Envelope, **extra: object) -> dict:
             "body": json_text(body), "gpu_id": None, **extra}
 
 
+# --- process events: stored once ---
+# A process event is published again when a probes process re-sends its state to a
+# reconnecting service (fdtrack's resync), and twice when two probes processes watch the
+# same host (one left behind by a killed service). The events table keeps one row per
+# (kind, pid, start_time, dedup_key): its partial unique index (migration
+# m102_process_events_once, which writes these same keys into the rows it found) makes a
+# second copy an ignored insert. The key tells an event from the other events of its kind
+# of the same process: a process is forked once and exits once; it may exec more than once,
+# another file each time (a process that execs the same file again keeps one row: its first
+# exec); an fd event is one fd at one instant (a resync re-sends an open with its time; a
+# restarted probes process's scan, which cannot know it, is matched in _on_device_opened).
+def exec_dedup_key(event: ProcessExec) -> str:
+    return event.filename
+
+
+def fd_dedup_key(event: DeviceOpened | DeviceClosed) -> str:
+    return f"{event.fd}@{event.ts}"
+
+
+ONCE_PER_PROCESS = ""      # process_forked (the child's row), process_exited
+
+
 log = logging.getLogger(__name__)
 # Tables whose rows _insert and _upsert hold until the end of the batch (store/held.py).
 _HELD_TABLES = frozenset({"events", "sched_stats"})
@@ -201,10 +223,18 @@ class StoreWriter:
                         "and until is null", [event.ts, *key])
         self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
                         "and closed_at is null", [event.ts, *key])
-        self._insert("events", _event_row(envelope))
+        self._insert_process_event(_event_row(envelope), ONCE_PER_PROCESS)
 
     def _on_device_opened(self, envelope: Envelope, event: DeviceOpened) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
+        if event.how == "scan" and self.db.execute(
+                "select 1 from device_fds where pid = ? and start_time = ? and fd = ? and "
+                "path = ? and closed_at is null",
+                [key["pid"], key["start_time"], event.fd, event.path]).fetchone():
+            # A restarted probes process's start-up scan found an fd the store holds open:
+            # the open already stored, seen again (its time is the scan's, so the events
+            # table's key cannot tell), not a second one.
+            return
         self._upsert("device_fds", {
             **key, "fd": event.fd, "opened_at": event.ts, "path": event.path,
             "device": event.device, "minor": event.minor, "how": event.how,
@@ -215,7 +245,7 @@ class StoreWriter:
             gpu_id = self._gpu_for_minor(event.minor, event.ts)
             if using_gpu_minor(event) is not None:
                 self._bind(event.process, gpu_id, event.ts, f"holds {event.path}")
-        self._insert("events", _event_row(envelope, gpu_id=gpu_id))
+        self._insert_process_event(_event_row(envelope, gpu_id=gpu_id), fd_dedup_key(event))
 
     def _bind(self, process: ProcessKey, gpu_id: str, ts: int, evidence: str) -> None:
         key = [process.pid, process.start_time, gpu_id]
@@ -238,7 +268,7 @@ class StoreWriter:
         key = [event.process.pid, event.process.start_time]
         self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
                         "and fd = ? and closed_at is null", [event.ts, *key, event.fd])
-        self._insert("events", _event_row(envelope))
+        self._insert_process_event(_event_row(envelope), fd_dedup_key(event))
 
     # --- probes handlers ---
     def _on_driver_call_stats(self, envelope: Envelope, event: DriverCallStats) -> None:
@@ -280,7 +310,7 @@ class StoreWriter:
     def _on_process_exec(self, envelope: Envelope, event: ProcessExec) -> None:
         self.db.execute("update processes set exe_filename = ? where pid = ? and start_time = ?",
                         [event.filename, event.process.pid, event.process.start_time])
-        self._insert("events", _event_row(envelope))
+        self._insert_process_event(_event_row(envelope), exec_dedup_key(event))
 
     def _on_process_forked(self, envelope: Envelope, event: ProcessForked) -> None:
         self._insert("processes", {
@@ -289,7 +319,11 @@ class StoreWriter:
         }, ignore=True)
         row = _event_row(envelope)
         row.update(pid=event.child.pid, start_time=event.child.start_time)
-        self._insert("events", row)
+        self._insert_process_event(row, ONCE_PER_PROCESS)
+
+    def _insert_process_event(self, row: dict, dedup_key: str) -> None:
+        """An events row stored once per (kind, pid, start_time, dedup_key): see above."""
+        self._insert("events", {**row, "dedup_key": dedup_key}, ignore=True)
 
     # --- cuda handlers ---
     def _on_cuda_stats(self, envelope: Envelope, event: CudaStats) -> None:

@@ -32,6 +32,7 @@ import click
 
 from gpuwhy.config import Config
 from gpuwhy.demo.standin import DEMO_MARK, write_kmsg
+from gpuwhy.lifeline import child_environment
 from gpuwhy.text import printable
 
 if TYPE_CHECKING:      # the pipeline (flask, the correlator) loads when a demo runs
@@ -295,7 +296,9 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         args = ["train", str(work / "dev"), "--minor", "0"]
         if scenario == "starved-input":
             args += ["--workers", "1", "--starved", "--decode"]
-        trainer_proc = subprocess.Popen(_standin(*args), stdout=subprocess.PIPE, text=True)
+        # child_environment: the stand-in (and its workers) end with the demo, even a killed one
+        trainer_proc = subprocess.Popen(_standin(*args), stdout=subprocess.PIPE, text=True,
+                                        env=child_environment())
         stack.callback(_stop, trainer_proc)
         trainer = int(trainer_proc.stdout.readline())
         progress.step(f"stand-in training process pid {trainer} holds {work}/dev/nvidia0")

@@ -42,6 +42,7 @@ from gpuwhy.demo.replay import (
     script,
     send_ioctl,
 )
+from gpuwhy.lifeline import ParentGone, die_with_parent, die_with_parent_named_in
 from gpuwhy.nvioctl import iowr
 from gpuwhy.reset import BIF_RESET
 
@@ -83,15 +84,21 @@ def write_kmsg(lines: list[str]) -> None:
 def train(args: argparse.Namespace) -> None:
     """Hold the device files and keep submitting work until SIGTERM; on SIGUSR1 fail like a
     CUDA program whose GPU vanished (exit status 1)."""
+    die_with_parent_named_in()            # started by `gpuwhy demo`: end with it
     fds = open_devices(args.dev, args.minor)
     cuda_init(fds, args.minor)
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(0))
     signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))
     workers = []
+    trainer = os.getpid()
     for _ in range(args.workers):          # a child must not fork on: it is a worker
         pid = os.fork()
         if pid == 0:                       # a DataLoader-like worker
+            try:
+                die_with_parent(trainer)   # a killed trainer leaves no worker spinning
+            except ParentGone:
+                os._exit(0)
             _decoder() if args.decode else _worker(args.dev)
         workers.append(pid)
     print(os.getpid(), flush=True)
