@@ -143,10 +143,12 @@ class IncidentBuilder:
         if row:
             incident_id, count, severity = row
             worse = max(severity, wanted.severity, key=lambda s: SEVERITY_RANK.get(s, 0))
+            # A repeat reopens a closed incident: it is the same cause again, and a stall
+            # merged into while left closed was found again (and merged) at every check.
             db.execute("update incidents set count = ?, severity = ?, "
                        "last_seen = max(last_seen, ?), opened_at = min(opened_at, ?), "
-                       "settle_until = max(coalesce(settle_until, 0), ?), updated_at = ? "
-                       "where id = ?",
+                       "settle_until = max(coalesce(settle_until, 0), ?), updated_at = ?, "
+                       "state = 'open', closed_at = null where id = ?",
                        [count + 1, worse, wanted.ts, wanted.ts, settle, wanted.ts, incident_id])
             self.merged += 1
             return incident_id, False

@@ -27,7 +27,9 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.alerts import Alerter
 from gpuwhy.correlator.incidents import IncidentBuilder, may_open_incident
-from gpuwhy.events import Envelope
+from gpuwhy.correlator.klog_liveness import KernelLogLiveness
+from gpuwhy.correlator.stalls import StallWatch
+from gpuwhy.events import Envelope, SourceHealth
 from gpuwhy.store.maintenance import Maintenance
 from gpuwhy.store.writer import StoreWriter
 
@@ -64,6 +66,8 @@ class Correlator:
         self.writer = StoreWriter(db)
         self.maintenance = Maintenance(config, db)   # rollups, retention, size
         self.builder = IncidentBuilder(config)
+        self.klog_liveness = KernelLogLiveness()
+        self.stall_watch = StallWatch(config)   # sources silent too long: logged, counted
         self.alerter = alerter or Alerter(config["correlator.url"],
                                           enabled=config["correlator.alerts"])
         self.pending: list[Envelope] = []
@@ -80,6 +84,7 @@ class Correlator:
         db = self.writer.db
         with db.atomic():
             written = self.writer.write_batch(self.pending)
+            self._check_klog_liveness()
             try:
                 with db.atomic():
                     new = self.builder.decide(db, self.pending, self.wall_clock())
@@ -91,6 +96,16 @@ class Correlator:
                 new = []
         self.written += written
         return new
+
+    def _check_klog_liveness(self) -> None:
+        """Store the kernel-log source as failed while the kernel logs lines it never reads."""
+        for envelope in self.pending:
+            event = envelope.event
+            if event.__class__ is SourceHealth:
+                stored = self.klog_liveness.observe(event)
+                if stored is not event:
+                    self.writer.record_health(stored.source, stored.state, stored.detail,
+                                              stored.counters, stored.ts)
 
     def flush(self) -> None:
         if not self.pending and time.monotonic() - self._last_decide < DECIDE_EVERY:
@@ -133,7 +148,9 @@ class Correlator:
                 "pending": len(self.pending),
                 "dropped_store_unavailable": self.dropped_store_unavailable,
                 "decide_errors": self.decide_errors, **self.builder.counters(),
-                "alerts_sent": self.alerter.sent, "alerts_failed": self.alerter.failed}
+                "klog_liveness_failures": self.klog_liveness.failures,
+                "alerts_sent": self.alerter.sent, "alerts_failed": self.alerter.failed,
+                **self.stall_watch.counters()}
 
     def _write_health(self) -> None:
         state = "failed" if self.store_error else "ok"
@@ -142,6 +159,7 @@ class Correlator:
                 self.writer.record_health("correlator", state, self.store_error or "",
                                           self.counters(), now_ns())
                 self.writer.record_health("store", *self.maintenance.health(), now_ns())
+            self.stall_watch.check(self.writer.db)
         except sqlite3.Error:
             pass   # already reported through store_error
 

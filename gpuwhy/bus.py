@@ -36,11 +36,23 @@ BATCH_BYTES = MAX_MESSAGE_BYTES // 4    # a batch message stays far below the su
 BATCH_EVENTS = 256
 
 
+def _ipc_path(endpoint: str) -> str | None:
+    if not endpoint.startswith("ipc://"):
+        return None
+    return urlparse(endpoint).path or endpoint[len("ipc://"):]
+
+
 def _prepare_ipc(endpoint: str) -> None:
-    if endpoint.startswith("ipc://"):
-        directory = os.path.dirname(urlparse(endpoint).path or endpoint[len("ipc://"):])
-        if directory:
-            os.makedirs(directory, exist_ok=True)
+    path = _ipc_path(endpoint)
+    if path and os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+
+
+def _socket_inode(path: str | None) -> int | None:
+    try:
+        return os.stat(path).st_ino if path else None
+    except OSError:
+        return None
 
 
 class Publisher:
@@ -161,6 +173,8 @@ class Subscriber:
             self._socket.close(0)
             raise BusError(f"cannot bind bus {endpoint}: {exc}") from None
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._ipc_path = _ipc_path(endpoint)
+        self._ipc_inode = _socket_inode(self._ipc_path)   # ours, to remove on close
         self.last_seq: dict[str, int] = {}
         self.counters: Counter[str] = Counter()
         self._ready: deque[Envelope] = deque()   # decoded, not yet handed out
@@ -222,4 +236,11 @@ class Subscriber:
         self.last_seq[envelope.src] = envelope.seq
 
     def close(self) -> None:
+        """Close the socket and remove its file (libzmq leaves it): a later start must not
+        take a dead file for a live bus. Only the file this socket made is removed."""
         self._socket.close()
+        if self._ipc_inode is not None and _socket_inode(self._ipc_path) == self._ipc_inode:
+            try:
+                os.unlink(self._ipc_path)
+            except OSError:
+                pass

@@ -144,6 +144,13 @@ def probes(ctx: _Context, ebpf: bool) -> None:
       sudo gpuwhy probes
       gpuwhy probes --ebpf | less
     """
+    from gpuwhy.lifeline import ParentGone, die_with_parent_named_in
+
+    try:
+        # First: started by `gpuwhy up`, the probes must not outlive it (gpuwhy.lifeline).
+        die_with_parent_named_in()
+    except ParentGone as exc:
+        raise click.ClickException(f"{exc}: not starting the probes") from None
     from gpuwhy.probes import fdtrack
 
     if ebpf:
@@ -165,27 +172,32 @@ def probes(ctx: _Context, ebpf: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Print nothing; exit 0 when healthy.")
 @click.pass_obj
 def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
-    """Health of every part and source; exit status 1 when the service is not healthy.
+    """Health of every part and source; exit status 0 healthy, 1 not healthy (the web view
+    or the correlator down), 2 degraded (running, but a source stalled - see gpuwhy.stalls -
+    or failed, or the store's disk full).
 
     \b
     Examples:
       gpuwhy status
       gpuwhy status --json | jq '.parts[] | select(.state != "ok")'
     """
-    from gpuwhy.status import collect_status
+    from gpuwhy.status import EXIT_CODES, collect_status
 
     report = collect_status(ctx.config())
     if as_json:
         click.echo(json.dumps(report, indent=2))
     elif not quiet:
-        click.echo(f"gpuwhy {'healthy' if report['healthy'] else 'NOT healthy'} "
-                   f"(store {report['store']})")
+        why = [f"{part} stalled" for part in report["stalled"]] + \
+            [f"{part} failed" for part in report["failed"]]
+        headline = {"healthy": "healthy", "unhealthy": "NOT healthy",
+                    "degraded": f"DEGRADED ({', '.join(why)})"}
+        click.echo(f"gpuwhy {headline[report['state']]} (store {report['store']})")
         for part in report["parts"]:
             age = "" if part["age_s"] is None else f"{part['age_s']:>6.1f}s ago"
             counters = " ".join(f"{k}={v}" for k, v in sorted(part["counters"].items()) if v)
             detail = "  ".join(x for x in (part["detail"], counters) if x)
             click.echo(f"  {part['part']:<11} {part['state']:<9} {age:>11}  {detail}")
-    sys.exit(0 if report["healthy"] else 1)
+    sys.exit(EXIT_CODES[report["state"]])
 
 
 SECRET_SETTINGS = ("token", "password", "secret")

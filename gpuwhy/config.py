@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
+import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gpuwhy.errors import ConfigError
@@ -95,6 +98,9 @@ SETTINGS: tuple[Setting, ...] = (
             "directories (colon-separated) searched for DCGM's Python bindings (pydcgm)"),
     Setting("gpu.exporter_url", "", "GPUWHY_EXPORTER_URL",
             "dcgm-exporter metrics URL, e.g. http://localhost:9400/metrics (empty: not used)"),
+    Setting("gpu.exporter_timeout", 5.0, "GPUWHY_EXPORTER_TIMEOUT",
+            "seconds one dcgm-exporter scrape may take in all, from connect to the last byte "
+            "of the body; a slower one fails with 'took longer than'"),
     Setting("gpu.sim_gpus", 2, "GPUWHY_SIM_GPUS", "number of simulated GPUs"),
     Setting("gpu.sim_model", "NVIDIA H100 80GB HBM3", "GPUWHY_SIM_MODEL",
             "model name of the simulated GPUs (H100, A100 and L4 have their own limits)"),
@@ -185,6 +191,10 @@ SETTINGS: tuple[Setting, ...] = (
             "the source tree (scripts/setup.sh installs it there)"),
     Setting("web.max_points", 720, "GPUWHY_MAX_POINTS",
             "points per chart series at most: longer ranges are averaged into buckets"),
+    Setting("web.allowed_hosts", "", "GPUWHY_ALLOWED_HOSTS",
+            "comma-separated names (or addresses) the web view answers to besides localhost, "
+            "127.0.0.1, [::1], web.host and correlator.url's host; a leading dot allows "
+            "subdomains. Any other Host header gets 400 (stops DNS rebinding)"),
     # --- checks and reports settings ---
     Setting("checks.progress_seconds", 10.0, "GPUWHY_CHECK_PROGRESS",
             "seconds between the progress lines (on stderr) of `gpuwhy check` and "
@@ -230,22 +240,59 @@ class Config(Mapping[str, Any]):
         return Config(values, self.source)
 
 
+MAX_CONFIG_BYTES = 1 << 20     # a settings file is a few kB; more is a mistake or an attack
+MAX_KEY_PARTS = 8
+MAX_INT = (1 << 63) - 1         # what SQLite, ZeroMQ and the C structs downstream can hold
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# web.host reaches the server's bind() and http.client's request line: a name or an address
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _valid_host(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value.strip("[]") if value.startswith("[") else value)
+        return True
+    except ValueError:
+        return len(value) <= 253 and _HOSTNAME.fullmatch(value) is not None
+
+
 def _coerce(setting: Setting, value: Any, source: str) -> Any:
     expected = setting.type
     if isinstance(value, bool) and expected is not bool:
         raise ConfigError(f"expected {expected.__name__}, got a boolean", source=source,
                           key=setting.name)
-    if expected is float and isinstance(value, int):
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_INT:
+            raise ConfigError(f"number out of range: {_short(value)}", source=source,
+                              key=setting.name)
         value = float(value)
     if not isinstance(value, expected):
-        raise ConfigError(f"expected {expected.__name__}, got {type(value).__name__} {value!r}",
+        raise ConfigError(f"expected {expected.__name__}, got {type(value).__name__} "
+                          f"{_short(value)}", source=source, key=setting.name)
+    if expected in (int, float) and not (0 <= value <= MAX_INT and math.isfinite(value)):
+        raise ConfigError(f"expected a finite number from 0 to {MAX_INT}, got {_short(value)}",
                           source=source, key=setting.name)
+    if expected is str and _CONTROL.search(value):
+        raise ConfigError(f"control character {_CONTROL.search(value)[0]!r} in "
+                          f"{_short(value)}", source=source, key=setting.name)
     if setting.name == "log.level" and value not in LOG_LEVELS:
-        raise ConfigError(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}",
+        raise ConfigError(f"expected one of {', '.join(LOG_LEVELS)}, got {_short(value)}",
                           source=source, key=setting.name)
     if setting.name == "web.port" and not 0 <= value <= 65535:
         raise ConfigError(f"port out of range: {value}", source=source, key=setting.name)
+    if setting.name == "web.host" and not _valid_host(value):
+        raise ConfigError(f"not a host name or an IP address: {_short(value)}", source=source,
+                          key=setting.name)
     return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error message quotes, never floods
+    (``repr`` of an int past Python's 4,300-digit limit raises, so huge ones are sized)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _parse_env(setting: Setting, raw: str) -> Any:
@@ -255,23 +302,76 @@ def _parse_env(setting: Setting, raw: str) -> Any:
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError(raw)
             return raw.lower() in ("1", "true", "yes")
+        if setting.type is not str and len(raw) > 64:
+            raise ValueError(raw)     # no number needs more digits; int() of 4,301+ raises
         return _coerce(setting, setting.type(raw), source)
     except ValueError:
-        raise ConfigError(f"expected {setting.type.__name__}, got {raw!r}", source=source,
-                          key=setting.name) from None
+        raise ConfigError(f"expected {setting.type.__name__}, got {_short(raw)}",
+                          source=source, key=setting.name) from None
 
 
 def _flatten(table: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in table.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
+        if isinstance(value, dict) and not prefix:     # settings are section.key: one level
             flat.update(_flatten(value, source, f"{name}."))
         elif name in SETTINGS_BY_NAME:
             flat[name] = _coerce(SETTINGS_BY_NAME[name], value, source)
         else:
-            raise ConfigError("unknown setting (see `gpuwhy settings`)", source=source, key=name)
+            raise ConfigError("unknown setting (see `gpuwhy settings`)", source=source,
+                              key=_short(name, 100).strip("'"))
     return flat
+
+
+def _read_config_file(path: str | os.PathLike[str], source: str) -> str:
+    """The file's text: a regular file, at most MAX_CONFIG_BYTES, UTF-8.
+
+    Opened without blocking and checked with fstat on the open file: a FIFO or a device at
+    the config path would otherwise hang the reader (``gpuwhy status`` among them).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", source=source) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError("config file is not a regular file", source=source)
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file is larger than {MAX_CONFIG_BYTES} bytes", source=source)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("config file is not UTF-8 text", source=source) from None
+
+
+def _check_key_depth(text: str, source: str) -> None:
+    """Refuse keys of more than MAX_KEY_PARTS dotted parts before tomllib sees them: it
+    takes time quadratic in their number (a 6 kB key of 3,000 parts took 0.5 s)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        key = line.split("=", 1)[0] if "=" in line else line
+        if key.count(".") >= MAX_KEY_PARTS:
+            raise ConfigError(f"line {number}: a key of more than {MAX_KEY_PARTS} dotted parts "
+                              "(settings are section.key)", source=source)
+
+
+def parse_config_text(text: str, source: str = "<text>") -> dict[str, Any]:
+    """The settings a TOML text sets, checked; raises :class:`ConfigError` naming ``source``."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file is larger than {MAX_CONFIG_BYTES} bytes", source=source)
+    _check_key_depth(text, source)
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", source=source) from None
+    except ValueError:         # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError("invalid TOML: an integer of more than 4300 digits",
+                          source=source) from None
+    except RecursionError:     # tomllib recurses into nested arrays and inline tables
+        raise ConfigError("invalid TOML: nested too deeply", source=source) from None
+    return _flatten(table, source)
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
@@ -286,17 +386,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            text = Path(path).read_bytes().decode("utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file: {exc.strerror}", source=source) from None
-        except UnicodeDecodeError:
-            raise ConfigError("config file is not UTF-8 text", source=source) from None
-        try:
-            table = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"invalid TOML: {exc}", source=source) from None
-        values.update(_flatten(table, source))
+        values.update(parse_config_text(_read_config_file(path, source), source))
     for setting in SETTINGS:
         if setting.env in environ:
             values[setting.name] = _parse_env(setting, environ[setting.env])

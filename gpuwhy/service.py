@@ -4,6 +4,11 @@ The probes need privilege and the rest does not, so they never share a process: 
 starts `gpuwhy probes` as a child and runs the unprivileged parts here. Shutdown order
 (SIGTERM or SIGINT): stop the probes (they flush their last counts), let the correlator
 drain the bus and write its last batch, then stop the web server.
+
+The probes child dies with the service, however the service ends (SIGKILL included): it
+asks the kernel for SIGKILL when its parent goes (gpuwhy.lifeline). A probes process that
+an earlier service left running anyway (it could not arm that) is stopped at start-up,
+before it can publish its events a second time alongside the new one.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from werkzeug.serving import BaseWSGIServer, make_server
+import psutil
+from werkzeug.serving import BaseWSGIServer
 
 from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
@@ -27,6 +33,7 @@ from gpuwhy.config import Config
 from gpuwhy.correlator.service import Correlator
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
+from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
 
@@ -81,6 +88,57 @@ def gpu_devices_present(pattern: str = "/dev/nvidia[0-9]*") -> bool:
     return bool(glob.glob(pattern))
 
 
+def orphaned_probes(endpoints: set[str]) -> list[tuple[psutil.Process, int]]:
+    """Probes processes an earlier service started for one of ``endpoints`` and left behind,
+    with that service's pid: they carry its ``GPUWHY_PARENT_PID`` marker and that pid is no
+    longer their parent.
+
+    Only the marker counts (not a command line or GPUWHY_BUS alone): probes run by systemd,
+    a DaemonSet or by hand are nobody's orphans. Processes whose environment this user may
+    not read are passed over.
+    """
+    found = []
+    for process in psutil.process_iter(["ppid", "cmdline"]):
+        try:
+            if "probes" not in (process.info["cmdline"] or []):
+                continue
+            environ = process.environ()
+        except (psutil.Error, OSError):
+            continue
+        parent = environ.get(PARENT_PID_ENV, "")
+        if (parent.isdigit() and environ.get("GPUWHY_BUS") in endpoints
+                and process.info["ppid"] != int(parent) and process.pid != os.getpid()):
+            found.append((process, int(parent)))
+    return found
+
+
+def stop_orphaned_probes(endpoints: set[str], timeout: float = PROBE_STOP_TIMEOUT) -> int:
+    """Stop (SIGTERM, SIGKILL after ``timeout`` s) every :func:`orphaned_probes` process,
+    saying so once each; returns how many. Raises GpuwhyError when one cannot be stopped:
+    the service would store its events twice."""
+    found = orphaned_probes(endpoints)
+    orphans = [process for process, _ in found]
+    for process, parent in found:
+        log.warning("stopping probes process %d, left behind by an earlier gpuwhy service "
+                    "(pid %d, no longer its parent) and publishing on %s: its events would "
+                    "be stored twice", process.pid, parent, " ".join(sorted(endpoints)))
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            raise GpuwhyError(f"probes process {process.pid}, left behind by an earlier "
+                              f"gpuwhy service, publishes on this bus and cannot be stopped "
+                              f"by this user: `kill {process.pid}` as root, then start "
+                              "again") from None
+    _, alive = psutil.wait_procs(orphans, timeout)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout)
+    return len(orphans)
+
+
 class Service:
     """Correlator + web view (+ the probes child when ``with_probes``)."""
 
@@ -97,12 +155,17 @@ class Service:
         self._correlator_stop = threading.Event()
         self.db = open_store(config["store.path"])
         self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
+        # Before our own probes start: an orphan would publish every event a second time.
+        # After the bind, so that both spellings of the endpoint are known (a child is given
+        # the bound one); what the orphan publishes until it is stopped is stored once.
+        stop_orphaned_probes({config["bus.endpoint"], self.subscriber.endpoint})
         self.correlator = Correlator(config, self.db, self.subscriber)
-        from gpuwhy.webui import create_app
+        from gpuwhy.webui.server import make_web_server
 
-        self.web: BaseWSGIServer = make_server(config["web.host"], config["web.port"],
-                                               create_app(config), threaded=True)
+        self.web: BaseWSGIServer = make_web_server(config)
         self.probes: subprocess.Popen | None = None
+        self._probes_owner: threading.Thread | None = None
+        self._probes_reaped = threading.Event()
         self._threads: list[threading.Thread] = []
         self._source_threads: list[threading.Thread] = []
         self.notifier = Notifier.from_environment()   # systemd Type=notify; no-op otherwise
@@ -149,13 +212,41 @@ class Service:
             self.subscriber.close()
             self.db.close()
 
-    def _start_probes(self) -> None:
+    def probes_command(self) -> list[str]:
+        """The probes child's command line: `gpuwhy [--config PATH] probes`."""
         command = [sys.executable, "-m", "gpuwhy"]
         if self.config_path:
             command += ["--config", self.config_path]
-        command += ["probes"]
-        env = {**os.environ, "GPUWHY_BUS": self.subscriber.endpoint}
-        self.probes = subprocess.Popen(command, env=env)
+        return [*command, "probes"]
+
+    def _start_probes(self) -> None:
+        """Start the probes child from a thread kept until :meth:`stop` has reaped it.
+
+        The child's parent-death signal (gpuwhy.lifeline) comes when the *thread* that forked
+        it ends, not the process: forked by whichever thread called start() (a test's, a
+        short-lived one), the probes would be killed when that thread returned.
+        """
+        command = self.probes_command()
+        env = child_environment({**os.environ, "GPUWHY_BUS": self.subscriber.endpoint})
+        started = threading.Event()
+        failed: list[BaseException] = []
+
+        def own() -> None:
+            try:
+                self.probes = subprocess.Popen(command, env=env)
+            except BaseException as exc:  # noqa: BLE001 - raised again by start()
+                failed.append(exc)
+                return
+            finally:
+                started.set()
+            self._probes_reaped.wait()
+
+        self._probes_owner = threading.Thread(target=own, name="gpuwhy-probes-owner",
+                                              daemon=True)
+        self._probes_owner.start()
+        started.wait()
+        if failed:
+            raise failed[0]
 
     def probes_state(self) -> str:
         if self.probes is None:
@@ -193,6 +284,9 @@ class Service:
                 log.warning("the probes did not stop within %s s: killed", PROBE_STOP_TIMEOUT)
                 self.probes.kill()
                 self.probes.wait()
+        self._probes_reaped.set()     # the owner thread may end: nothing left to kill
+        if self._probes_owner is not None:
+            self._probes_owner.join()
         self._correlator_stop.set()
         deadline = time.monotonic() + PROBE_STOP_TIMEOUT
         for thread in self._threads:

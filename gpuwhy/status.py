@@ -6,15 +6,30 @@ import json
 import urllib.error
 import urllib.request
 
-from gpuwhy.clock import NS_PER_SECOND, now_ns
+from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
+from gpuwhy.stalls import STALLED, judge
 
-STALE_AFTER_S = 10   # a source silent longer than this is stale (they beat every second or so)
+REQUIRED = frozenset({"web", "correlator"})   # without these gpuwhy is not running
+# `gpuwhy status` exit codes: healthy; not running (a required part down or stalled);
+# running, but a source stalled (gpuwhy.stalls: its data has stopped coming) or failed
+# (it said so: a kernel-log source that receives nothing, a probe that cannot load, ...)
+EXIT_CODES = {"healthy": 0, "unhealthy": 1, "degraded": 2}
+
+
+def web_url(config: Config) -> str:
+    """Where this host reaches its own web view: the bound address, or loopback when it binds
+    every address (the view answers only to the names it knows: gpuwhy.webui.security)."""
+    host = config["web.host"].strip("[]")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"   # an IPv6 address in a URL
+    return f"http://{host}:{config['web.port']}"
 
 
 def web_health(config: Config) -> tuple[str, str]:
     """Whether the web view answers its /healthz, and where it was asked."""
-    url = f"http://{config['web.host']}:{config['web.port']}/healthz"
+    url = f"{web_url(config)}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             json.load(response)
@@ -24,7 +39,9 @@ def web_health(config: Config) -> tuple[str, str]:
 
 
 def collect_status(config: Config) -> dict:
-    """Health of the web view, the store and every source, as one dict."""
+    """Health of the web view, the store and every source, as one dict; its ``state`` is
+    healthy, degraded (running, but a source stalled or failed: listed in ``stalled`` and
+    ``failed``; a store whose disk is full is failed) or unhealthy."""
     from gpuwhy.store import open_store
     from gpuwhy.store.queries import source_health
 
@@ -41,15 +58,32 @@ def collect_status(config: Config) -> dict:
         rows = []
         parts.append({"part": "store", "state": "down", "detail": str(exc), "age_s": None,
                       "counters": {}})
-    now = now_ns()
-    for row in rows:
-        age = (now - row["last_seen"]) / NS_PER_SECOND
-        state = row["state"]
-        if age > STALE_AFTER_S and row["source"] != "gpu":
-            state = "stale"
-        parts.append({"part": row["source"], "state": state, "detail": row["detail"],
-                      "age_s": round(age, 1), "counters": row["counters"]})
-    required = {"web", "correlator"}
-    healthy = all(p["state"] == "ok" for p in parts if p["part"] in required) and \
-        required <= {p["part"] for p in parts}
-    return {"healthy": healthy, "store": config["store.path"], "parts": parts}
+    for row in judge(rows, now_ns(), config):
+        parts.append({"part": row["source"], "state": row["state"], "detail": row["detail"],
+                      "age_s": row["age_s"], "counters": row["counters"]})
+    _store_disk(parts, config["store.path"])
+    running = all(p["state"] == "ok" for p in parts if p["part"] in REQUIRED) and \
+        REQUIRED <= {p["part"] for p in parts}
+    stalled = [p["part"] for p in parts if p["state"] == STALLED]
+    failed = [p["part"] for p in parts if p["state"] in ("failed", "down")
+              and p["part"] not in REQUIRED]
+    state = "unhealthy" if not running else "degraded" if stalled or failed else "healthy"
+    return {"healthy": state == "healthy", "state": state, "stalled": stalled,
+            "failed": failed, "store": config["store.path"], "parts": parts}
+
+
+def _store_disk(parts: list[dict], store_path: str) -> None:
+    """The store's free disk space, read now: its stored row cannot be rewritten while the
+    disk is full, so a figure kept in it would still show what was free before."""
+    from gpuwhy.store.budget import DISK_FULL_BYTES, MB, disk_free_bytes
+
+    free = disk_free_bytes(store_path)
+    store = next((p for p in parts if p["part"] == "store"), None)
+    if free is None or store is None:
+        return
+    if free < DISK_FULL_BYTES:
+        store["state"] = "failed"
+        store["detail"] = f"disk full: {free / MB:.1f} MB free beside {store_path} (events " \
+                          f"are held in memory until space returns); {store['detail']}"
+    else:
+        store["detail"] += f", {free / MB:.0f} MB free on disk"

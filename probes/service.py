@@ -1,7 +1,8 @@
 """Run the privileged probes: load them, publish on the bus, re-send state on (re)subscribe.
 
-fdtrack is required; lifecycle and sched add to it and, when they cannot load, are
-reported as failed while the rest runs on. The GPU processes fdtrack finds are handed
+fdtrack is required; lifecycle, sched and printk (the kernel's log record count, for the
+kernel-log liveness check) add to it and, when they cannot load, are reported as failed
+while the rest runs on. The GPU processes fdtrack finds are handed
 to sched to be watched. One thread polls all ring buffers; figures are flushed every
 ``probes.poll_interval`` seconds.
 """
@@ -22,6 +23,7 @@ from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
 from gpuwhy.probes.cuda.probe import CudaProbe
 from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
 from gpuwhy.probes.lifecycle import LifecycleProbe
+from gpuwhy.probes.printk import PrintkProbe
 from gpuwhy.probes.sched import SchedProbe
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
 
 
 class Probes:
-    """fdtrack + lifecycle + sched, wired together and to one publisher."""
+    """fdtrack + lifecycle + sched + printk, wired together and to one publisher."""
 
     def __init__(self, config: Config, publisher: Publisher):
         self.config = config
@@ -46,6 +48,7 @@ class Probes:
         self.fdtrack = FdTrackProbe(config, self._publish_fd,
                                     bus_counters=lambda: {"dropped_bus_hwm": publisher.dropped})
         self.lifecycle: LifecycleProbe | None = LifecycleProbe(config, publisher.publish)
+        self.printk: PrintkProbe | None = PrintkProbe()
         self.sched: SchedProbe | None = SchedProbe(config, publisher.publish) \
             if config["probes.sched"] else None
         self.cuda: CudaProbe | None = CudaProbe(config, publisher.publish) \
@@ -86,6 +89,11 @@ class Probes:
         except ProbeLoadError as exc:
             self._optional_failed("lifecycle", exc)
             self.lifecycle = None
+        try:
+            self.printk.load()
+        except ProbeLoadError as exc:
+            self._optional_failed("printk", exc)
+            self.printk = None
 
     def _optional_failed(self, name: str, exc: ProbeLoadError) -> None:
         log.error("%s; running without it", exc)
@@ -105,7 +113,8 @@ class Probes:
             self.cuda.flush()
             self.publisher.publish(self.cuda.health())
         self.publisher.publish(self.fdtrack.health())
-        for name, probe in (("lifecycle", self.lifecycle), ("sched", self.sched)):
+        for name, probe in (("lifecycle", self.lifecycle), ("sched", self.sched),
+                            ("printk", self.printk)):
             if probe is not None:
                 self.publisher.publish(SourceHealth(ts=now_ns(), source=name, state="ok",
                                                     counters=probe.counters()))
@@ -124,7 +133,8 @@ class Probes:
         """Detach everything; in parallel, because each tracepoint detach waits for an RCU
         grace period (fdtrack's 26 take over a second one after the other)."""
         closers = [threading.Thread(target=probe.close)
-                   for probe in (self.lifecycle, self.sched, self.cuda, self.fdtrack)
+                   for probe in (self.lifecycle, self.sched, self.cuda, self.fdtrack,
+                                 self.printk)
                    if probe is not None]
         for closer in closers:
             closer.start()

@@ -24,10 +24,10 @@ from gpuwhy.nvioctl import (
     UVM_DECODE,
     DecodeFlag,
 )
-from gpuwhy.probes import bpfdefs, fdtable, fdtrack, lifecycle, sched
+from gpuwhy.probes import bpfdefs, fdtable, fdtrack, lifecycle, printk, sched
 from gpuwhy.probes.bpfdefs import cflags, macro_name
 
-PROBES = {"fdtrack": fdtrack, "sched": sched, "lifecycle": lifecycle}
+PROBES = {"fdtrack": fdtrack, "sched": sched, "lifecycle": lifecycle, "printk": printk}
 
 
 def _c_without_comments(text):

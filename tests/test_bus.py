@@ -231,3 +231,18 @@ def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
     assert events[:len(calls) + len(sched) + 1] == [*calls, *sched, health]
     assert len(messages) <= 4         # driver-call stats, sched stats, health (+ sched's)
     raw.close(0), pub.close()
+
+
+def test_a_closed_subscriber_removes_its_socket_file_and_only_its_own(tmp_path):
+    path = tmp_path / "bus.sock"
+    first = Subscriber(f"ipc://{path}")
+    assert path.exists()
+    first.close()
+    assert not path.exists(), "a clean stop left the bus socket file"
+    old = Subscriber(f"ipc://{path}")
+    path.unlink()                       # a newer service took the path over
+    new = Subscriber(f"ipc://{path}")
+    old.close()
+    assert path.exists(), "the old subscriber removed the new one's socket"
+    new.close()
+    assert not path.exists()

@@ -1,13 +1,17 @@
 """The journald fallbacks (a /dev/kmsg-format reader, a kern.log tail), the automatic choice
 between them, and the store keeping each record with its cursor in one transaction."""
 
+import logging
+import socket
 import sqlite3
+import subprocess
 
 import pytest
 
 from gpuwhy.events import Envelope, KernelLogRecord
-from gpuwhy.probes.klog.kmsg import KmsgKernelLog, parse_record
-from gpuwhy.probes.klog.source import open_reader
+from gpuwhy.probes.klog.journald import has_kernel_line_this_boot
+from gpuwhy.probes.klog.kmsg import KmsgKernelLog, current_boot_id, parse_record
+from gpuwhy.probes.klog.source import ReaderLiveness, open_reader
 from gpuwhy.probes.klog.tail import FileKernelLog
 from gpuwhy.store.writer import StoreWriter
 
@@ -60,15 +64,77 @@ def test_automatic_choice_falls_back_and_says_why(tmp_config, tmp_path, monkeypa
     kern.write_text("")
     config = tmp_config.replace({"klog.kmsg_path": str(tmp_path / "missing"),
                                  "klog.file": str(kern)})
-    monkeypatch.setattr("gpuwhy.probes.klog.source.JOURNALD_SOCKET", str(tmp_path / "none"))
-    reader, detail = open_reader(config)
+    monkeypatch.setattr("gpuwhy.probes.klog.journald.JOURNALD_SOCKET", str(tmp_path / "none"))
+    reader, detail, _ = open_reader(config)
     assert reader.origin == "file"
     assert "journald is not running" in detail and "No such file" in detail
     kmsg = tmp_path / "kmsg"
     kmsg.write_bytes(b"")
-    reader, detail = open_reader(config.replace({"klog.kmsg_path": str(kmsg)}))
+    reader, detail, _ = open_reader(config.replace({"klog.kmsg_path": str(kmsg)}))
     assert reader.origin == "kmsg" and "sequence numbers" in detail
     reader.close()
+
+
+def test_a_journald_that_answers_but_keeps_no_kernel_line_is_passed_over(tmp_config, tmp_path,
+                                                                        monkeypatch):
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listening.bind(str(tmp_path / "socket"))
+    monkeypatch.setattr("gpuwhy.probes.klog.journald.JOURNALD_SOCKET", str(tmp_path / "socket"))
+    # the journal's contents are the boundary here: journald_unproven reads the system journal
+    monkeypatch.setattr("gpuwhy.probes.klog.journald.has_kernel_line_this_boot",
+                        lambda path=None: False)
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(b"")
+    config = tmp_config.replace({"klog.kmsg_path": str(kmsg)})
+    reader, detail, unproven = open_reader(config)
+    assert reader.origin == "kmsg" and unproven is None
+    assert "holds no kernel line of this boot" in detail
+    reader.close()
+    # named, it is read anyway, and says why it is not shown live
+    reader, detail, unproven = open_reader(config.replace({"klog.backend": "journald"}))
+    assert reader.origin == "journald" and "no kernel line of this boot" in unproven
+    reader.close()
+    listening.close()
+
+
+def test_the_reader_fails_when_journald_stops_answering_and_recovers(tmp_config, tmp_path,
+                                                                    monkeypatch, caplog):
+    path = tmp_path / "socket"
+    monkeypatch.setattr("gpuwhy.probes.klog.journald.JOURNALD_SOCKET", str(path))
+
+    class Journal:
+        origin = "journald"
+
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listening.bind(str(path))
+    watch = ReaderLiveness(tmp_config, Journal(), "journald: from the system journal")
+    with caplog.at_level(logging.WARNING, logger="gpuwhy.probes.klog.source"):
+        assert watch.check(5) == ("ok", "journald: from the system journal")
+        listening.close()                 # journald died: its socket file stays
+        states = [watch.check(5) for _ in range(3)]
+        path.unlink()
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        listening.bind(str(path))         # ... and came back
+        back = watch.check(6)
+    listening.close()
+    assert {state for state, _ in states} == {"failed"}
+    assert "journald is not running" in states[0][1] and "Connection refused" in states[0][1]
+    assert back[0] == "ok"
+    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]   # once each
+
+
+def test_journal_holds_a_kernel_line_of_this_boot_or_not(tmp_path):
+    def journal(name, boot):
+        export = tmp_path / f"{name}.export"
+        export.write_text(f"__REALTIME_TIMESTAMP=1700000000000000\n__MONOTONIC_TIMESTAMP=5\n"
+                          f"_BOOT_ID={boot}\n_TRANSPORT=kernel\nMESSAGE=x\n\n")
+        out = tmp_path / f"{name}.journal"
+        subprocess.run(["/lib/systemd/systemd-journal-remote", f"--output={out}", str(export)],
+                       check=True, capture_output=True)
+        return str(out)
+
+    assert has_kernel_line_this_boot(journal("this", current_boot_id())) is True
+    assert has_kernel_line_this_boot(journal("other", "cd" * 16)) is False
 
 
 def record(cursor, **fields):

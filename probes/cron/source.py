@@ -13,7 +13,6 @@ the health detail says so once such a line is seen.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
@@ -95,11 +94,11 @@ FIRST_RUN = {"boot": ", from the start of this boot", "all": ", from the oldest 
 
 def _open_journal(config: Config) -> tuple[object | None, str]:
     try:
-        from gpuwhy.probes.klog.journald import JournalKernelLog
+        from gpuwhy.probes.klog.journald import JournalKernelLog, journald_refuses
 
-        if not config["cron.journal_path"] and not os.path.exists(
-                "/run/systemd/journal/socket"):
-            return None, "journald is not running: schedule only, no executions"
+        refused = None if config["cron.journal_path"] else journald_refuses()
+        if refused:
+            return None, f"journald is not running ({refused}): schedule only, no executions"
         reader = JournalKernelLog(config["cron.journal_path"] or None,
                                   matches=({"SYSLOG_IDENTIFIER": "CRON"},))
     except (ImportError, OSError) as exc:

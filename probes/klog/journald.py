@@ -7,9 +7,12 @@ journald splits a kernel line's ``NVRM: `` / ``nvidia-nvswitch3: `` prefix into
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 from gpuwhy.probes.klog.lines import RawLine
+
+JOURNALD_SOCKET = "/run/systemd/journal/socket"
 
 MAX_TEXT = 8192
 KEEP_IDENTIFIER = ("NVRM", "nvidia-nvswitch")
@@ -117,5 +120,45 @@ class JournalKernelLog:
     def wait(self, timeout: float) -> None:
         self._reader.wait(timeout)
 
+    def holds_this_boot(self) -> bool:
+        """Whether an entry of the current boot matches (moves the read position)."""
+        self._reader.this_boot()
+        self._reader.seek_head()
+        return bool(self._reader.get_next())
+
     def close(self) -> None:
         self._reader.close()
+
+
+def journald_refuses(socket_path: str | None = None) -> str | None:
+    """None when a journald answers on its native socket, else why not.
+
+    The socket file alone proves nothing: a journald that died (or a container image built
+    on a host that ran one) leaves it behind, and a reader of such a journal receives no
+    kernel line ever. A datagram ``connect`` to a socket nobody listens on is refused at
+    once (ECONNREFUSED), and needs no privilege (the socket is world-writable: every
+    process logs through it).
+    """
+    socket_path = socket_path or JOURNALD_SOCKET
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.connect(socket_path)
+    except OSError as exc:
+        return f"{socket_path}: {exc.strerror or exc}"
+    finally:
+        sock.close()
+    return None
+
+
+def has_kernel_line_this_boot(path: str | None = None) -> bool:
+    """Whether the journal (the system's, or ``path``) holds a kernel line of this boot.
+
+    A journald that reads /dev/kmsg copies the whole ring buffer when it starts, so the
+    journal of a host whose journald reads the kernel log always has this boot's first
+    lines; one that does not (a container's journald, ``ReadKMsg=no``) has none.
+    """
+    reader = JournalKernelLog(path, matches=({"_TRANSPORT": "kernel"},))
+    try:
+        return reader.holds_this_boot()
+    finally:
+        reader.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -27,17 +26,17 @@ from gpuwhy.clock import ClockConverter, now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import KernelLogCheckpoint, KernelLogFacts, KernelLogRecord, SourceHealth
+from gpuwhy.probes.klog import journald
 from gpuwhy.probes.klog.journald import IDLE_WAIT_S
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.lines import RawLine
-from gpuwhy.probes.klog.parse import KernelLogParser, KernelRecord
+from gpuwhy.probes.klog.parse import UNPARSED, KernelLogParser, KernelRecord, unparsed_record
 from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "journald", "kmsg", "file")
 STARTS = ("boot", "all", "now")
-JOURNALD_SOCKET = "/run/systemd/journal/socket"
 CHECKPOINT_EVERY_S = 1.0
 CHECKPOINT_EVERY_LINES = 2000
 HEALTH_EVERY_S = 5.0
@@ -53,17 +52,36 @@ class KernelLogReader(Protocol):
     def close(self) -> None: ...
 
 
-def _journald_usable(config: Config) -> bool:
+def journald_unproven(config: Config) -> str | None:
+    """None when journald is shown to receive kernel lines here, else why it is not.
+
+    Presence is not enough (a stale socket file, a journald that does not read /dev/kmsg
+    both lose every line): the socket must answer, and the journal must hold a kernel line
+    of this boot. Both need no privilege, so the unprivileged unit keeps ProtectKernelLogs.
+    """
     try:
         import systemd.journal  # noqa: F401
     except ImportError:
-        return False
-    return bool(config["klog.journal_path"]) or os.path.exists(JOURNALD_SOCKET)
+        return "systemd-python is not installed"
+    path = config["klog.journal_path"] or None
+    if path is None:
+        refused = journald.journald_refuses()
+        if refused:
+            return f"journald is not running ({refused})"
+    where = path or "the system journal"
+    try:
+        if not journald.has_kernel_line_this_boot(path):
+            return f"{where} holds no kernel line of this boot (journald does not read " \
+                   "/dev/kmsg here)"
+    except OSError as exc:
+        return f"cannot read {where}: {exc}"
+    return None
 
 
-def open_reader(config: Config) -> tuple[KernelLogReader, str]:
-    """The reader ``klog.backend`` asks for (``auto``: the best one available here) and a
-    sentence for `gpuwhy status` saying which one and why."""
+def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
+    """The reader ``klog.backend`` asks for (``auto``: the best one shown to work here), a
+    sentence for `gpuwhy status` saying which one and why, and, for a journal used without
+    being shown live (named by ``klog.backend`` or ``klog.journal_path``), why not."""
     from gpuwhy.probes.klog.journald import JournalKernelLog
     from gpuwhy.probes.klog.kmsg import KmsgKernelLog
     from gpuwhy.probes.klog.tail import FileKernelLog
@@ -76,18 +94,20 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str]:
         raise ConfigError(f"expected one of {', '.join(STARTS)}, got {config['klog.start']!r}",
                           key="klog.start")
     reasons = []
-    if backend == "journald" or backend == "auto" and _journald_usable(config):
-        where = config["klog.journal_path"] or "the system journal"
-        return JournalKernelLog(config["klog.journal_path"] or None), \
-            f"journald: kernel lines and NVRM identifier from {where}"
-    if backend == "auto":
-        reasons.append("journald is not running")
+    if backend in ("auto", "journald"):
+        unproven = journald_unproven(config)
+        # A journal named (by backend or path) is read even unproven; it fails until it delivers.
+        if unproven is None or backend == "journald" or config["klog.journal_path"]:
+            where = config["klog.journal_path"] or "the system journal"
+            return JournalKernelLog(config["klog.journal_path"] or None), \
+                f"journald: kernel lines and NVRM identifier from {where}", unproven
+        reasons.append(unproven)
     if backend in ("auto", "kmsg"):
         try:
             reader = KmsgKernelLog(config["klog.kmsg_path"])
             why = f" ({reasons[0]})" if reasons else ""
             return reader, f"{config['klog.kmsg_path']} read directly{why}, sequence numbers " \
-                           "as cursor"
+                           "as cursor", None
         except OSError as exc:
             if backend == "kmsg":
                 raise GpuwhyError(f"cannot read {config['klog.kmsg_path']}: {exc.strerror}") \
@@ -97,7 +117,8 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str]:
     if not Path(path).exists():
         raise GpuwhyError(f"no kernel log to read: {'; '.join(reasons + [f'{path} missing'])}")
     return FileKernelLog(path, _boot_id_or_empty()), \
-        f"tailing {path} ({'; '.join(reasons) or 'klog.backend = file'}); times are read times"
+        f"tailing {path} ({'; '.join(reasons) or 'klog.backend = file'}); times are read times", \
+        None
 
 
 def _boot_id_or_empty() -> str:
@@ -108,15 +129,25 @@ def _boot_id_or_empty() -> str:
 
 
 def record_event(raw: RawLine, record: KernelRecord, origin: str, ts: int) -> KernelLogRecord:
+    """The bus event of one record of ``raw``; the line kept is bounded (MAX_LINE_STORED)."""
     facts = {f.name: getattr(record, f.name) for f in dataclasses.fields(KernelLogFacts)}
+    line = raw.text[:MAX_LINE_STORED]
+    if not line.isascii():
+        # a lone surrogate (no real reader makes one) would make SQLite refuse the record
+        line = line.encode("utf-8", "replace").decode("utf-8")
     return KernelLogRecord(
         ts=ts, raw_ts=raw.monotonic_ns, cursor=raw.cursor, origin=origin, boot_id=raw.boot_id,
-        record_kind=record.kind, **{**facts, "details": dict(record.details)},
-        line=raw.text[:MAX_LINE_STORED])
+        record_kind=record.kind, **{**facts, "details": dict(record.details)}, line=line)
 
 
 class KernelLogPump:
-    """Reads lines from a reader, publishes records and checkpoints; counts everything."""
+    """Reads lines from a reader, publishes records and checkpoints; counts everything.
+
+    A line that cannot be parsed is published as an ``unparsed`` record with its reason
+    (counted in ``unparsed``), like any other record: the store keeps it and moves the
+    cursor past it, so one bad line never stops the source, nor stops it again after a
+    restart.
+    """
 
     def __init__(self, reader: KernelLogReader, publisher: Publisher, stop: threading.Event,
                  clock: ClockConverter | None = None, boot_id: str | None = None):
@@ -126,10 +157,11 @@ class KernelLogPump:
         self.clock = clock or ClockConverter()
         self.boot_id = boot_id if boot_id is not None else _boot_id_or_empty()
         self.parser = KernelLogParser()
-        self.counters = {"lines": 0, "records": 0, "checkpoints": 0}
+        self.counters = {"lines": 0, "records": 0, "unparsed": 0, "checkpoints": 0}
         self._safe: RawLine | None = None        # last line not inside a multi-line report
         self._skipped = 0
         self._checkpoint_at = time.monotonic()
+        self._failed_once = False
 
     def realtime(self, raw: RawLine) -> int:
         if raw.monotonic_ns is not None and raw.boot_id == self.boot_id:
@@ -142,18 +174,35 @@ class KernelLogPump:
         for raw in self.reader.lines(limit):   # type: ignore[attr-defined]
             count += 1
             self.counters["lines"] += 1
-            records = self.parser.feed(raw.text)
-            for _, record in records:
-                if not publish_reliably(self.publisher, record_event(
-                        raw, record, self.reader.origin, self.realtime(raw)), self.stop):
+            records = self.events(raw)
+            for event in records:
+                if not publish_reliably(self.publisher, event, self.stop):
                     return count
-                self.counters["records"] += 1
+                self.counters["unparsed" if event.record_kind == UNPARSED else "records"] += 1
             if not self.parser.pending:
                 self._safe = raw
                 self._skipped = 0 if records else self._skipped + 1
             if self._skipped >= CHECKPOINT_EVERY_LINES:
                 self.checkpoint()
         return count
+
+    def events(self, raw: RawLine) -> list[KernelLogRecord]:
+        """The bus events of one line. The parser never raises; should anything here fail
+        all the same, the line becomes one ``unparsed`` record carrying the error, so that
+        its cursor is stored and it is not read (and failed on) again."""
+        try:
+            records = self.parser.feed(raw.text)
+            if not records:
+                return []
+            ts = self.realtime(raw)
+            return [record_event(raw, record, self.reader.origin, ts) for _, record in records]
+        except Exception as exc:  # noqa: BLE001 - one line must not stop the source
+            # logged once: anyone who can log as NVRM could otherwise flood the journal
+            (log.debug if self._failed_once else log.warning)(
+                "kernel-log source: line at %s not parsed: %s", raw.cursor, exc)
+            self._failed_once = True
+            record = unparsed_record(f"{type(exc).__name__}: {exc}")
+            return [record_event(raw, record, self.reader.origin, raw.realtime_ns or now_ns())]
 
     def checkpoint(self) -> None:
         """Move the stored cursor over the skipped lines (not into a pending report)."""
@@ -177,7 +226,7 @@ def run_klog_source(config: Config, stop: threading.Event) -> None:
         return
     try:
         try:
-            reader, detail = open_reader(config)
+            reader, detail, unproven = open_reader(config)
         except GpuwhyError as exc:
             log.error("kernel-log source: %s", exc)
             publisher.publish(SourceHealth(ts=now_ns(), source="klog", state="failed",
@@ -185,7 +234,7 @@ def run_klog_source(config: Config, stop: threading.Event) -> None:
             stop.wait()
             return
         try:
-            _run(config, reader, detail, publisher, stop)
+            _run(config, reader, detail, publisher, stop, unproven)
         finally:
             reader.close()
     finally:
@@ -193,7 +242,7 @@ def run_klog_source(config: Config, stop: threading.Event) -> None:
 
 
 def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publisher,
-         stop: threading.Event) -> None:
+         stop: threading.Event, unproven: str | None = None) -> None:
     stored = stored_cursor(config["store.path"], "klog")
     cursor = stored.cursor if stored and stored.origin == reader.origin else None
     resumed = reader.seek(cursor, config["klog.start"])
@@ -201,7 +250,7 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
         f"; first run, starting at {config['klog.start']}"
     log.info("kernel-log source: %s", detail)
     pump = KernelLogPump(reader, publisher, stop)
-    state = "degraded" if reader.origin == "file" else "ok"
+    watch = ReaderLiveness(config, reader, detail, unproven)
     next_health = 0.0
     while not stop.is_set():
         if not pump.pump():
@@ -211,9 +260,45 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
         elif pump.checkpoint_due():
             pump.checkpoint()
         if time.monotonic() >= next_health:
+            state, health_detail = watch.check(pump.counters["lines"])
             counters = {**pump.counters, "bus_full_retries": publisher.dropped,
                         "kmsg_overwritten": getattr(reader, "overwritten", 0)}
             publisher.publish(SourceHealth(ts=now_ns(), source="klog", state=state,
-                                           detail=detail, counters=counters))
+                                           detail=health_detail, counters=counters))
             next_health = time.monotonic() + HEALTH_EVERY_S
     pump.checkpoint()
+
+
+class ReaderLiveness:
+    """Whether the open reader can still receive kernel lines, re-checked every health beat.
+
+    A journald that stops (its socket then refuses) or was never shown to read /dev/kmsg
+    fails the source, logged once per episode; the correlator adds the other half (lines
+    the kernel logged that this source never read, from the printk probe's count).
+    """
+
+    def __init__(self, config: Config, reader: KernelLogReader, detail: str,
+                 unproven: str | None = None):
+        self.system_journal = reader.origin == "journald" and not config["klog.journal_path"]
+        self.degraded = reader.origin == "file"      # read times, rotations: best effort
+        self.detail = detail
+        self.unproven = unproven
+        self.failing: str | None = None
+
+    def check(self, lines_read: int) -> tuple[str, str]:
+        problem = None
+        if self.system_journal:
+            refused = journald.journald_refuses()
+            if refused:
+                problem = f"journald is not running ({refused}): no kernel line can arrive"
+        if problem is None and self.unproven and not lines_read:
+            problem = f"no kernel line read yet: {self.unproven}"
+        if problem != self.failing:
+            if problem:
+                log.error("kernel-log source: %s", problem)
+            else:
+                log.warning("kernel-log source: receiving again (%s)", self.detail)
+            self.failing = problem
+        if problem:
+            return "failed", f"{problem}; {self.detail}"
+        return ("degraded" if self.degraded else "ok"), self.detail

@@ -288,3 +288,28 @@ def test_a_stall_after_a_gpu_reset_dates_from_the_reset_even_once_the_gpu_is_bac
     [stall] = h.incidents("process_stall")
     assert stall["opened_at"] == h.at(1.5)
     assert [link["kind"] for link in h.links(reset["id"])] == ["gpu_reset", "process_stall"]
+
+
+def test_a_stall_that_comes_back_reopens_its_incident_once_and_stops_counting(harness):
+    """Busy again closes a stall; idle again within the dedup gap is the same incident,
+    reopened, counted once: not a merge on every stall check while it lasts (a closed
+    stall that was merged into, and never reopened, counted two merges a second)."""
+    h = harness
+    stall_s = int(h.config["correlator.stall_seconds"])
+    bound_gpu(h, TRAINER)
+    second = 1
+    for _ in range(stall_s + 2):                       # the first stall
+        h.feed(h.sample(second, 0.0))
+        second += 1
+    assert [i["state"] for i in h.incidents("process_stall")] == ["open"]
+    h.feed(h.sample(second, 96.0))                     # busy again: over
+    second += 1
+    assert [i["state"] for i in h.incidents("process_stall")] == ["closed"]
+    merged_before = h.correlator.builder.merged
+    for _ in range(stall_s + 30):                      # idle again, for a long while
+        h.feed(h.sample(second, 0.0))
+        second += 1
+    [stall] = h.incidents("process_stall")
+    assert stall["state"] == "open" and stall["closed_at"] is None
+    assert stall["count"] == 2
+    assert h.correlator.builder.merged - merged_before == 1

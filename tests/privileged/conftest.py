@@ -89,15 +89,20 @@ def system_journald():
     from pathlib import Path
 
     socket, dev_log = Path("/run/systemd/journal/socket"), Path("/dev/log")
+    syslog_socket = Path("/run/systemd/journal/dev-log")
     started, linked = None, False
     if not (socket.exists() and subprocess.run(["pgrep", "-x", "systemd-journal"],
                                                capture_output=True).returncode == 0):
         Path("/run/systemd/journal").mkdir(parents=True, exist_ok=True)
+        # a socket file left by a journald stopped earlier would pass for the new one's
+        socket.unlink(missing_ok=True)
+        syslog_socket.unlink(missing_ok=True)
         started = subprocess.Popen(["/lib/systemd/systemd-journald"], start_new_session=True,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
-        while not socket.exists():
-            assert started.poll() is None and time.monotonic() < deadline
+        while not (socket.exists() and syslog_socket.exists()):
+            assert started.poll() is None, "systemd-journald exited"
+            assert time.monotonic() < deadline, "systemd-journald did not come up"
             time.sleep(0.05)
     if not dev_log.exists() and not dev_log.is_symlink():
         dev_log.symlink_to("/run/systemd/journal/dev-log")
@@ -108,3 +113,22 @@ def system_journald():
     if started is not None:
         started.terminate()
         started.wait(10)
+
+
+@pytest.fixture
+def kernel_log_store(tmp_config):
+    """The real correlator writing tmp_config's store in a thread; yields a read-only
+    connection: polling through the writer's own would hold its lock and slow it down."""
+    db = open_store(tmp_config["store.path"])
+    subscriber = Subscriber(tmp_config["bus.endpoint"])
+    stop = threading.Event()
+    thread = threading.Thread(target=Correlator(tmp_config, db, subscriber).run, args=(stop,),
+                              daemon=True)
+    thread.start()
+    reader = open_store(tmp_config["store.path"], readonly=True)
+    yield reader
+    stop.set()
+    thread.join(5)
+    subscriber.close()
+    reader.close()
+    db.close()

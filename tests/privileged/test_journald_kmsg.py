@@ -13,48 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
-from gpuwhy.store import open_store
+from .kernel_lines import MARK, wait_for, write_kmsg
 
 pytestmark = [pytest.mark.root, pytest.mark.kmsg]
-MARK = "[gpuwhy test line, not a GPU error]"
-JOURNALD = "/lib/systemd/systemd-journald"
-SOCKET = Path("/run/systemd/journal/socket")
-LINES_PER_OPEN = 8      # /dev/kmsg rate-limits writers to 10 lines per open (printk_devkmsg)
-
-
-@pytest.fixture
-def journald():
-    """A running systemd-journald: the host's if there is one, else one started (and
-    stopped) here."""
-    if SOCKET.exists() and subprocess.run(["pgrep", "-x", "systemd-journal"],
-                                          capture_output=True).returncode == 0:
-        yield None
-        return
-    Path("/run/systemd/journal").mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([JOURNALD], start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not SOCKET.exists():
-        assert process.poll() is None, "systemd-journald exited"
-        assert time.monotonic() < deadline, "systemd-journald did not come up"
-        time.sleep(0.05)
-    yield process
-    process.terminate()
-    process.wait(10)
-
-
-def write_kmsg(lines):
-    for start in range(0, len(lines), LINES_PER_OPEN):
-        with open("/dev/kmsg", "w") as kmsg:
-            for line in lines[start:start + LINES_PER_OPEN]:
-                kmsg.write(line + "\n")
-                kmsg.flush()
 
 
 class JournalCount:
@@ -87,25 +51,6 @@ def write_kmsg_paced(lines, journal_count, chunk=200):
                  "journald to catch up")
 
 
-@pytest.fixture
-def correlator(tmp_config):
-    db = open_store(tmp_config["store.path"])
-    subscriber = Subscriber(tmp_config["bus.endpoint"])
-    stop = threading.Event()
-    corr = Correlator(tmp_config, db, subscriber)
-    thread = threading.Thread(target=corr.run, args=(stop,), daemon=True)
-    thread.start()
-    # The test reads through its own connection, as the web view does: polling through the
-    # writer's connection would hold its lock and slow the writer down.
-    reader = open_store(tmp_config["store.path"], readonly=True)
-    yield reader
-    stop.set()
-    thread.join(5)
-    subscriber.close()
-    reader.close()
-    db.close()
-
-
 def source_process(config):
     env = {**os.environ, "GPUWHY_DB": config["store.path"], "GPUWHY_BUS": config["bus.endpoint"],
            "GPUWHY_KLOG_BACKEND": "journald", "GPUWHY_KLOG_START": "now"}
@@ -117,13 +62,6 @@ def source_process(config):
     return subprocess.Popen([sys.executable, "-c", code], env=env)
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def source_ready(db):
     return db.execute("select 1 from source_health where source = 'klog'").fetchone() is not None
 
@@ -133,11 +71,13 @@ def rows_of(db, run):
                       "kernel_log where line like ?", [f"%run={run} %"]).fetchall()
 
 
-def test_each_line_is_delivered_once_with_gpu_pid_and_time(journald, tmp_config, correlator):
+def test_each_line_is_delivered_once_with_gpu_pid_and_time(system_journald, tmp_config,
+                                                           kernel_log_store):
+    store = kernel_log_store
     run = os.urandom(4).hex()
     source = source_process(tmp_config)
     try:
-        wait_for(lambda: source_ready(correlator), 15, "the source to start")
+        wait_for(lambda: source_ready(store), 15, "the source to start")
         written_at = time.time_ns()
         write_kmsg([
             f"NVRM: Xid (PCI:0000:0A:00): 79, pid=4242, name=gpuwhy-test, {MARK} run={run} n=0",
@@ -145,9 +85,9 @@ def test_each_line_is_delivered_once_with_gpu_pid_and_time(journald, tmp_config,
             f"{MARK} run={run} n=1",
             f"NVRM: some other NVRM line {MARK} run={run} n=2",
         ])
-        wait_for(lambda: len(rows_of(correlator, run)) >= 2, 15, "both Xid lines")
+        wait_for(lambda: len(rows_of(store, run)) >= 2, 15, "both Xid lines")
         time.sleep(1.0)               # a duplicate would have arrived by now
-        rows = sorted(rows_of(correlator, run), key=lambda r: r[0])
+        rows = sorted(rows_of(store, run), key=lambda r: r[0])
     finally:
         source.terminate()
         source.wait(10)
@@ -160,14 +100,16 @@ def test_each_line_is_delivered_once_with_gpu_pid_and_time(journald, tmp_config,
         assert abs(row[6] - written_at) < 2_000_000_000          # realtime ns, near the write
         boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
         assert 0 < row[7] / 1e9 <= boot_s                          # raw printk time
-    health = correlator.execute("select state, detail from source_health "
+    health = store.execute("select state, detail from source_health "
                                 "where source = 'klog'").fetchone()
     assert health[0] == "ok" and "journald" in health[1]
 
 
 @pytest.mark.slow
-def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(journald, tmp_config,
-                                                                      correlator):
+def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(system_journald,
+                                                                      tmp_config,
+                                                                      kernel_log_store):
+    store = kernel_log_store
     run = os.urandom(4).hex()
     total = 10_000
     lines = [f"NVRM: Xid (PCI:0000:0a:00): 43, pid={n + 1}, name=gpuwhy-test, {MARK} "
@@ -176,20 +118,20 @@ def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(journald,
     in_journal = JournalCount(run)
     writer = threading.Thread(target=write_kmsg_paced, args=(lines, in_journal))
     try:
-        wait_for(lambda: source_ready(correlator), 15, "the source to start")
+        wait_for(lambda: source_ready(store), 15, "the source to start")
         writer.start()
-        wait_for(lambda: len(rows_of(correlator, run)) >= 2000, 180, "2000 stored lines")
+        wait_for(lambda: len(rows_of(store, run)) >= 2000, 180, "2000 stored lines")
         os.kill(source.pid, signal.SIGKILL)
         source.wait(10)
-        stored_at_kill = len(rows_of(correlator, run))
+        stored_at_kill = len(rows_of(store, run))
         source = source_process(tmp_config)
         writer.join(180)
         assert not writer.is_alive()
         wait_for(lambda: in_journal.count() >= total, 60,
                  "journald to hold every line (it missed some: see its 'Missed' messages)")
-        wait_for(lambda: len(rows_of(correlator, run)) >= total, 300, "all lines")
+        wait_for(lambda: len(rows_of(store, run)) >= total, 300, "all lines")
         time.sleep(1.5)               # duplicates, if any, would be in by now
-        rows = rows_of(correlator, run)
+        rows = rows_of(store, run)
     finally:
         if source.poll() is None:
             source.terminate()
@@ -202,20 +144,22 @@ def test_kill_9_in_a_burst_of_10000_lines_loses_and_duplicates_nothing(journald,
     assert all(row[3] == int(re.search(r" n=(\d+) ", row[0])[1]) + 1 for row in rows)
 
 
-def test_lines_after_a_journal_rotation_are_delivered(journald, tmp_config, correlator):
+def test_lines_after_a_journal_rotation_are_delivered(system_journald, tmp_config,
+                                                      kernel_log_store):
+    store = kernel_log_store
     run = os.urandom(4).hex()
     source = source_process(tmp_config)
     try:
-        wait_for(lambda: source_ready(correlator), 15, "the source to start")
+        wait_for(lambda: source_ready(store), 15, "the source to start")
         write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 43, pid=7, name=gpuwhy-test, {MARK} "
                     f"run={run} n={n} " for n in range(50)])
-        wait_for(lambda: len(rows_of(correlator, run)) >= 50, 30, "the first 50 lines")
+        wait_for(lambda: len(rows_of(store, run)) >= 50, 30, "the first 50 lines")
         subprocess.run(["journalctl", "--rotate"], check=True, capture_output=True)
         write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 43, pid=7, name=gpuwhy-test, {MARK} "
                     f"run={run} n={n} " for n in range(50, 100)])
-        wait_for(lambda: len(rows_of(correlator, run)) >= 100, 30, "the lines after rotating")
+        wait_for(lambda: len(rows_of(store, run)) >= 100, 30, "the lines after rotating")
     finally:
         source.terminate()
         source.wait(10)
-    numbers = sorted(int(re.search(r" n=(\d+) ", row[0])[1]) for row in rows_of(correlator, run))
+    numbers = sorted(int(re.search(r" n=(\d+) ", row[0])[1]) for row in rows_of(store, run))
     assert numbers == list(range(100))

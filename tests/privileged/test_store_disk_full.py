@@ -42,6 +42,12 @@ def _fill(path):
             pass
 
 
+def _store_part(config):
+    from gpuwhy.status import collect_status
+
+    return next(p for p in collect_status(config)["parts"] if p["part"] == "store")
+
+
 def _wait(condition, seconds, what):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -74,6 +80,9 @@ def test_full_disk_holds_events_reports_and_resumes(small_fs, tmp_config, caplog
             assert "full" in correlator.store_error
             assert "cannot write the store, holding events" in caplog.text
             held = len(correlator.pending)
+            store = _store_part(config)      # read live: the stored row cannot be updated
+            assert store["state"] == "failed", store
+            assert store["detail"].startswith("disk full: 0.0 MB free"), store
             time.sleep(1.5)
             assert source.is_alive() and writer.is_alive()
             assert len(correlator.pending) > held         # still receiving, holding
@@ -83,6 +92,8 @@ def test_full_disk_holds_events_reports_and_resumes(small_fs, tmp_config, caplog
                   "the store to resume")
             assert "the store is writable again" in caplog.text
         _wait(lambda: stored() > frozen + 20, 20, "new samples after the outage")
+        store = _store_part(config)
+        assert store["state"] == "ok" and store["detail"].endswith("MB free on disk"), store
     finally:
         stop.set()
         writer.join(10)

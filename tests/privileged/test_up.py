@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -42,9 +43,11 @@ def _wait_until(predicate, timeout):
 
 
 def _children(pid):
-    path = f"/proc/{pid}/task/{pid}/children"
-    with open(path) as f:
-        return [int(p) for p in f.read().split()]
+    # every thread's: the service starts the probes from a thread of its own (gpuwhy.service)
+    children = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        children += [int(p) for p in path.read_text().split()]
+    return children
 
 
 def test_up_serves_the_replay_process_and_stops_cleanly_on_sigterm(tmp_config, tmp_path, replay):
@@ -100,3 +103,5 @@ def test_up_serves_the_replay_process_and_stops_cleanly_on_sigterm(tmp_config, t
             open(f"/proc/{child}/stat").read().split()[2] == "Z"
     with sqlite3.connect(tmp_config["store.path"]) as db:
         assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
+    bus_file = tmp_config["bus.endpoint"].removeprefix("ipc://")
+    assert not os.path.exists(bus_file), "a clean stop left the bus socket file"
