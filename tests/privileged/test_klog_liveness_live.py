@@ -19,6 +19,8 @@ from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.probes.klog import source as klog_source
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.source import run_klog_source
+from gpuwhy.status import EXIT_CODES, collect_status
+from gpuwhy.webui import create_app
 
 from .kernel_lines import MARK, wait_for, write_kmsg
 
@@ -114,6 +116,11 @@ def test_a_journal_that_stops_receiving_kernel_lines_fails_the_source(
                          lambda rows: rows and rows[0][0] == "failed", 20)
     assert rows[0][0] == "failed", rows
     assert "record(s) since" in rows[0][1] and "printk probe" in rows[0][1]
+    # shown where on-call looks: `gpuwhy status` (degraded: exit 2) and /metrics
+    report = collect_status(config)
+    assert "klog" in report["failed"] and EXIT_CODES[report["state"]] != 0
+    metrics = create_app(config).test_client().get("/metrics").get_data(as_text=True)
+    assert 'gpuwhy_source_up{source="klog"} 0.0' in metrics
     counters = pipe.wait_for(
         "select counters from source_health where source = 'correlator'", (),
         lambda rows: json.loads(rows[0][0])["klog_liveness_failures"], 10)
