@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from sqlite_utils import Database
 
+from gpuwhy import severity as sev
 from gpuwhy.store.queries import pci_and_uuid
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,6 @@ MESSAGE_IDS = {
     "process_exit": "29cc6c008cf1404fb185c2f3f27ebf26",
     "rule_finding": "edb02d46c3fc48debfc0880a04139975",
 }
-PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6}   # syslog levels
 SYSLOG_IDENTIFIER = "gpuwhy"
 
 Sender = Callable[..., object]
@@ -49,7 +49,7 @@ def alert_fields(db: Database, incident_id: int, base_url: str) -> dict[str, str
     fields = {
         "MESSAGE": f"gpuwhy incident {incident_id}: {text}",
         "MESSAGE_ID": MESSAGE_IDS.get(incident["kind"], MESSAGE_IDS["rule_finding"]),
-        "PRIORITY": str(PRIORITY.get(incident["severity"], 4)),
+        "PRIORITY": str(sev.journal_priority(incident["severity"])),
         "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
         "GPUWHY_INCIDENT_ID": str(incident_id),
         "GPUWHY_KIND": incident["kind"],

@@ -7,12 +7,12 @@ from __future__ import annotations
 from flask import Blueprint, abort, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
+from gpuwhy import severity as sev
 from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
 from gpuwhy.webui.db import get_db
 
 bp = Blueprint("incidents", __name__)
 
-SEVERITIES = ("critical", "error", "warning", "warn", "info")
 # What to do next, by incident kind, where the incident itself names no action.
 ADVICE = {
     "gpu_reset": ["Find what asked for the reset (the first steps of the chain) and stop it "
@@ -35,7 +35,10 @@ def _filters() -> dict:
 def filtered_incidents(filters: dict) -> list[dict]:
     found = list_incidents(get_db(), gpu=filters["gpu"], kind=filters["kind"], limit=1000)
     if filters["severity"]:
-        found = [i for i in found if i["severity"] == filters["severity"]]
+        # An old link may name a legacy severity (warn, high): it means the scale's name.
+        wanted = filters["severity"]
+        wanted = sev.normalise(wanted) if sev.is_severity(wanted) else wanted
+        found = [i for i in found if i["severity"] == wanted]
     if filters["state"]:
         found = [i for i in found if i["state"] == filters["state"]]
     if filters["q"]:
@@ -65,7 +68,7 @@ def index() -> ResponseReturnValue:
     filters = _filters()
     kinds = incident_kinds(get_db())
     return render_template("incidents.html", incidents=filtered_incidents(filters),
-                           filters=filters, kinds=kinds, severities=SEVERITIES)
+                           filters=filters, kinds=kinds, severities=sev.DESCENDING)
 
 
 @bp.get("/incidents/<int:incident_id>")

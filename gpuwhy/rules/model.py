@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-SEVERITIES = ("info", "warn", "high", "critical")
+from gpuwhy import severity as sev
+
 SCOPES = ("gpu", "process")
 SHARED_POLICIES = ("keep", "info", "skip")
 GROUPS = {
@@ -171,7 +172,7 @@ class Rule:
     clear: Node | None = None
     clear_after_ns: int | None = None
     guards: tuple[Node, ...] = ()
-    severity: str = "warn"
+    severity: str = sev.DEFAULT
     escalations: tuple[tuple[Node, str], ...] = ()
     evidence: tuple[tuple[str, Node], ...] = ()
     cause: str = ""

@@ -25,6 +25,7 @@ from lark import Token, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.parsers.lalr_analysis import Shift
 
+from gpuwhy import severity as sev
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.rules import model as m
@@ -598,9 +599,11 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
 
 
 def _severity(token: Token) -> str:
-    if str(token) not in m.SEVERITIES:
-        raise _Problem(token, "expected a severity: " + ", ".join(m.SEVERITIES))
-    return str(token)
+    """The scale's name of a severity token: a legacy name (``warn``, ``high``) is mapped
+    here, so a rule, its findings and their incidents carry only the one scale."""
+    if not sev.is_severity(str(token)):
+        raise _Problem(token, "expected a severity: " + sev.accepted())
+    return sev.normalise(str(token))
 
 
 # Where a rule starts: "rule NAME {" outside strings and comments. A "{" appears nowhere

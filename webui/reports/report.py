@@ -20,6 +20,7 @@ from markupsafe import Markup
 from sqlite_utils import Database
 
 from gpuwhy import __version__
+from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
@@ -46,7 +47,6 @@ PROCESS_CHARTS = (
     ("Driver calls", "per s", ("ioctls",)),
 )
 SUMMARY_FIELDS = ("gpu_util", "sm_active", "tensor_active", "dram_active", "power_w", "temp_c")
-RANK = {"critical": 0, "high": 1, "error": 1, "warn": 2, "warning": 2, "info": 3}
 
 
 class ReportError(GpuwhyError):
@@ -170,7 +170,7 @@ def _incidents(db: Database, subject: Subject) -> list[dict]:
         detail = queries.incident_detail(db, incident_id)
         if detail is not None:
             out.append({**detail, "actions": recommended_actions(detail)})
-    out.sort(key=lambda i: (i["id"] != subject.incident_id, RANK.get(i["severity"], 9),
+    out.sort(key=lambda i: (i["id"] != subject.incident_id, sev.sort_key(i["severity"]),
                             i["started"]))
     return out
 
@@ -185,7 +185,7 @@ def _findings(db: Database, subject: Subject) -> list[dict]:
                 row[key] = json.loads(row[key]) if row[key] else empty
             except ValueError:
                 row[key] = empty
-    found.sort(key=lambda f: (RANK.get(f["severity"], 9), f["state"] != "firing",
+    found.sort(key=lambda f: (sev.sort_key(f["severity"]), f["state"] != "firing",
                               f["first_ts"]))
     return found
 
