@@ -11,13 +11,15 @@ from __future__ import annotations
 import re
 import shlex
 
+from gpuwhy.reset import RESET_ACTION
+
 _SEPARATORS = re.compile(r"&&|\|\||[;|&\n]|\$\(|`")
 _WRAPPERS = {"sudo", "env", "nice", "ionice", "nohup", "timeout", "exec", "command", "chrt",
              "taskset", "flock", "-", "@"}
 _WRAPPER_OPTIONS_WITH_VALUE = {"-u", "-g", "-n", "-s", "-k", "-c", "-p", "-C", "--user"}
 _SHELLS = {"sh", "bash", "dash", "zsh"}
 _NVIDIA_SMI_FLAGS = {
-    "-r": "GPU reset", "--gpu-reset": "GPU reset",
+    "-r": RESET_ACTION, "--gpu-reset": RESET_ACTION,
     "-pm": "persistence mode change", "--persistence-mode": "persistence mode change",
     "-pl": "power limit change", "--power-limit": "power limit change",
     "-lgc": "GPU clocks locked", "--lock-gpu-clocks": "GPU clocks locked",

@@ -12,7 +12,18 @@ from __future__ import annotations
 
 from sqlite_utils import Database
 
-from gpuwhy.reset import RESET_CONTROLS, RESET_REQUEST_CONTROLS, sql_names
+from gpuwhy.reset import (
+    BACK_STATES,
+    NEEDED_LOG_KINDS,
+    NEEDED_STATES,
+    RESET_ACTION_SUFFIX,
+    RESET_CONTROLS,
+    RESET_LOG_KINDS,
+    RESET_REQUEST_CONTROLS,
+    RESET_STATES,
+    sql_case,
+    sql_names,
+)
 from gpuwhy.store.samples import rollups_view_sql, samples_view_sql
 from gpuwhy.text import sql_utc
 
@@ -118,6 +129,55 @@ JOIN gpu_sample_data s ON s.gpu = g.gpu_key AND +s.ts >= b.since
                       AND (b.until IS NULL OR +s.ts < b.until) AND s.instance = ''
 LEFT JOIN processes p ON p.pid = b.pid AND p.start_time = b.start_time""",
 }
+
+
+
+
+def reset_history_sql() -> str:
+    """``gpu_reset_history`` as of m105: every sign of a reset with its class in ``reset``
+    (``reset``, ``request``, ``needed``, ``back``: gpuwhy/reset.py), built from the lists
+    in gpuwhy/reset.py when the view is created, so the view, the incidents, ``/resets``
+    and the rules count the same resets. Cron runs are only the ones that reset a GPU."""
+    states = {"reset": RESET_STATES, "needed": NEEDED_STATES, "back": BACK_STATES}
+    state = "json_extract(e.body, '$.state')"
+    assert "'" not in RESET_ACTION_SUFFIX
+    suffix = f"'{RESET_ACTION_SUFFIX}'"
+    return f"""CREATE VIEW gpu_reset_history AS
+SELECT x.ts, {sql_utc('x.ts')} AS time, x.gpu_id, g.uuid, g.gpu_index, x.what, x.source,
+       x.pid, x.start_time, x.comm, x.detail, x.reset
+FROM (
+  SELECT e.ts, e.gpu_id, 'gpu ' || {state} AS what,
+         'gpu source' AS source, NULL AS pid, NULL AS start_time, NULL AS comm,
+         json_extract(e.body, '$.detail') AS detail, {sql_case(state, states)} AS reset
+  FROM events e
+  WHERE e.kind = 'gpu_state' AND {state} IN {sql_names(RESET_STATES + NEEDED_STATES
+                                                         + BACK_STATES)}
+  UNION ALL
+  SELECT k.ts, k.gpu_id, CASE k.kind WHEN 'xid' THEN 'xid ' || k.xid
+                                     ELSE replace(k.kind, '_', ' ') END,
+         'kernel log', k.pid, NULL, k.name, k.message,
+         CASE WHEN k.kind IN {sql_names(RESET_LOG_KINDS)} THEN 'reset' ELSE 'needed' END
+  FROM kernel_log k
+  WHERE k.kind IN {sql_names(RESET_LOG_KINDS + NEEDED_LOG_KINDS)}
+     OR (k.kind = 'xid'
+         AND k.xid IN (SELECT code FROM xid_codes WHERE gpu_reset OR reboot OR code = 154))
+  UNION ALL
+  SELECT d.ts, (SELECT id FROM gpus WHERE d.device = 'nvidiaN' AND minor = {_TRAILING_NUMBER}),
+         'driver call ' || d.sub_name, 'driver call', d.pid, d.start_time, p.comm, d.path,
+         {sql_case('d.sub_name', {"reset": RESET_CONTROLS,
+                                  "request": RESET_REQUEST_CONTROLS})}
+  FROM driver_calls d LEFT JOIN processes p ON p.pid = d.pid AND p.start_time = d.start_time
+  WHERE d.sub_name IN {_RESET_CONTROLS}
+  UNION ALL
+  SELECT c.ts, NULL, 'cron: ' || c.gpu_action, 'cron', c.job_pid, c.job_start_time, c.user,
+         c.command, 'request'
+  FROM cron_runs c
+  WHERE c.phase = 'started' AND substr(c.gpu_action, -{len(RESET_ACTION_SUFFIX)}) = {suffix}
+) x LEFT JOIN gpus g ON g.id = x.gpu_id"""
+
+
+# The views as the latest migration left them (m105 re-created gpu_reset_history).
+VIEWS: dict[str, str] = {**VIEWS_V1, "gpu_reset_history": reset_history_sql()}
 
 
 def create_views(db: Database, views: dict[str, str] = VIEWS_V1) -> None:

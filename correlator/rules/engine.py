@@ -16,10 +16,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwhy import severity as sev
 from gpuwhy.correlator.rules.evaluator import Evaluation, truth
 from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, is_monitor
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
+from gpuwhy.reset import BACK_STATES, RESET_STATES
 from gpuwhy.rules import model as m
 from gpuwhy.rules.model import Override
 from gpuwhy.rules.vocabulary import FACTS, PROCESS_TEXT, SIGNALS
@@ -208,7 +210,7 @@ class Engine:
         age = instance.get("proc.age_s")
         if age is not None and age * 1e9 < rule.warmup_ns:
             return f"G-WARMUP: process started {age:.0f} s ago"
-        for stream, where in (("gpu.state", ("back", "resetting")),
+        for stream, where in (("gpu.state", BACK_STATES + RESET_STATES),
                               ("journal.nvrm", ("driver_loaded",))):
             for _, row in self.signals.events(ev.scope, stream, now - RESET_WARMUP_NS, now):
                 if row.get("state", row.get("kind")) in where:
@@ -233,11 +235,10 @@ class Engine:
         return missing
 
     def _severity(self, rule: m.Rule, ev: Evaluation, instance: dict) -> str:
-        severity = rule.severity
-        for condition, level in rule.escalations:
-            if truth(ev.value(condition)) and \
-                    m.SEVERITIES.index(level) > m.SEVERITIES.index(severity):
-                severity = level
+        # The worst of the base and every escalation that holds, on the one scale (a Rule
+        # built in code may still carry a legacy name: worst() maps it).
+        severity = sev.worst([rule.severity] + [level for condition, level in rule.escalations
+                                                if truth(ev.value(condition))])
         if rule.shared == "info" and instance["gpu.procs"] > 1:
             severity = "info"   # G-SHARED: device counters cannot be pinned on one process
         return severity

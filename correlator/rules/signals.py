@@ -34,7 +34,7 @@ from gpuwhy.events import (
 )
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
-from gpuwhy.reset import reset_kind
+from gpuwhy.reset import action_kind, reset_kind, state_kind
 from gpuwhy.rules.vocabulary import (
     FACTS,
     MONITOR_PATTERN,
@@ -340,10 +340,11 @@ class MemorySignals(Signals):
         elif isinstance(event, ProcessExec):
             facts = self.process_facts.get(event.process)
             cmdline = facts.cmdline if facts else ""
+            action = gpu_action(cmdline) or ""
             self._event("proc.exec", ts, {"_process": event.process,
                                           "filename": event.filename, "cmdline": cmdline,
                                           "comm": facts.comm if facts else "",
-                                          "gpu_action": gpu_action(cmdline) or ""})
+                                          "gpu_action": action, "reset": action_kind(action)})
         elif isinstance(event, SchedStats):
             row = {"interval_ns": event.interval_ns, "worker_processes": event.worker_processes}
             for side, figures in (("own", event.own), ("workers", event.workers)):
@@ -368,16 +369,19 @@ class MemorySignals(Signals):
             else:
                 self._event("journal.nvrm", ts, {"_gpu": gpu, "kind": event.record_kind,
                                                  "text": event.message})
-        elif isinstance(event, GpuXid):
+        elif isinstance(event, GpuXid) and not event.before_start:
+            # an Xid from before start has no time: a rule would count it as one just now
             self._event("gpu.xid", ts, {"_gpu": event.gpu_id, "code": event.xid,
                                         "text": event.detail})
         elif isinstance(event, GpuState):
             self._event("gpu.state", ts, {"_gpu": event.gpu_id, "state": event.state,
-                                          "text": event.detail})
+                                          "text": event.detail,
+                                          "reset": state_kind(event.state)})
         elif isinstance(event, CronExecution):
             if event.phase == "started":
                 self._event("cron.run", ts, {"command": event.command, "user": event.user,
-                                             "gpu_action": event.gpu_action or ""})
+                                             "gpu_action": event.gpu_action or "",
+                                             "reset": action_kind(event.gpu_action)})
 
     def _calls_of(self, event: DriverCallStats, ts: int) -> None:
         # Cumulative per device path: the process's totals add up every path's latest.

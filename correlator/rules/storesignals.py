@@ -25,7 +25,7 @@ from gpuwhy.errors import NoSuchProcess
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import read_stat
-from gpuwhy.reset import reset_kind
+from gpuwhy.reset import action_kind, reset_kind, state_kind
 from gpuwhy.rules.vocabulary import Row, call_class_totals
 from gpuwhy.store import streams
 
@@ -181,13 +181,17 @@ class StoreSignals(Signals):
             out = []
             for r in streams.gpu_events_between(self.db, kind, start, end):
                 body = json.loads(r["body"] or "{}")
+                if body.get("before_start"):
+                    continue        # as the live signals: no time of its own, not counted
                 out.append((r["ts"], {"_gpu": r["gpu_id"], "code": body.get("xid"),
                                       "state": body.get("state"),
-                                      "text": body.get("detail", "")}))
+                                      "text": body.get("detail", ""),
+                                      "reset": state_kind(body.get("state"))}))
             return out
         if stream == "cron.run":
             return [(r["ts"], {"command": r["command"] or "", "user": r["user"] or "",
-                               "gpu_action": r["gpu_action"] or ""})
+                               "gpu_action": r["gpu_action"] or "",
+                               "reset": action_kind(r["gpu_action"])})
                     for r in streams.cron_starts_between(self.db, start, end)]
         if stream in ("proc.exec", "proc.exit"):
             kind = "process_exec" if stream == "proc.exec" else "process_exited"
@@ -195,10 +199,11 @@ class StoreSignals(Signals):
             for r in streams.process_events_between(self.db, kind, start, end):
                 body = json.loads(r["body"] or "{}")
                 cmdline = r["cmdline"] or ""
+                action = gpu_action(cmdline) or ""
                 out.append((r["ts"], {
                     "_process": ProcessKey(r["pid"], r["start_time"]),
                     "filename": body.get("filename", ""), "cmdline": cmdline,
-                    "comm": r["comm"] or "", "gpu_action": gpu_action(cmdline) or "",
+                    "comm": r["comm"] or "", "gpu_action": action, "reset": action_kind(action),
                     "exit_code": body.get("exit_code"), "signal": body.get("signal")}))
             return out
         if stream == "driver.call":

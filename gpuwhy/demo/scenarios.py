@@ -33,6 +33,7 @@ import click
 from gpuwhy.config import Config
 from gpuwhy.demo.standin import DEMO_MARK, write_kmsg
 from gpuwhy.lifeline import child_environment
+from gpuwhy.reset import RESET_CONTROLS
 from gpuwhy.text import printable
 
 if TYPE_CHECKING:      # the pipeline (flask, the correlator) loads when a demo runs
@@ -192,10 +193,10 @@ def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
     finally:
         job.unlink(missing_ok=True)
         progress.step(f"removed {job}")
-    call = _wait(lambda: pipe.one("select pid from driver_calls where sub_name = "
-                                  "'NV0080_CTRL_CMD_BIF_RESET'"), 15)
+    call = _wait(lambda: pipe.one("select pid from driver_calls where sub_name = ?",
+                                  [RESET_CONTROLS[0]]), 15)
     if call:
-        progress.step(f"the probes saw NV0080_CTRL_CMD_BIF_RESET from pid {call[0]}")
+        progress.step(f"the probes saw {RESET_CONTROLS[0]} from pid {call[0]}")
     incident = _wait_incident(pipe, "select id from incidents where kind = 'gpu_reset'", [], 15)
     if incident is None:
         return None

@@ -33,7 +33,7 @@ from gpuwhy.events import (
     ProcessSeen,
 )
 from gpuwhy.probes.gpu.sim import SimulatedGpus
-from gpuwhy.reset import BIF_RESET
+from gpuwhy.reset import BIF_RESET, RESET_ACTION_SUFFIX, RESET_CONTROLS, RESET_STATES
 from gpuwhy.store.writer import StoreWriter
 
 JOB_HOURS = 6          # each GPU runs one job after another, this long each
@@ -107,15 +107,16 @@ def _reset_story(day: int, t_ns: int, gpu: object, index: int) -> list[Event]:
         GpuState(ts=t_ns, state="lost", detail="Xid 79 (simulated)", **mark),
         CronExecution(ts=t_ns + 60 * s, cursor=f"{cursor}-cron", phase="started", user="root",
                       command=f"nvidia-smi -i {index} -r", job_pid=cron_pid.pid,
-                      job_start_time=cron_pid.start_time, gpu_action="nvidia-smi -r: GPU reset",
+                      job_start_time=cron_pid.start_time,
+                      gpu_action="nvidia-smi -r" + RESET_ACTION_SUFFIX,
                       boot_id="sim"),
         ProcessSeen(ts=t_ns + 60 * s, process=cron_pid, comm="nvidia-smi",
                     cmdline=f"nvidia-smi -i {index} -r", cgroup="/system.slice/cron.service"),
         DriverCall(ts=t_ns + 61 * s, process=cron_pid, tid=cron_pid.pid, fd=3,
                    path="/dev/nvidiactl", device="nvidiactl", cmd=0xC020462A, nr=0x2A,
                    size=32, op="NV_ESC_RM_CONTROL", latency_ns=2_000_000, ret=0,
-                   sub=BIF_RESET, sub_name="NV0080_CTRL_CMD_BIF_RESET", reasons=["notable"]),
-        GpuState(ts=t_ns + 62 * s, state="resetting", detail="GPU reset (simulated)", **mark),
+                   sub=BIF_RESET, sub_name=RESET_CONTROLS[0], reasons=["notable"]),
+        GpuState(ts=t_ns + 62 * s, state=RESET_STATES[0], detail="GPU reset (simulated)", **mark),
         GpuState(ts=t_ns + 67 * s, state="back", detail="reset done (simulated)", **mark),
         ProcessExited(ts=t_ns + 68 * s, process=cron_pid, exit_code=0),
     ]
@@ -130,7 +131,7 @@ def _incident(db: Database, story_ts: int, gpu_id: str, xid_id: int) -> None:
         "chain": None, "state": "closed", "count": 1}).last_pk
     links = [("xid", story_ts, "Xid 79: GPU has fallen off the bus"),
              ("cron_job", story_ts + 60 * s, "cron: nvidia-smi -r"),
-             ("driver_call", story_ts + 61 * s, "NV0080_CTRL_CMD_BIF_RESET"),
+             ("driver_call", story_ts + 61 * s, RESET_CONTROLS[0]),
              ("gpu_reset", story_ts + 62 * s, "GPU reset")]
     db["incident_links"].insert_all(
         [{"incident_id": incident, "seq": seq, "kind": kind, "ts": ts, "summary": summary,

@@ -294,13 +294,17 @@ STREAMS: dict[str, Stream] = {s.name: s for s in (
            "gsp_timeout, gsp_rate_limited, gsp_rpc_failed, driver_loaded, sxid"),
     Stream("gpu.xid", "gpu", {"code": "num", "text": "text"},
            "Xids reported by the GPU source (NVML event, DCGM field)"),
-    Stream("gpu.state", "gpu", {"state": "text", "text": "text"},
-           "the GPU stopped or resumed answering: lost, reset_required, resetting, back"),
-    Stream("cron.run", "host", {"command": "text", "user": "text", "gpu_action": "text"},
-           "cron started a job; gpu_action says what it does to GPUs (\"\" when nothing)"),
+    Stream("gpu.state", "gpu", {"state": "text", "text": "text", "reset": "text"},
+           "the GPU stopped or resumed answering: lost, reset_required, resetting, back; "
+           "reset is \"reset\" when the GPU is being reset, \"needed\" when it needs one, "
+           "\"back\" when it answers again"),
+    Stream("cron.run", "host", {"command": "text", "user": "text", "gpu_action": "text",
+                                "reset": "text"},
+           "cron started a job; gpu_action says what it does to GPUs (\"\" when nothing); "
+           "reset is \"request\" when the job resets a GPU (nvidia-smi -r), \"\" otherwise"),
     Stream("proc.exec", "host", {"filename": "text", "cmdline": "text", "comm": "text",
-                                 "gpu_action": "text", "own": "num"},
-           "a process replaced its image (exec); gpu_action as for cron.run"),
+                                 "gpu_action": "text", "reset": "text", "own": "num"},
+           "a process replaced its image (exec); gpu_action and reset as for cron.run"),
     Stream("proc.exit", "host", {"exit_code": "num", "signal": "num", "comm": "text",
                                  "own": "num"},
            "a process ended"),

@@ -22,6 +22,7 @@ from gpuwhy.events import Event, GpuSample, GpuState, GpuXid
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.identity import GpuIdentity
 from gpuwhy.probes.gpu.source import GpuInfo, SourceUnavailable
+from gpuwhy.reset import BACK_STATES, RESET_STATES
 
 SCENARIOS = ("healthy-training", "input-starved", "pageable-h2d", "pcie-allreduce",
              "power-cap", "thermal-throttle", "xid-79", "gpu-reset")
@@ -123,13 +124,15 @@ class SimulatedGpus:
             return []   # a lost GPU answers nothing
         back_at = self.event_after + RESET_SECONDS
         if first:
-            return [GpuState(ts=ts, state="resetting", detail="GPU reset (simulated)", **mark)]
+            return [GpuState(ts=ts, state=RESET_STATES[0], detail="GPU reset (simulated)",
+                             **mark)]
         if t < back_at:
             return []
         events: list[Event] = []
         if t - self.interval < back_at:
             self._counters[0] = dict.fromkeys(self._counters[0], 0.0)   # reset clears them
-            events += [GpuState(ts=ts, state="back", detail="reset done (simulated)", **mark),
+            events += [GpuState(ts=ts, state=BACK_STATES[0], detail="reset done (simulated)",
+                                **mark),
                        gpu.seen(ts, "sim", True)]
         rng = random.Random(f"{self.seed}:{self.scenario}:0:{self.tick}")
         fields = self._fields(0, t, rng, idle=True)

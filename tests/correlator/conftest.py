@@ -22,6 +22,7 @@ from gpuwhy.events import (
     ProcessSeen,
 )
 from gpuwhy.identity import ProcessKey
+from gpuwhy.reset import BIF_RESET, RESET_CONTROLS
 from gpuwhy.store import open_store
 
 S = NS_PER_SECOND
@@ -87,8 +88,7 @@ class Harness:
         return DriverCall(ts=self.at(t), process=key, tid=key.pid, fd=3, path=path,
                           device="nvidiactl", cmd=0xC020462A, nr=0x2A, size=32,
                           op="NV_ESC_RM_CONTROL", latency_ns=5000, ret=0,
-                          sub=0x00800102, sub_name="NV0080_CTRL_CMD_BIF_RESET",
-                          reasons=["notable"])
+                          sub=BIF_RESET, sub_name=RESET_CONTROLS[0], reasons=["notable"])
 
     def xid(self, t: float, code: int, pid: int | None = None, name: str | None = None,
             pci: str = "0000:18:00") -> KernelLogRecord:

@@ -29,8 +29,11 @@ from gpuwhy.events import (
     RuleFinding,
     SchedStats,
 )
+from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
+from gpuwhy.nvioctl import RM_CONTROLS
 from gpuwhy.probes.gpu.sim import SimulatedGpus
+from gpuwhy.reset import BIF_RESET, RESET_CONTROLS, RESET_REQUEST_CONTROLS
 from gpuwhy.store import open_store
 
 S = NS_PER_SECOND
@@ -43,6 +46,7 @@ TRAIN = ProcessKey(4242, 1000)     # on GPU 0, named EVIL_NAME
 OTHER = ProcessKey(5151, 1100)     # on GPU 1
 CRON_JOB, SMI = ProcessKey(300, 2000), ProcessKey(301, 2001)
 TOKEN = "s3cret-token"
+MARK_FOR_RESET = next(n for n, name in RM_CONTROLS.items() if name == RESET_REQUEST_CONTROLS[0])
 
 
 @dataclasses.dataclass
@@ -94,7 +98,8 @@ def _host_events(sc: Scenario, t: int) -> list:
     if t == RESET_AT - 5:
         out += [CronExecution(ts=at, cursor="cron-1", phase="started", user="root",
                               command="nvidia-smi -r -i 0", job_pid=CRON_JOB.pid,
-                              job_start_time=CRON_JOB.start_time),
+                              job_start_time=CRON_JOB.start_time,
+                              gpu_action=gpu_action("nvidia-smi -r -i 0")),
                 ProcessSeen(ts=at, process=CRON_JOB, comm="sh", cmdline="sh -c nvidia-smi -r",
                             exe="/bin/sh", ppid=1, uid=0, cgroup="/system.slice/cron.service")]
     if t == RESET_AT - 4:
@@ -106,7 +111,12 @@ def _host_events(sc: Scenario, t: int) -> list:
                 DriverCall(ts=sc.at(t + 0.5), process=SMI, tid=SMI.pid, fd=3,
                            path="/dev/nvidia0", device="nvidiaN", cmd=0xC020462A, nr=0x2A,
                            size=32, op="NV_ESC_RM_CONTROL", latency_ns=5000, ret=0,
-                           sub=0x00800102, sub_name="NV0080_CTRL_CMD_BIF_RESET",
+                           sub=BIF_RESET, sub_name=RESET_CONTROLS[0], reasons=["notable"]),
+                # Asks for a later reset: listed by the view as a request, never as a reset.
+                DriverCall(ts=sc.at(t + 0.25), process=SMI, tid=SMI.pid, fd=3,
+                           path="/dev/nvidia0", device="nvidiaN", cmd=0xC020462A, nr=0x2A,
+                           size=32, op="NV_ESC_RM_CONTROL", latency_ns=5000, ret=0,
+                           sub=MARK_FOR_RESET, sub_name=RESET_REQUEST_CONTROLS[0],
                            reasons=["notable"])]
     if t == 500:
         out.append(KernelLogRecord(ts=at, cursor="k1", origin="journald", boot_id="b",
