@@ -19,7 +19,7 @@ from gpuwhy.identity import GpuIdentity, ProcessKey
 
 # Tables whose gpu_id column is re-keyed when a GPU's stronger id becomes known.
 _GPU_ID_TABLES = ("gpu_bindings", "events", "kernel_log", "incidents", "incident_links",
-                  "process_seconds")
+                  "process_seconds", "gpu_health_history")
 
 
 def learn(db: Database, identity: GpuIdentity, ts: int) -> str:
@@ -34,6 +34,14 @@ def learn(db: Database, identity: GpuIdentity, ts: int) -> str:
         for table in _GPU_ID_TABLES:
             db.execute(f"update {table} set gpu_id = ? where gpu_id = ?", [gpu_id, weak])
         if weak != gpu_id:
+            # A GPU known only by its PCI address (a kernel-log Xid 79) keeps its health
+            # when a source names it: the strong row takes it unless it is worse already.
+            db.execute("update gpus set (health, health_since, health_evidence, health_clears,"
+                       " health_boot_id) = (select w.health, w.health_since, "
+                       "w.health_evidence, w.health_clears, w.health_boot_id from gpus w "
+                       "where w.id = ?) where id = ? and coalesce(health, 'ok') = 'ok' and "
+                       "exists (select 1 from gpus w where w.id = ? and w.uuid is null and "
+                       "coalesce(w.health, 'ok') != 'ok')", [weak, gpu_id, weak])
             db.execute("delete from gpus where id = ? and uuid is null", [weak])
     return gpu_id
 

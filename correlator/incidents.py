@@ -16,21 +16,22 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import Config
 from gpuwhy.correlator import bindings, chains, timeline
+from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey
-from gpuwhy.reset import RESET_CONTROLS
+from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.xid import xid_info
 
 log = logging.getLogger(__name__)
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 CAUSE_KINDS = ("xid", "gpu_lost", "gpu_reset")
-SILENT_STATES = ("lost", "resetting", "reset_required")
+SILENT_STATES = NEEDED_STATES + RESET_STATES
 EXIT_WINDOW_NS = 60 * NS_PER_SECOND      # a death this soon after an Xid/reset is its effect
 
 
@@ -39,14 +40,16 @@ def may_open_incident(event: Event) -> bool:
     correlator writes its batch at once instead of on the batch timer, so the alert is not
     held back. Process deaths and stalls follow such an event, or are found on the timer."""
     kind = event.kind
-    if kind in ("gpu_xid", "rule_finding"):
+    if kind == "gpu_xid":
+        return not event.before_start          # see _detect_gpu_xid
+    if kind == "rule_finding":
         return True
     if kind == "gpu_state":
-        return event.state in ("lost", "resetting")
+        return event.state == "lost" or state_kind(event.state) == "reset"
     if kind == "kernel_log_record":
         return event.record_kind in ("xid", "fallen_off_bus")
     if kind == "driver_call":
-        return event.sub_name in RESET_CONTROLS
+        return reset_kind(event.sub_name) == "reset"
     return False
 
 
@@ -82,6 +85,7 @@ class IncidentBuilder:
         self.merged = 0
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
+        self.health = GpuHealth()     # the GPU health state machine, fed every event below
 
     # --- the stage -------------------------------------------------------------------------
     def decide(self, db: Database, envelopes: list[Envelope],
@@ -98,6 +102,7 @@ class IncidentBuilder:
         for envelope in envelopes:
             event = envelope.event
             self.timelines.apply(db, event)
+            self.health.observe(db, event)
             detector = self._detectors.get(event.kind)
             if detector is None:
                 continue
@@ -142,7 +147,7 @@ class IncidentBuilder:
         settle = wanted.ts + self.settle_ns(wanted.kind)
         if row:
             incident_id, count, severity = row
-            worse = max(severity, wanted.severity, key=lambda s: SEVERITY_RANK.get(s, 0))
+            worse = sev.worst([severity, wanted.severity])   # a legacy name is mapped
             # A repeat reopens a closed incident: it is the same cause again, and a stall
             # merged into while left closed was found again (and merged) at every check.
             db.execute("update incidents set count = ?, severity = ?, "
@@ -155,7 +160,7 @@ class IncidentBuilder:
         process = wanted.process
         incident_id = db["incidents"].insert({
             "opened_at": wanted.ts, "closed_at": None, "kind": wanted.kind,
-            "severity": wanted.severity, "gpu_id": wanted.gpu_id,
+            "severity": sev.worst([wanted.severity]), "gpu_id": wanted.gpu_id,
             "pid": process.pid if process else None,
             "start_time": process.start_time if process else None,
             "title": wanted.title, "summary": wanted.summary, "chain": "[]",
@@ -197,6 +202,11 @@ class IncidentBuilder:
         return []
 
     def _detect_gpu_xid(self, db: Database, event: Event) -> list[Opened]:
+        if event.before_start:
+            # An Xid from before gpuwhy started, time unknown (dcgm-exporter's gauge at the
+            # first scrape): an incident would be dated now and alert as if it just happened.
+            # It stays a stored event and a note on the GPU page; GPU health may use it.
+            return []
         return self._xid(db, event.ts, event.gpu_id, event.xid, None, None,
                          f"GPU source {event.source}", event.detail)
 
@@ -204,7 +214,7 @@ class IncidentBuilder:
         if event.state == "lost":
             return self._xid(db, event.ts, event.gpu_id, 79, None, None,
                              f"GPU source {event.source}", event.detail)
-        if event.state == "resetting":     # reset_required: the Xid behind it is the incident
+        if state_kind(event.state) == "reset":   # needed: the Xid behind it is the incident
             return [self._reset(event.gpu_id, event.ts, f"GPU source {event.source}: "
                                 f"{event.state}", {"detail": event.detail})]
         return []
@@ -217,7 +227,7 @@ class IncidentBuilder:
                       {"seen_by": how, **details})
 
     def _detect_driver_call(self, db: Database, event: Event) -> list[Opened]:
-        if event.sub_name not in RESET_CONTROLS:
+        if reset_kind(event.sub_name) != "reset":   # a request: the reset call follows
             return []
         key = event.process
         minor = _minor_of(event.path)
@@ -264,11 +274,15 @@ class IncidentBuilder:
                        "where dedup_key = ? and state = 'open'",
                        [event.ts, event.ts, dedup_key])
             return []
-        worse = db.execute("update incidents set severity = ?, last_seen = max(last_seen, ?), "
-                           "settle_until = ? where dedup_key = ? and state = 'open'",
-                           [event.severity, event.ts, event.ts + self.lag_ns,
-                            dedup_key]).rowcount
-        if worse:
+        # An incident keeps the worst severity its finding reached, as a merged repeat does
+        # in _open: a finding that calms down is still the incident it escalated to.
+        open_row = db.execute("select id, severity from incidents where dedup_key = ? and "
+                              "state = 'open'", [dedup_key]).fetchone()
+        if open_row:
+            db.execute("update incidents set severity = ?, last_seen = max(last_seen, ?), "
+                       "settle_until = ? where id = ?",
+                       [sev.worst([open_row[1], event.severity]), event.ts,
+                        event.ts + self.lag_ns, open_row[0]])
             return []
         process = event.process
         details = {"rule_id": event.rule_id, "finding_id": event.finding_id,

@@ -182,6 +182,7 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
       gpuwhy status --json | jq '.parts[] | select(.state != "ok")'
     """
     from gpuwhy.status import EXIT_CODES, collect_status
+    from gpuwhy.text import format_ts, printable
 
     report = collect_status(ctx.config())
     if as_json:
@@ -197,6 +198,13 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
             counters = " ".join(f"{k}={v}" for k, v in sorted(part["counters"].items()) if v)
             detail = "  ".join(x for x in (part["detail"], counters) if x)
             click.echo(f"  {part['part']:<11} {part['state']:<9} {age:>11}  {detail}")
+        for gpu in report["gpus"]:
+            index = "?" if gpu["index"] is None else gpu["index"]
+            why = "" if gpu["health"] == "ok" else \
+                f"since {format_ts(gpu['since'])}: {gpu['cause']} ({gpu['evidence']}); " \
+                f"clears with {gpu['clears']}"
+            click.echo(f"  GPU {index!s:<7} {gpu['health']:<15} {printable(gpu['gpu'])}  "
+                       f"{printable(why)}".rstrip())
     sys.exit(EXIT_CODES[report["state"]])
 
 

@@ -349,7 +349,13 @@ class GpuSample(Event):
 @dataclass(frozen=True)
 class GpuXid(Event):
     """Event name: ``gpu_xid`` (topic ``gpu``). The driver reported Xid ``xid`` for a GPU
-    (NVML event, DCGM field 230, a change of dcgm-exporter's last-Xid gauge, or the simulator)."""
+    (NVML event, DCGM field 230, a change of dcgm-exporter's last-Xid gauge, or the simulator).
+
+    ``before_start``: the Xid happened before gpuwhy started, at a time nobody can tell — the
+    source's first read showed it as the GPU's last Xid (dcgm-exporter's gauge). ``ts`` is
+    then that first read's time, not the Xid's; it is a fact about the GPU's past (the GPU
+    page shows it, the store keeps it), not something that just happened: no incident, no
+    alert, no rule counts it."""
 
     topic = "gpu"
     kind = "gpu_xid"
@@ -359,6 +365,7 @@ class GpuXid(Event):
     source: str
     simulated: bool
     detail: str = ""
+    before_start: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def collect_status(config: Config) -> dict:
     healthy, degraded (running, but a source stalled or failed: listed in ``stalled`` and
     ``failed``; a store whose disk is full is failed) or unhealthy."""
     from gpuwhy.store import open_store
-    from gpuwhy.store.queries import source_health
+    from gpuwhy.store.queries import gpus, source_health
 
     web_state, web_detail = web_health(config)
     parts = [{"part": "web", "state": web_state, "detail": web_detail, "age_s": None,
@@ -52,10 +52,11 @@ def collect_status(config: Config) -> dict:
         db = open_store(config["store.path"], readonly=True)
         try:
             rows = source_health(db)
+            gpu_rows = gpus(db)
         finally:
             db.close()
     except Exception as exc:  # noqa: BLE001 - any store failure is a status to report
-        rows = []
+        rows, gpu_rows = [], []
         parts.append({"part": "store", "state": "down", "detail": str(exc), "age_s": None,
                       "counters": {}})
     for row in judge(rows, now_ns(), config):
@@ -69,7 +70,17 @@ def collect_status(config: Config) -> dict:
               and p["part"] not in REQUIRED]
     state = "unhealthy" if not running else "degraded" if stalled or failed else "healthy"
     return {"healthy": state == "healthy", "state": state, "stalled": stalled,
-            "failed": failed, "store": config["store.path"], "parts": parts}
+            "failed": failed, "store": config["store.path"], "parts": parts,
+            "gpus": [gpu_health_line(g) for g in gpu_rows]}
+
+
+def gpu_health_line(gpu: dict) -> dict:
+    """A GPU's health as `gpuwhy status` reports it (gpuwhy/gpu_health.py's states)."""
+    evidence = gpu["health_evidence"]
+    return {"gpu": gpu["id"], "index": gpu["gpu_index"], "health": gpu["health"],
+            "since": gpu["health_since"], "cause": evidence.get("cause"),
+            "evidence": evidence.get("event"), "clears": gpu["health_clears"] or "",
+            "live": gpu["live"]}
 
 
 def _store_disk(parts: list[dict], store_path: str) -> None:

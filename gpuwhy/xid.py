@@ -4,8 +4,9 @@ Shared vocabulary: the kernel-log source, the store, the correlator and the web 
 explain an Xid through :func:`xid_info`. Facts come from NVIDIA's Xid catalogue (Ampere
 and newer, 2025-10) and its older per-code cause flags; the wording is ours.
 
-``severity``: ``critical`` (the GPU or node is unusable until reset/reboot), ``error``
-(work on the GPU failed), ``warning`` (degraded, act soon), ``info`` (no action).
+``severity``, on the one scale of :mod:`gpuwhy.severity`: ``critical`` (the GPU or node is
+unusable until reset/reboot), ``error`` (work on the GPU failed), ``warning`` (degraded, act
+soon), ``info`` (no action).
 ``origin``: the most likely place to look first: ``hardware``, ``driver``,
 ``application`` or ``unknown``.
 """

@@ -359,3 +359,54 @@ def m102_process_events_once(db: Database) -> None:
                     GROUP BY pid, start_time, kind, dedup_key)""")
     db.execute("CREATE UNIQUE INDEX events_once ON events (pid, start_time, kind, dedup_key) "
                "WHERE dedup_key IS NOT NULL")
+
+
+@migrations()
+def m103_one_severity_scale(db: Database) -> None:
+    """Severities on the one scale of gpuwhy/severity.py (info < warning < error <
+    critical): rows stored under the rule files' older names (``warn``, ``high``) are
+    rewritten to ``warning`` and ``error`` in every table with a severity column, so
+    ordering, filters and /metrics see one name each (rule findings are not kept in
+    ``events``: the writer stores them in ``rule_findings`` only)."""
+    from gpuwhy.severity import LEGACY_NAMES
+
+    for table in ("incidents", "rule_findings", "xid_codes"):
+        if db[table].exists() and "severity" in db[table].columns_dict:
+            for old, new in LEGACY_NAMES.items():
+                db.execute(f"UPDATE {table} SET severity = ? WHERE severity = ?", [new, old])
+
+
+@migrations()
+def m104_gpu_health(db: Database) -> None:
+    """The GPU health state machine's record (gpuwhy/gpu_health.py): each GPU's current
+    state on its ``gpus`` row (``health``, since when, its evidence as JSON, what clears it,
+    the boot it was entered in) and every transition in ``gpu_health_history``."""
+    for column, kind in (("health", str), ("health_since", int), ("health_evidence", str),
+                         ("health_clears", str), ("health_boot_id", str)):
+        db["gpus"].add_column(column, kind)
+    db["gpu_health_history"].create({
+        "id": int, "gpu_id": str, "ts": int, "state": str, "previous": str, "cause": str,
+        "evidence": str, "clears": str, "boot_id": str,
+    }, pk="id")
+    db["gpu_health_history"].create_index(["gpu_id", "ts"])
+    db["gpu_health_history"].create_index(["ts"])
+
+
+@migrations()
+def m105_one_reset_definition(db: Database) -> None:
+    """``gpu_reset_history`` re-created from gpuwhy/reset.py, the one definition of a reset:
+    a ``reset`` column classes each row (``reset``, ``request``, ``needed``, ``back``), and
+    cron runs are only those that reset a GPU (a power-limit job was listed as a reset)."""
+    from gpuwhy.store.views import reset_history_sql
+
+    db.execute("DROP VIEW IF EXISTS gpu_reset_history")
+    db.execute(reset_history_sql())
+
+
+@migrations()
+def m106_xid_before_start(db: Database) -> None:
+    """The last Xid a GPU source showed at its first read, from before gpuwhy started
+    (dcgm-exporter's last-Xid gauge; a ``gpu_xid`` event with ``before_start``): the code and
+    the time of that first read (the Xid's own time is unknown), for the GPU page."""
+    db.execute("ALTER TABLE gpus ADD COLUMN xid_before_start INTEGER")
+    db.execute("ALTER TABLE gpus ADD COLUMN xid_before_start_seen INTEGER")

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from gpuwhy.gpu_health import is_live
 from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
 
 Row = dict[str, Any]
@@ -63,10 +64,15 @@ def pci_and_uuid(db: Database, gpu_id: str | None) -> tuple[str | None, str | No
 
 
 def gpus(db: Database) -> list[Row]:
-    return db.execute_returning_dicts(
+    """Every GPU: identity, source, the source's last state, and its health
+    (gpuwhy/gpu_health.py: ``health``, since when, ``health_evidence`` as a dict, what
+    clears it, and ``live``: whether its latest numbers are current)."""
+    return [_with_health(row) for row in db.execute_returning_dicts(
         "select id, uuid, pci_bus_id, gpu_index, minor, model, driver_version, "
-        "simulated, source, state, state_since, first_seen, last_seen from gpus "
-        "order by gpu_index is null, gpu_index, id")
+        "simulated, source, state, state_since, first_seen, last_seen, xid_before_start, "
+        "xid_before_start_seen, coalesce(health, 'ok') as health, health_since, "
+        "health_evidence, health_clears from gpus "
+        "order by gpu_index is null, gpu_index, id")]
 
 
 def gpu(db: Database, gpu_id: str) -> Row | None:
@@ -110,7 +116,9 @@ def overview(db: Database) -> list[Row]:
 
 
 def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
-    """What to mark on a GPU's time axis: its incidents, resets and bound processes."""
+    """What to mark on a GPU's time axis: its incidents, resets and bound processes. Resets
+    are the view's ``reset`` rows only (gpuwhy/reset.py): the ones ``/resets`` lists, not the
+    requests, the signs that one is needed or the GPU coming back."""
     incidents = db.execute_returning_dicts(
         "select id, kind, severity, title, opened_at, closed_at from "
         "incidents where gpu_id = ? and opened_at < ? and "
@@ -118,10 +126,68 @@ def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
         [gpu_id, until, since])
     resets = db.execute_returning_dicts(
         "select ts, what, source, pid, start_time, comm, detail from "
-        "gpu_reset_history where gpu_id = ? and ts between ? and ? order by ts",
+        "gpu_reset_history where gpu_id = ? and reset = 'reset' and ts between ? and ? "
+        "order by ts",
         [gpu_id, since, until])
     return {"incidents": incidents, "resets": resets,
             "lanes": bound_processes(db, gpu_id, since, until)}
+
+
+def _with_health(row: Row) -> Row:
+    row["health_evidence"] = json.loads(row["health_evidence"] or "{}")
+    row["live"] = is_live(row["health"])
+    return row
+
+
+def gpu_health(db: Database, gpu_id: str) -> Row | None:
+    """A GPU's current health as the correlator left it: ``health`` (None before any
+    transition: ok), ``since``, ``evidence`` (dict), ``boot_id``; None for an unknown GPU."""
+    found = db.execute_returning_dicts(
+        "select id, health, health_since as since, health_evidence, health_boot_id as "
+        "boot_id, source from gpus where id = ?", [gpu_id])
+    if not found:
+        return None
+    row = found[0]
+    row["evidence"] = json.loads(row.pop("health_evidence") or "{}")
+    return row
+
+
+def gpu_health_state(db: Database, gpu_id: str) -> str | None:
+    """Just the GPU's health (None: never judged, or no such GPU): the cheap read."""
+    row = db.execute("select health from gpus where id = ?", [gpu_id]).fetchone()
+    return row[0] if row else None
+
+
+def gpus_not_ok(db: Database) -> list[tuple[str, str, int, str | None]]:
+    """(gpu id, health, since, boot id) of every GPU whose health is not ok."""
+    return [tuple(r) for r in db.execute(
+        "select id, health, health_since, health_boot_id from gpus where health is not null "
+        "and health != 'ok' order by id").fetchall()]
+
+
+def gpu_health_history(db: Database, gpu_id: str | None = None, limit: int = 50) -> list[Row]:
+    """Health transitions, newest first (of one GPU, or all): state, previous, cause,
+    evidence (dict: what event, when, from which source), what clears it, boot id."""
+    where, params = ("where gpu_id = ?", [gpu_id]) if gpu_id else ("", [])
+    rows = db.execute_returning_dicts(
+        f"select gpu_id, ts, state, previous, cause, evidence, clears, boot_id from "
+        f"gpu_health_history {where} order by ts desc, id desc limit ?", [*params, limit])
+    for row in rows:
+        row["evidence"] = json.loads(row["evidence"] or "{}")
+    return rows
+
+
+def gpu_health_states(db: Database) -> list[tuple[str, str]]:
+    """(gpu id, health) of every GPU, for ``/metrics`` (never-judged GPUs are ok)."""
+    return [tuple(r) for r in db.execute(
+        "select id, coalesce(health, 'ok') from gpus order by id").fetchall()]
+
+
+def last_boot_id(db: Database) -> str | None:
+    """The boot id the kernel-log source last read in (None before it read anything)."""
+    row = db.execute("select boot_id from source_cursors where boot_id is not null and "
+                     "boot_id != '' order by updated_at desc limit 1").fetchone()
+    return row[0] if row else None
 
 
 def simulated(db: Database) -> bool:

@@ -29,6 +29,7 @@ TIMED: tuple[tuple[str, str, str, int], ...] = (
     ("gpu_rollup_data", "minute", "rollup", 1),
     ("events", "ts", "events", 1), ("driver_calls", "ts", "events", 1),
     ("kernel_log", "ts", "events", 1), ("cron_runs", "ts", "events", 1),
+    ("gpu_health_history", "ts", "events", 1),
 )
 # Rows of a process go with it once it exited before the events window.
 PROCESS_TABLES = ("device_fds", "gpu_bindings", "driver_call_stats", "processes")

@@ -25,7 +25,16 @@ DESCRIPTIONS = {
     "processes": "Every process seen, keyed by (pid, start_time); start_time is clock ticks "
                  "since boot (/proc/PID/stat), so a reused pid is a different row.",
     "gpus": "Every GPU, by gpuwhy's id (UUID first); `gpu_key` is the small integer the "
-            "sample tables use.",
+            "sample tables use. `xid_before_start`: the last Xid the GPU source showed at its "
+            "first read, from before gpuwhy started (its time unknown), and "
+            "`xid_before_start_seen` that read's time. `state` is what the GPU source last "
+            "said; `health` is the correlator's verdict (gpuwhy/gpu_health.py: ok, degraded, "
+            "reset_required, reboot_required, lost, resetting; NULL: never judged, ok), with "
+            "since when, its evidence (JSON), what clears it and the boot it was entered in.",
+    "gpu_health_history": "Every GPU health transition: the state it entered and the one it "
+                          "left, the cause (e.g. `xid 79`, `throttling`, `reset`, `reboot`), "
+                          "the evidence as JSON (the event, its source, its time, the "
+                          "kernel-log line or cursor), what clears it and the boot id.",
     "device_fds": "NVIDIA device files each process held, from open to close.",
     "gpu_bindings": "Process ↔ GPU intervals (since/until, ns) and the evidence for them.",
     "events": "The timeline of everything that happened, one row per event; `body` is the "
@@ -34,7 +43,9 @@ DESCRIPTIONS = {
               "fork and exit; NULL for other events) tells one from its process's other "
               "events of the same kind, and a unique index on (pid, start_time, kind, "
               "dedup_key) holds them to one row each.",
-    "incidents": "Incidents found by the correlator: kind, severity, GPU, open/closed.",
+    "incidents": "Incidents found by the correlator: kind, severity, GPU, open/closed; "
+                 "`severity` is on gpuwhy's one scale, info < warning < error < critical "
+                 "(gpuwhy/severity.py), the worst merged into the incident.",
     "source_health": "Each source's last heartbeat: state, detail, counters (JSON).",
     "gpu_sample_data": "Raw GPU samples (kept `store.raw_days`), one row per GPU and instant, "
                        "keyed by (ts, gpu, instance); values are integers in the unit their "
@@ -52,7 +63,9 @@ DESCRIPTIONS = {
     "gpu_reset_history": "Everything that reset a GPU or needed one: GPU state changes (lost, "
                          "resetting, back), reset-class Xids and fallen-off-the-bus lines, "
                          "reset driver calls (with the process that made them), cron jobs "
-                         "that act on GPUs.",
+                         "that reset a GPU. `reset` classes each row as gpuwhy/reset.py does: "
+                         "`reset` (the GPU was reset: what `/resets` and `gpuwhy resets` "
+                         "list), `request` (a reset was asked for), `needed`, `back`.",
     "incident_list": "Incidents with readable times, the GPU's UUID and their number of "
                      "chain links.",
     "incident_chains": "One row per link of each incident's root-cause chain, in order.",
@@ -85,7 +98,9 @@ DESCRIPTIONS = {
     "kernel_log": "Every recognised NVIDIA kernel-log line (Xid, SXid, fallen off the bus, "
                   "NVRM), parsed: code, PCI, pid, name; `line` is the raw text, untrusted.",
     "rule_findings": "Findings of the rules engine, one row per finding from onset to "
-                     "clearing: evidence, cause, fixes and how to verify.",
+                     "clearing: evidence, cause, fixes and how to verify; "
+                     "`severity` is on gpuwhy's one scale, info < warning < error < critical "
+                     "(gpuwhy/severity.py).",
     "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
                       "threshold parameters (JSON).",
     "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "
@@ -133,7 +148,7 @@ def _column_note(obj: str, column: str) -> str:
                 return f"{stored.field} ({unit})"
             return f"{stored.field} ({unit}) × {stored.scale:g}"
     if column in ("ts", "since", "until", "opened_at", "closed_at", "minute", "first_seen",
-                  "last_seen", "exited_at", "updated_at"):
+                  "last_seen", "exited_at", "updated_at", "xid_before_start_seen"):
         return "ns since the epoch"
     return ""
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from sqlite_utils import Database
 
+from gpuwhy import severity as sev
 from gpuwhy.events import (
     CronExecution,
     CronSchedule,
@@ -390,7 +391,12 @@ class StoreWriter:
 
     def _on_gpu_xid(self, envelope: Envelope, event: GpuXid) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
-        self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))
+        self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))  # body: before_start
+        if event.before_start:
+            # On the GPU's row too, so the GPU page shows it without searching the events
+            # table (no index by GPU); each start that sees it again notes its own first read.
+            self.db.execute("update gpus set xid_before_start = ?, xid_before_start_seen = ? "
+                            "where id = ?", [event.xid, event.ts, event.gpu_id])
 
     def _on_gpu_state(self, envelope: Envelope, event: GpuState) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
@@ -497,7 +503,9 @@ class StoreWriter:
         existing = self.db.execute("select first_ts from rule_findings where finding_id = ?",
                                    [event.finding_id]).fetchone()
         row = {"finding_id": event.finding_id, "rule_id": event.rule_id, "title": event.title,
-               "severity": event.severity, "state": event.state, "gpu_id": event.gpu_id,
+               # on the one scale even from an older rules process (warn/high mapped)
+               "severity": sev.worst([event.severity]), "state": event.state,
+               "gpu_id": event.gpu_id,
                "pid": process.pid if process else None,
                "start_time": process.start_time if process else None,
                "window_start": event.window_start, "window_end": event.window_end,

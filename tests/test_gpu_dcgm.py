@@ -294,3 +294,16 @@ def test_pause_and_resume_profiling(engine):
     assert engine.paused
     source.pause_profiling(False)
     assert not engine.paused
+
+
+def test_an_xid_cached_before_we_started_keeps_its_own_time(engine):
+    """Unlike dcgm-exporter's gauge, DCGM gives each Xid with its time, also one cached before
+    we watched (another client's watch): it is a normal Xid, dated then, not before_start."""
+    source = DcgmSource(interval=1.0)
+    source.open()
+    _queue(engine, "basic", 0, [(230, T0 - 3_600_000_000, 0), (230, T0 - 60_000_000, 48)])
+    [xid] = [e for e in source.read() if isinstance(e, GpuXid)]   # the 0 is no Xid
+    assert (xid.xid, xid.raw_ts, xid.ts, xid.before_start) == (
+        48, T0 - 60_000_000, (T0 - 60_000_000) * 1000, False)
+    _queue(engine, "basic", 0, [(230, T0 - 60_000_000, 48)])       # latest again: no repeat
+    assert not [e for e in source.read() if isinstance(e, GpuXid)]

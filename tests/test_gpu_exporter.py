@@ -1,14 +1,24 @@
 """The dcgm-exporter source against a real HTTP server on loopback."""
 
 import http.server
+import itertools
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from gpuwhy.events import GpuSample, GpuSeen, GpuXid
+from gpuwhy.bus import Subscriber
+from gpuwhy.correlator.alerts import Alerter
+from gpuwhy.correlator.rules.signals import MemorySignals, Scope
+from gpuwhy.correlator.rules.storesignals import StoreSignals
+from gpuwhy.correlator.service import Correlator
+from gpuwhy.events import Envelope, GpuSample, GpuSeen, GpuXid
 from gpuwhy.probes.gpu.exporter import ExporterSource
 from gpuwhy.probes.gpu.source import SourceUnavailable
+from gpuwhy.store import open_store
+from gpuwhy.store.writer import StoreWriter
+from gpuwhy.webui import create_app
 
 DATA = Path(__file__).parent / "data" / "gpu"
 T4 = "GPU-20c56d28-0da5-6d26-a36a-e7af1ce2586e"
@@ -147,3 +157,119 @@ def test_new_gpu_is_announced_once(exporter):
     seen = [e for e in source.read() if isinstance(e, GpuSeen)]
     assert {e.gpu_id for e in seen} == {A, B}
     assert not [e for e in source.read() if isinstance(e, GpuSeen)]
+
+
+def _xids(events):
+    return [e for e in events if isinstance(e, GpuXid)]
+
+
+def test_xid_gauge_set_at_the_first_scrape_is_kept_marked_before_start(exporter):
+    # open()'s own read is thrown away by select.py: the Xid must reach the next read once
+    exporter.body = (DATA / "xid-before-start.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    before = time.time_ns()
+    source.open()
+    [xid] = _xids(source.read())
+    assert (xid.gpu_id, xid.xid, xid.before_start, xid.source) == (A, 48, True,
+                                                                    "dcgm-exporter")
+    assert before <= xid.ts <= time.time_ns()           # the first read's time: no other
+    assert xid.detail.startswith("last Xid 48, before gpuwhy started")
+    assert "unknown time" in xid.detail
+    assert not _xids(source.read())                     # published once, GPU 1 (0): never
+    text = (DATA / "xid-before-start.prom").read_text()
+    exporter.body = text.replace('"550.54.15"} 48', '"550.54.15"} 79').replace(
+        '"550.54.15"} 0', '"550.54.15"} 13').encode()
+    later = _xids(source.read())
+    assert sorted((x.gpu_id, x.xid, x.before_start) for x in later) == [
+        (A, 79, False), (B, 13, False)]
+    assert all(x.detail == "dcgm-exporter last-Xid gauge changed" for x in later)
+
+
+def test_xid_gauge_at_the_first_scrape_without_open_is_kept_too(exporter):
+    exporter.body = (DATA / "xid-before-start.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    assert [(x.gpu_id, x.xid, x.before_start) for x in _xids(source.read())] == [
+        (A, 48, True)]
+    assert not _xids(source.read())
+
+
+def test_xid_gauge_zero_at_the_first_scrape_is_nothing(exporter):
+    exporter.body = (DATA / "xid-before-start.prom").read_bytes().replace(
+        b'"550.54.15"} 48', b'"550.54.15"} 0')
+    source = ExporterSource(exporter.url)
+    source.open()
+    assert not _xids(source.read()) and not _xids(source.read())
+
+
+def _flush(correlator, events, seq):
+    correlator.pending = [Envelope("test", next(seq), e) for e in events]
+    correlator._last_decide = 0.0
+    correlator.flush()
+    assert not correlator.store_error, correlator.store_error
+
+
+def test_xid_before_start_is_stored_shown_and_opens_no_incident(exporter, tmp_config):
+    """Exporter -> the real correlator (writer, incidents, rules) -> store -> GPU page."""
+    exporter.body = (DATA / "xid-before-start.prom").read_bytes()
+    source = ExporterSource(exporter.url)
+    source.open()
+    db = open_store(tmp_config["store.path"])
+    subscriber = Subscriber(tmp_config["bus.endpoint"])
+    alerts: list = []
+    correlator = Correlator(tmp_config, db, subscriber,
+                            Alerter(tmp_config["correlator.url"],
+                                    send=lambda *a, **k: alerts.append(a)))
+    seq = itertools.count()
+    try:
+        gpus = [g.seen(time.time_ns(), source.name, False) for g in source.gpus]
+        first = source.read()
+        assert [x.before_start for x in _xids(first)] == [True]
+        _flush(correlator, gpus + first + source.read(), seq)
+        rows = db.execute("select gpu_id, json_extract(body, '$.xid'), "
+                          "json_extract(body, '$.before_start'), ts from events "
+                          "where kind = 'gpu_xid'").fetchall()
+        assert [r[:3] for r in rows] == [(A, 48, 1)]
+        gpu = db.execute("select xid_before_start, xid_before_start_seen from gpus "
+                         "where id = ?", [A]).fetchone()
+        assert gpu == (48, rows[0][3])
+        assert db.execute("select xid_before_start from gpus where id = ?",
+                          [B]).fetchone() == (None,)
+        assert db.execute("select count(*) from incidents").fetchone() == (0,)
+        assert not alerts
+        # a later Xid is a normal one: an incident dated when it was seen
+        text = (DATA / "xid-before-start.prom").read_text()
+        exporter.body = text.replace('"550.54.15"} 48', '"550.54.15"} 79').encode()
+        _flush(correlator, source.read(), seq)
+        incidents = db.execute("select kind, gpu_id, title from incidents").fetchall()
+        assert incidents == [("gpu_lost", A, incidents[0][2])]
+        assert incidents[0][2].startswith("Xid 79")
+    finally:
+        subscriber.close()
+        db.close()
+    client = create_app(tmp_config).test_client()
+    page = client.get(f"/gpus/{A}").get_data(as_text=True)
+    assert "last Xid 48 (before gpuwhy started)" in page
+    other = client.get(f"/gpus/{B}").get_data(as_text=True)
+    assert "before gpuwhy started" not in other
+    assert client.get(f"/api/gpus/{A}").get_json()["xid_before_start"] == 48
+
+
+def test_rules_do_not_count_an_xid_from_before_start(tmp_config):
+    """Live (bus) and store-fed rule signals alike: an Xid with no time of its own is not one
+    in a rule's window (R33 would call Xid 48 a fresh double-bit ECC error)."""
+    now = time.time_ns()
+    old = GpuXid(ts=now, gpu_id=A, xid=48, source="dcgm-exporter", simulated=False,
+                 before_start=True, detail="last Xid 48, before gpuwhy started")
+    new = GpuXid(ts=now + 1, gpu_id=A, xid=13, source="dcgm-exporter", simulated=False)
+    db = open_store(tmp_config["store.path"])
+    try:
+        StoreWriter(db).write_batch([Envelope("t", 0, old), Envelope("t", 1, new)])
+    finally:
+        db.close()
+    memory = MemorySignals()
+    memory.feed([old, new])
+    store = StoreSignals(open_store(tmp_config["store.path"], readonly=True))
+    for signals in (memory, store):
+        signals.begin(now + 10)
+        rows = signals.events(Scope(A), "gpu.xid", now - 10**9, now + 10)
+        assert [row["code"] for _, row in rows] == [13], signals

@@ -195,3 +195,14 @@ def test_xid_thread_turns_events_into_gpu_xid(nvml):
     xids = [e for e in source.read() if isinstance(e, GpuXid)]
     source.close()
     assert [(x.gpu_id, x.xid, x.source) for x in xids] == [("GPU-11", 79, "nvml")]
+
+
+def test_nvml_xids_are_only_those_seen_waiting_never_before_start(nvml):
+    # NVML has no last-Xid value to read at start: nothing from before start to mark
+    nvml.xids = [(0, 13)]
+    source = NvmlSource()
+    source.open()
+    assert nvml.xid_ready.wait(5)
+    xids = [e for e in source.read() if isinstance(e, GpuXid)]
+    source.close()
+    assert [(x.xid, x.before_start) for x in xids] == [(13, False)]

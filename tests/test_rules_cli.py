@@ -113,8 +113,8 @@ def test_rules_test_replays_a_capture(tmp_path):
     result = invoke(tmp_path, "rules", "test", str(rule_file), "--builtin", "--replay",
                     str(capture))
     assert result.exit_code == 0, result.output
-    assert "firing   high     R19_power_cap" in result.output
-    assert "firing   warn     MY_hot" in result.output and "temp_c=67.0" in result.output
+    assert "firing   error    R19_power_cap" in result.output
+    assert "firing   warning  MY_hot" in result.output and "temp_c=67.0" in result.output
     lines = invoke(tmp_path, "rules", "test", str(rule_file), "--replay", str(capture),
                    "--json").output.splitlines()
     assert {json.loads(line)["rule_id"] for line in lines} == {"MY_hot"}

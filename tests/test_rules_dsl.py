@@ -26,7 +26,7 @@ from gpuwhy.rules.parser import (
 VALID = [
     # (source, what to check on the one rule)
     ('rule A { title: "t" when: gpu.util > 0.5 }',
-     lambda r: r.scope == "gpu" and r.severity == "warn" and r.for_ns == 0),
+     lambda r: r.scope == "gpu" and r.severity == "warning" and r.for_ns == 0),
     ('rule A { title: "a" "b" scope: process window: 30s every 5s for: 2m\n'
      '  when: mean(gpu.util, 30s) >= 0.1 }',
      lambda r: r.title == "ab" and r.window_ns == 30 * 10**9 and r.every_ns == 5 * 10**9
@@ -50,11 +50,12 @@ VALID = [
     ('rule A { title: "t" when: rate(proc.ioctl.rm_alloc, 30s) + rate(proc.ioctl.rm_free, 30s)'
      ' >= 200 }', lambda r: r.when.left.op == "+"),
     ('rule A { title: "t" when: coalesce(mean(gpu.gr_active, 1m), mean(gpu.util, 1m)) > 0\n'
+     # 'high' is a legacy name: read as 'error'
      '  clear: after 5m guard: gpu.procs > 1 severity: info escalate gpu.util > 0.9 -> high\n'
      '  evidence: mean(gpu.util, 1m) as u, last(gpu.temp_c, 1m)\n'
      '  cause: "c" fix: "f1" fix: "f2" if gpu.has_tf32 == 1 verify: "v" source: "s" }',
      lambda r: r.clear_after_ns == 300 * 10**9 and len(r.guards) == 1
-     and r.escalations[0][1] == "high" and [e[0] for e in r.evidence] == ["u",
+     and r.escalations[0][1] == "error" and [e[0] for e in r.evidence] == ["u",
                                                                           "last(gpu.temp_c, 1m)"]
      and r.fixes[1].condition is not None),
     ('# comment\nrule A { # more\n title: "say \\"hi\\" \\d" when: gpu.util > 1e-3 }',
@@ -78,7 +79,8 @@ INVALID = [
     ('rule X { title: "t" scope: node when: gpu.util > 1 }',
      "t.rules:1:28: expected a scope: gpu, process"),
     ('rule X { title: "t" severity: urgent when: gpu.util > 1 }',
-     "t.rules:1:31: expected a severity: info, warn, high, critical"),
+     "t.rules:1:31: expected a severity: info, warning, error, critical; "
+     "older names: warn (= warning), high (= error)"),
     ('rule X { title: "t" when: bit(gpu.reason, SW_POWERCAP) }',
      "t.rules:1:43: unknown bit 'SW_POWERCAP'; expected one of IDLE, APP_CLOCKS, "
      "SW_POWER_CAP, HW_SLOWDOWN, SYNC_BOOST, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE"),

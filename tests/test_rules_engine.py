@@ -70,7 +70,7 @@ def test_a_shared_gpu_downgrades_performance_findings_to_info():
     [alone] = [f for f in run(Synthetic(**STARVED), [RULES["R01_input_cpu_bound"]])[0]]
     [shared] = [f for f in run(Synthetic(processes=2, **STARVED),
                                [RULES["R01_input_cpu_bound"]])[0]]
-    assert alone.severity == "high" and shared.severity == "info"
+    assert alone.severity == "error" and shared.severity == "info"
 
 
 def test_one_finding_per_onset_then_a_clearing():
@@ -82,7 +82,7 @@ def test_one_finding_per_onset_then_a_clearing():
     # the idle share falls from 1.0 as the window leaves the idle phase: the severity may
     # step down once (sent again), then the finding clears; never a repeat of the same state
     states = [(f.state, f.severity) for f in findings]
-    assert states[0] == ("firing", "high") and states[-1][0] == "cleared"
+    assert states[0] == ("firing", "error") and states[-1][0] == "cleared"
     assert len(states) == len(set(states)) <= 3
     firing, cleared = findings[0], findings[-1]
     assert {f.finding_id for f in findings} == {firing.finding_id}
@@ -98,7 +98,7 @@ def test_a_severity_change_is_sent_again_with_the_same_id():
     spec = Synthetic(duration_s=500, gpu=burst, workers={"on_cpu": 3.8},
                      own={"on_cpu": 0.3, "sleep": 2.6})
     findings, _ = run(spec, [RULES["R01_input_cpu_bound"]])
-    assert [(f.state, f.severity) for f in findings] == [("firing", "high"), ("firing", "warn")]
+    assert [(f.state, f.severity) for f in findings] == [("firing", "error"), ("firing", "warning")]
     assert findings[0].finding_id == findings[1].finding_id
 
 

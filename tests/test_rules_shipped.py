@@ -255,7 +255,7 @@ def test_tf32_advice_only_where_the_gpu_has_tf32():
 
 def test_escalation_raises_the_severity():
     [lowered] = fired("R19_power_cap", CASES["R19_power_cap"][0])[0]
-    assert lowered.severity == "high"   # 350 W < 0.95 x 700 W default
+    assert lowered.severity == "error"   # 350 W < 0.95 x 700 W default
     default_limit = Synthetic(gpu={"clocks_event_reasons": 0x4, "sm_clock_mhz": 1228})
     [at_default] = fired("R19_power_cap", default_limit)[0]
     assert at_default.severity == "info"

@@ -100,7 +100,7 @@ def test_input_starved_simulation_fires_the_starvation_rules(db_path):
     gpus = sorted({f.gpu_id for f in findings})
     firing = {(f.rule_id, f.gpu_id) for f in findings if f.state == "firing"}
     gpu0 = [f for f in findings if f.rule_id == "R01_input_cpu_bound"]
-    assert gpu0 and gpu0[0].process == TRAINER and gpu0[0].severity == "warn"
+    assert gpu0 and gpu0[0].process == TRAINER and gpu0[0].severity == "warning"
     assert gpu0[0].evidence["idle_share"] == pytest.approx(0.7, abs=0.05)
     assert {("R14_bursty_utilisation", gpu) for gpu in gpus} <= firing
     assert len(gpus) == 2
@@ -133,6 +133,7 @@ def test_findings_are_stored_one_row_per_finding(db_path):
     base = dict(finding_id="R01:g:1-2:5", rule_id="R01_input_cpu_bound", title="t",
                 gpu_id="g", process=ProcessKey(1, 2), window_start=1, root_cause="c",
                 verify="v", group="host_starvation")
+    # legacy names, as an older rules process sends them: stored on the one scale
     writer.write_batch([
         Envelope("rules", 1, RuleFinding(ts=10, severity="warn", state="firing", window_end=10,
                                          evidence={"idle_share": 0.7}, fixes=["a", "b"],
@@ -145,7 +146,7 @@ def test_findings_are_stored_one_row_per_finding(db_path):
     [row] = list(db["rule_findings"].rows)
     assert (row["first_ts"], row["last_ts"], row["cleared_at"], row["state"]) == (10, 30, 30,
                                                                                   "cleared")
-    assert row["severity"] == "high" and (row["pid"], row["start_time"]) == (1, 2)
+    assert row["severity"] == "error" and (row["pid"], row["start_time"]) == (1, 2)
     assert json.loads(row["evidence"]) == {"idle_share": 0.9}       # kept from the firing
     assert json.loads(row["fixes"]) == ["a", "b"]
     db.close()

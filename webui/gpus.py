@@ -46,7 +46,9 @@ def show(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
     return render_template("gpu.html", gpu=gpu, ranges=list(series.RANGES),
                            processes=queries.bound_processes(get_db(), gpu["id"]),
-                           incidents=queries.open_incidents(get_db(), gpu["id"]))
+                           incidents=queries.open_incidents(get_db(), gpu["id"]),
+                           sample=queries.latest_sample(get_db(), gpu["id"]),
+                           health_history=queries.gpu_health_history(get_db(), gpu["id"]))
 
 
 @bp.get("/api/gpus/<gpu_id>/series")
@@ -70,7 +72,8 @@ def api_show(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
     return jsonify({**gpu, "sample": queries.latest_sample(get_db(), gpu["id"]),
                     "processes": queries.bound_processes(get_db(), gpu["id"]),
-                    "incidents": queries.open_incidents(get_db(), gpu["id"])})
+                    "incidents": queries.open_incidents(get_db(), gpu["id"]),
+                    "health_history": queries.gpu_health_history(get_db(), gpu["id"])})
 
 
 @bp.get("/gpus/<gpu_id>/series.csv")

@@ -19,11 +19,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlite_utils import Database
 
+from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND, now_ns
+from gpuwhy.gpu_health import STATES as HEALTH_STATES
+from gpuwhy.gpu_health import is_live
 from gpuwhy.stalls import STALL_FACTOR, STALLED, judge, stall_counts
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
+    gpu_health_states,
     incident_counts,
     latest_gpu_process_lists,
     latest_gpu_samples,
@@ -68,6 +72,7 @@ class StoreCollector(Collector):
     def _gpus(self, db: Database) -> Iterator[Metric]:
         columns = [c for c in _GPU_FIELDS if c in db["gpu_samples"].columns_dict]
         rows = latest_gpu_samples(db, columns)
+        health = dict(gpu_health_states(db))
         families = {c: GaugeMetricFamily(f"gpuwhy_gpu_{_GPU_FIELDS[c][0]}", _GPU_FIELDS[c][1],
                                          labels=["gpu", "simulated"]) for c in columns}
         sample_time = GaugeMetricFamily("gpuwhy_gpu_last_sample_timestamp_seconds",
@@ -76,11 +81,20 @@ class StoreCollector(Collector):
         for row in rows:
             gpu, ts, values, simulated = row[0], row[1], row[2:-1], str(bool(row[-1])).lower()
             sample_time.add_metric([gpu, simulated], ts / NS_PER_SECOND)
+            if not is_live(health.get(gpu)):
+                continue    # a lost or resetting GPU's last numbers are not its numbers now
             for column, value in zip(columns, values, strict=True):
                 if value is not None:
                     families[column].add_metric([gpu, simulated], value * _GPU_FIELDS[column][2])
         yield sample_time
         yield from families.values()
+        states = GaugeMetricFamily("gpuwhy_gpu_health", "1 for the GPU's health state (ok, "
+                                   "degraded, reset_required, reboot_required, lost, "
+                                   "resetting), 0 for the others", labels=["gpu", "state"])
+        for gpu, state in health.items():
+            for name in HEALTH_STATES:
+                states.add_metric([gpu, name], 1.0 if name == state else 0.0)
+        yield states
         bound = GaugeMetricFamily("gpuwhy_gpu_bound_processes",
                                   "processes holding the GPU's device file now", labels=["gpu"])
         for gpu, count in bound_process_counts(db):
@@ -119,7 +133,14 @@ class StoreCollector(Collector):
                                     labels=["kind", "severity"])
         open_now = GaugeMetricFamily("gpuwhy_incidents_open", "incidents still open",
                                      labels=["kind"])
+        # Labelled on the one scale, worst first: a row stored under a legacy name (before
+        # m103, or by an older process) counts under its new name, not as a series of its own.
+        counts: dict[tuple[str, str], int] = {}
         for kind, severity, count in incident_counts(db):
+            name = sev.normalise(severity) if sev.is_severity(severity) else severity
+            counts[kind, name] = counts.get((kind, name), 0) + count
+        for (kind, severity), count in sorted(counts.items(),
+                                              key=lambda kv: (kv[0][0], sev.sort_key(kv[0][1]))):
             total.add_metric([kind, severity], count)
         for kind, opened in open_incident_counts(db):
             open_now.add_metric([kind], opened)

@@ -290,6 +290,9 @@ class ExporterSource:
         self.last_skip = ""
         self._known: set[str] = set()
         self._last_xid: dict[tuple[str, str], int] = {}
+        # open()'s read is thrown away by its callers (they want the GPU list): the Xids it
+        # found already set before we started are handed on with the next read instead.
+        self._carried: list[Event] = []
 
     def fetch(self) -> str:
         """The /metrics body, within ``timeout`` s in all and ``max_body`` bytes at most: a
@@ -315,7 +318,7 @@ class ExporterSource:
         return series
 
     def open(self) -> list[GpuInfo]:
-        self.read()
+        self._carried = [e for e in self.read() if isinstance(e, GpuXid)]
         return self.gpus
 
     def notes(self) -> list[str]:
@@ -345,14 +348,24 @@ class ExporterSource:
         for (gpu_id, instance), (fields, labels) in grouped.items():
             events.append(GpuSample(ts=ts, gpu_id=gpu_id, source=self.name, simulated=False,
                                     fields=fields, instance=instance, labels=labels))
-        return events
+        carried, self._carried = self._carried, []
+        return carried + events
 
     def _xid(self, gpu_id: str, instance: str, xid: int, ts: int) -> list[Event]:
-        """The exporter shows only the last Xid: a change to a non-zero value is a new one."""
+        """The exporter shows only the last Xid: a change to a non-zero value is a new one.
+        A non-zero value at the first read is an Xid from before we started: kept (it may be
+        why the GPU misbehaves now) but marked, with no time of its own — the gauge has none
+        and DCGM may have held it for hours."""
         previous = self._last_xid.get((gpu_id, instance))
         self._last_xid[(gpu_id, instance)] = xid
-        if previous is None or xid == previous or xid == 0:
+        if xid == previous or xid == 0:
             return []
+        if previous is None:
+            return [GpuXid(ts=ts, gpu_id=gpu_id, xid=xid, source=self.name, simulated=False,
+                           before_start=True,
+                           detail=f"last Xid {xid}, before gpuwhy started: dcgm-exporter's "
+                                  f"last-Xid gauge showed it at the first scrape; the Xid "
+                                  f"itself happened earlier, at an unknown time")]
         return [GpuXid(ts=ts, gpu_id=gpu_id, xid=xid, source=self.name, simulated=False,
                        detail="dcgm-exporter last-Xid gauge changed")]
 

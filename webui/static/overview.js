@@ -14,7 +14,14 @@
   function render(gpus) {
     for (const gpu of gpus) {
       const card = cards.querySelector(`section[data-gpu="${CSS.escape(gpu.id)}"]`);
-      if (!card || !gpu.sample) continue;
+      if (!card) continue;
+      // A GPU whose health is not live (lost, resetting, ...) keeps its last numbers greyed:
+      // the page is reloaded for a change of health, numbers are never refreshed for it.
+      if (typeof gpu.health === "string" && gpu.health !== card.dataset.health) {
+        window.location.reload();
+        return;
+      }
+      if (!gpu.live || !gpu.sample) continue;
       for (const dd of card.querySelectorAll("dd[data-field]")) {
         const raw = gpu.sample[dd.dataset.field];
         const scale = Number(dd.dataset.scale || 1);

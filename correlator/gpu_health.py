@@ -1,0 +1,268 @@
+"""The GPU health state machine: every source's events move a GPU between the states of
+:mod:`gpuwhy.gpu_health`, each transition stored with its evidence and what clears it.
+
+Runs in the decide stage (``IncidentBuilder.decide`` calls :meth:`GpuHealth.observe` for
+every event), inside the batch's transaction: a transition commits with the events it rests
+on. Sources and what they mean:
+
+- kernel log: an Xid (its catalogue entry, :func:`gpuwhy.xid.catalogue_fields`), fallen off
+  the bus, RmInitAdapter failed; every kernel-log and cron event carries the boot id, and a
+  new one is a reboot, which clears every state entered in an older boot;
+- GPU source: its Xids, its ``gpu_state`` (lost, reset_required, resetting, back) and its
+  samples (throttling, SBE storm, pending row remap, uncorrectable ECC, remap failure; a
+  sample after a loss or a reset with clean counters is the GPU read again);
+- driver calls: a reset call that returned NV_OK (:mod:`gpuwhy.reset`).
+
+The current state lives on the GPU's ``gpus`` row and is read from there for each event
+(never cached), so a decide that fails and rolls back leaves nothing stale behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+from sqlite_utils import Database
+
+from gpuwhy import gpu_health as gh
+from gpuwhy.correlator import bindings
+from gpuwhy.events import Event, methods_by_kind
+from gpuwhy.identity import classify_device
+from gpuwhy.reset import reset_kind, state_kind
+from gpuwhy.store import queries
+from gpuwhy.xid import catalogue_fields, xid_info
+
+MAX_DETAIL = 300     # evidence quotes a line or a source's detail; they are untrusted
+
+
+class GpuHealth:
+    """Decides each GPU's health from the events of a batch (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._boot: str | None = None
+        self._stored_boot: str | None = None
+        # Per GPU: recent (ts, corrected ECC count) for the SBE-storm window and the last
+        # uncorrectable remapped-rows count (an increase is a row waiting for a reset).
+        self._sbe: dict[str, deque[tuple[int, float]]] = {}
+        self._remapped: dict[str, float] = {}
+        self._handlers = methods_by_kind(self, "_on_")
+
+    def observe(self, db: Database, event: Event) -> None:
+        """Apply one event (already written by the store's writer) to its GPU's health."""
+        handler = self._handlers.get(event.kind)
+        if handler is not None:
+            handler(db, event)
+
+    # --- the machine -----------------------------------------------------------------------
+    def _boot_id(self, db: Database) -> str | None:
+        """The boot a new state is entered in: the last one seen, else the kernel-log
+        source's (read once; None where no kernel-log source ran)."""
+        if self._boot is None and self._stored_boot is None:
+            self._stored_boot = queries.last_boot_id(db) or ""
+        return self._boot or self._stored_boot or None
+
+    def _move(self, db: Database, gpu_id: str, ts: int, state: str, cause: str,
+              evidence: dict[str, Any], causes: list[str] | None = None,
+              pci: str | None = None) -> None:
+        """Record a transition (or, within degraded, a changed set of causes)."""
+        current = queries.gpu_health(db, gpu_id)
+        previous = (current["health"] if current else None) or gh.OK
+        if current is None:
+            # A GPU only the kernel log or a driver call named: give it a row, so that the
+            # overview and /metrics show it (its id is its PCI address until a source names it)
+            db.execute("insert into gpus (id, pci_bus_id, first_seen, last_seen) values "
+                       "(?, ?, ?, ?) on conflict(id) do nothing", [gpu_id, pci, ts, ts])
+        boot_id = self._boot_id(db)
+        full = {**evidence, "cause": cause, "ts": ts,
+                **({"causes": causes} if causes is not None else {})}
+        body = json.dumps(full, sort_keys=True, default=str)
+        clears = gh.CLEARS[state]
+        db.execute("update gpus set health = ?, health_since = ?, health_evidence = ?, "
+                   "health_clears = ?, health_boot_id = ? where id = ?",
+                   [state, ts, body, clears, boot_id, gpu_id])
+        db["gpu_health_history"].insert({
+            "gpu_id": gpu_id, "ts": ts, "state": state, "previous": previous, "cause": cause,
+            "evidence": body, "clears": clears, "boot_id": boot_id})
+        if state in (gh.OK, gh.RESETTING):
+            # a reset or reboot clears the volatile counters the sample windows were built on
+            self._sbe.pop(gpu_id, None)
+            self._remapped.pop(gpu_id, None)
+
+    def _escalate(self, db: Database, gpu_id: str | None, ts: int, state: str, cause: str,
+                  evidence: dict[str, Any], pci: str | None = None) -> None:
+        """Move to ``state`` if it is worse than the current one; within degraded, add the
+        cause (each degraded cause clears its own way)."""
+        if not gpu_id:
+            return
+        current = queries.gpu_health(db, gpu_id)
+        now = (current["health"] if current else None) or gh.OK
+        if state == gh.DEGRADED and now == gh.DEGRADED:
+            causes = list(current["evidence"].get("causes", []))
+            if cause not in causes:
+                self._move(db, gpu_id, ts, gh.DEGRADED, cause, evidence, [*causes, cause])
+            return
+        if gh.RANK[state] > gh.RANK[now]:
+            self._move(db, gpu_id, ts, state, cause, evidence,
+                       [cause] if state == gh.DEGRADED else None, pci)
+
+    def _reset_seen(self, db: Database, gpu_id: str, ts: int, evidence: dict[str, Any],
+                    done: bool = False) -> None:
+        """A reset (gpuwhy/reset.py): resetting until the GPU source reads the GPU again;
+        ``done`` (a reset call returned NV_OK on a GPU no source reads) goes on to ok."""
+        current = queries.gpu_health(db, gpu_id)
+        now = (current["health"] if current else None) or gh.OK
+        if now == gh.REBOOT_REQUIRED:
+            return              # a GPU reset does not clear what only a reboot clears
+        self._move(db, gpu_id, ts, gh.RESETTING, "reset", evidence)
+        if done and not (current and current["source"]):
+            self._move(db, gpu_id, ts, gh.OK, "reset done", {
+                **evidence, "why": "the reset call returned NV_OK and no GPU source reads "
+                                   "this GPU to say otherwise"})
+
+    def _boot_seen(self, db: Database, boot_id: str, ts: int) -> None:
+        """A new boot id is a reboot: it clears every state entered in an older boot."""
+        # Compared with each GPU's own boot, not only the last one seen: after a reboot the
+        # first batch already carries the new cursor, so the store's "last boot" is new too.
+        if not boot_id or boot_id == self._boot:
+            return
+        before, self._boot = self._boot, boot_id
+        for gpu_id, _state, since, entered_in in queries.gpus_not_ok(db):
+            if entered_in and entered_in != boot_id and (since or 0) <= ts:
+                self._move(db, gpu_id, ts, gh.OK, "reboot",
+                           {"event": "boot id changed", "boot_id_before": entered_in,
+                            "boot_id_now": boot_id, "last_boot_seen": before})
+
+    def _xid(self, db: Database, gpu_id: str | None, ts: int, code: int,
+             catalogue: dict[str, Any], evidence: dict[str, Any],
+             pci: str | None = None) -> None:
+        target = gh.xid_target(code, catalogue)
+        if target is None:
+            return              # its action needs no reset or reboot: health unchanged
+        state, cause = target
+        self._escalate(db, gpu_id, ts, state, cause,
+                       {**evidence, "xid": code, "title": catalogue.get("title", "")}, pci)
+
+    # --- the sources -----------------------------------------------------------------------
+    def _on_kernel_log_record(self, db: Database, event: Event) -> None:
+        self._boot_seen(db, event.boot_id, event.ts)
+        kind = event.record_kind
+        if kind not in ("xid", "fallen_off_bus", "rm_init_failed"):
+            return
+        gpu_id = queries.resolve_gpu(db, uuid=event.uuid, pci=event.pci)
+        evidence = {"event": f"kernel log {kind}", "origin": event.origin,
+                    "cursor": event.cursor,
+                    "line": (event.line or event.message or "")[:MAX_DETAIL]}
+        if kind == "rm_init_failed":
+            self._escalate(db, gpu_id, event.ts, gh.RESET_REQUIRED, "rm_init_failed",
+                           evidence, event.pci)
+            return
+        code = event.xid if kind == "xid" and event.xid is not None else 79
+        if kind == "xid" and event.xid is None:
+            return
+        self._xid(db, gpu_id, event.ts, code, catalogue_fields(kind, code, event.details),
+                  evidence, event.pci)
+
+    def _on_kernel_log_checkpoint(self, db: Database, event: Event) -> None:
+        self._boot_seen(db, event.boot_id, event.ts)
+
+    def _on_cron_execution(self, db: Database, event: Event) -> None:
+        self._boot_seen(db, event.boot_id, event.ts)
+
+    def _on_gpu_xid(self, db: Database, event: Event) -> None:
+        if event.before_start:
+            return              # from before gpuwhy started: when, and whether a reset has
+            # cleared it since, nobody can tell (the GPU page shows it as a note)
+        self._xid(db, event.gpu_id, event.ts, event.xid, xid_info(event.xid).as_fields(),
+                  {"event": "gpu_xid", "source": event.source,
+                   "detail": event.detail[:MAX_DETAIL]})
+
+    def _on_gpu_state(self, db: Database, event: Event) -> None:
+        evidence = {"event": f"gpu_state {event.state}", "source": event.source,
+                    "detail": event.detail[:MAX_DETAIL]}
+        if event.state == gh.LOST:
+            self._escalate(db, event.gpu_id, event.ts, gh.LOST, "source lost it", evidence)
+        elif event.state == gh.RESET_REQUIRED:
+            self._escalate(db, event.gpu_id, event.ts, gh.RESET_REQUIRED,
+                           "source says reset required", evidence)
+        elif state_kind(event.state) == "reset":
+            self._reset_seen(db, event.gpu_id, event.ts, evidence)
+        elif state_kind(event.state) == "back":
+            current = queries.gpu_health(db, event.gpu_id)
+            if current and current["health"] in (gh.LOST, gh.RESETTING) and \
+                    event.ts >= (current["since"] or 0):
+                self._move(db, event.gpu_id, event.ts, gh.OK, "source reads it again",
+                           evidence)
+
+    def _on_driver_call(self, db: Database, event: Event) -> None:
+        if reset_kind(event.sub_name) != "reset" or event.ret != 0 or event.status != 0:
+            return              # a request, or a reset call that failed: no reset happened
+        kind, minor = classify_device(event.path)
+        gpus = [queries.resolve_gpu(db, minor=minor)] if kind == "nvidiaN" and \
+            minor is not None else bindings.gpus_of(db, event.process, event.ts)
+        evidence = {"event": f"driver call {event.sub_name}", "pid": event.process.pid,
+                    "start_time": event.process.start_time, "path": event.path}
+        for gpu_id in gpus:
+            if gpu_id:
+                self._reset_seen(db, gpu_id, event.ts, evidence, done=True)
+
+    def _on_gpu_sample(self, db: Database, event: Event) -> None:
+        if event.instance:
+            return              # a MIG instance: the whole GPU's sample speaks for it
+        gpu_id, ts, fields = event.gpu_id, event.ts, event.fields
+        evidence = {"event": "gpu_sample", "source": event.source}
+        bad = gh.uncorrectable(fields)
+        throttled = gh.throttling(fields)
+        storm = self._sbe_storm(gpu_id, ts, fields.get("ecc_sbe_volatile"))
+        remapped = fields.get("row_remap_uncorrectable")
+        pending = self._remap_pending(gpu_id, remapped)
+        if not (bad or throttled or storm or pending) and \
+                queries.gpu_health_state(db, gpu_id) in (None, gh.OK):
+            return              # the common case, once a second per GPU: kept cheap
+        current = queries.gpu_health(db, gpu_id)
+        now = (current["health"] if current else None) or gh.OK
+        later = current is not None and ts > (current["since"] or 0)
+        if later and fields and bad is None and now in (gh.LOST, gh.RESETTING):
+            self._move(db, gpu_id, ts, gh.OK, "source reads it again with clean counters",
+                       evidence)
+        elif later and now == gh.DEGRADED and not throttled:
+            causes = list(current["evidence"].get("causes", []))
+            if gh.THROTTLING in causes:
+                kept = [c for c in causes if c not in gh.SAMPLE_CLEARED_CAUSES]
+                if kept:
+                    self._move(db, gpu_id, ts, gh.DEGRADED, "throttling ended", evidence, kept)
+                else:
+                    self._move(db, gpu_id, ts, gh.OK, "throttling ended", evidence)
+        if bad is not None:
+            self._escalate(db, gpu_id, ts, gh.RESET_REQUIRED, bad, {
+                **evidence, "ecc_dbe_volatile": fields.get("ecc_dbe_volatile"),
+                "row_remap_failed": fields.get("row_remap_failed")})
+        if throttled:
+            self._escalate(db, gpu_id, ts, gh.DEGRADED, gh.THROTTLING,
+                           {**evidence, "clocks_event_reasons": hex(throttled)})
+        if storm:
+            self._escalate(db, gpu_id, ts, gh.DEGRADED, gh.SBE_STORM,
+                           {**evidence, "ecc_sbe_volatile": fields.get("ecc_sbe_volatile"),
+                            "window_s": gh.SBE_STORM_WINDOW_NS // 10**9})
+        if pending:
+            self._escalate(db, gpu_id, ts, gh.DEGRADED, gh.ROW_REMAP_PENDING,
+                           {**evidence, "row_remap_uncorrectable": remapped})
+
+    def _remap_pending(self, gpu_id: str, remapped: float | None) -> bool:
+        """Whether the uncorrectable remapped-rows count went up: a row waits for a reset."""
+        if remapped is None:
+            return False
+        before = self._remapped.get(gpu_id)
+        self._remapped[gpu_id] = remapped
+        return before is not None and remapped > before
+
+    def _sbe_storm(self, gpu_id: str, ts: int, count: float | None) -> bool:
+        if count is None:
+            return False
+        window = self._sbe.setdefault(gpu_id, deque())
+        if window and count < window[-1][1]:
+            window.clear()      # the volatile counter went back: the GPU was reset
+        window.append((ts, count))
+        while window and window[0][0] < ts - gh.SBE_STORM_WINDOW_NS:
+            window.popleft()
+        return window[-1][1] - window[0][1] >= gh.SBE_STORM_COUNT
