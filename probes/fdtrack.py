@@ -412,7 +412,13 @@ class FdTrackProbe:
 
         events, inherited = self.table.forked(record.tgid, child, ts, seq_for)
         for tracked in inherited:
-            self._kernel_track(child, tracked.fd, tracked.open_seq, tracked.cloexec)
+            # The parent's close-on-exec flag as the kernel map has it: FD(N)CLEX changes
+            # it there only, and the user-space copy may be stale (a child that exec'd
+            # then lost an fd it had been made to inherit).
+            parent = self._tracked.Key(record.tgid, tracked.fd)
+            cloexec = bool(self._tracked[parent].cloexec) if parent in self._tracked \
+                else tracked.cloexec
+            self._kernel_track(child, tracked.fd, tracked.open_seq, cloexec)
         return events
 
     def _on_inherit(self, record: object, ts: int) -> list[Event]:
