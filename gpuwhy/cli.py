@@ -34,10 +34,21 @@ class _Context:
             raise click.ClickException(str(exc)) from None
 
 
+class _LogFormatter(logging.Formatter):
+    """Log lines stamped as every other time gpuwhy prints: gpuwhy.text.format_ts, local
+    time with its zone (logging's own asctime has no zone)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        from gpuwhy.text import format_ts
+
+        return format_ts(int(record.created * 1_000_000_000))
+
+
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s gpuwhy[%(process)d] %(name)s %(levelname)s: "
-                               "%(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormatter("%(asctime)s gpuwhy[%(process)d] %(name)s "
+                                       "%(levelname)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def _stop_on_signals(stop: threading.Event | None = None,

@@ -1,13 +1,15 @@
 """How gpuwhy writes things for people: timestamps, and untrusted text made terminal-safe.
 
-One formatter for every realtime-nanosecond timestamp a CLI, a report or a chart prints
-(local time unless asked for UTC), and one escaper for what processes and logs control
-(names, command lines, kernel messages): it is shown, never interpreted.
+One formatter for every realtime-nanosecond timestamp a CLI, a report, a web page or a log
+line prints (local time unless asked for UTC, always with its time zone), and one escaper
+for what processes and logs control (names, command lines, kernel messages): it is shown,
+never interpreted. The browser's one counterpart is ``GpuwhyCharts.clock`` in
+webui/static/charts.js, which names the browser's zone on the page.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from gpuwhy.clock import NS_PER_SECOND
 
@@ -18,13 +20,19 @@ _SQL_FORMATS = {"ms": "%Y-%m-%d %H:%M:%f", "s": "%Y-%m-%d %H:%M:%S", "min": "%Y-
 
 def format_ts(ts: int | None, precision: str = "ms", *, date: bool = True,
               utc: bool = False) -> str:
-    """A realtime timestamp in ns as ``YYYY-MM-DD HH:MM:SS.mmm`` (``precision`` ``ms``),
-    ``…HH:MM:SS`` (``s``) or ``…HH:MM`` (``min``), in local time or UTC; ``-`` for None.
+    """A realtime timestamp in ns as ``YYYY-MM-DD HH:MM:SS.mmm ZONE`` (``precision`` ``ms``),
+    ``…HH:MM:SS ZONE`` (``s``) or ``…HH:MM ZONE`` (``min``); ``-`` for None.
+
+    In UTC (``utc=True``) or in the local time zone (``TZ``, else the host's), the zone
+    always written: its abbreviation (``UTC``, ``CET``, ``EDT``), or the offset from UTC
+    (``+05:30``) where the zone has no alphabetic abbreviation.
 
     >>> format_ts(1_700_000_000_123_456_789, utc=True)
-    '2023-11-14 22:13:20.123'
+    '2023-11-14 22:13:20.123 UTC'
     >>> format_ts(1_700_000_000_123_456_789, "s", date=False, utc=True)
-    '22:13:20'
+    '22:13:20 UTC'
+    >>> format_ts(1_700_000_000_123_456_789, "min", utc=True)
+    '2023-11-14 22:13 UTC'
     """
     if ts is None:
         return "-"
@@ -34,12 +42,26 @@ def format_ts(ts: int | None, precision: str = "ms", *, date: bool = True,
     shown = moment.strftime(("%Y-%m-%d " if date else "") + _FORMATS[precision])
     if precision == "ms":
         shown += f".{ts % NS_PER_SECOND // 1_000_000:03d}"
-    return shown
+    return f"{shown} {_zone(moment)}"
+
+
+def _zone(moment: datetime) -> str:
+    """``moment``'s zone abbreviation, or its UTC offset as ``+HH:MM`` where the zone has
+    none or only a numeric one (``-03``)."""
+    name = moment.tzname() or ""
+    if name.isalpha():
+        return name
+    offset = moment.utcoffset() or timedelta(0)
+    minutes = round(offset.total_seconds() / 60)
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
 def sql_utc(ns_expr: str, precision: str = "ms") -> str:
     """The SQLite expression that writes ``ns_expr`` (realtime ns) as
-    ``format_ts(…, precision, utc=True)`` does: the ``time`` columns of the store's views.
+    ``format_ts(…, precision, utc=True)`` does, less its ``" UTC"``: the ``time`` columns of
+    the store's views, whose zone is UTC by definition (docs/schema.md). Kept without the
+    suffix because migration m603's views are frozen (store/views.py ``VIEWS_V1``).
 
     >>> sql_utc("s.ts", "s")
     "strftime('%Y-%m-%d %H:%M:%S', s.ts / 1e9, 'unixepoch')"

@@ -14,7 +14,7 @@ MOMENTS = [0, 1_700_000_000_123_000_000, 1_798_761_599_999_000_000, 1_764_633_60
 
 def test_the_docstring_examples_hold():
     result = doctest.testmod(text)
-    assert result.attempted >= 5 and result.failed == 0
+    assert result.attempted >= 6 and result.failed == 0
 
 
 @pytest.mark.parametrize("precision", ["ms", "s", "min"])
@@ -22,7 +22,7 @@ def test_the_views_write_time_as_the_cli_does(precision):
     db = sqlite3.connect(":memory:")
     for ts in MOMENTS:
         [(in_sql,)] = db.execute(f"select {sql_utc('?', precision)}", [ts]).fetchall()
-        assert in_sql == format_ts(ts, precision, utc=True)
+        assert f"{in_sql} UTC" == format_ts(ts, precision, utc=True)
 
 
 def test_untrusted_text_cannot_drive_the_terminal():

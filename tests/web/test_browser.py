@@ -20,6 +20,7 @@ from .conftest import EVIL_NAME, TOKEN, build
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
+BROWSER_ZONE = "Asia/Tokyo"       # not the host's: the charts must name the browser's
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -59,7 +60,8 @@ class Watched:
 
     def __init__(self, browser, headers=None):
         self.context = browser.new_context(viewport={"width": 1400, "height": 900},
-                                           extra_http_headers=headers or {})
+                                           extra_http_headers=headers or {},
+                                           timezone_id=BROWSER_ZONE)
         self.page = self.context.new_page()
         self.problems: list[str] = []
         self.dialogs: list[str] = []
@@ -112,9 +114,11 @@ def test_every_page_loads_clean_and_draws(browser, server, scenario, tmp_path):
                 page.wait_for_selector("#gpu-page[data-loaded='true']", timeout=15_000)
                 assert charts_drawn(page, "#gpu-page") == 7
                 assert "1 s each" not in page.inner_text("#range-info")
+                assert page.inner_text("#chart-zone") == f"· times in {BROWSER_ZONE}"
             if name == "process":
                 page.wait_for_selector("#process-page[data-loaded='true']", timeout=15_000)
                 assert charts_drawn(page, "#process-page") == 2
+                assert page.inner_text("#chart-zone") == f"· times in {BROWSER_ZONE}"
             if name != "report":
                 assert "SIMULATED" in page.inner_text("#simulated-banner")
             shoot(page, tmp_path, name)

@@ -27,7 +27,8 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.stats import percentile
 from gpuwhy.store import queries
 from gpuwhy.store.series import gpu_series, process_series, window
-from gpuwhy.webui.reports.svg import clock, line_chart
+from gpuwhy.text import format_ts
+from gpuwhy.webui.reports.svg import line_chart
 
 MINUTE = 60 * NS_PER_SECOND
 POINTS = 300
@@ -207,7 +208,7 @@ def gather(db: Database, subject: Subject, compare: bool = False) -> dict:
 
 
 def _when(ts: int | None) -> str:
-    return "-" if ts is None else clock(ts, with_date=True)
+    return format_ts(ts, "s")
 
 
 def _number(value: float | None) -> str:

@@ -35,10 +35,6 @@ def short(value: float) -> str:
     return f"{value:.3g}"
 
 
-def clock(ts: int, with_date: bool = False) -> str:
-    return format_ts(ts, "s", date=with_date)
-
-
 def line_chart(title: str, unit: str, series: Sequence[tuple[str, Sequence[Point]]],
                since: int, until: int, markers: Sequence[tuple[int, str]] = (),
                width: int = 860, height: int = 190) -> Markup:
@@ -67,9 +63,9 @@ def line_chart(title: str, unit: str, series: Sequence[tuple[str, Sequence[Point
                      f'y2="{y(level):.1f}" class="grid"/>'
                      f'<text x="{left - 4}" y="{y(level) + 4:.1f}" class="axis" '
                      f'text-anchor="end">{escape(short(level))}</text>')
-    parts.append(f'<text x="{left}" y="{height - 6}" class="axis">{escape(clock(since, True))}'
+    parts.append(f'<text x="{left}" y="{height - 6}" class="axis">{escape(format_ts(since, "s"))}'
                  f'</text><text x="{width - right}" y="{height - 6}" class="axis" '
-                 f'text-anchor="end">{escape(clock(until, True))}</text>')
+                 f'text-anchor="end">{escape(format_ts(until, "s"))}</text>')
     for ts, label in markers:
         if since <= ts <= until:
             parts.append(f'<line x1="{x(ts):.1f}" x2="{x(ts):.1f}" y1="{top}" '

@@ -8,6 +8,21 @@
 
   G.ms = (ns) => ns / 1e6;
 
+  // The one place the browser writes a time (the server's pages use gpuwhy.text.format_ts):
+  // in the browser's own zone, as ECharts' time axes and tooltips do (useUTC false), and
+  // that zone is named once on each chart page (#chart-zone).
+  G.zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "the browser's local time";
+  const two = (n) => String(n).padStart(2, "0");
+  G.clock = function (ms) {
+    const d = new Date(ms);
+    return `${two(d.getMonth() + 1)}-${two(d.getDate())} ` +
+      `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+  };
+  G.showZone = function () {
+    const note = document.getElementById("chart-zone");
+    if (note) note.textContent = `· times in ${G.zone}`;
+  };
+
   G.available = () => typeof window.echarts !== "undefined";
 
   G.fetchJson = async function (url) {
@@ -53,6 +68,7 @@
   G.base = function (range) {
     return {
       animation: false,
+      useUTC: false,
       grid: { left: 70, right: 70, top: 30, bottom: 30 },
       legend: { top: 0, type: "scroll" },
       tooltip: { trigger: "axis", renderMode: "richText" },
@@ -80,6 +96,7 @@
 
   // Range buttons and zoom: calls load(params) with {range} or {from, to} (ns).
   G.rangeControl = function (load) {
+    G.showZone();
     const picker = document.getElementById("range-picker");
     let current = { range: new URL(window.location.href).searchParams.get("range") || "1h" };
     const at = new URL(window.location.href).searchParams.get("at");

@@ -73,7 +73,7 @@
     const fields = data.fields.filter((f) => f !== "clocks_event_reasons");
     const bits = Object.entries(data.throttle_bits || {});
     const rows = fields.concat(bits.map(([name]) => `throttle ${name}`));
-    const times = data.rows.map((r) => new Date(G.ms(r[0])).toISOString().slice(5, 19).replace("T", " "));
+    const times = data.rows.map((r) => G.clock(G.ms(r[0])));
     const cells = [];
     fields.forEach((field, y) => {
       const i = data.fields.indexOf(field) + 1;

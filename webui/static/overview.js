@@ -3,12 +3,13 @@
 (function () {
   "use strict";
   const cards = document.getElementById("gpu-cards");
+  const whole = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
 
   function format(value, field) {
     if (value === null || value === undefined) return "–";
     const units = { gpu_util: " %", sm_active: " %", tensor_active: " %", dram_active: " %",
       fb_used_mib: " MiB", fb_total_mib: " MiB", temp_c: " °C", power_w: " W" };
-    return Math.round(value).toLocaleString("en-US") + (units[field] || "");
+    return whole.format(Math.round(value)) + (units[field] || "");
   }
 
   function render(gpus) {
