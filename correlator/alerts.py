@@ -1,8 +1,10 @@
-"""Alerts in the systemd journal: one entry per new incident, found by MESSAGE_ID or its id.
+"""Alerts in the systemd journal: one entry per new incident and per change to one.
 
-Each incident kind has a stable MESSAGE_ID (explained in ``systemd/gpuwhy.catalog``, which
+Each incident kind, and each kind of change (acknowledged, resolved, reopened, a note), has a
+stable MESSAGE_ID (:mod:`gpuwhy.journal`, explained in ``systemd/gpuwhy.catalog``, which
 ``journalctl -x`` shows once the catalog is installed); PRIORITY follows the severity.
-Fields: GPUWHY_INCIDENT_ID, GPUWHY_KIND, GPU_ID, GPU_UUID, GPU_PCI, PID, GPUWHY_URL.
+Fields: GPUWHY_INCIDENT_ID, GPUWHY_KIND, GPUWHY_STATE, GPU_ID, GPU_UUID, GPU_PCI,
+GPU_HEALTH, PID, GPUWHY_URL (:mod:`gpuwhy.store.lifecycle` builds them).
 """
 
 from __future__ import annotations
@@ -12,79 +14,54 @@ from collections.abc import Callable
 
 from sqlite_utils import Database
 
-from gpuwhy import severity as sev
-from gpuwhy.store.queries import pci_and_uuid
+from gpuwhy.journal import MESSAGE_IDS, SYSLOG_IDENTIFIER, Sender, journal_sender
+from gpuwhy.store.lifecycle import alert_entry, change_entry
+
+__all__ = ["MESSAGE_IDS", "SYSLOG_IDENTIFIER", "Alerter", "alert_fields"]
 
 log = logging.getLogger(__name__)
-
-MESSAGE_IDS = {
-    "xid": "a60674d8f4564a328eb45da8ed4e5115",
-    "gpu_lost": "80e86e4aca9846a7b84cae771150ad74",
-    "gpu_reset": "497ca03f02774035b99222255a843c7c",
-    "process_stall": "e4599001cf174a6ba79386c50d56ee7a",
-    "process_exit": "29cc6c008cf1404fb185c2f3f27ebf26",
-    "rule_finding": "edb02d46c3fc48debfc0880a04139975",
-}
-SYSLOG_IDENTIFIER = "gpuwhy"
-
-Sender = Callable[..., object]
-
-
-def _journal_send() -> Sender | None:
-    try:
-        from systemd import journal
-    except ImportError:
-        return None
-    return journal.send
 
 
 def alert_fields(db: Database, incident_id: int, base_url: str) -> dict[str, str]:
     """The journal entry of one incident: MESSAGE plus its structured fields."""
-    [incident] = db.execute_returning_dicts(
-        "select id, kind, severity, gpu_id, pid, start_time, title, summary, opened_at "
-        "from incidents where id = ?", [incident_id])
-    pci, uuid = pci_and_uuid(db, incident["gpu_id"])
-    # title/summary may carry process names from the kernel log: keep them one bounded line
-    text = f"{incident['title']}: {incident['summary']}".replace("\n", " ")[:1000]
-    fields = {
-        "MESSAGE": f"gpuwhy incident {incident_id}: {text}",
-        "MESSAGE_ID": MESSAGE_IDS.get(incident["kind"], MESSAGE_IDS["rule_finding"]),
-        "PRIORITY": str(sev.journal_priority(incident["severity"])),
-        "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
-        "GPUWHY_INCIDENT_ID": str(incident_id),
-        "GPUWHY_KIND": incident["kind"],
-        "GPUWHY_SEVERITY": incident["severity"],
-        "GPUWHY_URL": f"{base_url.rstrip('/')}/incidents/{incident_id}",
-    }
-    optional = {"GPU_ID": incident["gpu_id"], "GPU_UUID": uuid, "GPU_PCI": pci,
-                "PID": incident["pid"], "GPUWHY_PROCESS_START_TIME": incident["start_time"]}
-    fields.update({k: str(v) for k, v in optional.items() if v is not None})
-    return fields
+    return alert_entry(db, incident_id, base_url)
 
 
 class Alerter:
-    """Sends the alert of each new incident; failures are counted, never raised."""
+    """Sends the alert of each new incident and each change; failures are counted, never
+    raised."""
 
     def __init__(self, base_url: str, enabled: bool = True, send: Sender | None = None):
         self.base_url = base_url
-        self.send = (send or _journal_send()) if enabled else None
+        self.send = (send or journal_sender()) if enabled else None
         self.sent = 0
+        self.changes_sent = 0
         self.failed = 0
 
     def alert(self, db: Database, incident_ids: list[int]) -> list[int]:
         """Send the alerts of these incidents; returns the ids whose alert went out."""
+        return [i for i in incident_ids if self._send(alert_entry, db, i, change=False)]
+
+    def changes(self, db: Database, change_ids: list[int]) -> int:
+        """Send one entry per lifecycle change (rows of ``incident_log``); returns how many
+        went out."""
+        return sum(self._send(change_entry, db, c, change=True) for c in change_ids)
+
+    def _send(self, entry: Callable[[Database, int, str], dict[str, str]], db: Database,
+              row_id: int, change: bool) -> bool:
         if self.send is None:
-            return []
-        sent = []
-        for incident_id in incident_ids:
-            try:
-                fields = alert_fields(db, incident_id, self.base_url)
-                message = fields.pop("MESSAGE")
-                self.send(message, **fields)
-                self.sent += 1
-                sent.append(incident_id)
-            except OSError as exc:        # no journald socket: counted, the incident is stored
-                self.failed += 1
-                if self.failed == 1:
-                    log.warning("cannot log incident alerts to the journal: %s", exc)
-        return sent
+            return False
+        try:
+            fields = entry(db, row_id, self.base_url)
+            message = fields.pop("MESSAGE")
+            self.send(message, **fields)
+        except OSError as exc:        # no journald socket: counted, the incident is stored
+            self.failed += 1
+            if self.failed == 1:
+                log.warning("cannot log incident alerts to the journal: %s", exc)
+            return False
+        if change:
+            self.changes_sent += 1
+        else:
+            self.sent += 1
+        return True

@@ -55,6 +55,8 @@ def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Li
         links = _xid_chain(db, incident, builder)
     elif kind in ("process_stall", "process_exit"):
         links = _effect_chain(db, incident)
+    elif kind == "rule_finding":
+        links = _finding_chain(db, incident)
     else:
         links = [_self_link(incident)]
     links.sort(key=lambda link: (_ORDER.get(link.kind, 5), link.ts))
@@ -64,7 +66,8 @@ def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Li
 
 _ORDER = {"cron_job": 0, "timer": 0, "operator_command": 0, "command": 1, "driver_call": 2,
           "earlier_xid": 2, "gpu_reset": 3, "xid": 3, "gpu_lost": 3, "rule_finding": 3,
-          "process": 4, "escalation": 4, "process_stall": 5, "process_exit": 6}
+          "process": 4, "escalation": 4, "later_xid": 4, "process_stall": 5,
+          "process_exit": 6}
 
 
 def _store(db: Database, incident_id: int, links: list[Link]) -> None:
@@ -220,28 +223,39 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
 # --- effects -------------------------------------------------------------------------------
 def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
                   exclude: set[ProcessKey] = frozenset(), only: set | None = None) -> list[Link]:
-    """The processes on the GPU at the time, and what happened to them after."""
+    """The incident's effects (rows naming it as their cause: stalls, deaths, rule findings,
+    later Xids), then the other processes on the GPU at the time (unless ``only`` names the
+    processes it is about)."""
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
-    if gpu_id is None:
-        return []
-    if only is not None:
-        hit = list(only)
-    else:
-        hit = [b.process for b in bindings.bound_at(db, gpu_id, at)]
     links = []
-    for key in hit:
+    affected: set[ProcessKey] = set()
+    effects = db.execute("select id, kind, opened_at, title, summary, pid, start_time, details "
+                         "from incidents where cause_id = ? order by opened_at, id",
+                         [incident["id"]]).fetchall()
+    for effect_id, kind, ts, title, summary, pid, start_time, details in effects:
+        key = ProcessKey(pid, start_time) if pid is not None else None
         if key in exclude:
             continue
-        effect = db.execute(
-            "select id, kind, opened_at, title, summary from incidents where pid = ? and "
-            "start_time = ? and kind in ('process_stall', 'process_exit') and opened_at "
-            "between ? and ? order by opened_at limit 1",
-            [key.pid, key.start_time, at - builder.stall_ns,
-             incident["last_seen"] + builder.settle_ns(incident["kind"])]).fetchone()
-        if effect:
-            links.append(Link(effect[1], effect[2], effect[4], {"incident": effect[0]}, 0.8,
-                              key.pid, key.start_time, gpu_id))
-        elif only is None:
+        if kind == "xid":
+            links.append(Link("later_xid", ts, f"then {title}", {"incident": effect_id}, 0.8,
+                              gpu_id=gpu_id))
+        elif kind == "rule_finding":
+            finding = json.loads(details or "{}")
+            links.append(Link("rule_finding", ts, f"rule {finding.get('rule_id', '?')}: "
+                              f"{title}", {"incident": effect_id, **finding}, 0.7, pid,
+                              start_time, gpu_id))
+        else:       # a stall's or death's summary names the pid: name the process too
+            if key is not None:
+                summary = summary.replace(f"pid {pid} ", f"pid {pid} ({_comm(db, key)}) ", 1)
+            links.append(Link(kind, ts, summary, {"incident": effect_id}, 0.8, pid,
+                              start_time, gpu_id))
+        if key is not None:
+            affected.add(key)
+    if gpu_id is None or only is not None:
+        return links
+    for binding in bindings.bound_at(db, gpu_id, at):
+        key = binding.process
+        if key not in affected and key not in exclude:
             links.append(Link("process", at, f"pid {key.pid} ({_comm(db, key)}) was bound to "
                               f"the GPU", {"gpu_bindings": [str(key)]}, 0.6, key.pid,
                               key.start_time, gpu_id))
@@ -249,16 +263,29 @@ def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
 
 
 def _effect_chain(db: Database, incident: dict) -> list[Link]:
-    """A stall or death: the Xid/reset on its GPU that came just before, then itself."""
+    """A stall or death: the cause incident it is an effect of (if any), then itself."""
     links = []
-    cause = db.execute(
-        "select id, kind, opened_at, title from incidents where gpu_id = ? and kind in "
-        "('xid', 'gpu_lost', 'gpu_reset') and opened_at between ? and ? "
-        "order by opened_at desc limit 1",
-        [incident["gpu_id"], incident["opened_at"] - 60 * NS_PER_SECOND,
-         incident["opened_at"] + 5 * NS_PER_SECOND]).fetchone()
-    if cause:
-        links.append(Link(cause[1], cause[2], cause[3], {"incident": cause[0]}, 0.8,
-                          gpu_id=incident["gpu_id"]))
+    if incident.get("cause_id") is not None:
+        cause = db.execute("select id, kind, opened_at, title from incidents where id = ?",
+                           [incident["cause_id"]]).fetchone()
+        if cause:
+            links.append(Link(cause[1], cause[2], cause[3], {"incident": cause[0]}, 0.8,
+                              gpu_id=incident["gpu_id"]))
     links.append(_self_link(incident))
+    return links
+
+
+def _finding_chain(db: Database, incident: dict) -> list[Link]:
+    """A rule finding: itself, then every process it names (a contention finding names all
+    the processes sharing the GPU)."""
+    links = [_self_link(incident)]
+    details = json.loads(incident["details"] or "{}")
+    for named in details.get("processes") or []:
+        try:
+            key = ProcessKey(int(named["pid"]), int(named["start_time"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        links.append(Link("process", incident["opened_at"],
+                          f"pid {key.pid} ({_comm(db, key)})", {"processes": [str(key)]},
+                          1.0, key.pid, key.start_time, incident["gpu_id"]))
     return links

@@ -5,6 +5,17 @@ connection: incidents and their chains commit with the events they rest on. Kind
 ``xid``, ``gpu_lost`` (fallen off the bus, Xid 79), ``gpu_reset`` (NVRM, the GPU source, or
 the driver-call signature of a reset command), ``process_stall``, ``process_exit`` (death
 after an Xid or reset) and ``rule_finding``.
+
+One incident per cause: an effect (a process's stall or death, a rule finding, a later Xid
+such as 45 on the same GPU) that begins while a cause incident (an Xid, a lost GPU, a reset)
+of its GPU is active is kept as a row whose ``cause_id`` names that incident: a link of its
+chain, never an incident, an alert or a count of its own. An effect found before its cause
+(the kernel-log line came late) is adopted when the cause opens. Lifecycle
+(:mod:`gpuwhy.lifecycle`): an incident is resolved when its GPU reads healthy again after
+it (``reset``/``recovered``), its process ends, its finding clears, or, for an incident that
+leaves the GPU healthy, ``dedup_seconds`` after it was last seen (``timeout``); never before
+it settles. Every change goes through :mod:`gpuwhy.store.lifecycle` (its log row), and the
+changes of incidents are handed to the alerter for the journal (:attr:`changes`).
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from gpuwhy import gpu_health as gh
+from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import Config
@@ -25,12 +38,19 @@ from gpuwhy.correlator.pending import Alignment
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
+from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.xid import xid_info
 
 log = logging.getLogger(__name__)
 
 CAUSE_KINDS = ("xid", "gpu_lost", "gpu_reset")
+ADOPTED_KINDS = ("process_stall", "process_exit", "rule_finding")   # found before their cause
+ACTOR = "gpuwhy"                         # who made a change, in the incident log
+# GPU health while which a cause incident stays active: the GPU still needs what it said
+UNRESOLVED_HEALTH = (gh.RESET_REQUIRED, gh.REBOOT_REQUIRED, gh.LOST, gh.RESETTING)
+FOLLOW_ON_XIDS = (45,)                   # "preemptive cleanup, due to previous errors"
+EACH_ONE_ITS_OWN = ("gpu_reset",)        # repeats are new incidents past dedup_seconds
 SILENT_STATES = NEEDED_STATES + RESET_STATES
 EXIT_WINDOW_NS = 60 * NS_PER_SECOND      # a death this soon after an Xid/reset is its effect
 
@@ -66,6 +86,7 @@ class Opened:
     gpu_id: str | None = None
     process: ProcessKey | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    cause_id: int | None = None     # an effect of this incident: a link of its chain
 
 
 class IncidentBuilder:
@@ -76,6 +97,7 @@ class IncidentBuilder:
         self.stall_ns = int(config["correlator.stall_seconds"] * NS_PER_SECOND)
         self.stall_util = float(config["correlator.stall_util_pct"])
         self.dedup_ns = int(config["correlator.dedup_seconds"] * NS_PER_SECOND)
+        self.reopen_ns = int(config["correlator.reopen_seconds"] * NS_PER_SECOND)
         self.alignment = Alignment(config["correlator.lag_seconds"],
                                    config["correlator.pending_max"])
         self.timelines = timeline.TimelineBuilder()
@@ -86,6 +108,11 @@ class IncidentBuilder:
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
         self.health = GpuHealth()     # the GPU health state machine, fed every event below
+        # incident_log ids of the lifecycle changes of incidents (not of effects) the last
+        # decide made, for the journal once its transaction commits
+        self.changes: list[int] = []
+        self.resolved = 0
+        self.reopened = 0
 
     # --- the stage -------------------------------------------------------------------------
     def decide(self, db: Database, envelopes: list[Envelope],
@@ -98,6 +125,7 @@ class IncidentBuilder:
                 bindings.learn(db, identity, now)
             self._proc_read = True
         new: list[int] = []
+        self.changes = []                   # a failed decide's were rolled back with it
         self.timelines.discard_pending()    # held by a decide that failed: rolled back with it
         for envelope in envelopes:
             event = envelope.event
@@ -108,30 +136,24 @@ class IncidentBuilder:
                 continue
             for wanted in detector(db, event) or ():
                 incident_id, created = self._open(db, wanted)
-                if created:
+                if created and wanted.cause_id is None:
                     new.append(incident_id)
         self.timelines.write_pending(db)    # before the stall checks and chains read the store
         if now >= self._next_stall_check:
             for wanted in self._stalls(db, now):
                 incident_id, created = self._open(db, wanted)
-                if created:
+                if created and wanted.cause_id is None:
                     new.append(incident_id)
             self._next_stall_check = now + NS_PER_SECOND // 2
         for incident_id in self.alignment.settling(db):
             chains.rebuild(db, incident_id, self)
-        # Stalls close when the GPU is busy again or the process ends, rule findings when the
-        # rules engine clears them; the rest once settled.
-        db.execute("update incidents set state = 'closed', closed_at = last_seen where "
-                   "state = 'open' and kind not in ('process_stall', 'rule_finding') and "
-                   "settle_until < ?", [now])
-        db.execute("update incidents set state = 'closed', closed_at = p.exited_at from "
-                   "processes p where incidents.state = 'open' and incidents.kind = "
-                   "'process_stall' and p.pid = incidents.pid and "
-                   "p.start_time = incidents.start_time and p.exited_at is not null")
+        self._resolve_exited(db, now)
+        self._resolve_settled(db, now)
         return new
 
     def counters(self) -> dict[str, int]:
         return {"incidents_opened": self.opened, "incidents_merged": self.merged,
+                "incidents_resolved": self.resolved, "incidents_reopened": self.reopened,
                 **self.alignment.counters()}
 
     def settle_ns(self, kind: str) -> int:
@@ -140,20 +162,37 @@ class IncidentBuilder:
         return self.lag_ns + effects
 
     def _open(self, db: Database, wanted: Opened) -> tuple[int, bool]:
-        row = db.execute("select id, count, severity from incidents where dedup_key = ? and "
-                         "last_seen >= ? and last_seen <= ? order by id desc limit 1",
-                         [wanted.dedup_key, wanted.ts - self.dedup_ns,
-                          wanted.ts + self.dedup_ns]).fetchone()
+        """Merge ``wanted`` into its active incident (or reopen one resolved within the
+        reopen window), else insert it; returns (id, inserted). Each reset is an event of its
+        own: a repeat is the same reset only within ``dedup_seconds``, and never reopens."""
+        if wanted.kind in EACH_ONE_ITS_OWN:
+            row = db.execute(f"select id, count, severity, state from incidents where "
+                             f"dedup_key = ? and {lc.sql_active()} and last_seen >= ? "
+                             f"order by id desc limit 1",
+                             [wanted.dedup_key, wanted.ts - self.dedup_ns]).fetchone()
+        else:
+            # an effect whose cause was resolved is not reopened: a repeat is news again
+            row = db.execute(f"select i.id, i.count, i.severity, i.state from incidents i "
+                             f"left join incidents c on c.id = i.cause_id where "
+                             f"i.dedup_key = ? and ({lc.sql_active('i.state')} or "
+                             f"(i.closed_at >= ? and (c.id is null or "
+                             f"{lc.sql_active('c.state')}))) order by i.id desc limit 1",
+                             [wanted.dedup_key, wanted.ts - self.reopen_ns]).fetchone()
         settle = wanted.ts + self.settle_ns(wanted.kind)
         if row:
-            incident_id, count, severity = row
+            incident_id, count, severity, state = row
             worse = sev.worst([severity, wanted.severity])   # a legacy name is mapped
-            # A repeat reopens a closed incident: it is the same cause again, and a stall
-            # merged into while left closed was found again (and merged) at every check.
+            if state == lc.RESOLVED:
+                # The same cause again: its incident is open again, not a new one (a stall
+                # merged into while left resolved was found again at every check).
+                store_lifecycle.mark_reopened(db, incident_id, wanted.ts)
+                self._logged(db, incident_id, lc.REOPENED, wanted.ts,
+                             text=f"seen again: {wanted.summary}"[:lc.NOTE_MAX])
+                self.reopened += 1
             db.execute("update incidents set count = ?, severity = ?, "
                        "last_seen = max(last_seen, ?), opened_at = min(opened_at, ?), "
-                       "settle_until = max(coalesce(settle_until, 0), ?), updated_at = ?, "
-                       "state = 'open', closed_at = null where id = ?",
+                       "settle_until = max(coalesce(settle_until, 0), ?), updated_at = ? "
+                       "where id = ?",
                        [count + 1, worse, wanted.ts, wanted.ts, settle, wanted.ts, incident_id])
             self.merged += 1
             return incident_id, False
@@ -165,12 +204,136 @@ class IncidentBuilder:
             "start_time": process.start_time if process else None,
             "title": wanted.title, "summary": wanted.summary, "chain": "[]",
             "dedup_key": wanted.dedup_key, "count": 1, "last_seen": wanted.ts,
-            "state": "open", "settle_until": settle, "updated_at": wanted.ts,
+            "state": lc.OPEN, "settle_until": settle, "updated_at": wanted.ts,
             "confidence": None, "details": json.dumps(wanted.details, sort_keys=True),
+            "cause_id": wanted.cause_id,
         }).last_pk
-        self.opened += 1
+        store_lifecycle.log_change(db, incident_id, lc.OPENED, wanted.ts, ACTOR)
+        if wanted.cause_id is None:
+            self.opened += 1
+            if wanted.kind in CAUSE_KINDS:
+                self._adopt(db, incident_id, wanted)
+        else:
+            self._attached(db, wanted.cause_id, wanted.ts)
         chains.rebuild(db, incident_id, self)
         return incident_id, True
+
+    # --- one incident per cause ------------------------------------------------------------
+    def _cause_of(self, db: Database, gpu_id: str | None, ts: int,
+                  kinds: tuple[str, ...] = CAUSE_KINDS,
+                  process: ProcessKey | None = None) -> int | None:
+        """The active cause incident of ``gpu_id`` that an effect beginning at ``ts`` belongs
+        to: one that opened at or before ``ts`` and was seen within its settling time of it
+        (or whose GPU still needs what it said: lost, reset or reboot required, resetting).
+        An Xid that names a process (Xid 13, 31, 43) is the cause of that process's effects
+        only."""
+        if gpu_id is None:
+            return None
+        rows = db.execute(
+            f"select i.id, i.kind, i.last_seen, g.health, i.pid, i.start_time "
+            f"from incidents i left join gpus g "
+            f"on g.id = i.gpu_id where i.gpu_id = ? and i.cause_id is null and "
+            f"{lc.sql_active('i.state')} and i.kind in ({', '.join('?' * len(kinds))}) and "
+            f"i.opened_at <= ? order by i.opened_at desc",
+            [gpu_id, *kinds, ts]).fetchall()
+        for incident_id, kind, last_seen, health, pid, start_time in rows:
+            if kind == "xid" and pid is not None and health not in UNRESOLVED_HEALTH and \
+                    (process is None or (pid, start_time) != (process.pid, process.start_time)):
+                continue
+            if ts <= last_seen + self.settle_ns(kind) or health in UNRESOLVED_HEALTH:
+                return incident_id
+        return None
+
+    def _adopt(self, db: Database, cause_id: int, cause: Opened) -> None:
+        """Effects found before their cause incident (a late kernel-log line): on its GPU,
+        active, begun at or after the cause and within its settling time."""
+        adopted = db.execute(
+            f"update incidents set cause_id = ? where gpu_id = ? and cause_id is null and "
+            f"id != ? and {lc.sql_active()} and kind in "
+            f"({', '.join('?' * len(ADOPTED_KINDS))}) and opened_at between ? and ?",
+            [cause_id, cause.gpu_id, cause_id, *ADOPTED_KINDS, cause.ts,
+             cause.ts + self.settle_ns(cause.kind)]).rowcount
+        if adopted:
+            self.opened -= adopted      # they were counted as incidents; they are its links
+
+    def _attached(self, db: Database, cause_id: int, ts: int) -> None:
+        """An effect joined ``cause_id``: its chain is rebuilt (and again while it settles)."""
+        db.execute("update incidents set updated_at = max(coalesce(updated_at, 0), ?), "
+                   "settle_until = max(coalesce(settle_until, 0), ?) where id = ?",
+                   [ts, ts + self.lag_ns, cause_id])
+        chains.rebuild(db, cause_id, self)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def _logged(self, db: Database, incident_id: int, action: str, ts: int,
+                resolution: str | None = None, text: str | None = None) -> None:
+        change = store_lifecycle.log_change(db, incident_id, action, ts, ACTOR, resolution,
+                                            text)
+        cause = db.execute("select cause_id from incidents where id = ?",
+                           [incident_id]).fetchone()
+        if cause and cause[0] is None:      # effects are links: their changes are not news
+            self.changes.append(change)
+
+    def _resolve(self, db: Database, incident_id: int, how: str, ts: int, why: str) -> None:
+        """Resolve an active incident and its active effects (they end with their cause; a
+        cause is not resolved while a process it stalled is still stalled)."""
+        store_lifecycle.mark_resolved(db, incident_id, how, ts)
+        self._logged(db, incident_id, lc.RESOLVE, ts, how, why)
+        self.resolved += 1
+        for (effect,) in db.execute(f"select id from incidents where cause_id = ? and "
+                                    f"{lc.sql_active()}", [incident_id]).fetchall():
+            store_lifecycle.mark_resolved(db, effect, how, ts)
+            self._logged(db, effect, lc.RESOLVE, ts, how, f"its cause, incident "
+                         f"{incident_id}, was resolved")
+
+    def _resolve_exited(self, db: Database, now: int) -> None:
+        """Stalls, and settled Xids that name a process, end when their process does."""
+        rows = db.execute(
+            f"select i.id, p.exited_at from incidents i join processes p on p.pid = i.pid "
+            f"and p.start_time = i.start_time where {lc.sql_active('i.state')} and "
+            f"p.exited_at is not null and p.exited_at >= i.opened_at and "
+            f"(i.kind = 'process_stall' or (i.kind = 'xid' and i.cause_id is null and "
+            f"coalesce(i.settle_until, 0) < ?))", [now]).fetchall()
+        for incident_id, exited_at in rows:
+            kind, health = db.execute("select i.kind, g.health from incidents i left join gpus "
+                                      "g on g.id = i.gpu_id where i.id = ?",
+                                      [incident_id]).fetchone()
+            if kind == "xid" and health in UNRESOLVED_HEALTH:
+                continue        # the GPU still needs a reset: the Xid is not over with it
+            self._resolve(db, incident_id, lc.PROCESS_EXITED, exited_at,
+                          "the process it is about ended")
+
+    def _resolve_settled(self, db: Database, now: int) -> None:
+        """Cause incidents, once settled: resolved when their GPU reads healthy again after
+        them, or (if they never left it unhealthy) ``dedup_seconds`` after last seen."""
+        rows = db.execute(
+            f"select i.id, i.kind, i.gpu_id, i.opened_at, i.last_seen, g.health from incidents "
+            f"i left join gpus g on g.id = i.gpu_id where {lc.sql_active('i.state')} and "
+            f"i.cause_id is null and i.kind in ('xid', 'gpu_lost', 'gpu_reset') and "
+            f"coalesce(i.settle_until, 0) < ?", [now]).fetchall()
+        for incident_id, kind, gpu_id, opened_at, last_seen, health in rows:
+            if health in UNRESOLVED_HEALTH:
+                continue
+            # a process it stalled is still stalled (hung since the reset, say): not over
+            ended = db.execute(f"select count(*) filter (where {lc.sql_active()}), "
+                               f"max(closed_at) from incidents where cause_id = ? and "
+                               f"kind = 'process_stall'", [incident_id]).fetchone()
+            if ended[0]:
+                continue
+            last_seen = max(last_seen, ended[1] or 0)
+            back = db.execute(
+                f"select ts, previous, cause from gpu_health_history where gpu_id = ? and "
+                f"state = ? and ts >= ? and previous in ({', '.join('?' * len(UNRESOLVED_HEALTH))})"
+                f" order by ts desc limit 1",
+                [gpu_id, gh.OK, opened_at, *UNRESOLVED_HEALTH]).fetchone() if gpu_id else None
+            if back and back[0] <= now:
+                how = lc.RECOVERED if kind == "gpu_reset" or back[1] != gh.RESETTING \
+                    else lc.RESET
+                self._resolve(db, incident_id, how, max(back[0], last_seen),
+                              f"GPU {gpu_id} healthy again ({back[2]})"[:lc.NOTE_MAX])
+            elif kind != "gpu_lost" and now - last_seen >= self.dedup_ns:
+                self._resolve(db, incident_id, lc.TIMEOUT, last_seen + self.dedup_ns,
+                              f"not seen again for {self.dedup_ns // NS_PER_SECOND} s; the "
+                              f"GPU stayed usable")
 
     # --- detectors -------------------------------------------------------------------------
     def _xid(self, db: Database, ts: int, gpu_id: str | None, code: int, pid: int | None,
@@ -180,9 +343,16 @@ class IncidentBuilder:
         process = bindings.process_with_pid_at(db, pid, ts) if pid else None
         details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
                    **info.as_fields()}
+        # A later Xid of a GPU that is off the bus, or one that follows a previous Xid (45),
+        # is that incident's effect; a lost GPU is a cause of its own, whatever came before.
+        cause = None
+        if kind == "xid":
+            cause = self._cause_of(db, gpu_id, ts, ("gpu_lost",))
+            if cause is None and code in FOLLOW_ON_XIDS:
+                cause = self._cause_of(db, gpu_id, ts, ("xid", "gpu_lost"))
         return [Opened(kind, info.severity, ts, f"Xid {code}: {info.title}",
                        f"GPU {gpu_id or '?'}: {info.action}", f"{kind}:{gpu_id}:{code}",
-                       gpu_id, process, details)]
+                       gpu_id, process, details, cause)]
 
     def _detect_kernel_log_record(self, db: Database, event: Event) -> list[Opened]:
         gpu_id = resolve_gpu(db, uuid=event.uuid, pci=event.pci)
@@ -215,16 +385,31 @@ class IncidentBuilder:
             return self._xid(db, event.ts, event.gpu_id, 79, None, None,
                              f"GPU source {event.source}", event.detail)
         if state_kind(event.state) == "reset":   # needed: the Xid behind it is the incident
-            return [self._reset(event.gpu_id, event.ts, f"GPU source {event.source}: "
+            return [self._reset(db, event.gpu_id, event.ts, f"GPU source {event.source}: "
                                 f"{event.state}", {"detail": event.detail})]
         return []
 
-    def _reset(self, gpu_id: str | None, ts: int, how: str, details: dict) -> Opened:
+    def _reset(self, db: Database, gpu_id: str | None, ts: int, how: str,
+               details: dict) -> Opened:
         # Wide dedup: the driver calls, the GPU source and NVRM all report the one reset.
+        # The reset a lost GPU or a reset-class Xid called for is that incident's remedy,
+        # a link of it (which resolves it once the GPU reads healthy), not a new alert.
         return Opened("gpu_reset", "critical", ts, "GPU reset",
                       f"GPU {gpu_id or '?'} was reset ({how}); its processes lost their "
                       f"contexts", f"gpu_reset:{gpu_id}", gpu_id, None,
-                      {"seen_by": how, **details})
+                      {"seen_by": how, **details}, self._needed_reset_of(db, gpu_id, ts))
+
+    def _needed_reset_of(self, db: Database, gpu_id: str | None, ts: int) -> int | None:
+        """The active incident of ``gpu_id`` that needs a reset (lost; an Xid whose
+        catalogue action is a reset or a reboot), if one opened before ``ts``."""
+        if gpu_id is None:
+            return None
+        row = db.execute(
+            f"select id from incidents where gpu_id = ? and cause_id is null and "
+            f"{lc.sql_active()} and opened_at <= ? and (kind = 'gpu_lost' or (kind = 'xid' "
+            f"and (json_extract(details, '$.gpu_reset') or json_extract(details, "
+            f"'$.reboot')))) order by opened_at desc limit 1", [gpu_id, ts]).fetchone()
+        return row[0] if row else None
 
     def _detect_driver_call(self, db: Database, event: Event) -> list[Opened]:
         if reset_kind(event.sub_name) != "reset":   # a request: the reset call follows
@@ -233,7 +418,7 @@ class IncidentBuilder:
         minor = _minor_of(event.path)
         gpus = [resolve_gpu(db, minor=minor)] if minor is not None else \
             bindings.gpus_of(db, key, event.ts)
-        return [self._reset(gpu, event.ts, f"{event.sub_name} by pid {key.pid}",
+        return [self._reset(db, gpu, event.ts, f"{event.sub_name} by pid {key.pid}",
                             {"pid": key.pid, "start_time": key.start_time,
                              "path": event.path}) for gpu in gpus or [None]]
 
@@ -244,12 +429,16 @@ class IncidentBuilder:
         found = []
         for gpu_id in set(bindings.gpus_of(db, key, event.ts - 1)):
             cause = db.execute(
-                "select id, kind, title, details from incidents where gpu_id = ? and kind in "
-                "('xid', 'gpu_lost', 'gpu_reset') and opened_at between ? and ? "
-                "order by opened_at desc limit 1",
+                "select i.id, i.kind, i.title, i.details, i.pid, i.start_time, g.health from "
+                "incidents i left join gpus g on g.id = i.gpu_id where i.gpu_id = ? and "
+                "i.kind in ('xid', 'gpu_lost', 'gpu_reset') and i.cause_id is null and "
+                "i.opened_at between ? and ? order by i.opened_at desc limit 1",
                 [gpu_id, event.ts - EXIT_WINDOW_NS, event.ts]).fetchone()
             if cause is None:
                 continue
+            if cause[1] == "xid" and cause[4] is not None and cause[6] not in \
+                    UNRESOLVED_HEALTH and (cause[4], cause[5]) != (key.pid, key.start_time):
+                continue                    # an Xid about another process (13, 31, 43)
             actor = json.loads(cause[3] or "{}")
             if (actor.get("pid"), actor.get("start_time")) == (key.pid, key.start_time):
                 continue                    # the process that reset the GPU
@@ -260,38 +449,46 @@ class IncidentBuilder:
                                 f"pid {key.pid} on GPU {gpu_id} {how}",
                                 f"process_exit:{key}", gpu_id, key,
                                 {"cause_incident": cause[0], "exit_code": event.exit_code,
-                                 "signal": event.signal}))
+                                 "signal": event.signal}, cause_id=cause[0]))
         return found
 
     def _detect_rule_finding(self, db: Database, event: RuleFinding) -> list[Opened]:
-        """A firing finding opens (or, on a severity change, updates) its incident; a cleared
-        one closes it. Shadow findings are the rules' own business: no incident, no alert."""
+        """A firing finding opens (or, on a severity change, updates) its incident, or joins
+        the active cause incident of its GPU as a link; a cleared one resolves it. Dated when
+        its condition first held (``since``), not at its evaluation window's start. Shadow
+        findings are the rules' own business: no incident, no alert."""
         if event.shadow:
             return []
         dedup_key = f"rule_finding:{event.finding_id}"
+        active = db.execute(f"select id, severity from incidents where dedup_key = ? and "
+                            f"{lc.sql_active()}", [dedup_key]).fetchone()
         if event.state == "cleared":
-            db.execute("update incidents set state = 'closed', closed_at = ?, last_seen = ? "
-                       "where dedup_key = ? and state = 'open'",
-                       [event.ts, event.ts, dedup_key])
+            if active:
+                db.execute("update incidents set last_seen = max(last_seen, ?) where id = ?",
+                           [event.ts, active[0]])
+                self._resolve(db, active[0], lc.RECOVERED, event.ts,
+                              "the rule's condition stopped holding")
             return []
         # An incident keeps the worst severity its finding reached, as a merged repeat does
         # in _open: a finding that calms down is still the incident it escalated to.
-        open_row = db.execute("select id, severity from incidents where dedup_key = ? and "
-                              "state = 'open'", [dedup_key]).fetchone()
-        if open_row:
+        if active:
             db.execute("update incidents set severity = ?, last_seen = max(last_seen, ?), "
                        "settle_until = ? where id = ?",
-                       [sev.worst([open_row[1], event.severity]), event.ts,
-                        event.ts + self.lag_ns, open_row[0]])
+                       [sev.worst([active[1], event.severity]), event.ts,
+                        event.ts + self.lag_ns, active[0]])
             return []
-        process = event.process
-        details = {"rule_id": event.rule_id, "finding_id": event.finding_id,
+        since = event.since or event.ts
+        processes = list(event.processes) or ([event.process] if event.process else [])
+        details = {"rule_id": event.rule_id, "finding_id": event.finding_id, "since": since,
                    "window_start": event.window_start, "window_end": event.window_end,
                    "evidence": event.evidence, "root_cause": event.root_cause,
-                   "fixes": list(event.fixes), "verify": event.verify, "group": event.group}
-        return [Opened("rule_finding", event.severity, event.window_start or event.ts,
-                       event.title, event.root_cause, dedup_key, event.gpu_id or None,
-                       process, details)]
+                   "fixes": list(event.fixes), "verify": event.verify, "group": event.group,
+                   "processes": [{"pid": p.pid, "start_time": p.start_time}
+                                 for p in processes]}
+        gpu_id = event.gpu_id or None
+        return [Opened("rule_finding", event.severity, since, event.title, event.root_cause,
+                       dedup_key, gpu_id, event.process, details,
+                       self._cause_of(db, gpu_id, since, process=event.process))]
 
     # --- stalls ----------------------------------------------------------------------------
     def _stalls(self, db: Database, now: int) -> list[Opened]:
@@ -309,11 +506,14 @@ class IncidentBuilder:
             idle_since = self._idle_since(db, gpu_id, since, now)
             if idle_since is None or now - idle_since < self.stall_ns:
                 if idle_since is None:      # busy again: the stall is over
-                    db.execute("update incidents set state = 'closed', closed_at = ? where "
-                               "dedup_key = ? and state = 'open'", [now, dedup_key])
+                    for (stalled,) in db.execute(
+                            f"select id from incidents where dedup_key = ? and "
+                            f"{lc.sql_active()} and opened_at < ?",
+                            [dedup_key, now]).fetchall():
+                        self._resolve(db, stalled, lc.RECOVERED, now, "the GPU is busy again")
                 continue
-            ongoing = db.execute("update incidents set last_seen = max(last_seen, ?) where "
-                                 "dedup_key = ? and state = 'open' and opened_at <= ?",
+            ongoing = db.execute(f"update incidents set last_seen = max(last_seen, ?) where "
+                                 f"dedup_key = ? and {lc.sql_active()} and opened_at <= ?",
                                  [now, dedup_key, now]).rowcount
             if ongoing:
                 continue
@@ -322,7 +522,8 @@ class IncidentBuilder:
                 "process_stall", "warning", idle_since,
                 f"Process {pid} stalled: GPU idle", f"pid {pid} alive but GPU {gpu_id} near "
                 f"idle for {(now - idle_since) / NS_PER_SECOND:.0f}s; process {how}",
-                dedup_key, gpu_id, key, {"classified": how}))
+                dedup_key, gpu_id, key, {"classified": how},
+                self._cause_of(db, gpu_id, idle_since, process=key)))
         return found
 
     def _idle_since(self, db: Database, gpu_id: str, bound_since: int, now: int) -> int | None:
@@ -337,8 +538,8 @@ class IncidentBuilder:
             return None
         after = db.execute("select min(ts) from gpu_samples where gpu_id = ? and ts > ?",
                            [gpu_id, busy]).fetchone()[0]
-        state = db.execute("select state, state_since from gpus where id = ?",
-                           [gpu_id]).fetchone()
+        state = db.execute("select state, state_since, health, health_since from gpus "
+                           "where id = ?", [gpu_id]).fetchone()
         went_silent = None
         if state and state[1] and state[1] > busy:      # its state changed since: how?
             went_silent = db.execute(
@@ -347,7 +548,11 @@ class IncidentBuilder:
                 [busy, now, gpu_id, *SILENT_STATES]).fetchone()[0]
             if went_silent is None and state[0] in SILENT_STATES:
                 went_silent = state[1]
-        starts = [t for t in (after, went_silent) if t is not None]
+        # lost or resetting by its health (an Xid 79 in the kernel log, where no GPU source
+        # said so): it went silent then
+        lost = state[3] if state and state[2] in (gh.LOST, gh.RESETTING) and state[3] and \
+            busy < state[3] <= now else None
+        starts = [t for t in (after, went_silent, lost) if t is not None]
         return min(starts) if starts else None
 
 

@@ -94,6 +94,7 @@ class Correlator:
                 self.decide_errors += 1
                 log.exception("the decide stage failed on a batch; its events are stored")
                 new = []
+                self.builder.changes = []    # rolled back with the decide
         self.written += written
         return new
 
@@ -129,6 +130,9 @@ class Correlator:
         self._urgent_pending = False
         if new:
             self._alert(new)
+        if self.builder.changes:     # resolved, reopened: committed with the batch above
+            self.alerter.changes(self.writer.db, self.builder.changes)
+            self.builder.changes = []
 
     def _alert(self, incident_ids: list[int]) -> None:
         sent = self.alerter.alert(self.writer.db, incident_ids)
@@ -150,6 +154,7 @@ class Correlator:
                 "decide_errors": self.decide_errors, **self.builder.counters(),
                 "klog_liveness_failures": self.klog_liveness.failures,
                 "alerts_sent": self.alerter.sent, "alerts_failed": self.alerter.failed,
+                "alert_changes_sent": self.alerter.changes_sent,
                 **self.stall_watch.counters()}
 
     def _write_health(self) -> None:

@@ -150,7 +150,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("correlator.stall_util_pct", 5.0, "GPUWHY_STALL_UTIL",
             "GPU utilisation (%) at or under which a GPU counts as near idle"),
     Setting("correlator.dedup_seconds", 60.0, "GPUWHY_DEDUP_SECONDS",
-            "repeats of the same incident (kind, GPU, code) within this gap are one incident"),
+            "an incident nothing else resolves (an Xid whose action is none) is resolved "
+            "('timeout') this long after it was last seen"),
+    Setting("correlator.reopen_seconds", 3600.0, "GPUWHY_REOPEN_SECONDS",
+            "a repeat this soon after its incident was resolved reopens it; later, it is a "
+            "new incident"),
     Setting("correlator.alerts", True, "GPUWHY_ALERTS",
             "log each new incident to the systemd journal (MESSAGE_ID per kind)"),
     Setting("correlator.url", "http://127.0.0.1:8000", "GPUWHY_URL",

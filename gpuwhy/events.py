@@ -502,9 +502,16 @@ class RuleFinding(Event):
     """Event name: ``rule_finding`` (topic ``rule``). A rule's condition held (``state``
     ``firing``; sent again only when its severity changes) or stopped holding (``cleared``).
     ``finding_id`` is stable from onset to clearing. ``window_start``/``window_end`` bound the
-    samples that triggered it; ``evidence`` maps each evidence term to its value (None:
-    unknown). ``shadow`` findings are recorded, never alerted. ``process`` is the process the
-    finding is about (for GPU rules: the GPU's main compute process, if any)."""
+    samples that triggered it (the evaluation window: it starts a rule's window before the
+    onset, so it is no time of the finding's); ``since`` is when the condition first held
+    (the evaluation that first found it true, realtime ns), never before a process it names
+    was first seen; 0 from a sender that predates it. ``evidence`` maps each evidence term
+    to its value (None: unknown). ``shadow`` findings are recorded, never alerted.
+    ``process`` is the process the finding is about (for GPU rules: the GPU's main compute
+    process, if any); ``processes`` every process it names: for GPU rules each compute
+    process on the GPU when the condition began to hold (monitors left out) and the main
+    one at onset, for process rules that process. ``since`` and ``processes`` are the
+    onset's, kept to the clearing."""
 
     topic = "rule"
     kind = "rule_finding"
@@ -524,14 +531,25 @@ class RuleFinding(Event):
     verify: str = ""
     shadow: bool = False
     group: str = ""
+    since: int = 0
+    processes: list[ProcessKey] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.process, dict):   # decoded from the wire
-            try:
-                key = ProcessKey(int(self.process["pid"]), int(self.process["start_time"]))
-            except (KeyError, ValueError) as exc:
-                raise TypeError(f"process is not a process key: {exc}") from None
-            object.__setattr__(self, "process", key)
+            object.__setattr__(self, "process", self._key(self.process))
+        if not isinstance(self.processes, list | tuple):
+            raise TypeError("processes is not a list of process keys")
+        if isinstance(self.processes, tuple) or \
+                not all(isinstance(p, ProcessKey) for p in self.processes):   # from the wire
+            object.__setattr__(self, "processes", [
+                p if isinstance(p, ProcessKey) else self._key(p) for p in self.processes])
+
+    @staticmethod
+    def _key(value: dict) -> ProcessKey:
+        try:
+            return ProcessKey(int(value["pid"]), int(value["start_time"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TypeError(f"process is not a process key: {exc}") from None
 
 
 
@@ -565,8 +583,11 @@ def event_fields(event: Event) -> dict[str, Any]:
     body = {}
     for name in _field_names(type(event)):
         value = getattr(event, name)
-        body[name] = {"pid": value.pid, "start_time": value.start_time} \
-            if isinstance(value, ProcessKey) else value
+        if isinstance(value, ProcessKey):
+            value = {"pid": value.pid, "start_time": value.start_time}
+        elif type(value) is list and value and isinstance(value[0], ProcessKey):
+            value = [{"pid": p.pid, "start_time": p.start_time} for p in value]
+        body[name] = value
     return body
 
 

@@ -410,3 +410,38 @@ def m106_xid_before_start(db: Database) -> None:
     the time of that first read (the Xid's own time is unknown), for the GPU page."""
     db.execute("ALTER TABLE gpus ADD COLUMN xid_before_start INTEGER")
     db.execute("ALTER TABLE gpus ADD COLUMN xid_before_start_seen INTEGER")
+
+
+@migrations()
+def m107_finding_since_and_processes(db: Database) -> None:
+    """A rule finding's ``since`` (when its condition first held: the window columns are the
+    evaluation window, which starts a rule's window earlier) and ``processes`` (JSON: every
+    process it names, ``[{"pid", "start_time"}]``). Rows stored before keep NULL in both."""
+    db.execute("ALTER TABLE rule_findings ADD COLUMN since INTEGER")
+    db.execute("ALTER TABLE rule_findings ADD COLUMN processes TEXT")
+
+
+@migrations()
+def m108_incident_lifecycle(db: Database) -> None:
+    """The incident lifecycle of gpuwhy/lifecycle.py: ``open`` -> ``acknowledged`` ->
+    ``resolved`` with how (``resolution``); ``closed_at`` is when it was resolved; effects
+    name their cause incident (``cause_id``). Every change
+    and note is a row of ``incident_log``. Rows stored as ``closed`` are ``resolved``: a rule
+    finding's or a stall's as ``recovered`` (they closed on clearing), others as ``timeout``
+    (they closed once settled)."""
+    for column in ("resolution", "acknowledged_by"):
+        db.execute(f"ALTER TABLE incidents ADD COLUMN {column} TEXT")
+    db.execute("ALTER TABLE incidents ADD COLUMN acknowledged_at INTEGER")
+    # An effect (a stall, a death, a rule finding, a later Xid) of an active cause incident
+    # is a row of its own, for its detection and dedup, naming the incident it is a link of.
+    db.execute("ALTER TABLE incidents ADD COLUMN cause_id INTEGER")
+    db["incidents"].create_index(["cause_id"])
+    db.execute("UPDATE incidents SET state = 'resolved', resolution = CASE WHEN kind IN "
+               "('rule_finding', 'process_stall') THEN 'recovered' ELSE 'timeout' END "
+               "WHERE state = 'closed'")
+    db["incident_log"].create({
+        "id": int, "incident_id": int, "ts": int, "action": str, "actor": str, "state": str,
+        "resolution": str, "text": str,
+    }, pk="id")
+    db["incident_log"].create_index(["incident_id", "ts"])
+    db["incidents"].create_index(["state"])

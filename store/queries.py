@@ -18,6 +18,7 @@ from sqlite_utils import Database
 
 from gpuwhy.gpu_health import is_live
 from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
+from gpuwhy.lifecycle import sql_active
 
 Row = dict[str, Any]
 _CONTAINER = "coalesce(p.container_id, p.pod_uid, p.unit)"
@@ -102,9 +103,10 @@ def bound_processes(db: Database, gpu_id: str, since: int | None = None,
 
 
 def open_incidents(db: Database, gpu_id: str | None = None) -> list[Row]:
-    where = "state = 'open'" + (" and gpu_id = ?" if gpu_id else "")
+    """Active incidents (open or acknowledged; effects are their causes' links)."""
+    where = f"{sql_active()} and cause_id is null" + (" and gpu_id = ?" if gpu_id else "")
     return db.execute_returning_dicts(
-        f"select id, kind, severity, title, opened_at, last_seen from incidents "
+        f"select id, kind, severity, state, title, opened_at, last_seen from incidents "
         f"where {where} order by opened_at desc limit 20", [gpu_id] if gpu_id else [])
 
 
@@ -121,7 +123,7 @@ def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
     requests, the signs that one is needed or the GPU coming back."""
     incidents = db.execute_returning_dicts(
         "select id, kind, severity, title, opened_at, closed_at from "
-        "incidents where gpu_id = ? and opened_at < ? and "
+        "incidents where gpu_id = ? and cause_id is null and opened_at < ? and "
         "coalesce(closed_at, last_seen, opened_at) >= ? order by opened_at",
         [gpu_id, until, since])
     resets = db.execute_returning_dicts(
@@ -302,17 +304,22 @@ def process_gpus(db: Database, key: ProcessKey) -> list[Row]:
 
 
 def process_incident_ids(db: Database, key: ProcessKey) -> list[int]:
-    """Incidents the process took part in (any role)."""
-    return [r[0] for r in db.execute("select incident_id from incident_processes where pid = ? "
-                                     "and start_time = ?", [key.pid, key.start_time])]
+    """Incidents the process took part in (any role; an effect counts as its cause)."""
+    return [r[0] for r in db.execute(
+        "select distinct coalesce(i.cause_id, i.id) from incident_processes p join incidents i "
+        "on i.id = p.incident_id where p.pid = ? and p.start_time = ? order by 1",
+        [key.pid, key.start_time])]
 
 
 # --- incidents and resets ----------------------------------------------------------------
 
 def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = None,
-                   kind: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
-    """Incidents, newest first; ``gpu`` matches the id, UUID or PCI address."""
-    where, params = [], []
+                   kind: str | None = None, state: str | None = None,
+                   effects: bool = False, limit: int = 200) -> list[dict[str, Any]]:
+    """Incidents, newest first; ``gpu`` matches the id, UUID or PCI address. Effects (a
+    stall, a death, a finding, the reset a lost GPU needed, that a cause incident explains)
+    are that incident's links, listed only with ``effects`` (``cause_id`` names it)."""
+    where, params = ["1" if effects else "cause_id is null"], []
     if gpu:
         gpu_id = resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
                                   pci=gpu if ":" in gpu and not gpu.startswith("GPU-") else None)
@@ -324,10 +331,13 @@ def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = 
     if kind:
         where.append("kind = ?")
         params.append(kind)
-    sql = ("select id, kind, severity, state, gpu_id, pid, start_time, title, summary, "
-           "opened_at, closed_at, last_seen, count from incidents"
-           + (" where " + " and ".join(where) if where else "")
-           + " order by opened_at desc, id desc limit ?")
+    if state:
+        where.append(sql_active() if state == "active" else "state = ?")
+        params += [] if state == "active" else [state]
+    sql = ("select id, kind, severity, state, resolution, gpu_id, pid, start_time, title, "
+           "summary, opened_at, closed_at, last_seen, count, acknowledged_by, cause_id "
+           "from incidents "
+           "where " + " and ".join(where) + " order by opened_at desc, id desc limit ?")
     return db.execute_returning_dicts(sql, [*params, limit])
 
 
@@ -354,8 +364,22 @@ def incident_detail(db: Database, incident_id: int) -> dict[str, Any] | None:
             "started": row["opened_at"], "ended": row["closed_at"],
             "last_seen": row["last_seen"], "count": row["count"],
             "confidence": row["confidence"],
+            "resolution": row.get("resolution"),
+            "acknowledged_at": row.get("acknowledged_at"),
+            "acknowledged_by": row.get("acknowledged_by"),
+            "cause_id": row.get("cause_id"),
+            "gpu_health": gpu_health_state(db, row["gpu_id"]) if row["gpu_id"] else None,
             "details": json.loads(row["details"] or "{}"),
-            "processes": processes, "chain": links}
+            "processes": processes, "chain": links, "log": incident_log(db, incident_id)}
+
+
+def incident_log(db: Database, incident_id: int) -> list[Row]:
+    """An incident's lifecycle changes and notes, oldest first (gpuwhy/lifecycle.py)."""
+    if not db["incident_log"].exists():
+        return []
+    return db.execute_returning_dicts(
+        "select id, ts, action, actor, state, resolution, text from incident_log "
+        "where incident_id = ? order by ts, id", [incident_id])
 
 
 def incident_kinds(db: Database) -> list[str]:
@@ -366,7 +390,7 @@ def incident_kinds(db: Database) -> list[str]:
 def reset_history(db: Database, gpu: str | None = None) -> list[dict[str, Any]]:
     """Every GPU reset, newest first: when, by what/whom, which processes were hit."""
     history = []
-    for incident in list_incidents(db, gpu=gpu, kind="gpu_reset", limit=1000):
+    for incident in list_incidents(db, gpu=gpu, kind="gpu_reset", effects=True, limit=1000):
         detail = incident_detail(db, incident["id"])
         chain = detail["chain"]
         by = [link for link in chain if link["kind"] in ("cron_job", "timer", "operator_command",
@@ -491,14 +515,14 @@ def latest_gpu_process_lists(db: Database) -> list[tuple]:
 
 def incident_counts(db: Database) -> list[tuple[str, str, int]]:
     """``(kind, severity, incidents)``; a repeat merged into an incident is not counted."""
-    return db.execute("select kind, severity, count(*) from incidents "
+    return db.execute("select kind, severity, count(*) from incidents where cause_id is null "
                       "group by kind, severity").fetchall()
 
 
 def open_incident_counts(db: Database) -> list[tuple[str, int]]:
-    """``(kind, incidents still open)``."""
-    return db.execute("select kind, count(*) from incidents where state = 'open' "
-                      "group by kind").fetchall()
+    """``(kind, incidents not resolved yet)``: open or acknowledged."""
+    return db.execute(f"select kind, count(*) from incidents where {sql_active()} and "
+                      f"cause_id is null group by kind").fetchall()
 
 
 def process_driver_version(db: Database, key: ProcessKey) -> str | None:

@@ -34,7 +34,7 @@ TIMED: tuple[tuple[str, str, str, int], ...] = (
 # Rows of a process go with it once it exited before the events window.
 PROCESS_TABLES = ("device_fds", "gpu_bindings", "driver_call_stats", "processes")
 INCIDENT_TABLES = (("incident_links", "incident_id"), ("incident_processes", "incident_id"),
-                   ("incidents", "id"))
+                   ("incident_log", "incident_id"), ("incidents", "id"))
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,19 @@ DESCRIPTIONS = {
               "fork and exit; NULL for other events) tells one from its process's other "
               "events of the same kind, and a unique index on (pid, start_time, kind, "
               "dedup_key) holds them to one row each.",
-    "incidents": "Incidents found by the correlator: kind, severity, GPU, open/closed; "
+    "incidents": "Incidents found by the correlator: kind, severity, GPU; `state` is "
+                 "open, acknowledged or resolved (gpuwhy/lifecycle.py), `resolution` how it "
+                 "was resolved (recovered, reset, process_exited, operator, timeout) and "
+                 "`closed_at` when; `acknowledged_by`/`_at` who has it. `opened_at` is when "
+                 "its cause happened (its first evidence). A row with `cause_id` is an effect "
+                 "of that incident (a stall, a death, a rule finding, a later Xid, the reset a "
+                 "lost GPU needed): a link of its chain, not an incident of its own. "
                  "`severity` is on gpuwhy's one scale, info < warning < error < critical "
                  "(gpuwhy/severity.py), the worst merged into the incident.",
+    "incident_log": "Every change to an incident and every note, oldest first: `action` "
+                    "(opened, acknowledged, resolved, reopened, note), who (`actor`: gpuwhy "
+                    "for the correlator's own, else the operator's name), the state after "
+                    "it, the resolution and the text (an operator's, untrusted).",
     "source_health": "Each source's last heartbeat: state, detail, counters (JSON).",
     "gpu_sample_data": "Raw GPU samples (kept `store.raw_days`), one row per GPU and instant, "
                        "keyed by (ts, gpu, instance); values are integers in the unit their "
@@ -100,7 +110,13 @@ DESCRIPTIONS = {
     "rule_findings": "Findings of the rules engine, one row per finding from onset to "
                      "clearing: evidence, cause, fixes and how to verify; "
                      "`severity` is on gpuwhy's one scale, info < warning < error < critical "
-                     "(gpuwhy/severity.py).",
+                     "(gpuwhy/severity.py). `since` is when the condition first held (never "
+                     "before a process the finding names was first seen; NULL: stored by an "
+                     "older version); `window_start`/`window_end` bound the evaluation window "
+                     "(it starts the rule's window before the onset). `pid`/`start_time` is "
+                     "the main process; `processes` (JSON: `[{pid, start_time}]`) every "
+                     "process the finding names: for a GPU rule each compute process on the "
+                     "GPU when the condition began to hold.",
     "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
                       "threshold parameters (JSON).",
     "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "
@@ -148,7 +164,8 @@ def _column_note(obj: str, column: str) -> str:
                 return f"{stored.field} ({unit})"
             return f"{stored.field} ({unit}) × {stored.scale:g}"
     if column in ("ts", "since", "until", "opened_at", "closed_at", "minute", "first_seen",
-                  "last_seen", "exited_at", "updated_at", "xid_before_start_seen"):
+                  "last_seen", "exited_at", "updated_at", "xid_before_start_seen",
+                  "acknowledged_at"):
         return "ns since the epoch"
     return ""
 

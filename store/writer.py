@@ -516,6 +516,10 @@ class StoreWriter:
         if event.state != "cleared" or not existing:   # a clearing keeps the firing's advice
             row.update(evidence=json_text(event.evidence, sort_keys=True, default=str),
                        fixes=json_text(event.fixes))
+            # and its onset: since, processes (NULL both from a sender that predates them)
+            row.update(since=event.since or None, processes=json_text(
+                [{"pid": p.pid, "start_time": p.start_time} for p in event.processes])
+                if event.since else None)
         self.db["rule_findings"].upsert(row, pk="finding_id")
 
 

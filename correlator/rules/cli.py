@@ -314,8 +314,8 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
     start = events[0].ts
     for f in findings:
         if as_json:
-            click.echo(json.dumps({**{k: v for k, v in vars(f).items() if k != "process"},
-                                   "process": str(f.process) if f.process else None}))
+            click.echo(json.dumps({**vars(f), "process": str(f.process) if f.process else None,
+                                   "processes": [str(p) for p in f.processes]}))
             continue
         who = f" process {f.process}" if f.process else ""
         click.echo(f"+{(f.ts - start) / NS:7.0f}s {f.state:<8} {f.severity:<8} {f.rule_id} "

@@ -41,6 +41,11 @@ class InstanceState:
     onset: int | None = None
     last_eval: int | None = None
     process: ProcessKey | None = None
+    # The processes the instance looked at when the condition began to hold (true_since),
+    # then the firing finding's: kept from onset to clearing, with its ``since``.
+    true_processes: tuple[ProcessKey, ...] = ()
+    processes: tuple[ProcessKey, ...] = ()
+    since: int | None = None
 
 
 def _round(value: object) -> object:
@@ -163,7 +168,9 @@ class Engine:
             return None
         if holds:
             state.false_since = None
-            state.true_since = state.true_since if state.true_since is not None else now
+            if state.true_since is None:
+                state.true_since = now
+                state.true_processes = self._named(rule, scope)
             if now - state.true_since < rule.for_ns:
                 if state.status != "firing":
                     state.status, state.detail = "pending", ""
@@ -176,6 +183,10 @@ class Engine:
                 state.onset = state.true_since
                 process = f"{scope.process}" if scope.process else "-"
                 state.finding_id = f"{rule.id}:{scope.gpu_id}:{process}:{state.onset}"
+                state.processes = state.true_processes
+                if scope.process is not None and scope.process not in state.processes:
+                    state.processes += (scope.process,)   # the main one joined since
+                state.since = self._since(state.onset, now, state.processes)
             state.severity = severity
             return self._finding(rule, scope, state, now, "firing", *self._advice(rule, ev),
                                  override)
@@ -201,8 +212,29 @@ class Engine:
             return None
         finding = self._finding(rule, scope, state, now, "cleared", {}, [], override)
         state.status, state.finding_id, state.severity, state.onset = "ok", None, None, None
-        state.false_since = state.true_since = None
+        state.false_since = state.true_since = state.since = None
+        state.processes = state.true_processes = ()
         return finding
+
+    def _named(self, rule: m.Rule, scope: Scope) -> tuple[ProcessKey, ...]:
+        """The processes a finding names: a GPU rule's every compute process on the GPU (the
+        round's list, monitors left out), a process rule's own process."""
+        if rule.scope == "gpu":
+            return tuple(self._procs.get(scope.gpu_id, ()))
+        return (scope.process,) if scope.process is not None else ()
+
+    def _since(self, onset: int, now: int, processes: tuple[ProcessKey, ...]) -> int:
+        """When the condition first held (``onset``, an evaluation time: never before the
+        samples it read), but never before a process the finding names was first seen
+        (``first_seen``, realtime ns; a ProcessKey's start_time is in clock ticks since
+        boot, not comparable): a process that joined later cannot date it earlier."""
+        since = onset
+        for process in processes:
+            facts = self._facts[process] if process in self._facts else \
+                self.signals.facts(process)
+            if facts is not None and facts.first_seen is not None:
+                since = max(since, facts.first_seen)
+        return min(since, now)
 
     def _warming(self, rule: m.Rule, ev: Evaluation, instance: dict, now: int) -> str:
         if not rule.warmup_ns:
@@ -259,7 +291,9 @@ class Engine:
             state=phase, gpu_id=scope.gpu_id, process=scope.process,
             window_start=onset - rule.window_ns, window_end=now, evidence=evidence,
             root_cause=rule.cause, fixes=fixes, verify=rule.verify,
-            shadow=override.shadow or self.shadow_all, group=rule.group)
+            shadow=override.shadow or self.shadow_all, group=rule.group,
+            since=state.since if state.since is not None else onset,
+            processes=list(state.processes))
 
     def status(self) -> list[dict]:
         """Every instance's last state, for ``rules test`` and the runner's health."""

@@ -6,6 +6,8 @@ import json
 
 from gpuwhy.events import CronExecution, RuleFinding, SchedStats
 from gpuwhy.identity import ProcessKey
+from gpuwhy.journal import CHANGE_MESSAGE_IDS, MESSAGE_IDS
+from gpuwhy.store.queries import list_incidents
 
 TRAINER = ProcessKey(4242, 1000)
 OTHER = ProcessKey(5151, 1100)
@@ -148,7 +150,10 @@ def test_cron_reset_chain_reaches_the_stalled_process(harness):
     assert links[2]["ts"] == h.at(1.3) and links[4]["ts"] == stall["opened_at"] == h.at(2)
     assert "on-CPU busy" in stall["summary"]
     assert reset["gpu_id"] == stall["gpu_id"] == "GPU-00000000-1111-2222-3333-444444444444"
-    assert [a["GPUWHY_KIND"] for a in h.alerts] == ["gpu_reset", "process_stall"]
+    # One incident per cause: the stall is the reset's link, not an incident or alert
+    assert [a["GPUWHY_KIND"] for a in h.alerts] == ["gpu_reset"]
+    assert stall["cause_id"] == reset["id"]
+    assert [i["id"] for i in list_incidents(h.db)] == [reset["id"]]
 
 
 def test_a_death_after_an_xid_is_its_effect(harness):
@@ -188,8 +193,11 @@ def test_a_rule_finding_becomes_an_incident_with_its_evidence(harness):
     bound_gpu(h, TRAINER)
     h.feed(finding(h, 5))
     [incident] = h.incidents("rule_finding")
-    assert (incident["pid"], incident["opened_at"]) == (TRAINER.pid, h.at(1))
-    [link] = h.links(incident["id"])
+    # dated when its condition held (no `since` sent: the finding's time), not at the
+    # evaluation window's start (h.at(1))
+    assert (incident["pid"], incident["opened_at"]) == (TRAINER.pid, h.at(5))
+    link, process = h.links(incident["id"])
+    assert (process["kind"], process["pid"]) == ("process", TRAINER.pid)
     evidence = json.loads(link["evidence"])
     assert evidence["evidence"] == {"gpu_util_mean": 31.0}
     assert evidence["fixes"] == ["raise num_workers"] and evidence["rule_id"] == "input-starved"
@@ -199,9 +207,13 @@ def test_a_rule_finding_becomes_an_incident_with_its_evidence(harness):
     h.feed(finding(h, 300, severity="error"))           # escalation: same incident, worse
     h.feed(finding(h, 400, state="cleared"))
     [incident] = h.incidents("rule_finding")
-    assert (incident["severity"], incident["state"], incident["closed_at"]) == \
-        ("error", "closed", h.at(400))
-    assert len(h.alerts) == 1
+    assert (incident["severity"], incident["state"], incident["resolution"],
+            incident["closed_at"]) == ("error", "resolved", "recovered", h.at(400))
+    # one alert when it opened, one journal entry when it was resolved
+    assert [(a["MESSAGE_ID"], a.get("GPUWHY_CHANGE")) for a in h.alerts] == [
+        (MESSAGE_IDS["rule_finding"], None),
+        (CHANGE_MESSAGE_IDS["resolved"], "resolved")]
+    assert h.alerts[1]["GPUWHY_RESOLUTION"] == "recovered"
 
 
 def test_a_shadow_finding_opens_no_incident(harness):
@@ -304,7 +316,8 @@ def test_a_stall_that_comes_back_reopens_its_incident_once_and_stops_counting(ha
     assert [i["state"] for i in h.incidents("process_stall")] == ["open"]
     h.feed(h.sample(second, 96.0))                     # busy again: over
     second += 1
-    assert [i["state"] for i in h.incidents("process_stall")] == ["closed"]
+    assert [(i["state"], i["resolution"]) for i in h.incidents("process_stall")] == \
+        [("resolved", "recovered")]
     merged_before = h.correlator.builder.merged
     for _ in range(stall_s + 30):                      # idle again, for a long while
         h.feed(h.sample(second, 0.0))

@@ -31,7 +31,7 @@ def test_a_repeat_merged_into_a_warning_incident_keeps_the_higher_severity(harne
     bound(h)
     h.feed(finding(h, 5, "warning"), finding(h, 10, "warning", state="cleared"))
     [incident] = h.incidents("rule_finding")
-    assert (incident["severity"], incident["state"]) == ("warning", "closed")
+    assert (incident["severity"], incident["state"]) == ("warning", "resolved")
     h.feed(finding(h, 12, worse))                 # the same finding again: merged, reopened
     [incident] = h.incidents("rule_finding")
     assert (incident["severity"], incident["state"], incident["count"]) == \

@@ -12,7 +12,7 @@ from gpuwhy.cli import cli
 
 from .conftest import EVIL_NAME, TRAIN
 
-CHAIN = ["cron_job", "command", "driver_call", "gpu_reset", "process"]
+CHAIN = ["cron_job", "command", "driver_call", "gpu_reset", "process_stall"]   # the trainer stalled
 
 
 def _run(scenario, *args):

@@ -42,7 +42,8 @@ def test_overview_has_a_card_per_gpu_with_processes_and_the_simulated_banner(cli
         assert f'data-gpu="{gpu_id}"' in html
     assert "/processes/4242-1000" in html and "abc123" in html       # container
     assert "&lt;b&gt;team-a&lt;/b&gt;" in html                          # tag, escaped
-    assert "Process 4242 stalled" in html                               # open incident
+    # the open incident: the reset, whose chain holds the trainer's stall (not its own card)
+    assert "GPU reset" in html and "Process 4242 stalled" not in html
 
 
 def test_api_gpus_gives_the_latest_sample_and_bindings(client, scenario):
@@ -101,7 +102,8 @@ def test_bad_ranges_are_clear_errors(client, scenario):
 def test_gpu_events_mark_incidents_resets_and_lanes(client, scenario):
     gpu = scenario.gpu_ids[0]
     events = client.get(f"/api/gpus/{gpu}/events?range=1h").get_json()
-    assert {"gpu_reset", "process_stall"} <= {i["kind"] for i in events["incidents"]}
+    # the trainer's stall is the reset's link: marked as the reset, not as its own
+    assert {i["kind"] for i in events["incidents"]} == {"gpu_reset", "rule_finding"}
     assert any("BIF_RESET" in r["what"] for r in events["resets"])
     assert [lane["pid"] for lane in events["lanes"]] == [TRAIN.pid]
 
@@ -170,15 +172,17 @@ def test_kernel_log_html_is_text_on_the_process_page(client):
 
 def test_incident_list_filters(client):
     every = client.get("/api/incidents").get_json()
-    assert {i["kind"] for i in every} == {"gpu_reset", "process_stall", "xid", "rule_finding"}
+    assert {i["kind"] for i in every} == {"gpu_reset", "xid", "rule_finding"}
     assert {i["kind"] for i in client.get("/api/incidents?kind=xid").get_json()} == {"xid"}
     assert {i["kind"] for i in client.get("/api/incidents?severity=critical").get_json()} == {
         "gpu_reset"}
-    # open: the stall (its GPU never got busy again) and the finding (never cleared)
+    # open: the reset (the trainer it stalled never got busy again) and the finding (never
+    # cleared); the Xid 13 left its GPU usable and timed out
     assert {i["kind"] for i in client.get("/api/incidents?state=open").get_json()} == {
-        "process_stall", "rule_finding"}
-    assert [i["kind"] for i in client.get("/api/incidents?q=stalled").get_json()] == [
-        "process_stall"]
+        "gpu_reset", "rule_finding"}
+    assert [(i["kind"], i["resolution"]) for i in
+            client.get("/api/incidents?state=resolved").get_json()] == [("xid", "timeout")]
+    assert [i["kind"] for i in client.get("/api/incidents?q=graphics").get_json()] == ["xid"]
     html = page(client, "/incidents?kind=gpu_reset")
     assert "GPU reset" in html and "Xid 13" not in html
     assert "Input pipeline starves the GPU &lt;i&gt;(test)&lt;/i&gt;" in page(client, "/incidents")

@@ -1,0 +1,53 @@
+"""Incident lifecycle: the one set of states an incident is in and the ways it ends.
+
+``open`` -> ``acknowledged`` (an operator has it) -> ``resolved``, with how it was resolved:
+
+- ``recovered``: what the incident is about stopped holding (the GPU read healthy again after
+  a reboot or by its source, a stalled process busy again, a rule finding cleared);
+- ``reset``: the GPU was reset and read healthy again;
+- ``process_exited``: the process the incident is about ended;
+- ``operator``: someone resolved it (CLI or web view);
+- ``timeout``: nothing more was seen of it for the quiet period (an Xid whose catalogue
+  action is "none" leaves the GPU healthy: there is nothing else to wait for).
+
+An incident is never resolved at the moment it opens: an automatic resolution waits for the
+incident to settle (late events and effects) and is dated when it was observed. A repeat of a
+resolved incident within the reopen window reopens it (``reopened`` in its log); later, it is a
+new incident. Every change is one row of ``incident_log`` and one journal entry.
+"""
+
+from __future__ import annotations
+
+OPEN = "open"
+ACKNOWLEDGED = "acknowledged"
+RESOLVED = "resolved"
+STATES = (OPEN, ACKNOWLEDGED, RESOLVED)
+ACTIVE_STATES = (OPEN, ACKNOWLEDGED)      # not resolved: repeats merge, effects attach
+
+RECOVERED = "recovered"
+RESET = "reset"
+PROCESS_EXITED = "process_exited"
+OPERATOR = "operator"
+TIMEOUT = "timeout"
+RESOLUTIONS = (RECOVERED, RESET, PROCESS_EXITED, OPERATOR, TIMEOUT)
+
+# What an incident_log row records (the lifecycle changes above, plus notes and merges).
+OPENED = "opened"
+ACKNOWLEDGE = "acknowledged"
+RESOLVE = "resolved"
+REOPENED = "reopened"
+NOTE = "note"
+ACTIONS = (OPENED, ACKNOWLEDGE, RESOLVE, REOPENED, NOTE)
+
+NOTE_MAX = 4000          # characters of one note: an operator's text, kept and shown escaped
+ACTOR_MAX = 128
+
+
+def is_active(state: str | None) -> bool:
+    """True for an incident that is not resolved (open or acknowledged)."""
+    return state in ACTIVE_STATES
+
+
+def sql_active(column: str = "state") -> str:
+    """The SQL test for an active incident, for the store's queries."""
+    return f"{column} in ('{OPEN}', '{ACKNOWLEDGED}')"
