@@ -32,6 +32,7 @@ from gpuwhy.events import (
     ProcessKey,
     ProcessSeen,
 )
+from gpuwhy.lifecycle import RESET, RESOLVED
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.reset import BIF_RESET, RESET_ACTION_SUFFIX, RESET_CONTROLS, RESET_STATES
 from gpuwhy.store.writer import StoreWriter
@@ -128,7 +129,7 @@ def _incident(db: Database, story_ts: int, gpu_id: str, xid_id: int) -> None:
         "opened_at": story_ts, "closed_at": story_ts + 70 * s, "kind": "gpu_reset",
         "severity": "critical", "gpu_id": gpu_id, "title": "GPU reset after Xid 79",
         "summary": "cron ran nvidia-smi -r after the GPU fell off the bus (simulated)",
-        "chain": None, "state": "closed", "count": 1}).last_pk
+        "chain": None, "state": RESOLVED, "resolution": RESET, "count": 1}).last_pk
     links = [("xid", story_ts, "Xid 79: GPU has fallen off the bus"),
              ("cron_job", story_ts + 60 * s, "cron: nvidia-smi -r"),
              ("driver_call", story_ts + 61 * s, RESET_CONTROLS[0]),

@@ -215,3 +215,22 @@ def test_operators_acknowledge_note_and_resolve(harness):
                                "GPU replaced"
     assert (entry["MESSAGE_ID"], entry["GPUWHY_ACTOR"], entry["GPU_ID"]) == \
         (CHANGE_MESSAGE_IDS["resolved"], "alice", UUID0)
+
+
+def test_a_contention_finding_names_every_process_it_is_about(harness):
+    h = harness
+    two_busy_gpus(h)
+    second = ProcessKey(4343, 1050)
+    h.feed(h.process(30.0, second, "python3"), h.opened(30.1, second))
+    h.feed(RuleFinding(ts=h.at(60), finding_id="R26:x", rule_id="R26_multi_process_contention",
+                       title="Several processes share the GPU", severity="warning",
+                       state="firing", gpu_id=UUID0, process=TRAINER,
+                       window_start=h.at(0), window_end=h.at(60), since=h.at(40),
+                       processes=[TRAINER, second]))
+    [incident] = list_incidents(h.db)
+    assert incident["opened_at"] == h.at(40)        # not the window's start, h.at(0)
+    detail = incident_detail(h.db, incident["id"])
+    assert [(link["kind"], link["pid"]) for link in detail["chain"]] == [
+        ("rule_finding", TRAINER.pid), ("process", TRAINER.pid), ("process", second.pid)]
+    assert {p["pid"] for p in detail["processes"]} == {TRAINER.pid, second.pid}
+    assert all(link["ts"] >= incident["opened_at"] for link in detail["chain"])
