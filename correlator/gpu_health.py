@@ -8,6 +8,9 @@ on. Sources and what they mean:
 - kernel log: an Xid (its catalogue entry, :func:`gpuwhy.xid.catalogue_fields`), fallen off
   the bus, RmInitAdapter failed; every kernel-log and cron event carries the boot id, and a
   new one is a reboot, which clears every state entered in an older boot;
+- the host: its boot id (``/proc/sys/kernel/random/boot_id``), read once at start, is the
+  boot every other event happens in, so a reboot is seen without a kernel-log source: at the
+  first event after start, every state entered in another boot is cleared by that reboot;
 - GPU source: its Xids, its ``gpu_state`` (lost, reset_required, resetting, back) and its
   samples (throttling, SBE storm, pending row remap, uncorrectable ECC, remap failure; a
   sample after a loss or a reset with clean counters is the GPU read again);
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
@@ -34,14 +38,30 @@ from gpuwhy.store import queries
 from gpuwhy.xid import catalogue_fields, xid_info
 
 MAX_DETAIL = 300     # evidence quotes a line or a source's detail; they are untrusted
+BOOT_ID_FILE = ("sys", "kernel", "random", "boot_id")     # under the proc root
+
+
+def host_boot_id(proc_root: str = "/proc") -> str | None:
+    """The host's current boot id as the kernel-log source spells it (no dashes, as
+    journald's ``_BOOT_ID``), None when it cannot be read."""
+    try:
+        found = Path(proc_root, *BOOT_ID_FILE).read_text().strip().replace("-", "")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found or None
 
 
 class GpuHealth:
     """Decides each GPU's health from the events of a batch (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self._boot: str | None = None
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self._boot: str | None = None           # the last boot id an event carried
         self._stored_boot: str | None = None
+        # The host's boot, read once here: the boot a live event happens in. Older boots'
+        # states are cleared at the first event (the constructor has no store).
+        self._host_boot = host_boot_id(proc_root)
+        self._host_boot_checked = self._host_boot is None
+        self._event_boot: str | None = None     # the boot id of the event being applied
         # Per GPU: recent (ts, corrected ECC count) for the SBE-storm window and the last
         # uncorrectable remapped-rows count (an increase is a row waiting for a reset).
         self._sbe: dict[str, deque[tuple[int, float]]] = {}
@@ -50,17 +70,29 @@ class GpuHealth:
 
     def observe(self, db: Database, event: Event) -> None:
         """Apply one event (already written by the store's writer) to its GPU's health."""
+        if not self._host_boot_checked:
+            self._host_boot_checked = True
+            self._host_boot_seen(db, event.ts)
         handler = self._handlers.get(event.kind)
         if handler is not None:
-            handler(db, event)
+            self._event_boot = getattr(event, "boot_id", None) or None
+            try:
+                handler(db, event)
+            finally:
+                self._event_boot = None
 
     # --- the machine -----------------------------------------------------------------------
     def _boot_id(self, db: Database) -> str | None:
-        """The boot a new state is entered in: the last one seen, else the kernel-log
-        source's (read once; None where no kernel-log source ran)."""
-        if self._boot is None and self._stored_boot is None:
+        """The boot a new state is entered in: the event's own (a kernel-log or cron event
+        says which boot it was logged in), else the host's (read at start), else the last one
+        an event carried, else the kernel-log source's stored one (read once; None where
+        none is known)."""
+        found = self._event_boot or self._host_boot or self._boot
+        if found:
+            return found
+        if self._stored_boot is None:
             self._stored_boot = queries.last_boot_id(db) or ""
-        return self._boot or self._stored_boot or None
+        return self._stored_boot or None
 
     def _move(self, db: Database, gpu_id: str, ts: int, state: str, cause: str,
               evidence: dict[str, Any], causes: list[str] | None = None,
@@ -132,6 +164,17 @@ class GpuHealth:
                 self._move(db, gpu_id, ts, gh.OK, "reboot",
                            {"event": "boot id changed", "boot_id_before": entered_in,
                             "boot_id_now": boot_id, "last_boot_seen": before})
+
+    def _host_boot_seen(self, db: Database, ts: int) -> None:
+        """At the first event after start: the host booted since every state entered in
+        another boot (whether or not a kernel-log source saw it), so that reboot clears
+        them, dated at this event (when the reboot happened is not known), never before the
+        state it clears."""
+        for gpu_id, _state, since, entered_in in queries.gpus_not_ok(db):
+            if entered_in and entered_in != self._host_boot:
+                self._move(db, gpu_id, max(ts, since or 0), gh.OK, "reboot",
+                           {"event": "host boot id at start", "boot_id_before": entered_in,
+                            "boot_id_now": self._host_boot})
 
     def _xid(self, db: Database, gpu_id: str | None, ts: int, code: int,
              catalogue: dict[str, Any], evidence: dict[str, Any],

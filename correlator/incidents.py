@@ -107,7 +107,7 @@ class IncidentBuilder:
         self.merged = 0
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
-        self.health = GpuHealth()     # the GPU health state machine, fed every event below
+        self.health = GpuHealth(self.proc_root)   # the GPU health state machine, fed each event
         # incident_log ids of the lifecycle changes of incidents (not of effects) the last
         # decide made, for the journal once its transaction commits
         self.changes: list[int] = []

@@ -22,13 +22,16 @@ from typing import Any
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.gpufields import THROTTLE_BITS
+from gpuwhy.reset import RESET_STATES
 
 OK = "ok"
 DEGRADED = "degraded"
 RESET_REQUIRED = "reset_required"
 REBOOT_REQUIRED = "reboot_required"
 LOST = "lost"
-RESETTING = "resetting"
+# The health state a reset leads to has the name of the GPU source's state that says a
+# reset is under way: gpuwhy/reset.py, the one definition, spells it.
+RESETTING = RESET_STATES[0]
 STATES = (OK, DEGRADED, RESET_REQUIRED, REBOOT_REQUIRED, LOST, RESETTING)
 
 # How bad a state is: a fact that calls for a worse state moves the GPU there, a milder one

@@ -445,3 +445,14 @@ def m108_incident_lifecycle(db: Database) -> None:
     }, pk="id")
     db["incident_log"].create_index(["incident_id", "ts"])
     db["incidents"].create_index(["state"])
+
+
+@migrations()
+def m109_reset_history_control_node(db: Database) -> None:
+    """``gpu_reset_history`` re-created: a reset or request sent on the control node
+    (/dev/nvidiactl, no GPU minor) names the GPUs its process had bound at the call, a row
+    per GPU (NULL when none), as the correlator's reset incidents do."""
+    from gpuwhy.store.views import reset_history_sql
+
+    db.execute("DROP VIEW IF EXISTS gpu_reset_history")
+    db.execute(reset_history_sql())

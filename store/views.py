@@ -32,6 +32,12 @@ _NOW_NS = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000000000)"
 _CONTAINER = ("nullif(replace(p.cgroup, rtrim(p.cgroup, replace(p.cgroup, '/', '')), ''), '')")
 _RESET_CONTROLS = sql_names(RESET_CONTROLS + RESET_REQUEST_CONTROLS)
 _TRAILING_NUMBER = "CAST(replace(d.path, rtrim(d.path, '0123456789'), '') AS INTEGER)"
+# A driver call on a node that names no GPU (the control node /dev/nvidiactl) is about
+# the GPUs its process had bound at the call, as the incidents take them
+# (gpuwhy.correlator.bindings.gpus_of): a row per GPU, one NULL row when it had none.
+_CALLER_BINDINGS = ("LEFT JOIN gpu_bindings b ON d.device != 'nvidiaN' AND b.pid = d.pid "
+                    "AND b.start_time = d.start_time AND b.since <= d.ts "
+                    "AND (b.until IS NULL OR b.until >= d.ts)")
 # In process_gpu_timeline the binding's since/until are kept off the samples' time index
 # (unary +): the index then serves the caller's own `ts` range, which is what a timeline
 # query asks for; otherwise SQLite scans from the start of a days-long binding.
@@ -134,10 +140,14 @@ LEFT JOIN processes p ON p.pid = b.pid AND p.start_time = b.start_time""",
 
 
 def reset_history_sql() -> str:
-    """``gpu_reset_history`` as of m105: every sign of a reset with its class in ``reset``
+    """``gpu_reset_history`` as of m109: every sign of a reset with its class in ``reset``
     (``reset``, ``request``, ``needed``, ``back``: gpuwhy/reset.py), built from the lists
     in gpuwhy/reset.py when the view is created, so the view, the incidents, ``/resets``
-    and the rules count the same resets. Cron runs are only the ones that reset a GPU."""
+    and the rules count the same resets. Cron runs are only the ones that reset a GPU. A
+    driver call on ``/dev/nvidiaN`` names that GPU; one on the control node (no minor) names
+    the GPUs its process had bound at the call (a row per GPU, NULL when none), as the
+    correlator's reset incidents do. A store whose view predates this gets it from the
+    migration that re-creates the view (m109)."""
     states = {"reset": RESET_STATES, "needed": NEEDED_STATES, "back": BACK_STATES}
     state = "json_extract(e.body, '$.state')"
     assert "'" not in RESET_ACTION_SUFFIX
@@ -162,12 +172,21 @@ FROM (
      OR (k.kind = 'xid'
          AND k.xid IN (SELECT code FROM xid_codes WHERE gpu_reset OR reboot OR code = 154))
   UNION ALL
-  SELECT d.ts, (SELECT id FROM gpus WHERE d.device = 'nvidiaN' AND minor = {_TRAILING_NUMBER}),
-         'driver call ' || d.sub_name, 'driver call', d.pid, d.start_time, p.comm, d.path,
-         {sql_case('d.sub_name', {"reset": RESET_CONTROLS,
-                                  "request": RESET_REQUEST_CONTROLS})}
-  FROM driver_calls d LEFT JOIN processes p ON p.pid = d.pid AND p.start_time = d.start_time
-  WHERE d.sub_name IN {_RESET_CONTROLS}
+  SELECT r.ts, r.gpu_id, r.what, r.source, r.pid, r.start_time, r.comm, r.detail, r.reset
+  FROM (
+    SELECT DISTINCT d.id, d.ts,
+           CASE WHEN d.device = 'nvidiaN'
+                THEN (SELECT id FROM gpus WHERE minor = {_TRAILING_NUMBER})
+                ELSE b.gpu_id END AS gpu_id,
+           'driver call ' || d.sub_name AS what, 'driver call' AS source, d.pid,
+           d.start_time, p.comm, d.path AS detail,
+           {sql_case('d.sub_name', {"reset": RESET_CONTROLS,
+                                    "request": RESET_REQUEST_CONTROLS})} AS reset
+    FROM driver_calls d
+    LEFT JOIN processes p ON p.pid = d.pid AND p.start_time = d.start_time
+    {_CALLER_BINDINGS}
+    WHERE d.sub_name IN {_RESET_CONTROLS}
+  ) r
   UNION ALL
   SELECT c.ts, NULL, 'cron: ' || c.gpu_action, 'cron', c.job_pid, c.job_start_time, c.user,
          c.command, 'request'
@@ -176,7 +195,8 @@ FROM (
 ) x LEFT JOIN gpus g ON g.id = x.gpu_id"""
 
 
-# The views as the latest migration left them (m105 re-created gpu_reset_history).
+# The views as the latest migration left them (m105, then m109, re-created
+# gpu_reset_history).
 VIEWS: dict[str, str] = {**VIEWS_V1, "gpu_reset_history": reset_history_sql()}
 
 

@@ -19,10 +19,8 @@ from gpuwhy.reset import (
 REPO = Path(__file__).resolve().parent.parent
 PRODUCT = ("gpuwhy", "correlator", "store", "webui", "probes")
 # nvioctl.py is the driver's table of control names that reset.py takes its names from.
-# gpu_health.py names the GPU's health states; its "resetting" is a health state (which a
-# reset leads to), not the GPU source's state that says a reset is under way.
-ALLOWED = {REPO / "gpuwhy" / "reset.py", REPO / "gpuwhy" / "nvioctl.py",
-           REPO / "gpuwhy" / "gpu_health.py"}
+# gpu_health.py takes its "resetting" health state's name from reset.py too.
+ALLOWED = {REPO / "gpuwhy" / "reset.py", REPO / "gpuwhy" / "nvioctl.py"}
 CONTROLS = (*RESET_CONTROLS, *RESET_REQUEST_CONTROLS)
 SPELLINGS = (*CONTROLS, *RESET_STATES)
 
