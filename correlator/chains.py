@@ -19,6 +19,7 @@ from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.correlator import bindings
 from gpuwhy.identity import ProcessKey
 from gpuwhy.reset import RESET_CONTROLS, sql_names
+from gpuwhy.rules.model import SYMPTOM
 
 if TYPE_CHECKING:
     from gpuwhy.correlator.incidents import IncidentBuilder
@@ -56,7 +57,7 @@ def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Li
     elif kind in ("process_stall", "process_exit"):
         links = _effect_chain(db, incident)
     elif kind == "rule_finding":
-        links = _finding_chain(db, incident)
+        links = _finding_chain(db, incident) + _effect_links(db, incident, builder, only=set())
     else:
         links = [_self_link(incident)]
     links.sort(key=lambda link: (_ORDER.get(link.kind, 5), link.ts))
@@ -66,7 +67,7 @@ def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Li
 
 _ORDER = {"cron_job": 0, "timer": 0, "operator_command": 0, "command": 1, "driver_call": 2,
           "earlier_xid": 2, "gpu_reset": 3, "xid": 3, "gpu_lost": 3, "rule_finding": 3,
-          "process": 4, "escalation": 4, "later_xid": 4, "process_stall": 5,
+          "process": 4, "escalation": 4, "later_xid": 4, "symptom": 5, "process_stall": 5,
           "process_exit": 6}
 
 
@@ -239,11 +240,13 @@ def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
         if kind == "xid":
             links.append(Link("later_xid", ts, f"then {title}", {"incident": effect_id}, 0.8,
                               gpu_id=gpu_id))
-        elif kind == "rule_finding":
+        elif kind == "rule_finding":     # a symptom the cause explains, or another finding
             finding = json.loads(details or "{}")
-            links.append(Link("rule_finding", ts, f"rule {finding.get('rule_id', '?')}: "
-                              f"{title}", {"incident": effect_id, **finding}, 0.7, pid,
-                              start_time, gpu_id))
+            symptom = finding.get("rule_kind") == SYMPTOM and incident["kind"] == "rule_finding"
+            links.append(Link("symptom" if symptom else "rule_finding", ts,
+                              f"rule {finding.get('rule_id', '?')}: {title}",
+                              {"incident": effect_id, **finding}, 0.7, pid, start_time,
+                              gpu_id))
         else:       # a stall's or death's summary names the pid: name the process too
             if key is not None:
                 summary = summary.replace(f"pid {pid} ", f"pid {pid} ({_comm(db, key)}) ", 1)
@@ -277,7 +280,7 @@ def _effect_chain(db: Database, incident: dict) -> list[Link]:
 
 def _finding_chain(db: Database, incident: dict) -> list[Link]:
     """A rule finding: itself, then every process it names (a contention finding names all
-    the processes sharing the GPU)."""
+    the processes sharing the GPU); the symptoms it explains follow as its effects."""
     links = [_self_link(incident)]
     details = json.loads(incident["details"] or "{}")
     for named in details.get("processes") or []:

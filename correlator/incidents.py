@@ -38,6 +38,7 @@ from gpuwhy.correlator.pending import Alignment
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
+from gpuwhy.rules.model import CAUSE, SYMPTOM
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.xid import xid_info
@@ -111,6 +112,7 @@ class IncidentBuilder:
         # incident_log ids of the lifecycle changes of incidents (not of effects) the last
         # decide made, for the journal once its transaction commits
         self.changes: list[int] = []
+        self._realert: list[int] = []       # incidents whose answer changed: alerted again
         self.resolved = 0
         self.reopened = 0
 
@@ -126,6 +128,7 @@ class IncidentBuilder:
             self._proc_read = True
         new: list[int] = []
         self.changes = []                   # a failed decide's were rolled back with it
+        self._realert = []
         self.timelines.discard_pending()    # held by a decide that failed: rolled back with it
         for envelope in envelopes:
             event = envelope.event
@@ -149,6 +152,7 @@ class IncidentBuilder:
             chains.rebuild(db, incident_id, self)
         self._resolve_exited(db, now)
         self._resolve_settled(db, now)
+        new += [i for i in self._realert if i not in new]
         return new
 
     def counters(self) -> dict[str, int]:
@@ -270,7 +274,8 @@ class IncidentBuilder:
                                             text)
         cause = db.execute("select cause_id from incidents where id = ?",
                            [incident_id]).fetchone()
-        if cause and cause[0] is None:      # effects are links: their changes are not news
+        # effects are links: their changes are not news; a new answer is alerted again whole
+        if cause and cause[0] is None and action != lc.ANSWERED:
             self.changes.append(change)
 
     def _resolve(self, db: Database, incident_id: int, how: str, ts: int, why: str) -> None:
@@ -478,17 +483,76 @@ class IncidentBuilder:
                         event.ts + self.lag_ns, active[0]])
             return []
         since = event.since or event.ts
-        processes = list(event.processes) or ([event.process] if event.process else [])
-        details = {"rule_id": event.rule_id, "finding_id": event.finding_id, "since": since,
-                   "window_start": event.window_start, "window_end": event.window_end,
-                   "evidence": event.evidence, "root_cause": event.root_cause,
-                   "fixes": list(event.fixes), "verify": event.verify, "group": event.group,
-                   "processes": [{"pid": p.pid, "start_time": p.start_time}
-                                 for p in processes]}
         gpu_id = event.gpu_id or None
-        return [Opened("rule_finding", event.severity, since, event.title, event.root_cause,
-                       dedup_key, gpu_id, event.process, details,
-                       self._cause_of(db, gpu_id, since, process=event.process))]
+        wanted = Opened("rule_finding", event.severity, since, event.title,
+                        _finding_summary(event), dedup_key, gpu_id, event.process,
+                        _finding_details(event, since))
+        wanted.cause_id = self._cause_of(db, gpu_id, since, process=event.process)
+        if wanted.cause_id is None and event.rule_kind == SYMPTOM:
+            wanted.cause_id = self._explaining(db, event)       # a cause already answers it
+        if wanted.cause_id is None and event.rule_kind == CAUSE and event.explains:
+            promoted = self._promote(db, event, wanted)
+            if promoted is not None:
+                return []
+        return [wanted]
+
+    # --- cause over symptom ----------------------------------------------------------------
+    def _findings_on(self, db: Database, event: RuleFinding, kind: str,
+                     rule_ids: list[str] | None = None) -> list[tuple]:
+        """Active rule-finding incidents of ``event``'s GPU whose rule is of ``kind`` (and
+        among ``rule_ids``), about the same process or the whole GPU, oldest first."""
+        rows = db.execute(
+            f"select id, pid, start_time, json_extract(details, '$.rule_id'), "
+            f"json_extract(details, '$.explains'), dedup_key, details, title, severity, "
+            f"opened_at from incidents where kind = 'rule_finding' and cause_id is null and "
+            f"gpu_id = ? and {lc.sql_active()} and json_extract(details, '$.rule_kind') = ? "
+            f"order by opened_at, id", [event.gpu_id, kind]).fetchall()
+        process = event.process
+        return [r for r in rows
+                if (rule_ids is None or r[3] in rule_ids)
+                and (r[1] is None or process is None or (r[1], r[2]) ==
+                     (process.pid, process.start_time))]
+
+    def _explaining(self, db: Database, event: RuleFinding) -> int | None:
+        """The active cause finding's incident that explains this symptom, if any."""
+        for row in self._findings_on(db, event, CAUSE):
+            if event.rule_id in json.loads(row[4] or "[]"):
+                return row[0]
+        return None
+
+    def _promote(self, db: Database, event: RuleFinding, wanted: Opened) -> int | None:
+        """A cause that explains an open symptom incident becomes that incident's answer (its
+        id stays: the link in the first alert still leads to it); the symptom is kept as a
+        link of it, and the alert goes out again with the cause. Returns the incident id."""
+        symptoms = self._findings_on(db, event, SYMPTOM, list(event.explains))
+        if not symptoms:
+            return None
+        incident_id, _, _, _, _, symptom_key, symptom_details, symptom_title, severity, \
+            opened_at = symptoms[0]
+        process = event.process
+        # the symptom, as a link: a row of its own, found by its finding's updates
+        moved = dict(db.execute_returning_dicts("select * from incidents where id = ?",
+                                                [incident_id])[0])
+        moved.pop("id")
+        db["incidents"].insert({**moved, "cause_id": incident_id, "dedup_key": symptom_key})
+        db.execute("update incidents set dedup_key = ?, title = ?, summary = ?, details = ?, "
+                   "severity = ?, pid = ?, start_time = ?, opened_at = min(opened_at, ?), "
+                   "last_seen = max(last_seen, ?), updated_at = ?, settle_until = ? "
+                   "where id = ?",
+                   [wanted.dedup_key, wanted.title, wanted.summary,
+                    json.dumps(wanted.details, sort_keys=True),
+                    sev.worst([severity, wanted.severity]),
+                    process.pid if process else moved["pid"],
+                    process.start_time if process else moved["start_time"],
+                    wanted.ts, event.ts, event.ts, event.ts + self.lag_ns, incident_id])
+        for other in symptoms[1:]:          # further symptoms it explains: links too
+            db.execute("update incidents set cause_id = ? where id = ?", [incident_id, other[0]])
+        self._logged(db, incident_id, lc.ANSWERED, event.ts,
+                     text=f"cause established: {event.title} (was the symptom: "
+                          f"{symptom_title})"[:lc.NOTE_MAX])
+        chains.rebuild(db, incident_id, self)
+        self._realert.append(incident_id)
+        return incident_id
 
     # --- stalls ----------------------------------------------------------------------------
     def _stalls(self, db: Database, now: int) -> list[Opened]:
@@ -554,6 +618,27 @@ class IncidentBuilder:
             busy < state[3] <= now else None
         starts = [t for t in (after, went_silent, lost) if t is not None]
         return min(starts) if starts else None
+
+
+def _finding_details(event: RuleFinding, since: int) -> dict[str, Any]:
+    processes = list(event.processes) or ([event.process] if event.process else [])
+    return {"rule_id": event.rule_id, "finding_id": event.finding_id, "since": since,
+            "window_start": event.window_start, "window_end": event.window_end,
+            "evidence": event.evidence, "root_cause": event.root_cause,
+            "fixes": list(event.fixes), "verify": event.verify, "group": event.group,
+            "rule_kind": event.rule_kind or CAUSE, "explains": list(event.explains),
+            "unexplained": list(event.unexplained),
+            "processes": [{"pid": p.pid, "start_time": p.start_time} for p in processes]}
+
+
+def _finding_summary(event: RuleFinding) -> str:
+    """A cause's summary is its root cause; a symptom's says the cause is not established
+    and what each cause that could explain it lacks."""
+    if event.rule_kind != SYMPTOM:
+        return event.root_cause
+    lacking = "; ".join(event.unexplained[:4])
+    return (f"Symptom, cause not established{': ' + lacking if lacking else ''}. "
+            f"{event.root_cause}").strip()
 
 
 def _minor_of(path: str) -> int | None:

@@ -511,7 +511,10 @@ class RuleFinding(Event):
     process, if any); ``processes`` every process it names: for GPU rules each compute
     process on the GPU when the condition began to hold (monitors left out) and the main
     one at onset, for process rules that process. ``since`` and ``processes`` are the
-    onset's, kept to the clearing."""
+    onset's, kept to the clearing. ``rule_kind`` says whether the rule names a cause or a
+    symptom (gpuwhy/rules/model.py); a cause ``explains`` the symptom rules it lists; a
+    symptom's ``unexplained`` says, per cause rule that could explain it, why it is not
+    established (what it lacks)."""
 
     topic = "rule"
     kind = "rule_finding"
@@ -533,6 +536,9 @@ class RuleFinding(Event):
     group: str = ""
     since: int = 0
     processes: list[ProcessKey] = field(default_factory=list)
+    rule_kind: str = ""                 # the rule's kind (cause, symptom); "" from older senders
+    explains: list[str] = field(default_factory=list)   # symptom rule ids a cause explains
+    unexplained: list[str] = field(default_factory=list)  # a symptom's causes, not established
 
     def __post_init__(self) -> None:
         if isinstance(self.process, dict):   # decoded from the wire
@@ -543,6 +549,10 @@ class RuleFinding(Event):
                 not all(isinstance(p, ProcessKey) for p in self.processes):   # from the wire
             object.__setattr__(self, "processes", [
                 p if isinstance(p, ProcessKey) else self._key(p) for p in self.processes])
+        for name in ("explains", "unexplained"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TypeError(f"{name} is not a list of strings")
 
     @staticmethod
     def _key(value: dict) -> ProcessKey:

@@ -37,7 +37,8 @@ ACKNOWLEDGE = "acknowledged"
 RESOLVE = "resolved"
 REOPENED = "reopened"
 NOTE = "note"
-ACTIONS = (OPENED, ACKNOWLEDGE, RESOLVE, REOPENED, NOTE)
+ANSWERED = "answered"        # a cause was established for a symptom: the answer changed
+ACTIONS = (OPENED, ACKNOWLEDGE, RESOLVE, REOPENED, NOTE, ANSWERED)
 
 NOTE_MAX = 4000          # characters of one note: an operator's text, kept and shown escaped
 ACTOR_MAX = 128

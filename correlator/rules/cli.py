@@ -82,7 +82,7 @@ def rules() -> None:
 @click.option("--markdown", is_flag=True, help="Print the table of docs/rules.md.")
 @click.pass_obj
 def list_rules(obj: object, as_json: bool, markdown: bool) -> None:
-    """Every rule: id, group, scope, severity, state of its override, title.
+    """Every rule: id, group, kind, scope, severity, state of its override, title.
 
     \b
     Examples:
@@ -99,7 +99,8 @@ def list_rules(obj: object, as_json: bool, markdown: bool) -> None:
     rows = []
     for r in loaded:
         o = overrides.get(r.id)
-        rows.append({"id": r.id, "group": r.group, "scope": r.scope, "severity": r.severity,
+        rows.append({"id": r.id, "group": r.group, "kind": r.kind,
+                     "explains": list(r.explains), "scope": r.scope, "severity": r.severity,
                      "enabled": o.enabled if o else True, "shadow": o.shadow if o else False,
                      "params": {**r.params, **(dict(o.params) if o else {})},
                      "title": r.title, "file": r.location})
@@ -108,7 +109,7 @@ def list_rules(obj: object, as_json: bool, markdown: bool) -> None:
         return
     for row in rows:
         flags = ("" if row["enabled"] else " [disabled]") + (" [shadow]" if row["shadow"] else "")
-        click.echo(f"{row['id']:<36} {row['group']:<18} {row['scope']:<7} "
+        click.echo(f"{row['id']:<36} {row['group']:<18} {row['kind']:<7} {row['scope']:<7} "
                    f"{row['severity']:<8} {row['title']}{flags}")
     click.echo(f"{len(rows)} rules")
 
@@ -127,6 +128,8 @@ def show(obj: object, rule_id: str) -> None:
     rule = _find(_rules(obj), rule_id)
     override = _overrides(obj).get(rule.id)
     click.echo(f"# {rule.location}")
+    if not rule.kind_declared:
+        click.echo(f"# kind: {rule.kind} (no 'kind:' given)")
     if override is not None:
         click.echo(f"# override: enabled={str(override.enabled).lower()} "
                    f"shadow={str(override.shadow).lower()} thresholds="
@@ -136,26 +139,39 @@ def show(obj: object, rule_id: str) -> None:
 
 @rules.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
-def lint(files: tuple[str, ...]) -> None:
-    """Check rule files: syntax, names, and that every rule gives advice.
+@click.option("--strict", is_flag=True,
+              help="Hold the files to the shipped rules' standard: 'kind:' required.")
+def lint(files: tuple[str, ...], strict: bool) -> None:
+    """Check rule files: syntax, names, that every rule gives advice, and that each
+    'explains:' names a symptom rule (shipped or in the files).
 
-    Exit status 1 when any file has a problem.
+    A rule without 'kind:' is read as a cause: a note for an operator's file, a problem for
+    a shipped one (and with --strict). Exit status 1 when any file has a problem.
 
     \b
-    Example:
+    Examples:
       gpuwhy rules lint /etc/gpuwhy/rules/*.rules
+      gpuwhy rules lint --strict my.rules
     """
     from gpuwhy.rules.loader import load_rule_set
 
     # All files at once: a rule id given in two of them is a problem, as in the service.
     # Every file is reported, the broken ones with each problem's line.
     loaded = load_rule_set(list(files), builtin=False)
+    known = {r.id: r for r in load_rule_set(builtin=True).rules}
+    for rule in loaded.rules:
+        known.setdefault(rule.id, rule)
     bad = 0
     for file in loaded.files:
+        shipped = strict or is_shipped(file.path)
         problems = [str(p) for p in file.problems] + \
-            [problem for rule in file.rules for problem in lint_rule(rule)]
+            [problem for rule in file.rules for problem in lint_rule(rule, known, shipped)]
         for problem in problems:
             click.echo(problem, err=True)
+        for rule in file.rules:
+            if not shipped and not rule.kind_declared:
+                click.echo(f"{rule.location}: rule {rule.id}: note: no 'kind:', read as "
+                           f"kind: {m.CAUSE}", err=True)
         bad += bool(problems)
         if not problems:
             click.echo(f"{file.path}: {len(file.rules)} rules OK")
@@ -170,12 +186,37 @@ def lint(files: tuple[str, ...]) -> None:
         sys.exit(1)
 
 
-def lint_rule(rule: m.Rule) -> list[str]:
-    """What a finding of this rule would lack: group, cause, 2-4 fixes, a verification."""
+def is_shipped(path: str) -> bool:
+    """Whether a rule file is one of the shipped ones (as loaded, or by its place)."""
+    from importlib import resources
+
+    if path.startswith("builtin/"):
+        return True
+    try:
+        folder = Path(str(resources.files("gpuwhy.rules") / "builtin")).resolve()
+        return Path(path).resolve().parent == folder
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def lint_rule(rule: m.Rule, known: dict[str, m.Rule] | None = None,
+              shipped: bool = False) -> list[str]:
+    """What a finding of this rule would lack: group, cause, 2-4 fixes, a verification;
+    for a ``shipped`` rule its 'kind:'; with ``known`` (the rules by id), an 'explains:'
+    id that is no rule there or no symptom."""
     where = f"{rule.location}: rule {rule.id}"
     problems = []
     if not rule.group:
         problems.append(f"{where}: no 'group:' (one of {', '.join(m.GROUPS)})")
+    if shipped and not rule.kind_declared:
+        problems.append(f"{where}: no 'kind:' (one of {', '.join(m.KINDS)})")
+    for rule_id in rule.explains if known is not None else ():
+        other = known.get(rule_id)
+        if other is None:
+            problems.append(f"{where}: 'explains:' names no rule {rule_id!r}")
+        elif other.kind != m.SYMPTOM:
+            problems.append(f"{where}: 'explains:' names {rule_id}, which is no symptom "
+                            f"(kind: {other.kind})")
     if not rule.cause:
         problems.append(f"{where}: no 'cause:' (the root cause in plain words)")
     if not 2 <= len(rule.fixes) <= 4:

@@ -70,6 +70,11 @@ class Engine:
         self.states: dict[tuple[str, str, ProcessKey | None], InstanceState] = {}
         self.evaluations = 0
         self.errors = 0
+        # symptom rule id -> the cause rules that explain it (gpuwhy/rules/answer.py)
+        self.explained_by: dict[str, list[m.Rule]] = {}
+        for rule in self.rules:
+            for symptom in rule.explains:
+                self.explained_by.setdefault(symptom, []).append(rule)
 
     def set_overrides(self, overrides: Mapping[str, Override]) -> None:
         self.overrides = dict(overrides)
@@ -293,7 +298,23 @@ class Engine:
             root_cause=rule.cause, fixes=fixes, verify=rule.verify,
             shadow=override.shadow or self.shadow_all, group=rule.group,
             since=state.since if state.since is not None else onset,
-            processes=list(state.processes))
+            processes=list(state.processes), rule_kind=rule.kind,
+            explains=list(rule.explains),
+            unexplained=self._unexplained(rule, scope) if rule.kind == m.SYMPTOM else [])
+
+    def _unexplained(self, symptom: m.Rule, scope: Scope) -> list[str]:
+        """Why each cause rule that could explain ``symptom`` is not established here: what
+        it lacks (a requirement, a warm-up, a guard) or that its condition does not hold."""
+        out = []
+        for cause in self.explained_by.get(symptom.id, []):
+            states = [s for k, s in self.states.items()
+                      if k[0] == cause.id and k[1] == scope.gpu_id and
+                      (scope.process is None or k[2] in (None, scope.process))]
+            if any(s.status == "firing" for s in states):
+                continue
+            detail = next((s.detail for s in states if s.detail), "")
+            out.append(f"{cause.id}: {detail or 'its condition does not hold'}")
+        return out
 
     def status(self) -> list[dict]:
         """Every instance's last state, for ``rules test`` and the runner's health."""

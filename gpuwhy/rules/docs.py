@@ -17,6 +17,18 @@ def signals_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _short(rule_id: str) -> str:
+    return rule_id.split("_")[0]
+
+
+def _relation(rule: m.Rule, rules: list[m.Rule]) -> str:
+    """What a cause explains, or which causes explain a symptom (by rule number)."""
+    if rule.kind == m.SYMPTOM:
+        causes = [_short(r.id) for r in rules if rule.id in r.explains]
+        return "explained by " + ", ".join(causes) if causes else "–"
+    return "explains " + ", ".join(_short(i) for i in rule.explains) if rule.explains else "–"
+
+
 def rules_markdown(rules: list[m.Rule]) -> str:
     """The shipped rules, grouped as in the catalogue."""
     lines = []
@@ -24,11 +36,12 @@ def rules_markdown(rules: list[m.Rule]) -> str:
         members = [r for r in rules if r.group == group]
         if not members:
             continue
-        lines += [f"### {heading}", "", "| rule | scope | severity | title |",
-                  "|---|---|---|---|"]
+        lines += [f"### {heading}", "", "| rule | kind | scope | severity | title | explains |",
+                  "|---|---|---|---|---|---|"]
         for r in members:
             escalates = " → " + "/".join(s for _, s in r.escalations) if r.escalations else ""
-            lines.append(f"| `{r.id}` | {r.scope} | {r.severity}{escalates} | {r.title} |")
+            lines.append(f"| `{r.id}` | {r.kind} | {r.scope} | {r.severity}{escalates} | "
+                         f"{r.title} | {_relation(r, rules)} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

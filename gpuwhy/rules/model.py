@@ -10,6 +10,12 @@ from gpuwhy import severity as sev
 
 SCOPES = ("gpu", "process")
 SHARED_POLICIES = ("keep", "info", "skip")
+# What a rule's finding is: a CAUSE names why (the workers cannot keep up, the power limit),
+# a SYMPTOM only what is seen (bursty or low utilisation); a cause ``explains`` the symptom
+# rules its condition produces. Causes rank above symptoms (gpuwhy/rules/answer.py).
+CAUSE = "cause"
+SYMPTOM = "symptom"
+KINDS = (CAUSE, SYMPTOM)
 GROUPS = {
     "host_starvation": "A. Host-side starvation (the GPU waits for the CPU)",
     "device_efficiency": "B. Device efficiency (busy but inefficient)",
@@ -160,6 +166,9 @@ class Rule:
     line: int
     title: str = ""
     group: str = ""
+    kind: str = CAUSE             # CAUSE when the file gives no 'kind:' (kind_declared False)
+    kind_declared: bool = False
+    explains: tuple[str, ...] = ()   # ids of the symptom rules this cause explains
     scope: str = "gpu"
     requires: tuple[str, ...] = ()
     window_ns: int = 60_000_000_000

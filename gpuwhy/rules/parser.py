@@ -56,6 +56,8 @@ rule: "rule" NAME "{" clause* "}"
 
 ?clause: "title" ":" text                      -> title
        | "group" ":" NAME                      -> group
+       | "kind" ":" NAME                       -> kind
+       | "explains" ":" NAME ("," NAME)*       -> explains
        | "scope" ":" NAME                      -> scope
        | "requires" ":" dotted ("," dotted)*   -> requires
        | "window" ":" DURATION ("every" DURATION)? -> window
@@ -147,9 +149,9 @@ def _friendly(name: str) -> str:
     return f'"{terminal.pattern.value}"'
 
 
-CLAUSES = ("title", "group", "scope", "requires", "window", "warmup", "shared", "param",
-           "when", "for", "clear", "guard", "severity", "evidence", "cause", "fix", "verify",
-           "source")
+CLAUSES = ("title", "group", "kind", "explains", "scope", "requires", "window", "warmup",
+           "shared", "param", "when", "for", "clear", "guard", "severity", "evidence", "cause",
+           "fix", "verify", "source")
 
 
 def _expected(names: set[str]) -> str:
@@ -523,6 +525,7 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
     rule = m.Rule(id=str(name), path=path, line=meta.line,
                   text=source[meta.start_pos:meta.end_pos])
     seen: dict[str, object] = {}
+    explains_at: object = meta
     # Params first: expressions anywhere in the rule may use them.
     for clause, items, _meta in clauses:
         if clause == "params":
@@ -533,8 +536,9 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
                     raise _Problem(pname, "a parameter name has no dots")
                 rule.params[str(pname)] = value
     checker = _Checker(rule)
-    single = {"title", "group", "scope", "window", "warmup", "shared", "when", "for_",
-              "clear", "clear_after", "severity", "evidence", "cause", "verify", "requires"}
+    single = {"title", "group", "kind", "explains", "scope", "window", "warmup", "shared",
+              "when", "for_", "clear", "clear_after", "severity", "evidence", "cause", "verify",
+              "requires"}
     for clause, items, cmeta in clauses:
         key = "clear" if clause == "clear_after" else clause
         if key in single and key in seen:
@@ -546,6 +550,18 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
             if str(items[0]) not in m.GROUPS:
                 raise _Problem(items[0], "expected a group: " + ", ".join(m.GROUPS))
             rule.group = str(items[0])
+        elif clause == "kind":
+            if str(items[0]) not in m.KINDS:
+                raise _Problem(items[0], "expected a kind: " + ", ".join(m.KINDS))
+            rule.kind, rule.kind_declared = str(items[0]), True
+        elif clause == "explains":
+            for token in items:
+                if str(token) == rule.id:
+                    raise _Problem(token, f"rule {rule.id} cannot explain itself")
+                if str(token) in rule.explains:
+                    raise _Problem(token, f"{str(token)} listed twice in 'explains'")
+                rule.explains += (str(token),)
+            explains_at = cmeta
         elif clause == "scope":
             if str(items[0]) not in m.SCOPES:
                 raise _Problem(items[0], "expected a scope: " + ", ".join(m.SCOPES))
@@ -591,6 +607,9 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
             rule.verify = items[0]
         elif clause == "source":
             rule.sources += (items[0],)
+    if rule.kind == m.SYMPTOM and rule.explains:
+        raise _Problem(explains_at, "a symptom explains nothing: write kind: cause, or drop "
+                                    "'explains:'")
     if rule.when is None:
         raise _Problem(meta, f"rule {rule.id} has no 'when:' clause")
     if not rule.title:
