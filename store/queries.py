@@ -47,6 +47,20 @@ def resolve_gpu(db: Database, *, uuid: str | None = None, pci: str | None = None
     return GpuIdentity(index=index, minor=minor).id if (index, minor) != (None, None) else None
 
 
+def gpu_named(db: Database, name: str) -> str:
+    """The GPU id a person means by ``name`` (``--gpu`` on the command line, a report's
+    subject): a UUID, a PCI address, an index (``0``) or a GPU id. When no GPU is known by
+    it: the id such a GPU would have (``index:7``), or ``name`` itself; the caller finds
+    nothing under it and says so."""
+    name = name.strip()
+    if db["gpus"].exists() and db.execute("select 1 from gpus where id = ?", [name]).fetchone():
+        return name
+    is_pci = ":" in name and not name.startswith(("GPU-", "minor:", "index:"))
+    return resolve_gpu(db, uuid=name if name.startswith("GPU-") else None,
+                       pci=name if is_pci else None,
+                       index=int(name) if name.isdigit() and len(name) <= 4 else None) or name
+
+
 def pci_and_uuid(db: Database, gpu_id: str | None) -> tuple[str | None, str | None]:
     """The PCI address and UUID a GPU id is known by (for alerts and the CLI)."""
     if not gpu_id:
@@ -316,15 +330,13 @@ def process_incident_ids(db: Database, key: ProcessKey) -> list[int]:
 def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = None,
                    kind: str | None = None, state: str | None = None,
                    effects: bool = False, limit: int = 200) -> list[dict[str, Any]]:
-    """Incidents, newest first; ``gpu`` matches the id, UUID or PCI address. Effects (a
+    """Incidents, newest first; ``gpu`` is any name of the GPU (:func:`gpu_named`). Effects (a
     stall, a death, a finding, the reset a lost GPU needed, that a cause incident explains)
     are that incident's links, listed only with ``effects`` (``cause_id`` names it)."""
     where, params = ["1" if effects else "cause_id is null"], []
     if gpu:
-        gpu_id = resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
-                                  pci=gpu if ":" in gpu and not gpu.startswith("GPU-") else None)
         where.append("(gpu_id = ? or gpu_id = ?)")
-        params += [gpu, gpu_id or gpu]
+        params += [gpu, gpu_named(db, gpu)]
     if since is not None:
         where.append("last_seen >= ?")
         params.append(since)

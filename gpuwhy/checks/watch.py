@@ -32,7 +32,7 @@ from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.errors import GpuwhyError, NoSuchProcess
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import process_key, read_stat
-from gpuwhy.store.queries import gpu_of_process, gpus, has_gpu_samples, resolve_gpu
+from gpuwhy.store.queries import gpu_named, gpu_of_process, gpus, has_gpu_samples
 from gpuwhy.text import printable as escaped
 
 MAX_SHOWN = 80
@@ -280,10 +280,7 @@ class Watch:
         """The GPU watched: --gpu, else the process's binding, else NVML's process list,
         else the only GPU there is."""
         if self.target.gpu:
-            gpu = self.target.gpu
-            return resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
-                               pci=gpu if ":" in gpu else None,
-                               index=int(gpu) if gpu.isdigit() else None) or gpu
+            return gpu_named(db, self.target.gpu)
         if self.process is not None:
             held = gpu_of_process(db, self.process)
             if held is not None:

@@ -164,3 +164,16 @@ def test_a_rule_finding_shows_its_rule_values_fixes_and_check(harness):
     assert "      measured  worker_cores=0.9996, workers=1\n" in text
     assert "      fix 1     raise num_workers\\x1b[2J\n" in text       # escaped, not obeyed
     assert "      fix 2     cache\n" in text and "      verify    idle share below 0.1" in text
+
+
+def test_gpu_is_accepted_by_index_uuid_pci_or_id(harness):
+    """`--gpu 0` once printed nothing: only a UUID or PCI address matched."""
+    reset_story(harness)
+    from gpuwhy.store.queries import gpu_named, list_incidents
+
+    everyone = {i["id"] for i in list_incidents(harness.db)}
+    for name in ("0", UUID0, "0000:18:00.0", "00000000:18:00.0"):
+        assert gpu_named(harness.db, name) == UUID0, name
+        assert {i["id"] for i in list_incidents(harness.db, gpu=name)} == everyone, name
+    assert list_incidents(harness.db, gpu="7") == []
+    assert gpu_named(harness.db, "7") == "index:7"       # the id GPU 7 would have

@@ -78,9 +78,7 @@ def incident_subject(db: Database, incident_id: int, margin_ns: int = 10 * MINUT
 
 
 def gpu_subject(db: Database, gpu: str, since: int, until: int) -> Subject:
-    gpu_id = queries.resolve_gpu(db, uuid=gpu if gpu.startswith("GPU-") else None,
-                                 pci=gpu if ":" in gpu else None,
-                                 index=int(gpu) if gpu.isdigit() else None) or gpu
+    gpu_id = queries.gpu_named(db, gpu)
     if queries.gpu(db, gpu_id) is None:
         raise ReportError(f"no GPU {gpu!r} in the store")
     return Subject(f"GPU {gpu_id}", since, until, [gpu_id])
