@@ -244,8 +244,8 @@ def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
         if incident is None:
             progress.step(_starved_figures(pipe, trainer))
             with contextlib.closing(pipe.reader()) as db:
-                rows = db.execute("select id, title from incidents where id > ? order by id",
-                                  [told]).fetchall()
+                rows = db.execute("select id, title from incidents where id > ? and "
+                                  "cause_id is null order by id", [told]).fetchall()
             for told, title in rows:
                 progress.step(f"incident {told} on the way: {printable(title)}")
     return incident
