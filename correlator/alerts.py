@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from sqlite_utils import Database
 
-from gpuwhy.journal import MESSAGE_IDS, SYSLOG_IDENTIFIER, Sender, journal_sender
+from gpuwhy.journal import MESSAGE_IDS, SYSLOG_IDENTIFIER, Sender, write_entry
 from gpuwhy.store.lifecycle import alert_entry, change_entry
 
 __all__ = ["MESSAGE_IDS", "SYSLOG_IDENTIFIER", "Alerter", "alert_fields"]
@@ -33,7 +33,8 @@ class Alerter:
 
     def __init__(self, base_url: str, enabled: bool = True, send: Sender | None = None):
         self.base_url = base_url
-        self.send = (send or journal_sender()) if enabled else None
+        self.enabled = enabled
+        self.send = send        # a stand-in for systemd's sender (tests); None: the journal
         self.sent = 0
         self.changes_sent = 0
         self.failed = 0
@@ -49,16 +50,13 @@ class Alerter:
 
     def _send(self, entry: Callable[[Database, int, str], dict[str, str]], db: Database,
               row_id: int, change: bool) -> bool:
-        if self.send is None:
+        if not self.enabled:
             return False
-        try:
-            fields = entry(db, row_id, self.base_url)
-            message = fields.pop("MESSAGE")
-            self.send(message, **fields)
-        except OSError as exc:        # no journald socket: counted, the incident is stored
+        why = write_entry(entry(db, row_id, self.base_url), self.send)
+        if why is not None:           # no journald: counted, the incident is stored
             self.failed += 1
             if self.failed == 1:
-                log.warning("cannot log incident alerts to the journal: %s", exc)
+                log.warning("cannot log incident alerts to the journal: %s", why)
             return False
         if change:
             self.changes_sent += 1

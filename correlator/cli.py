@@ -1,9 +1,13 @@
-"""`gpuwhy incidents`, `gpuwhy incident ID`, `gpuwhy resets`: incidents and their chains."""
+"""`gpuwhy incidents`, `gpuwhy incident ID`, `gpuwhy resets`: incidents and their chains;
+`gpuwhy incident ID ack|resolve|note` changes one (gpuwhy.store.lifecycle, as the web view)."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import re
+import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -46,6 +50,12 @@ def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: An
         raise click.ClickException(str(exc)) from None
     try:
         return read(db, *args, **kwargs)
+    except sqlite3.Error as exc:
+        # e.g. a WAL store whose -shm file this user may not create (its folder not writable)
+        raise click.ClickException(f"cannot read the store {config['store.path']} as "
+                                   f"{default_actor()}: {exc} (SQLite needs to write the WAL "
+                                   "files beside a store that is not in use); run the command "
+                                   "as the user gpuwhy runs as (e.g. with sudo)") from None
     finally:
         db.close()
 
@@ -55,22 +65,26 @@ def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: An
 @click.option("--since", "since_text", help="Only incidents seen since (30s, 10m, 2h, 1d, ISO).")
 @click.option("--kind", type=click.Choice(["xid", "gpu_lost", "gpu_reset", "process_stall",
                                            "process_exit", "rule_finding"]))
+@click.option("--state", type=click.Choice(["open", "acknowledged", "resolved", "active"]),
+              help="Only incidents in this state (active: open or acknowledged).")
 @click.option("--limit", default=200, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind: str | None,
-              limit: int, as_json: bool) -> None:
+              state: str | None, limit: int, as_json: bool) -> None:
     """Incidents, newest first: Xids, resets, lost GPUs, stalls, deaths, rule findings.
 
     \b
     Examples:
       gpuwhy incidents --since 1d
+      gpuwhy incidents --state active
       gpuwhy incidents --gpu 0000:18:00 --kind gpu_reset --json
     """
     from gpuwhy.store.queries import list_incidents
 
     since = parse_since(since_text) if since_text else None
-    rows = _read(ctx, list_incidents, gpu=gpu, since=since, kind=kind, limit=limit)
+    rows = _read(ctx, list_incidents, gpu=gpu, since=since, kind=kind, state=state,
+                 limit=limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -81,14 +95,21 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
         count = f" ×{row['count']}" if (row["count"] or 1) > 1 else ""
         pid = f" pid {row['pid']}" if row["pid"] is not None else ""
         click.echo(f"{row['id']:>6}  {when(row['opened_at'])}  {row['severity']:<8} "
-                   f"{row['state'] or '-':<6} {row['kind']:<13} GPU {row['gpu_id'] or '?'}{pid}"
-                   f"  {printable(row['title'])}{count}")
+                   f"{row['state'] or '-':<12} {row['kind']:<13} GPU {row['gpu_id'] or '?'}"
+                   f"{pid}  {printable(row['title'])}{count}")
 
 
 def print_incident(detail: dict) -> None:
     """The incident as readable steps (shared by `gpuwhy incident` and `gpuwhy demo`)."""
     click.echo(f"Incident {detail['id']}: {printable(detail['title'])} "
                f"[{detail['severity']}, {detail['state']}]")
+    state = detail["state"] or "-"
+    if detail.get("resolution"):
+        state += f" ({detail['resolution']})"
+    if detail.get("acknowledged_by"):
+        state += (f", acknowledged by {printable(detail['acknowledged_by'])} "
+                  f"at {when(detail.get('acknowledged_at'))}")
+    click.echo(f"  state    {state}")
     click.echo(f"  GPU      {detail['gpu'] or '?'}"
                + (f" (PCI {detail['gpu_pci']})" if detail["gpu_pci"] else ""))
     click.echo(f"  started  {when(detail['started'])}   ended {when(detail['ended'])}"
@@ -106,6 +127,13 @@ def print_incident(detail: dict) -> None:
         if evidence:
             text = printable(json.dumps(evidence, sort_keys=True, default=str))
             click.echo(f"      evidence: {text[:300]}")
+    if detail.get("log"):
+        click.echo("  log:")
+        for row in detail["log"]:
+            how = f" ({row['resolution']})" if row.get("resolution") else ""
+            text = f": {printable(row['text'])}" if row.get("text") else ""
+            click.echo(f"   {when(row['ts'])}  {row['action']}{how} by "
+                       f"{printable(row['actor'] or '?')}{text}")
 
 
 def _print_finding(finding: dict) -> None:
@@ -123,27 +151,128 @@ def _print_finding(finding: dict) -> None:
         click.echo(f"      verify    {printable(finding['verify'])}")
 
 
+CHANGES = ("ack", "resolve", "note")
+_DONE = {"acknowledged": "acknowledged", "resolved": "resolved", "note": "noted"}
+
+
+def default_actor() -> str:
+    """Who is changing an incident: the user behind sudo, else the login name."""
+    if os.environ.get("SUDO_USER"):
+        return os.environ["SUDO_USER"]
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):      # no name for this uid (a bare container)
+        return f"uid {os.getuid()}"
+
+
+def _not_writable(path: str, incident_id: int, why: object) -> click.ClickException:
+    return click.ClickException(
+        f"cannot change incident {incident_id}: the store {path} is not writable by "
+        f"{default_actor()} ({why}). Run the command as the user gpuwhy runs as (e.g. with "
+        "sudo), or change it in the web view with the token (GPUWHY_AUTH_TOKEN).")
+
+
+def _is_read_only(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(words in text for words in ("readonly", "read-only", "unable to open",
+                                           "permission denied", "read only"))
+
+
+def change_incident(ctx: click.Context, incident_id: int, change: str, actor: str,
+                    text: str | None) -> dict:
+    """Acknowledge, resolve or note an incident in the store, then journal the change.
+    Returns {id, action, state, resolution, log_id, journal (None or why not written)}."""
+    from gpuwhy.store import lifecycle as store_lifecycle
+    from gpuwhy.store import open_store
+
+    config = ctx.obj.config()
+    path = config["store.path"]
+    if not os.path.exists(path):
+        raise click.ClickException(f"no store at {path}: is gpuwhy running here? (the store "
+                                   "is store.path, GPUWHY_DB)")
+    if not os.access(path, os.W_OK):
+        read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+        raise _not_writable(path, incident_id, "it is on a read-only file system"
+                            if read_only_fs else "no write permission")
+    try:
+        db = open_store(path)
+    except GpuwhyError as exc:
+        if _is_read_only(exc):
+            raise _not_writable(path, incident_id, exc) from None
+        raise click.ClickException(str(exc)) from None
+    try:
+        try:
+            if change == "ack":
+                log_id = store_lifecycle.acknowledge(db, incident_id, actor, text)
+            elif change == "resolve":
+                log_id = store_lifecycle.resolve(db, incident_id, actor, text=text)
+            else:
+                log_id = store_lifecycle.note(db, incident_id, actor, text or "")
+        except sqlite3.Error as exc:
+            if _is_read_only(exc):
+                raise _not_writable(path, incident_id, exc) from None
+            raise click.ClickException(f"cannot change incident {incident_id} in the store "
+                                       f"{path}: {exc}") from None
+        except GpuwhyError as exc:    # IncidentNotFound, LifecycleError
+            raise click.ClickException(str(exc)) from None
+        action = db.execute("select action from incident_log where id = ?",
+                            [log_id]).fetchone()[0]
+        state, resolution = db.execute("select state, resolution from incidents where id = ?",
+                                       [incident_id]).fetchone()
+        try:
+            unsent = store_lifecycle.send_change(db, log_id, config["correlator.url"])
+        except Exception as exc:      # the change stands, whatever the journal does
+            unsent = f"{type(exc).__name__}: {exc}"
+    finally:
+        db.close()
+    return {"id": incident_id, "action": action, "state": state, "resolution": resolution,
+            "log_id": log_id, "journal": unsent}
+
+
 @click.command()
 @click.argument("incident_id", type=int)
+@click.argument("change", required=False, type=click.Choice(CHANGES))
+@click.argument("words", nargs=-1)
+@click.option("--by", "actor", help="Who makes the change (default: $SUDO_USER, else your "
+                                    "login name).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def incident(ctx: click.Context, incident_id: int, as_json: bool) -> None:
-    """One incident and its root-cause chain, step by step, with the evidence of each step.
+def incident(ctx: click.Context, incident_id: int, change: str | None,
+             words: tuple[str, ...], actor: str | None, as_json: bool) -> None:
+    """One incident and its root-cause chain, step by step, with the evidence of each step;
+    or change it: acknowledge it (you have it), resolve it, or add a note. Changes are kept
+    in the incident's log and written to the journal.
 
     \b
     Examples:
       gpuwhy incident 12
       gpuwhy incident 12 --json | jq '.chain[].kind'
+      gpuwhy incident 12 ack "draining the node"
+      gpuwhy incident 12 note "RMA ticket 77" --by alice
+      gpuwhy incident 12 resolve "GPU replaced"
     """
     from gpuwhy.store.queries import incident_detail
 
-    detail = _read(ctx, incident_detail, incident_id)
-    if detail is None:
-        raise click.ClickException(f"no incident {incident_id} (see `gpuwhy incidents`)")
+    if change is None:
+        detail = _read(ctx, incident_detail, incident_id)
+        if detail is None:
+            raise click.ClickException(f"no incident {incident_id} (see `gpuwhy incidents`)")
+        if as_json:
+            click.echo(json.dumps(detail, indent=2, default=str))
+        else:
+            print_incident(detail)
+        return
+    actor = actor if actor is not None else default_actor()
+    done = change_incident(ctx, incident_id, change, actor, " ".join(words) or None)
     if as_json:
-        click.echo(json.dumps(detail, indent=2, default=str))
+        click.echo(json.dumps(done, indent=2))
     else:
-        print_incident(detail)
+        how = f" ({done['resolution']})" if done["action"] == "resolved" else ""
+        click.echo(f"incident {incident_id} {_DONE.get(done['action'], done['action'])}{how} "
+                   f"by {printable(actor.strip())}; it is {done['state']}")
+    if done["journal"] is not None:
+        click.echo(f"warning: the change is stored, but its journal entry was not written: "
+                   f"{done['journal']}", err=True)
 
 
 @click.command()

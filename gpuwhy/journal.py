@@ -8,6 +8,7 @@ MESSAGE_ID, explained in ``systemd/gpuwhy.catalog`` (``journalctl -x``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from gpuwhy.lifecycle import ACKNOWLEDGE, NOTE, REOPENED, RESOLVE
@@ -32,6 +33,7 @@ CHANGE_MESSAGE_IDS: dict[str, str] = {
 }
 
 Sender = Callable[..., object]
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
 
 def journal_sender() -> Sender | None:
@@ -46,3 +48,23 @@ def journal_sender() -> Sender | None:
 def one_line(text: str, limit: int = 1000) -> str:
     """Text that processes or operators control, as one bounded journal MESSAGE line."""
     return text.replace("\r", " ").replace("\n", " ")[:limit]
+
+
+def write_entry(fields: dict[str, str], send: Sender | None = None) -> str | None:
+    """Write one entry (``fields`` holds MESSAGE); None when written, else why not. ``send``
+    stands in for systemd's sender; without it, an entry is refused when journald is not
+    running, since ``sd_journal_send`` drops it silently and reports success."""
+    if send is None:
+        send = journal_sender()
+        if send is None:
+            return "systemd-python is not installed"
+        if (getattr(send, "__module__", "") or "").startswith("systemd") and \
+                not os.path.exists(JOURNAL_SOCKET):
+            return f"journald is not running (no {JOURNAL_SOCKET})"
+    fields = dict(fields)
+    message = fields.pop("MESSAGE")
+    try:
+        send(message, **fields)
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+    return None

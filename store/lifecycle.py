@@ -15,7 +15,14 @@ from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
-from gpuwhy.journal import CHANGE_MESSAGE_IDS, MESSAGE_IDS, SYSLOG_IDENTIFIER, one_line
+from gpuwhy.journal import (
+    CHANGE_MESSAGE_IDS,
+    MESSAGE_IDS,
+    SYSLOG_IDENTIFIER,
+    Sender,
+    one_line,
+    write_entry,
+)
 from gpuwhy.store.queries import pci_and_uuid
 
 
@@ -183,3 +190,10 @@ def change_entry(db: Database, change_id: int, base_url: str) -> dict[str, str]:
     if change["text"]:
         fields["GPUWHY_NOTE"] = one_line(change["text"], lc.NOTE_MAX)
     return fields
+
+
+def send_change(db: Database, change_id: int, base_url: str,
+                send: Sender | None = None) -> str | None:
+    """Write the journal entry of one lifecycle change; None when written, else why not
+    (the change is stored either way)."""
+    return write_entry(change_entry(db, change_id, base_url), send)

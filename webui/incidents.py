@@ -1,17 +1,40 @@
 """Incident pages: the list with filters, one incident's root-cause chain as steps with their
-evidence and recommended actions, a printable report, and their JSON. Incidents are read by
-``gpuwhy.store.queries``, the same code as ``gpuwhy incidents``/``gpuwhy incident``."""
+evidence and recommended actions, its state and log, a printable report, and their JSON.
+Incidents are read by ``gpuwhy.store.queries``, the same code as ``gpuwhy incidents``/
+``gpuwhy incident``; acknowledging, resolving and noting one needs the token and goes through
+``gpuwhy.store.lifecycle``, as ``gpuwhy incident ID ack|resolve|note`` does, and each change
+is written to the journal."""
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, jsonify, render_template, request
+import logging
+import sqlite3
+
+from flask import (
+    Blueprint,
+    abort,
+    current_app,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from flask.typing import ResponseReturnValue
 
+from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
+from gpuwhy.errors import GpuwhyError
+from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import open_store
 from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
+from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
 
 bp = Blueprint("incidents", __name__)
+log = logging.getLogger(__name__)
+STATES = (lc.OPEN, lc.ACKNOWLEDGED, lc.RESOLVED, "active")   # the list's state filter
+CHANGES = ("ack", "resolve", "note")
 
 # What to do next, by incident kind, where the incident itself names no action.
 ADVICE = {
@@ -33,14 +56,16 @@ def _filters() -> dict:
 
 
 def filtered_incidents(filters: dict) -> list[dict]:
-    found = list_incidents(get_db(), gpu=filters["gpu"], kind=filters["kind"], limit=1000)
+    state = filters["state"]
+    if state == "closed":            # an old link: incidents were "closed", now resolved
+        state = lc.RESOLVED
+    found = list_incidents(get_db(), gpu=filters["gpu"], kind=filters["kind"],
+                           state=state, limit=1000)
     if filters["severity"]:
         # An old link may name a legacy severity (warn, high): it means the scale's name.
         wanted = filters["severity"]
         wanted = sev.normalise(wanted) if sev.is_severity(wanted) else wanted
         found = [i for i in found if i["severity"] == wanted]
-    if filters["state"]:
-        found = [i for i in found if i["state"] == filters["state"]]
     if filters["q"]:
         needle = filters["q"].lower()
         found = [i for i in found
@@ -68,12 +93,18 @@ def index() -> ResponseReturnValue:
     filters = _filters()
     kinds = incident_kinds(get_db())
     return render_template("incidents.html", incidents=filtered_incidents(filters),
-                           filters=filters, kinds=kinds, severities=sev.DESCENDING)
+                           filters=filters, kinds=kinds, severities=sev.DESCENDING,
+                           states=STATES)
 
 
 @bp.get("/incidents/<int:incident_id>")
 def show(incident_id: int) -> ResponseReturnValue:
-    return render_template("incident.html", incident=_incident_or_404(incident_id))
+    changed = request.args.get("changed")
+    return render_template("incident.html", incident=_incident_or_404(incident_id),
+                           auth=bool(current_app.config["AUTH_TOKEN"]),
+                           changed=changed if changed in CHANGES else None,
+                           unwritten=request.args.get("journal") == "unwritten",
+                           actor_max=lc.ACTOR_MAX, note_max=lc.NOTE_MAX)
 
 
 @bp.get("/incidents/<int:incident_id>/report")
@@ -89,3 +120,84 @@ def api_index() -> ResponseReturnValue:
 @bp.get("/api/incidents/<int:incident_id>")
 def api_show(incident_id: int) -> ResponseReturnValue:
     return jsonify(_incident_or_404(incident_id))
+
+
+# --- changes: acknowledge, resolve, note ----------------------------------------------------
+
+def _actor(given: object) -> str:
+    """The name a change is made by: the one given, else the client's address."""
+    name = str(given).strip() if given is not None else ""
+    return name or f"web {request.remote_addr or '?'}"
+
+
+def _change(incident_id: int, change: str, actor: str, text: str | None) -> dict:
+    """One change through gpuwhy.store.lifecycle on a writable connection of its own, then
+    its journal entry. Raises IncidentNotFound / LifecycleError / StoreError."""
+    db = open_store(current_app.config["DATABASE"])
+    try:
+        if change == "ack":
+            log_id = store_lifecycle.acknowledge(db, incident_id, actor, text)
+        elif change == "resolve":
+            log_id = store_lifecycle.resolve(db, incident_id, actor, text=text)
+        else:
+            log_id = store_lifecycle.note(db, incident_id, actor, text or "")
+        action = db.execute("select action from incident_log where id = ?",
+                            [log_id]).fetchone()[0]
+        state, resolution = db.execute("select state, resolution from incidents where id = ?",
+                                       [incident_id]).fetchone()
+        try:
+            unsent = store_lifecycle.send_change(
+                db, log_id, current_app.config["GPUWHY"]["correlator.url"])
+        except Exception as exc:      # the change stands, whatever the journal does
+            unsent = f"{type(exc).__name__}: {exc}"
+        if unsent is not None:
+            log.warning("incident %d %s: journal entry not written: %s", incident_id,
+                        action, unsent)
+    finally:
+        db.close()
+    return {"id": incident_id, "action": action, "state": state, "resolution": resolution,
+            "log_id": log_id, "journal": unsent}
+
+
+def _store_failed(exc: Exception) -> str:
+    return (f"cannot change the incident in the store {current_app.config['DATABASE']}: "
+            f"{exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+
+
+@bp.post("/incidents/<int:incident_id>/<any(ack, resolve, note):change>")
+@require_token
+def change_form(incident_id: int, change: str) -> ResponseReturnValue:
+    form = request.form
+    try:
+        done = _change(incident_id, change, _actor(form.get("by")), form.get("text") or None)
+    except store_lifecycle.IncidentNotFound as exc:
+        abort(404, description=str(exc))
+    except store_lifecycle.LifecycleError as exc:
+        return render_template("refused.html", message=str(exc)), 400
+    except (GpuwhyError, sqlite3.Error) as exc:     # the store cannot be opened or written
+        return render_template("refused.html", message=_store_failed(exc)), 500
+    unsent = {"journal": "unwritten"} if done["journal"] is not None else {}
+    return redirect(url_for("incidents.show", incident_id=incident_id, changed=change,
+                            **unsent) + "#log", 303)
+
+
+@bp.post("/api/incidents/<int:incident_id>/<any(ack, resolve, note):change>")
+@require_token
+def api_change(incident_id: int, change: str) -> ResponseReturnValue:
+    body = request.get_json(silent=True)
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        return jsonify(error='send a JSON object: {"by": NAME, "text": TEXT}'), 400
+    text = body.get("text")
+    if text is not None and not isinstance(text, str):
+        return jsonify(error="text is a string"), 400
+    try:
+        done = _change(incident_id, change, _actor(body.get("by")), text)
+    except store_lifecycle.IncidentNotFound as exc:
+        return jsonify(error=str(exc)), 404
+    except store_lifecycle.LifecycleError as exc:
+        return jsonify(error=str(exc)), 400
+    except (GpuwhyError, sqlite3.Error) as exc:
+        return jsonify(error=_store_failed(exc)), 500
+    return jsonify(done)
