@@ -145,6 +145,9 @@ def _print_finding(finding: dict) -> None:
                          for k, v in sorted((finding.get("evidence") or {}).items()))
     if measured:
         click.echo(f"      measured  {measured}")
+    if finding.get("window_start"):
+        click.echo(f"      held      since {when(finding.get('since'))}; evaluated over "
+                   f"{when(finding['window_start'])} – {when(finding.get('window_end'))}")
     for n, fix in enumerate(finding.get("fixes") or [], 1):
         click.echo(f"      fix {n}     {printable(fix)}")
     if finding.get("verify"):

@@ -234,3 +234,23 @@ def test_a_contention_finding_names_every_process_it_is_about(harness):
         ("rule_finding", TRAINER.pid), ("process", TRAINER.pid), ("process", second.pid)]
     assert {p["pid"] for p in detail["processes"]} == {TRAINER.pid, second.pid}
     assert all(link["ts"] >= incident["opened_at"] for link in detail["chain"])
+
+
+def test_a_finding_shows_when_it_held_and_its_window_as_a_window(harness, tmp_config):
+    from click.testing import CliRunner
+
+    from gpuwhy.cli import cli
+    from gpuwhy.text import format_ts
+    from gpuwhy.webui import create_app
+
+    h = harness
+    two_busy_gpus(h)
+    h.feed(finding(h, 70.0, since=62.0, gpu=UUID1))
+    [incident] = list_incidents(h.db)
+    text = CliRunner().invoke(cli, ["incident", str(incident["id"])],
+                              env={"GPUWHY_DB": tmp_config["store.path"]}).output
+    assert f"held      since {format_ts(h.at(62.0))}; evaluated over " \
+           f"{format_ts(h.at(2.0))} – {format_ts(h.at(70.0))}" in text
+    html = create_app(tmp_config).test_client().get(f"/incidents/{incident['id']}").text
+    assert f"condition held since {format_ts(h.at(62.0))}; evaluated over the window " \
+           f"{format_ts(h.at(2.0))} – {format_ts(h.at(70.0))}" in html
