@@ -16,6 +16,7 @@ import click
 
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
+from gpuwhy.lifecycle import OPERATOR_CHANGES
 from gpuwhy.text import format_ts as when
 from gpuwhy.text import printable
 
@@ -154,7 +155,7 @@ def _print_finding(finding: dict) -> None:
         click.echo(f"      verify    {printable(finding['verify'])}")
 
 
-CHANGES = ("ack", "resolve", "note")
+CHANGES = OPERATOR_CHANGES
 _DONE = {"acknowledged": "acknowledged", "resolved": "resolved", "note": "noted"}
 
 
@@ -205,12 +206,7 @@ def change_incident(ctx: click.Context, incident_id: int, change: str, actor: st
         raise click.ClickException(str(exc)) from None
     try:
         try:
-            if change == "ack":
-                log_id = store_lifecycle.acknowledge(db, incident_id, actor, text)
-            elif change == "resolve":
-                log_id = store_lifecycle.resolve(db, incident_id, actor, text=text)
-            else:
-                log_id = store_lifecycle.note(db, incident_id, actor, text or "")
+            done = store_lifecycle.apply_change(db, incident_id, change, actor, text)
         except sqlite3.Error as exc:
             if _is_read_only(exc):
                 raise _not_writable(path, incident_id, exc) from None
@@ -218,18 +214,13 @@ def change_incident(ctx: click.Context, incident_id: int, change: str, actor: st
                                        f"{path}: {exc}") from None
         except GpuwhyError as exc:    # IncidentNotFound, LifecycleError
             raise click.ClickException(str(exc)) from None
-        action = db.execute("select action from incident_log where id = ?",
-                            [log_id]).fetchone()[0]
-        state, resolution = db.execute("select state, resolution from incidents where id = ?",
-                                       [incident_id]).fetchone()
         try:
-            unsent = store_lifecycle.send_change(db, log_id, config["correlator.url"])
+            unsent = store_lifecycle.send_change(db, done["log_id"], config["correlator.url"])
         except Exception as exc:      # the change stands, whatever the journal does
             unsent = f"{type(exc).__name__}: {exc}"
     finally:
         db.close()
-    return {"id": incident_id, "action": action, "state": state, "resolution": resolution,
-            "log_id": log_id, "journal": unsent}
+    return {**done, "journal": unsent}
 
 
 @click.command()

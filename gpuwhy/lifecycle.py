@@ -40,6 +40,9 @@ NOTE = "note"
 ANSWERED = "answered"        # a cause was established for a symptom: the answer changed
 ACTIONS = (OPENED, ACKNOWLEDGE, RESOLVE, REOPENED, NOTE, ANSWERED)
 
+# What an operator asks for, by its word (`gpuwhy incident ID ack`, POST …/ack)
+OPERATOR_CHANGES = ("ack", "resolve", "note")
+
 NOTE_MAX = 4000          # characters of one note: an operator's text, kept and shown escaped
 ACTOR_MAX = 128
 

@@ -119,6 +119,25 @@ def note(db: Database, incident_id: int, actor: str, text: str,
         return log_change(db, incident_id, lc.NOTE, ts, actor, text=body)
 
 
+def apply_change(db: Database, incident_id: int, change: str, actor: str,
+                 text: str | None = None) -> dict[str, object]:
+    """An operator's change by its word (``ack``, ``resolve``, ``note``), for the CLI and
+    the web view alike: ``{id, action, state, resolution, log_id}`` after it."""
+    if change == "ack":
+        log_id = acknowledge(db, incident_id, actor, text)
+    elif change == "resolve":
+        log_id = resolve(db, incident_id, actor, text=text)
+    elif change == "note":
+        log_id = note(db, incident_id, actor, text or "")
+    else:
+        raise LifecycleError(f"{change!r} is not a change: {', '.join(lc.OPERATOR_CHANGES)}")
+    action = db.execute("select action from incident_log where id = ?", [log_id]).fetchone()[0]
+    state, resolution = db.execute("select state, resolution from incidents where id = ?",
+                                   [incident_id]).fetchone()
+    return {"id": incident_id, "action": action, "state": state, "resolution": resolution,
+            "log_id": log_id}
+
+
 def mark_resolved(db: Database, incident_id: int, how: str, ts: int) -> None:
     """Set the row resolved at ``ts`` (never before it opened or was last seen)."""
     db.execute("update incidents set state = ?, resolution = ?, "

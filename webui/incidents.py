@@ -34,7 +34,7 @@ from gpuwhy.webui.db import get_db
 bp = Blueprint("incidents", __name__)
 log = logging.getLogger(__name__)
 STATES = (lc.OPEN, lc.ACKNOWLEDGED, lc.RESOLVED, "active")   # the list's state filter
-CHANGES = ("ack", "resolve", "note")
+CHANGES = lc.OPERATOR_CHANGES
 
 # What to do next, by incident kind, where the incident itself names no action.
 ADVICE = {
@@ -135,28 +135,18 @@ def _change(incident_id: int, change: str, actor: str, text: str | None) -> dict
     its journal entry. Raises IncidentNotFound / LifecycleError / StoreError."""
     db = open_store(current_app.config["DATABASE"])
     try:
-        if change == "ack":
-            log_id = store_lifecycle.acknowledge(db, incident_id, actor, text)
-        elif change == "resolve":
-            log_id = store_lifecycle.resolve(db, incident_id, actor, text=text)
-        else:
-            log_id = store_lifecycle.note(db, incident_id, actor, text or "")
-        action = db.execute("select action from incident_log where id = ?",
-                            [log_id]).fetchone()[0]
-        state, resolution = db.execute("select state, resolution from incidents where id = ?",
-                                       [incident_id]).fetchone()
+        done = store_lifecycle.apply_change(db, incident_id, change, actor, text)
         try:
             unsent = store_lifecycle.send_change(
-                db, log_id, current_app.config["GPUWHY"]["correlator.url"])
+                db, done["log_id"], current_app.config["GPUWHY"]["correlator.url"])
         except Exception as exc:      # the change stands, whatever the journal does
             unsent = f"{type(exc).__name__}: {exc}"
         if unsent is not None:
             log.warning("incident %d %s: journal entry not written: %s", incident_id,
-                        action, unsent)
+                        done["action"], unsent)
     finally:
         db.close()
-    return {"id": incident_id, "action": action, "state": state, "resolution": resolution,
-            "log_id": log_id, "journal": unsent}
+    return {**done, "journal": unsent}
 
 
 def _store_failed(exc: Exception) -> str:
