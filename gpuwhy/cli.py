@@ -290,6 +290,9 @@ from gpuwhy.correlator.rules.cli import rules as _rules_command  # noqa: E402
 
 cli.add_command(_rules_command)
 cli.add_command(_record_command)
+from gpuwhy.correlator.rules.eval_cli import evaluate as _rules_eval_command  # noqa: E402
+
+_rules_command.add_command(_rules_eval_command)
 # --- commands of the store ---
 from gpuwhy.store.cli import db as _db_command  # noqa: E402
 

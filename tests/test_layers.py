@@ -37,7 +37,8 @@ def module_name(path: Path) -> str:
 
 def is_app(module: str) -> bool:
     return (module in APP_MODULES or module.startswith(tuple(p + "." for p in APP_PACKAGES))
-            or module in APP_PACKAGES or module.rsplit(".", 1)[-1] in ("cli", "report_cli"))
+            or module in APP_PACKAGES
+            or module.rsplit(".", 1)[-1] in ("cli", "report_cli", "eval_cli"))
 
 
 def layer(module: str) -> str:

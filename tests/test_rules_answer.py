@@ -128,7 +128,7 @@ def test_the_shipped_rule_files_lint_clean_as_shipped():
 # --- the shipped rules -------------------------------------------------------------------
 
 def test_every_shipped_rule_has_a_kind_and_explains_only_shipped_symptoms():
-    assert len(SHIPPED) == 44
+    assert len(SHIPPED) == 45
     for rule in SHIPPED.values():
         assert rule.kind_declared and rule.kind in KINDS, rule.id
         assert lint_rule(rule, SHIPPED, shipped=True) == [], rule.id
@@ -191,7 +191,7 @@ def test_a_symptom_alone_says_its_cause_is_not_established_and_what_is_missing()
     assert (top.finding, top.kind, top.cause_established, top.explained) == \
         (symptom, SYMPTOM, False, ())
     assert top.missing == tuple(missing_for(BURSTY, SHIPPED))
-    assert f"{STARVED} not established: needs workers.cpu_cores, workers.count, " \
+    assert f"{STARVED} not established: needs workers.cpu_demand, workers.count, " \
            "proc.sleep_frac" in top.missing
     assert len(top.missing) == len([r for r in SHIPPED.values() if BURSTY in r.explains])
     told = finding(BURSTY, unexplained=[f"{STARVED}: needs workers.cpu_cores (no samples)"])

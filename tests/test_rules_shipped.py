@@ -31,9 +31,9 @@ def xid(code: int, t: float = 200, kernel: bool = False) -> list:
     return [(t, GpuXid(ts=0, gpu_id=GPU0, xid=code, source="sim", simulated=True))]
 
 
-def nvrm(kind: str, message: str) -> list:
+def nvrm(kind: str, message: str, pci: str | None = None, **facts) -> list:
     return [(200, KernelLogRecord(ts=0, cursor="n1", origin="journald", boot_id="b",
-                                  record_kind=kind, message=message))]
+                                  record_kind=kind, message=message, pci=pci, **facts))]
 
 
 def command(cmdline: str) -> list:
@@ -154,10 +154,6 @@ CASES = {
     "R27_allocated_but_idle": (
         Synthetic(duration_s=1300, step_s=5, gpu={"gpu_util": 0, "gr_engine_active": 0.005}),
         Synthetic(duration_s=1300, step_s=5, gpu={"gpu_util": 0, "gr_engine_active": 0.05})),
-    "R30_driver_library_mismatch": (
-        Synthetic(extra=nvrm("rm_init_failed", "NVRM: API mismatch: the client has the version "
-                                               "550.54, but this kernel module has 535.104")),
-        Synthetic(extra=nvrm("gsp_rate_limited", "NVRM: GSP RPC rate limited"))),
     "R31_pcie_replays": (Synthetic(gpu={"pcie_replays": 0.5}),
                          Synthetic(gpu={"pcie_replays": 0.1})),
     "R32_xid79_fallen_off_bus": (Synthetic(extra=xid(79)), Synthetic(extra=xid(45))),
@@ -175,6 +171,19 @@ CASES = {
     "R40_operator_or_cron_intervention": (
         Synthetic(extra=command("nvidia-smi -i 0 -r")),
         Synthetic(extra=command("nvidia-smi --query-gpu=name --format=csv"))),
+    "R41_driver_api_mismatch": (
+        Synthetic(extra=nvrm("api_mismatch", "API mismatch: client version 550.54.14, kernel "
+                                              "module version 535.104.05",
+                             details={"client_version": "550.54.14",
+                                      "kernel_version": "535.104.05"})),
+        Synthetic(extra=nvrm("driver_loaded", "NVIDIA UNIX Open Kernel Module for x86_64",
+                             driver_version="535.104.05"))),
+    # GPU 0 is 0000:18:00: the near miss is another GPU's failure, not this one's
+    "R42_gpu_failed_to_initialise": (
+        Synthetic(extra=nvrm("probe_failed", "the GPU is not supported by this driver release",
+                             pci="0000:18:00")),
+        Synthetic(extra=nvrm("probe_failed", "the GPU is not supported by this driver release",
+                             pci="0000:3b:00"))),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -304,6 +305,34 @@ def read_capture(path: str) -> list:
     return events
 
 
+def replay(events: list, rules: list[m.Rule], every_ns: int,
+           each_round: Callable[[int, list], None] | None = None) -> tuple[list, object]:
+    """Replay a capture's ``events`` (in time order) through the real engine with in-memory
+    signals, evaluating every ``every_ns`` of capture time: (findings, engine).
+    ``each_round(now, new_findings)`` is called after every round (`gpuwhy rules eval`)."""
+    from gpuwhy.correlator.rules.engine import Engine
+    from gpuwhy.correlator.rules.signals import MemorySignals
+
+    signals = MemorySignals()
+    engine = Engine(rules, signals, interval_ns=every_ns)
+    step = every_ns
+    # Past the last event, every rule gets one more round (its own 'every' may be longer).
+    end = events[-1].ts + max([r.every_ns or step for r in rules] + [step])
+    now, i, findings = events[0].ts + step, 0, []
+    while now <= end:
+        while i < len(events) and events[i].ts <= now:
+            signals.add(events[i])
+            i += 1
+        new = engine.evaluate(now)
+        findings += new
+        if each_round is not None:
+            each_round(now, new)
+        now += step
+        if i < len(events) and events[i].ts > now + step:   # a gap: no need to walk it
+            now += (events[i].ts - now) // step * step
+    return findings, engine
+
+
 @rules.command("test")
 @click.argument("files", nargs=-1, type=click.Path(exists=True))
 @click.option("--replay", "capture", required=True, type=click.Path(exists=True, dir_okay=False),
@@ -323,8 +352,6 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
       gpuwhy rules test my.rules --replay capture.jsonl
       gpuwhy rules test --builtin --replay capture.jsonl --json
     """
-    from gpuwhy.correlator.rules.engine import Engine
-    from gpuwhy.correlator.rules.signals import MemorySignals
     from gpuwhy.rules.loader import load_rules
 
     if not files and not builtin:
@@ -336,22 +363,9 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
     events = read_capture(capture)
     if not events:
         raise click.ClickException(f"{capture}: no events")
-    signals = MemorySignals()
-    engine = Engine(loaded, signals, interval_ns=int(every * NS))
-    step = int(every * NS)
-    # Past the last event, every rule gets one more round (its own 'every' may be longer).
-    end = events[-1].ts + max([r.every_ns or step for r in loaded] + [step])
-    now, i, findings = events[0].ts + step, 0, []
-    if step <= 0:
+    if int(every * NS) <= 0:
         raise click.UsageError("--every must be positive")
-    while now <= end:
-        while i < len(events) and events[i].ts <= now:
-            signals.add(events[i])
-            i += 1
-        findings += engine.evaluate(now)
-        now += step
-        if i < len(events) and events[i].ts > now + step:   # a gap: no need to walk it
-            now += (events[i].ts - now) // step * step
+    findings, engine = replay(events, loaded, int(every * NS))
     start = events[0].ts
     for f in findings:
         if as_json:

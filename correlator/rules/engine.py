@@ -2,12 +2,13 @@
 
 Each (rule, GPU[, process]) instance walks a small state machine at every evaluation:
 ``disabled``, ``warming_up`` (G-WARMUP, or too little history), ``not_evaluable`` (a
-required input is missing: never "ok"), ``suppressed`` (a guard holds, or G-SHARED says
-skip), ``ok``, ``pending`` (true, not yet for the ``for`` duration) and ``firing``. A finding
-is published when an instance starts firing, again only when its severity changes
-(de-duplication), and once more when it clears (the ``clear`` condition, or the condition
-false for ``clear after``, by default twice ``for``). Shadow rules publish findings
-marked ``shadow``: recorded, never alerted.
+required input is missing: never "ok"), ``suppressed`` (a guard holds, G-SHARED says skip,
+or G-JOB-END: the GPU's job ended cleanly), ``ok``, ``pending`` (true, not yet for the
+``for`` duration) and ``firing``. A finding is published when an instance starts firing,
+again only when its severity changes (de-duplication), and once more when it clears (the
+``clear`` condition, or the condition false for ``clear after``, by default twice ``for``;
+at once when G-JOB-END begins to hold). Shadow rules publish findings marked ``shadow``:
+recorded, never alerted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from gpuwhy.rules.vocabulary import FACTS, PROCESS_TEXT, SIGNALS
 
 RESET_WARMUP_NS = 60 * 10**9   # G-WARMUP after a GPU reset or driver load
 DEFAULT_INTERVAL_NS = 10 * 10**9
+# G-JOB-END applies to the GPU rules that read the GPU's activity: a job that ended leaves
+# the GPU idle, and that idle is not these rules' symptom.
+JOB_END_SIGNALS = ("gpu.util", "gpu.busy")
 
 
 @dataclass
@@ -68,6 +72,11 @@ class Engine:
         self.shadow_all = shadow_all
         self.interval_ns = interval_ns
         self.states: dict[tuple[str, str, ProcessKey | None], InstanceState] = {}
+        # G-JOB-END: the compute processes seen on each GPU, with the last round they were
+        # seen in; kept a little longer than the longest window (an exit is looked up there).
+        self._seen_on: dict[str, dict[ProcessKey, int]] = {}
+        self._seen_keep_ns = 2 * max((r.window_ns for r in self.rules), default=0) + \
+            10 * interval_ns
         self.evaluations = 0
         self.errors = 0
         # symptom rule id -> the cause rules that explain it (gpuwhy/rules/answer.py)
@@ -80,7 +89,7 @@ class Engine:
         self.overrides = dict(overrides)
 
     # Instances.
-    def _instances(self) -> list[tuple[m.Rule, Scope, tuple]]:
+    def _instances(self, now: int | None = None) -> list[tuple[m.Rule, Scope, tuple]]:
         out = []
         self._procs: dict[str, list[ProcessKey]] = {}
         self._facts: dict[ProcessKey, ProcessFacts | None] = {}
@@ -93,6 +102,12 @@ class Engine:
             compute.sort(key=lambda p: (self._facts[p].first_seen or 0) if self._facts[p]
                          else 0)
             self._procs[gpu] = compute
+            if now is not None:
+                seen = self._seen_on.setdefault(gpu, {})
+                seen.update(dict.fromkeys(compute, now))
+                for process in [p for p, last in seen.items()
+                                if last < now - self._seen_keep_ns]:
+                    del seen[process]
             for rule in self.rules:
                 if rule.scope == "gpu":
                     main = compute[0] if compute else None
@@ -110,7 +125,7 @@ class Engine:
         self._params: dict[str, dict[str, float]] = {}
         findings: list[RuleFinding] = []
         seen = set()
-        for rule, scope, key in self._instances():
+        for rule, scope, key in self._instances(now):
             seen.add(key)
             state = self.states.setdefault(key, InstanceState())
             every = rule.every_ns or self.interval_ns
@@ -148,6 +163,11 @@ class Engine:
             instance["proc.age_s"] = (now - facts.first_seen) / 1e9
         ev = Evaluation(self.signals, scope, now, params, rule.window_ns, facts, instance,
                         self._shared)
+        ended = self._job_ended(rule, scope, now)
+        if ended:
+            cleared = self._clear_now(rule, scope, state, now, override)
+            state.status, state.detail, state.true_since = "suppressed", ended, None
+            return cleared
         if rule.shared == "skip" and instance["gpu.procs"] > 1:
             state.status, state.detail = "suppressed", "G-SHARED: several compute processes"
             state.true_since = None
@@ -240,6 +260,29 @@ class Engine:
             if facts is not None and facts.first_seen is not None:
                 since = max(since, facts.first_seen)
         return min(since, now)
+
+    def _job_ended(self, rule: m.Rule, scope: Scope, now: int) -> str:
+        """G-JOB-END, for a GPU rule that reads the GPU's activity (``requires`` names
+        gpu.util or gpu.busy): the GPU has no compute process left, one that this engine saw
+        on it exited with code 0 (no signal) within the rule's window, and none of its
+        processes ended otherwise there (a non-zero code, a signal, or an end not known):
+        the job ended cleanly, and the GPU's idle after it is no finding."""
+        if rule.scope != "gpu" or not any(name in JOB_END_SIGNALS for name in rule.requires):
+            return ""
+        seen = self._seen_on.get(scope.gpu_id)
+        if not seen or self._procs.get(scope.gpu_id):
+            return ""
+        clean = 0
+        for ts, row in self.signals.events(scope, "proc.exit", now - rule.window_ns, now):
+            if row.get("_process") not in seen:
+                continue
+            if row.get("exit_code") != 0 or row.get("signal"):
+                return ""          # killed or failed: the symptoms stay findings
+            clean = max(clean, ts)
+        if not clean:
+            return ""
+        return f"G-JOB-END: the GPU's compute process exited with code 0 " \
+               f"{(now - clean) / 1e9:.0f} s ago"
 
     def _warming(self, rule: m.Rule, ev: Evaluation, instance: dict, now: int) -> str:
         if not rule.warmup_ns:

@@ -119,17 +119,23 @@ def _share(side: str, state: str) -> Callable[[Row], float | None]:
     return derive
 
 
-def _cores(side: str) -> Callable[[Row], float | None]:
+def _cores(side: str, *states: str) -> Callable[[Row], float | None]:
     def derive(row: Row) -> float | None:
-        on_cpu, interval = row.get(f"{side}_on_cpu_ns"), row.get("interval_ns")
-        return None if on_cpu is None or not interval else on_cpu / interval
+        values, interval = [row.get(f"{side}_{s}") for s in states], row.get("interval_ns")
+        return None if None in values or not interval else sum(values) / interval
     return derive
 
 
 for _side, _prefix, _who in (("own", "proc", "the GPU process's own threads"),
                              ("workers", "workers", "its worker processes (DataLoader)")):
     SIGNALS[f"{_prefix}.cpu_cores"] = Signal(f"{_prefix}.cpu_cores", "sched", "cores",
-                                             f"CPU used by {_who}", _cores(_side))
+                                             f"CPU used by {_who}", _cores(_side, "on_cpu_ns"))
+    # What the threads wanted: on a CPU or runnable, waiting for one. On a busy host a
+    # CPU-bound worker gets less than a core but still wants one: it is no less the cause.
+    SIGNALS[f"{_prefix}.cpu_demand"] = Signal(
+        f"{_prefix}.cpu_demand", "sched", "cores",
+        f"CPU wanted by {_who}: on a CPU or waiting in the run queue",
+        _cores(_side, "on_cpu_ns", "runqueue_ns"))
     for _state, _what in (("on_cpu_ns", "oncpu"), ("runqueue_ns", "runq"),
                           ("sleep_ns", "sleep"), ("blocked_ns", "blocked")):
         SIGNALS[f"{_prefix}.{_what}_frac"] = Signal(
@@ -291,7 +297,8 @@ STREAMS: dict[str, Stream] = {s.name: s for s in (
            "Xid lines of the kernel log (NVRM: Xid (PCI:…): code)"),
     Stream("journal.nvrm", "gpu", {"kind": "text", "text": "text"},
            "other recognised NVRM kernel-log lines: kind is fallen_off_bus, rm_init_failed, "
-           "gsp_timeout, gsp_rate_limited, gsp_rpc_failed, driver_loaded, sxid"),
+           "probe_failed, api_mismatch, gsp_timeout, gsp_rate_limited, gsp_rpc_failed, "
+           "driver_loaded, sxid"),
     Stream("gpu.xid", "gpu", {"code": "num", "text": "text"},
            "Xids reported by the GPU source (NVML event, DCGM field)"),
     Stream("gpu.state", "gpu", {"state": "text", "text": "text", "reset": "text"},

@@ -60,6 +60,11 @@ _PLAIN = {
     "fallen_off_bus": "{gpu} has fallen off the bus: it no longer answers the CPU.",
     "rm_init_failed": "The driver could not initialise {gpu} ({message}); the GPU is not "
                       "usable until this is fixed.",
+    "probe_failed": "The driver did not take {gpu} when it probed it ({message}); the GPU "
+                    "is not usable until this is fixed.",
+    "api_mismatch": "{client} has the user-space driver version {client_version}, but the "
+                    "loaded kernel module is version {kernel_version}: CUDA and NVML clients "
+                    "fail until the two match (reload the kernel module or reboot).",
     "gpu_uuid": "{gpu} is {uuid} (the driver names a GPU this way before its first Xid).",
     "gpu_serial": "{gpu} has board serial number {serial}.",
     "driver_loaded": "NVIDIA driver {driver_version} loaded ({flavour} kernel module).",
@@ -89,6 +94,11 @@ def explain(lineno: int, record: KernelRecord) -> str:
     values = {**{k: printable(str(v)) for k, v in record.details.items()},
               "gpu": _gpu(record), "uuid": record.uuid, "message": printable(record.message),
               "driver_version": record.driver_version}
+    if record.kind == "api_mismatch":
+        values["client"] = "A driver client"
+        if record.name or record.pid is not None:
+            values["client"] = f"Process '{printable(record.name or '?')}' (pid " \
+                f"{record.pid if record.pid is not None else 'unknown'})"
     if record.kind == "unparsed":
         kind = record.details.get("parsed_as")
         values["what"] = f"an NVIDIA {printable(str(kind))} line" if kind else "an NVIDIA line"
@@ -108,6 +118,7 @@ def scan(lines: Iterable[str]) -> Iterator[tuple[int, KernelRecord]]:
     parser = KernelLogParser()
     for line in lines:
         yield from parser.feed(line.rstrip("\r\n"))
+    yield from parser.flush()
 
 
 def _read_lines(stream: IO[bytes]) -> Iterator[str]:

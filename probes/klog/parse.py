@@ -1,5 +1,5 @@
-"""Parse NVIDIA kernel-log lines (Xid, SXid, fallen off the bus, adapter init, UUID, GSP,
-driver load) into records. Pure and fast: no I/O, no clocks.
+"""Parse NVIDIA kernel-log lines (Xid, SXid, fallen off the bus, adapter init, probe
+failures, API mismatch, UUID, GSP, driver load) into records. Pure and fast: no I/O, no clocks.
 
 Any prefix is accepted because patterns are searched, not anchored: raw ``/dev/kmsg``
 records (``prio,seq,usec,flags;text``), journald ``MESSAGE`` with the ``NVRM:``
@@ -43,7 +43,7 @@ UNPARSED = "unparsed"
 # line. (Not possessive quantifiers: Python 3.11.2, Debian 12's, matches wrongly with them.)
 _A = re.ASCII
 _ADDR = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_PREFILTER = re.compile(r"Xid|NVRM|GPU|fallen off")
+_PREFILTER = re.compile(r"Xid|NVRM|GPU|fallen off|probe ")
 _XID = re.compile(
     rf"(?<!\w)Xid \((?:PCI:)?(?P<pci>{_ADDR})(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\)"
     r": (?P<code>\d+)(?!\d)(?P<rest>.*)$", _A)
@@ -64,10 +64,53 @@ _FALLEN_HEAD = re.compile(rf"The NVIDIA GPU (?P<pci>{_ADDR})\s*$", _A)
 _FALLEN_MID = re.compile(r"\(PCI ID: (?P<id>[0-9a-fA-F]{4}:[0-9a-fA-F]{4})\) installed in this "
                          r"system has\s*$", _A)
 _FALLEN_TAIL = re.compile(r"fallen off the bus and is not responding to commands")
-_RM_INIT = re.compile(rf"(?<!\w)GPU (?P<pci>{_ADDR}): RmInitAdapter failed! \((?P<init>0x[0-9a-f"
-                      r"A-F]+):(?P<rm>0x[0-9a-fA-F]+):(?P<line>\d+)\)", _A)
-_RM_INIT_MINOR = re.compile(rf"(?<!\w)GPU (?P<pci>{_ADDR}): rm_init_adapter failed, device minor"
-                            r" number (?P<minor>\d+)", _A)
+# Since ~R450 with the GPU named (NV_DEV_PRINTF); older drivers printed no address, and
+# "rm_init_adapter failed for device bearing minor number N".
+_RM_INIT = re.compile(rf"(?:(?<!\w)GPU (?P<pci>{_ADDR}): )?RmInitAdapter failed! \((?P<init>0x"
+                      r"[0-9a-fA-F]+):(?P<rm>0x[0-9a-fA-F]+):(?P<line>\d+)\)", _A)
+_RM_INIT_MINOR = re.compile(rf"(?:(?<!\w)GPU (?P<pci>{_ADDR}): )?rm_init_adapter failed(?:,| for)"
+                            r" device (?:bearing )?minor number (?P<minor>\d+)(?!\d)", _A)
+# What separates the lines of one printk once they are one text: a newline (journald), the
+# escaped one of /dev/kmsg ("\x0a") or of rsyslog ("#012"), dmesg's indentation and each
+# line's "NVRM:". Bounded, and its alternatives start differently: no backtracking.
+_GAP = r"(?:[ \t\r\n]|\\x0a|#012|NVRM:){1,80}"
+_END = r"(?=\s|\\x0a|#012|$)"
+# API mismatch (osapi.c RmPerformVersionCheck, nv.c): a client (libcuda, NVML) of another
+# version than the loaded module. Printed as one printk of 4 lines ("the client has the
+# version %s, but" / "this kernel module has the version %s.  Please" ...); by newer
+# drivers (open-gpu-kernel-modules main, seen with R595) of 5 ("the client '%s' (pid %u)" /
+# "has the version %s, but this kernel module has" / "the version %s.  Please make sure
+# that this" ...). A text log splits them into lines, each half of which is recognised
+# alone (KernelLogParser puts them back together).
+_API_HEAD = re.compile(
+    r"API mismatch: the client(?: '(?P<proc>[^\n]{0,64}?)')?(?: \(pid (?P<pid>\d+)\))?"
+    rf"(?:{_GAP}has the version (?P<client>[^\s,']+),{_GAP}but(?:{_GAP}this kernel module has"
+    rf"{_GAP}the version (?P<kernel>\S+?)\.{_END})?)?", _A)
+_API_CLIENT = re.compile(
+    rf"(?<!\w)has the version (?P<client>[^\s,']+),{_GAP}but(?:{_GAP}this kernel module has"
+    rf"(?:{_GAP}the version (?P<kernel>\S+?)\.{_END})?)?", _A)
+_API_KERNEL = re.compile(rf"(?<!\w)this kernel module has{_GAP}the version (?P<kernel>\S+?)\."
+                         rf"{_END}", _A)
+_API_KERNEL_NEW = re.compile(rf"(?<!\w)the version (?P<kernel>\S+?)\.{_GAP}Please make sure "
+                             rf"that this{_END}", _A)
+# A GPU the driver does not take at probe time (nv.c nv_pci_probe / osapi.c): one printk of
+# two or three lines, "The NVIDIA GPU %s (PCI ID: %04x:%04x)" then "installed in this system
+# is not supported by ..." / "requires use of the NVIDIA open kernel modules." (line breaks
+# vary between releases). _GPU_HEAD is its first line alone.
+_PCI_ID = r"\(PCI ID: (?P<id>[0-9a-fA-F]{4}:[0-9a-fA-F]{4})\)"
+_UNSUPPORTED = re.compile(
+    rf"The NVIDIA GPU (?P<pci>{_ADDR}){_GAP}{_PCI_ID}{_GAP}installed in this system{_GAP}"
+    r"(?:(?P<open>requires use of the NVIDIA open kernel modules)"
+    rf"|is not supported by{_GAP}(?P<by>open nvidia\.ko|the(?:{_GAP}(?:NVIDIA )?"
+    r"(?P<version>\d{1,4}\.\d{1,4}(?:\.\d{1,4})?)(?!\d))?))", _A)
+_GPU_HEAD = re.compile(rf"The NVIDIA GPU (?P<pci>{_ADDR}) {_PCI_ID}(?: installed in this "
+                       r"system)?\s*$", _A)
+# The kernel's driver core when nvidia.ko's probe returns an error (drivers/base/dd.c:
+# "%s: probe of %s failed with error %d"; since Linux 6.x "probe with driver %s failed ...").
+_PROBE = re.compile(rf"(?:(?<![\w-])nvidia|NVRM): probe of (?P<pci>{_ADDR}) failed with error "
+                    r"(?P<error>-?\d+)(?!\d)", _A)
+_PROBE_WITH = re.compile(rf"(?<![\w-])nvidia (?P<pci>{_ADDR}): probe with driver nvidia failed "
+                         r"with error (?P<error>-?\d+)(?!\d)", _A)
 _DRIVER = re.compile(r"(?:^|NVRM: |[\s;\]])loading (?P<module>NVIDIA UNIX .{0,200}?)\s+"
                      r"(?P<version>\d{3}\.\d+(?:\.\d+)?)\s", _A)
 _SERIAL = re.compile(r"(?<!\w)GPU Board Serial Number: (?P<serial>[\w-]+)", _A)
@@ -103,8 +146,12 @@ _SXID_LINK = re.compile(r"(?:^|, )(?P<sev>Fatal|Non-fatal|Correctable), Link (?P
 @dataclass(frozen=True)
 class KernelRecord(KernelLogFacts):
     """One recognised kernel-log fact. ``kind``: ``xid``, ``sxid``, ``fallen_off_bus``,
-    ``rm_init_failed``, ``gpu_uuid``, ``gpu_serial``, ``driver_loaded``, ``gsp_timeout``,
-    ``gsp_rate_limited`` or ``gsp_rpc_failed``; the facts are those of :class:`KernelLogFacts`.
+    ``rm_init_failed``, ``probe_failed`` (the driver did not take a GPU at probe time: the
+    driver core's error, or a GPU this driver does not support), ``api_mismatch`` (a client of
+    another driver version than the loaded module: ``details`` ``client_version`` and
+    ``kernel_version``, either missing when its half of the report was not seen),
+    ``gpu_uuid``, ``gpu_serial``, ``driver_loaded``, ``gsp_timeout``, ``gsp_rate_limited`` or
+    ``gsp_rpc_failed``; the facts are those of :class:`KernelLogFacts`.
 
     ``unparsed``: an NVIDIA line that could not be read (a field over its bound, or a
     parser failure); ``details["reason"]`` says why, ``details["parsed_as"]`` (when known)
@@ -278,6 +325,53 @@ def _parse_rm_init_minor(match: re.Match[str]) -> KernelRecord:
                         details={"minor": _int(match["minor"], "the device minor")})
 
 
+def api_record(client: str | None, kernel: str | None, name: str | None = None,
+               pid: int | None = None) -> KernelRecord:
+    """The ``api_mismatch`` record of the versions read (each already bounded)."""
+    details: dict[str, str | int | bool] = {}
+    if client is not None:
+        details["client_version"] = client
+    if kernel is not None:
+        details["kernel_version"] = kernel
+    message = _bounded(f"API mismatch: client version {client or '(not read)'}, kernel module "
+                       f"version {kernel or '(not read)'}")
+    return KernelRecord("api_mismatch", message=message, pid=pid, name=name,
+                        driver_version=kernel, details=details)
+
+
+def _parse_api_mismatch(match: re.Match[str]) -> KernelRecord:
+    found = match.groupdict()
+    client, kernel, name = found.get("client"), found.get("kernel"), found.get("proc")
+    return api_record(_token(client, "the client version") if client else None,
+                      _token(kernel, "the kernel module version") if kernel else None,
+                      _cut(name, MAX_NAME) if name else None,
+                      _maybe_int(found.get("pid"), "pid"))
+
+
+def _parse_unsupported(match: re.Match[str]) -> KernelRecord:
+    details: dict[str, str | int | bool] = {"pci_id": match["id"].lower()}
+    if match["open"]:
+        details["reason"] = "needs_open_kernel_modules"
+        message = "the GPU requires the NVIDIA open kernel modules"
+    elif match["by"] == "open nvidia.ko":
+        details["reason"] = "not_supported_by_open_kernel_modules"
+        message = "the GPU is not supported by the open kernel modules (it has no GSP)"
+    else:
+        details["reason"] = "not_supported_by_driver"
+        message = "the GPU is not supported by this driver release"
+    version = match["version"]
+    return KernelRecord("probe_failed", message=message, pci=_pci(match["pci"]),
+                        driver_version=_token(version, "the driver version") if version else None,
+                        details=details)
+
+
+def _parse_probe(match: re.Match[str]) -> KernelRecord:
+    error = _int(match["error"], "the probe error")
+    return KernelRecord("probe_failed", message=f"the driver's probe of the GPU failed "
+                        f"(error {error})", pci=_pci(match["pci"]),
+                        details={"reason": "probe_error", "error": error})
+
+
 def _parse_driver(match: re.Match[str]) -> KernelRecord:
     flavour = "open" if "Open Kernel Module" in match["module"] else "proprietary"
     return KernelRecord("driver_loaded", message=_bounded(match["module"]),
@@ -320,8 +414,15 @@ _RULES: tuple[tuple[str, str, re.Pattern[str], _Builder], ...] = (
     ("gpu_uuid", "GPU at ", _UUID, _parse_uuid),
     ("fallen_off_bus", " has fallen off the bus", _FALLEN, _parse_fallen),
     ("fallen_off_bus", "The NVIDIA GPU ", _FALLEN_MERGED, _parse_fallen),
-    ("rm_init_failed", ": RmInitAdapter failed! (", _RM_INIT, _parse_rm_init),
-    ("rm_init_failed", ": rm_init_adapter failed, ", _RM_INIT_MINOR, _parse_rm_init_minor),
+    ("probe_failed", "The NVIDIA GPU ", _UNSUPPORTED, _parse_unsupported),
+    ("rm_init_failed", "RmInitAdapter failed! (", _RM_INIT, _parse_rm_init),
+    ("rm_init_failed", "rm_init_adapter failed", _RM_INIT_MINOR, _parse_rm_init_minor),
+    ("probe_failed", "probe of ", _PROBE, _parse_probe),
+    ("probe_failed", ": probe with driver nvidia ", _PROBE_WITH, _parse_probe),
+    ("api_mismatch", "API mismatch: the client", _API_HEAD, _parse_api_mismatch),
+    ("api_mismatch", "has the version ", _API_CLIENT, _parse_api_mismatch),
+    ("api_mismatch", "this kernel module has", _API_KERNEL, _parse_api_mismatch),
+    ("api_mismatch", "Please make sure that this", _API_KERNEL_NEW, _parse_api_mismatch),
     ("driver_loaded", "loading NVIDIA UNIX ", _DRIVER, _parse_driver),
     ("gpu_serial", ": GPU serial number is ", _SERIAL_AT, _parse_serial),
     ("gpu_serial", "GPU Board Serial Number: ", _SERIAL, _parse_serial),
@@ -361,35 +462,86 @@ def _failure(exc: Exception) -> str:
     return f"parser error: {type(exc).__name__}: {exc}"
 
 
+# A report split over lines is taken for this many lines at most (API mismatch: 5).
+MAX_REPORT_LINES = 5
+_PROBE_REPORT_LINES = 3
+
+
+@dataclass
+class _Report:
+    """A multi-line report being read: ``kind`` ``api_mismatch`` (its lines' records, merged)
+    or ``probe_failed`` (a GPU named at probe time: the text after each line's ``NVRM:``)."""
+
+    lineno: int
+    kind: str
+    parts: list[KernelRecord]
+    text: str = ""
+    lines: int = 1
+
+
+def merge_api(parts: list[KernelRecord]) -> KernelRecord:
+    """One ``api_mismatch`` record of the records of a report's lines: each fact from the
+    first line that gives it."""
+    def first(get):  # noqa: ANN001, ANN202
+        return next((value for part in parts if (value := get(part)) is not None), None)
+    return api_record(first(lambda r: r.details.get("client_version")),
+                      first(lambda r: r.details.get("kernel_version")),
+                      first(lambda r: r.name), first(lambda r: r.pid))
+
+
 class KernelLogParser:
-    """Line-by-line parser with the little state the log needs: the three-line
-    fallen-off-the-bus report (``The NVIDIA GPU`` / ``(PCI ID: …)`` / ``fallen off the
-    bus…``), and the board serial that follows a UUID line without naming the GPU.
+    """Line-by-line parser with the little state the log needs: the multi-line reports a
+    text log splits into lines (fallen off the bus: ``The NVIDIA GPU`` / ``(PCI ID: …)`` /
+    ``fallen off the bus…``; a GPU refused at probe time: ``The NVIDIA GPU … (PCI ID: …)`` /
+    ``installed in this system is not supported by …``; API mismatch: four or five lines,
+    each half recognised alone), and the board serial that follows a UUID line without
+    naming the GPU.
 
     :meth:`feed` returns ``(lineno, record)`` pairs; ``lineno`` (1-based) is the line
     where the fact starts. :attr:`pending` is true while a multi-line report is open:
-    a reader must not checkpoint past its first line then. :meth:`feed` never raises:
-    a line it fails on is an ``unparsed`` record, and any open report is dropped.
+    a reader must not checkpoint past its first line then; :meth:`flush` (at the end of an
+    input) gives what an open report already says. :meth:`feed` never raises: a line it
+    fails on is an ``unparsed`` record, and any open report is dropped.
     """
 
     def __init__(self) -> None:
         self.lineno = 0
         self._head: tuple[int, str | None, str | None] | None = None   # lineno, pci, pci_id
+        self._report: _Report | None = None
         self._last_uuid_pci: str | None = None
 
     @property
     def pending(self) -> bool:
-        return self._head is not None
+        return self._head is not None or self._report is not None
 
     def feed(self, line: str) -> list[tuple[int, KernelRecord]]:
         self.lineno += 1
         try:
             return self._feed(line[:MAX_LINE])
         except Exception as exc:  # noqa: BLE001 - see parse_line
-            self._head = None
+            self._head = self._report = None
+            return [(self.lineno, unparsed_record(_failure(exc)))]
+
+    def flush(self) -> list[tuple[int, KernelRecord]]:
+        """The end of the input: an open API-mismatch report gives what its lines said; an
+        unfinished probe or fallen-off-the-bus report gives nothing (its first line alone
+        is no failure)."""
+        self._head = None
+        try:
+            return self._close_report()
+        except Exception as exc:  # noqa: BLE001 - see parse_line
+            self._report = None
             return [(self.lineno, unparsed_record(_failure(exc)))]
 
     def _feed(self, line: str) -> list[tuple[int, KernelRecord]]:
+        if self._report is not None:
+            taken, records = self._report_line(line)
+            if taken:
+                return records
+            return self._close_report() + self._line(line)
+        return self._line(line)
+
+    def _line(self, line: str) -> list[tuple[int, KernelRecord]]:
         if "\n" not in line and (match := _FALLEN_HEAD.search(line)):
             self._head = (self.lineno, _pci(match["pci"]), None)
             return []
@@ -406,6 +558,11 @@ class KernelLogParser:
                                                    pci=pci, details=details))]
         record = parse_line(line)
         if record is None:
+            if "\n" not in line and _GPU_HEAD.search(line):
+                self._report = _Report(self.lineno, "probe_failed", [], line)
+            return []
+        if record.kind == "api_mismatch" and "kernel_version" not in record.details:
+            self._report = _Report(self.lineno, "api_mismatch", [record])   # more to come
             return []
         if record.kind == "gpu_uuid":
             self._last_uuid_pci = record.pci
@@ -413,3 +570,45 @@ class KernelLogParser:
             record = KernelRecord("gpu_serial", message=record.message, pci=self._last_uuid_pci,
                                   details=record.details)
         return [(self.lineno, record)]
+
+    def _report_line(self, line: str) -> tuple[bool, list[tuple[int, KernelRecord]]]:
+        """Whether ``line`` continues the open report, and the records it completes. A line
+        that starts another report, or says something else, does not continue it."""
+        report = self._report
+        assert report is not None
+        if "NVRM:" not in line or "API mismatch" in line or _FALLEN_HEAD.search(line) or \
+                _GPU_HEAD.search(line):
+            return False, []
+        record = parse_line(line)
+        if report.kind == "api_mismatch":
+            if record is None or record.kind != "api_mismatch":
+                return False, []
+            report.parts.append(record)
+            report.lines += 1
+            merged = merge_api(report.parts)
+            if "client_version" in merged.details and "kernel_version" in merged.details or \
+                    report.lines >= MAX_REPORT_LINES:
+                self._report = None
+                return True, [(report.lineno, merged)]
+            return True, []
+        if record is not None:
+            return False, []
+        report.text += "\n" + line.split("NVRM:", 1)[1]
+        report.lines += 1
+        for kind, pattern, build in (("probe_failed", _UNSUPPORTED, _parse_unsupported),
+                                     ("fallen_off_bus", _FALLEN_MERGED, _parse_fallen)):
+            if match := pattern.search(report.text):
+                self._report = None
+                try:
+                    return True, [(report.lineno, build(match))]
+                except Unparsable as exc:
+                    return True, [(report.lineno, unparsed_record(str(exc), kind))]
+        if report.lines >= _PROBE_REPORT_LINES:
+            self._report = None          # a GPU named, no failure said: nothing
+        return True, []
+
+    def _close_report(self) -> list[tuple[int, KernelRecord]]:
+        report, self._report = self._report, None
+        if report is None or report.kind != "api_mismatch":
+            return []
+        return [(report.lineno, merge_api(report.parts))]

@@ -159,6 +159,7 @@ class KernelLogPump:
         self.parser = KernelLogParser()
         self.counters = {"lines": 0, "records": 0, "unparsed": 0, "checkpoints": 0}
         self._safe: RawLine | None = None        # last line not inside a multi-line report
+        self._previous: RawLine | None = None    # the line fed before this one
         self._skipped = 0
         self._checkpoint_at = time.monotonic()
         self._failed_once = False
@@ -189,13 +190,24 @@ class KernelLogPump:
     def events(self, raw: RawLine) -> list[KernelLogRecord]:
         """The bus events of one line. The parser never raises; should anything here fail
         all the same, the line becomes one ``unparsed`` record carrying the error, so that
-        its cursor is stored and it is not read (and failed on) again."""
+        its cursor is stored and it is not read (and failed on) again.
+
+        A line gives at most one record of its own, the last; one before it, or one given
+        as the line opens another multi-line report, is of a report that this line ended
+        unfinished: it gets the cursor of the line before (the report's last), as the store
+        keeps one record per cursor and a restart must read the opened report again."""
+        previous, self._previous = self._previous, raw
         try:
             records = self.parser.feed(raw.text)
             if not records:
                 return []
-            ts = self.realtime(raw)
-            return [record_event(raw, record, self.reader.origin, ts) for _, record in records]
+            own = 0 if self.parser.pending else 1     # how many of them are this line's
+            out = []
+            for n, (_, record) in enumerate(records):
+                source = raw if n >= len(records) - own or previous is None else previous
+                out.append(record_event(source, record, self.reader.origin,
+                                        self.realtime(source)))
+            return out
         except Exception as exc:  # noqa: BLE001 - one line must not stop the source
             # logged once: anyone who can log as NVRM could otherwise flood the journal
             (log.debug if self._failed_once else log.warning)(

@@ -1,0 +1,301 @@
+"""`gpuwhy rules eval`: how often the shipped rules give the right first answer.
+
+Each scenario of a corpus is a capture (JSON lines of bus payloads, as `gpuwhy record`
+writes them) and a manifest beside it (``NAME.json``: the planted cause, the rule ids that
+are acceptable top answers, or none for a healthy host; gpuwhy.demo.corpus describes the
+format). Every capture is replayed through the real engine with the shipped rules (the loop
+of `gpuwhy rules test --replay`), and after every round the findings still firing are
+ranked (gpuwhy.rules.answer.answers; where that module is missing, a fallback: worst
+severity, then earliest). A fault scenario is a hit when the top answer at the end is an
+acceptable one; its time to answer is the capture second the right answer first led. A
+healthy scenario raises a false alarm when any warning-or-worse finding fired at any time.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+NS = 10**9
+MANIFEST_FORMAT = "gpuwhy-scenario/1"
+
+
+class Unreadable(Exception):
+    """A corpus, manifest or capture that cannot be read (exit status 2)."""
+
+
+@dataclass
+class Case:
+    name: str
+    capture: Path
+    healthy: bool
+    expected: list[str]
+    cause: str = ""
+    seed: int | None = None
+    group: str = ""
+    onset_s: float = 0.0
+
+
+@dataclass
+class Outcome:
+    case: Case
+    top: str | None = None
+    top_kind: str | None = None
+    hit: bool = False
+    first_led_s: float | None = None     # when an acceptable answer first led
+    alarms: list[str] = field(default_factory=list)      # warning-or-worse rule ids
+    fired: list[str] = field(default_factory=list)       # every rule id that fired
+    timeline: list[tuple[float, str | None]] = field(default_factory=list)
+    events: int = 0
+    seconds: float = 0.0
+
+    @property
+    def time_to_answer_s(self) -> float | None:
+        """Capture seconds until the right answer first led, for a hit."""
+        return self.first_led_s if self.hit else None
+
+    @property
+    def false_alarm(self) -> bool:
+        return self.case.healthy and bool(self.alarms)
+
+    def as_dict(self) -> dict:
+        c = self.case
+        return {"name": c.name, "seed": c.seed, "healthy": c.healthy, "cause": c.cause,
+                "group": c.group, "expected": c.expected, "top": self.top,
+                "top_kind": self.top_kind,
+                "result": ("alarm" if self.false_alarm else "ok") if c.healthy else
+                ("hit" if self.hit else "miss"),
+                "hit": None if c.healthy else self.hit, "false_alarm": self.false_alarm,
+                "time_to_answer_s": self.time_to_answer_s, "first_led_s": self.first_led_s,
+                "onset_s": c.onset_s,
+                "after_onset_s": None if self.time_to_answer_s is None
+                else max(0.0, self.time_to_answer_s - c.onset_s),
+                "alarms": self.alarms, "fired": self.fired,
+                "timeline": [{"t_s": t, "top": top} for t, top in self.timeline],
+                "events": self.events, "replay_s": round(self.seconds, 2)}
+
+
+# --- ranking ------------------------------------------------------------------------------
+def ranking() -> tuple[str, Callable[[list, dict], list[tuple[object, str | None]]]]:
+    """(how, rank): rank(open findings, rules by id) -> [(finding, kind)], best first."""
+    try:
+        from gpuwhy.rules.answer import answers
+    except ImportError:
+        return "fallback (gpuwhy.rules.answer not found): worst severity, then earliest", \
+            _fallback
+
+    def rank(findings: list, rules: dict) -> list[tuple[object, str | None]]:
+        return [(a.finding, a.kind) for a in answers(findings, rules)]
+    return "gpuwhy.rules.answer.answers", rank
+
+
+def _fallback(findings: list, rules: dict) -> list[tuple[object, str | None]]:
+    """FALLBACK only, while gpuwhy.rules.answer is missing: worst severity, then earliest."""
+    from gpuwhy import severity as sev
+
+    live = [f for f in findings if f.state == "firing" and not f.shadow]
+    live.sort(key=lambda f: (sev.sort_key(f.severity), f.since or f.ts, f.rule_id, f.gpu_id))
+    return [(f, None) for f in live]
+
+
+# --- the corpus ---------------------------------------------------------------------------
+def read_corpus(directory: Path) -> list[Case]:
+    """The scenarios of a corpus folder: every ``*.json`` manifest and its capture."""
+    if not directory.is_dir():
+        raise Unreadable(f"{directory}: not a folder")
+    cases = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise Unreadable(f"{path}: not a manifest: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("format") != MANIFEST_FORMAT:
+            continue   # another JSON file in the folder
+        try:
+            expected = [str(r) for r in meta.get("expected", [])]
+            healthy = bool(meta.get("healthy", not expected))
+            name = str(meta.get("name") or path.stem)
+            capture = path.parent / str(meta.get("capture") or f"{path.stem}.jsonl")
+            case = Case(name, capture, healthy, expected, str(meta.get("cause", "")),
+                        meta.get("seed"), str(meta.get("group", "")),
+                        float(meta.get("onset_s") or 0.0))
+        except (TypeError, ValueError) as exc:
+            raise Unreadable(f"{path}: bad manifest: {exc}") from None
+        if not healthy and not expected:
+            raise Unreadable(f"{path}: a fault scenario needs its expected rule ids")
+        if not capture.is_file():
+            raise Unreadable(f"{path}: capture {capture} missing")
+        cases.append(case)
+    if not cases:
+        raise Unreadable(f"{directory}: no scenario manifests ({MANIFEST_FORMAT})")
+    return cases
+
+
+# --- one scenario -------------------------------------------------------------------------
+def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * NS) -> Outcome:
+    """Replay one capture through the engine and score its answers over time."""
+    from gpuwhy import severity as sev
+    from gpuwhy.correlator.rules.cli import read_capture, replay
+
+    started = time.monotonic()
+    try:
+        events = read_capture(str(case.capture))
+    except click.ClickException as exc:
+        raise Unreadable(exc.message) from None
+    if not events:
+        raise Unreadable(f"{case.capture}: no events")
+    by_id = {r.id: r for r in rules}
+    out = Outcome(case, events=len(events))
+    start = events[0].ts
+    open_findings: dict[str, object] = {}
+    fired: set[str] = set()
+    alarms: set[str] = set()
+    current: list = [None, None]      # top rule id, its kind
+
+    def each_round(now: int, new: list) -> None:
+        if not new and out.timeline:
+            return
+        for f in new:
+            if f.state == "firing":
+                open_findings[f.finding_id] = f
+                fired.add(f.rule_id)
+                if not f.shadow and sev.rank(f.severity) >= sev.rank("warning"):
+                    alarms.add(f.rule_id)
+            else:
+                open_findings.pop(f.finding_id, None)
+        ranked = rank(list(open_findings.values()), by_id)
+        top, kind = (ranked[0][0].rule_id, ranked[0][1]) if ranked else (None, None)
+        if not out.timeline or top != current[0]:
+            out.timeline.append((round((now - start) / NS, 1), top))
+        current[:] = [top, kind]
+        if out.first_led_s is None and top in case.expected:
+            out.first_led_s = round((now - start) / NS, 1)
+
+    replay(events, rules, every_ns, each_round)
+    out.top, out.top_kind = current
+    out.hit = not case.healthy and out.top in case.expected
+    out.alarms, out.fired = sorted(alarms), sorted(fired)
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def summary(outcomes: list[Outcome], how: str, seconds: float) -> dict:
+    faults = [o for o in outcomes if not o.case.healthy]
+    healthy = [o for o in outcomes if o.case.healthy]
+    hits = [o for o in faults if o.hit]
+    times = [o.time_to_answer_s for o in hits if o.time_to_answer_s is not None]
+    return {"ranking": how, "scenarios": len(outcomes), "faults": len(faults),
+            "hits": len(hits), "accuracy": round(len(hits) / len(faults), 3) if faults else None,
+            "led_at_some_time": sum(o.first_led_s is not None for o in faults),
+            "healthy": len(healthy), "false_alarms": sum(o.false_alarm for o in healthy),
+            "false_alarm_rate": round(sum(o.false_alarm for o in healthy) / len(healthy), 3)
+            if healthy else None,
+            "median_time_to_answer_s": statistics.median(times) if times else None,
+            "max_time_to_answer_s": max(times) if times else None,
+            "elapsed_s": round(seconds, 1)}
+
+
+def _short(rule_id: str | None) -> str:
+    return "-" if rule_id is None else rule_id
+
+
+def _line(o: Outcome) -> str:
+    c = o.case
+    expected = "(healthy)" if c.healthy else "|".join(r.split("_")[0] for r in c.expected)
+    if c.healthy:
+        result = "ALARM" if o.false_alarm else "ok"
+        tail = ",".join(r.split("_")[0] for r in o.alarms) if o.alarms else ""
+    else:
+        result = "hit" if o.hit else "miss"
+        tail = f"+{o.first_led_s:.0f}s" if o.first_led_s is not None else ""
+        if not o.hit and tail:
+            tail = f"(led at {tail}, not at the end)"
+    return f"{c.name:<30} {expected:<10} {_short(o.top):<36} {result:<6} {tail}"
+
+
+# --- the command --------------------------------------------------------------------------
+@click.command("eval")
+@click.option("--corpus", "corpus_dir", type=click.Path(file_okay=False),
+              help="A folder of captures and their NAME.json manifests (default: generate "
+                   "the built-in corpus into a temporary folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--only", multiple=True, metavar="NAME",
+              help="Only these scenarios (repeat, or separate with commas).")
+def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...]) -> None:
+    """Replay a scenario corpus through the shipped rules and score the first answers.
+
+    Per scenario: the expected cause(s), the top answer at the end, hit or miss, and the
+    capture seconds until the right answer first led; then the accuracy on faults, false
+    alarms on healthy hosts (any warning-or-worse finding) and the median and maximum time
+    to answer. It is a measurement: the exit status is 0 whatever it finds, 2 when the
+    corpus cannot be read.
+
+    \b
+    Examples:
+      gpuwhy rules eval
+      gpuwhy rules eval --only resnet18-cpu-starved,xid79-fallen-off-bus
+      gpuwhy rules eval --corpus ./captures --json | jq .summary
+    """
+    from gpuwhy.rules.loader import load_rules
+
+    names = [n for group in only for n in group.split(",") if n]
+    started = time.monotonic()
+    rules = load_rules()
+    how, rank = ranking()
+    with tempfile.TemporaryDirectory(prefix="gpuwhy-corpus-") as scratch:
+        try:
+            if corpus_dir is None:
+                from gpuwhy.demo.corpus import write_corpus
+
+                try:
+                    write_corpus(Path(scratch), names)
+                except KeyError as exc:
+                    raise click.UsageError(f"no built-in scenario {exc.args[0]}") from None
+                cases = read_corpus(Path(scratch))
+            else:
+                cases = read_corpus(Path(corpus_dir))
+                if names:
+                    unknown = sorted(set(names) - {c.name for c in cases})
+                    if unknown:
+                        raise click.UsageError(f"no scenario {', '.join(unknown)} in "
+                                               f"{corpus_dir}")
+                    cases = [c for c in cases if c.name in names]
+            if not as_json:
+                click.echo(f"ranking: {how}")
+                click.echo(f"{'SCENARIO':<30} {'EXPECTED':<10} {'TOP ANSWER (END)':<36} "
+                           f"{'RESULT':<6} TIME")
+            outcomes = []
+            for case in cases:
+                outcome = evaluate_case(case, rules, rank)
+                outcomes.append(outcome)
+                if not as_json:
+                    click.echo(_line(outcome))
+        except Unreadable as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+    total = summary(outcomes, how, time.monotonic() - started)
+    if as_json:
+        click.echo(json.dumps({"summary": total,
+                               "scenarios": [o.as_dict() for o in outcomes]}, indent=2))
+        return
+    misses = [o.case.name for o in outcomes if not o.case.healthy and not o.hit]
+    alarms = [o.case.name for o in outcomes if o.false_alarm]
+    acc = f"{total['accuracy']:.2f}" if total["accuracy"] is not None else "-"
+    med, top = total["median_time_to_answer_s"], total["max_time_to_answer_s"]
+    click.echo(f"accuracy: {total['hits']}/{total['faults']} faults = {acc} (right answer "
+               f"led at some time: {total['led_at_some_time']}); false alarms: "
+               f"{total['false_alarms']}/{total['healthy']} healthy hosts; time to answer: "
+               + (f"median {med:.0f} s, max {top:.0f} s" if med is not None else "-")
+               + f" ({total['scenarios']} scenarios, {total['elapsed_s']:.0f} s)")
+    if misses:
+        click.echo("missed: " + ", ".join(misses))
+    if alarms:
+        click.echo("false alarms: " + ", ".join(alarms))

@@ -1,0 +1,827 @@
+"""The built-in scenarios: each written from how the workload and the hardware behave
+(step times from model FLOPs and the board's throughput, loader speed from decode costs and
+cores, link traffic from gradient sizes), the fault planted as it happens on real hosts.
+The expected rule ids were chosen from the cause, before running any rule.
+
+Deployments matter to what the probes see: a container or a Slurm task bound to one GPU
+opens only that GPU's device node; ranks started by torchrun on a bare-metal host (or in a
+pod holding every GPU) each open every /dev/nvidiaN, as CUDA does for every device it may
+use, though each computes on one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from gpuwhy.demo.corpus import Scenario
+from gpuwhy.demo.corpus.host import (
+    A100,
+    CNN_TRAIN,
+    H100,
+    HW_POWER_BRAKE,
+    L4,
+    L40S,
+    LLM_TRAIN,
+    Board,
+    Holder,
+    Host,
+    Inference,
+    Mix,
+    Steady,
+    Training,
+    gpu_xid,
+    pci,
+    power_speed,
+    thermal_speed,
+)
+
+CORPUS: list[Scenario] = []
+MINUTES = 12
+
+LLAMA = "/usr/bin/python3 -u train.py --config configs/llama2_7b_fsdp.yaml"
+RESNET = "/usr/bin/python3 -u train_imagenet.py --arch resnet50 --amp --channels-last -b 256"
+VIT = "/usr/bin/python3 -u train_vit.py --model vit_base_patch16_224 -b 128 " \
+      "--data /mnt/nfs/imagenet"
+
+
+def scenario(name: str, seed: int, cause: str, expected: tuple[str, ...] = (),
+             group: str = "", onset_s: float = 0.0, notes: str = ""):
+    def register(build: Callable[[int], Host]) -> Callable[[int], Host]:
+        CORPUS.append(Scenario(name, seed, cause, tuple(expected), build, group, onset_s,
+                               notes))
+        return build
+    return register
+
+
+def node(seed: int, board: Board, gpus: int, minutes: float = MINUTES,
+         source: str = "dcgm") -> Host:
+    host = Host(seed, board, gpus, int(minutes * 60), source)
+    host.monitors()
+    return host
+
+
+def llm_fsdp(gpus: list[int], **changes) -> Training:
+    """Llama-2 7B, FSDP, bf16, micro-batch 2 x 4096 tokens, activation checkpointing:
+    6 * 6.7e9 * 8192 FLOPs * 4/3 at 45 % of an H100's 989 TFLOPS ~ 1.0 s a step; every
+    step all-gathers the parameters twice and reduce-scatters the gradients (~35 GB)."""
+    job = dict(gpus=gpus, gpu_s=0.99, host_s=0.08, mix=LLM_TRAIN, workers=2,
+               worker_cpu_s=0.02, h2d_bytes=65536, comm_bytes=35e9, overlap=0.9,
+               kernels=8000, fb_mib=71000, threads=64, cmdline=LLAMA)
+    job.update(changes)
+    return Training(**job)
+
+
+def resnet50(gpus: list[int], **changes) -> Training:
+    """ResNet-50, AMP, channels_last, batch 256 on an A100 (~2200 images/s: 0.116 s a step);
+    16 workers decode and augment 256 JPEGs each at ~5.5 ms an image."""
+    job = dict(gpus=gpus, gpu_s=0.116, host_s=0.03, mix=CNN_TRAIN, workers=16,
+               worker_cpu_s=256 * 0.0055, cores=30, h2d_bytes=38.5e6, comm_bytes=153e6,
+               overlap=0.9, kernels=1600, fb_mib=31000, threads=44, cmdline=RESNET)
+    job.update(changes)
+    return Training(**job)
+
+
+# === healthy hosts ============================================================================
+@scenario("healthy-llm-fsdp-slurm", 101,
+          "none: Llama-2 7B FSDP on 8 H100, one Slurm task per GPU, well fed")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp(list(range(8))))
+    return host
+
+
+@scenario("healthy-llm-fsdp-torchrun", 102,
+          "none: the same training started by torchrun on a bare-metal host",
+          notes="every rank opens every /dev/nvidiaN (CUDA), computing on one")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp(list(range(8)), visible="all"))
+    return host
+
+
+@scenario("healthy-resnet50-a100", 103,
+          "none: ResNet-50 data-parallel on 4 A100, 16 loader workers a GPU, enough cores")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.add(resnet50([0, 1, 2, 3]))
+    return host
+
+
+@scenario("healthy-vllm-tp2", 104,
+          "none: vLLM serving Llama-3 70B (FP8) with tensor parallelism 2 on 2 H100, "
+          "steady daytime traffic",
+          notes="the server's two processes share a container holding both GPUs")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    rate = lambda t: 6.0 + 1.5 * math.sin(t / 170.0)   # noqa: E731 - requests per second
+    host.add(Inference(gpus=[0, 1], rate=rate, tokens=260, iter_s=0.030,
+                       per_seq_s=0.00018, fb_mib=73500,
+                       cmdline="/usr/bin/python3 -m vllm.entrypoints.openai.api_server "
+                               "--model /models/llama-3-70b-instruct-fp8 "
+                               "--tensor-parallel-size 2"))
+    return host
+
+
+@scenario("healthy-inference-l4-nvml", 105,
+          "none: two single-GPU pods each serving Llama-3 8B on an L4, NVML source "
+          "(no DCGM profiling fields)")
+def _(seed: int) -> Host:
+    host = node(seed, L4, 2, source="nvml")
+    for g, base in ((0, 2.2), (1, 1.6)):
+        rate = lambda t, b=base: b + 0.6 * math.sin(t / 90.0 + b)   # noqa: E731
+        host.add(Inference(gpus=[g], rate=rate, tokens=180, iter_s=0.034, per_seq_s=0.0004,
+                           fb_mib=20500, threads=70,
+                           cmdline="/usr/bin/python3 -m vllm.entrypoints.openai.api_server "
+                                   "--model /models/llama-3-8b-instruct"))
+    return host
+
+
+@scenario("idle-host", 106, "none: 4 H100 with nothing running, monitors only")
+def _(seed: int) -> Host:
+    return node(seed, H100, 4)
+
+
+@scenario("job-ends-normally", 107,
+          "none: a ResNet-50 run finishes at 5 min (exit 0); the GPUs idle after it")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.add(resnet50([0, 1, 2, 3], stop_s=300.0, ckpt_every_s=295.0, ckpt_bytes=0.3e9,
+                      ckpt_write_Bps=0.8e9))
+    return host
+
+
+@scenario("checkpoint-dips", 108,
+          "none: LLM training with a sharded checkpoint every 5 minutes (each rank writes "
+          "its 12 GB of parameters and optimizer state; 8 ranks share one NVMe)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp(list(range(8)), ckpt_every_s=300.0, ckpt_first_s=140.0,
+                      ckpt_bytes=12.25e9, ckpt_write_Bps=0.25e9, ckpt_ranks="all"))
+    return host
+
+
+@scenario("profiling-paused", 109,
+          "none: healthy training while someone runs Nsight Compute: DCGM profiling "
+          "fields paused for 4 minutes (absent from the samples)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 4)
+    for g in range(4):
+        host.conditions[g].profiling_off = lambda t: 200 <= t < 440
+    host.add(llm_fsdp([0, 1, 2, 3]))
+    return host
+
+
+@scenario("old-remapped-rows", 110,
+          "none: healthy training; GPU 3 remapped 2 correctable and 1 uncorrectable row "
+          "months ago (spares applied, no failure, nothing pending)")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 8)
+    host.conditions[3].remapped = (2, 1)
+    host.add(resnet50(list(range(8)), cores=14, workers=10,
+                      worker_cpu_s=256 * 0.0045))
+    return host
+
+
+@scenario("healthy-cuda-uprobes", 111,
+          "none: a single-GPU fine-tune with the CUDA uprobes on")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(llm_fsdp([0], comm_bytes=0.0, gpu_s=0.62, uprobes=True,
+                      cmdline="/usr/bin/python3 finetune.py --model mistral-7b --lora"))
+    return host
+
+
+# === A. host starvation =======================================================================
+@scenario("resnet50-cpu-starved", 201,
+          "DataLoader workers cannot keep up: RandAugment decoding on a 48-vCPU VM with 4 "
+          "A100 (10 workers a GPU at ~14 ms an image)",
+          ("R01_input_cpu_bound",), "host_starvation",
+          notes="moderate starvation: batches arrive ~3/s against ~8.6/s the GPU could take")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.add(resnet50([0, 1, 2, 3], workers=10, cores=11, worker_cpu_s=256 * 0.014))
+    return host
+
+
+@scenario("resnet18-cpu-starved", 202,
+          "DataLoader workers cannot keep up: ResNet-18 (0.05 s a step) fed by 6 workers "
+          "doing heavy augmentation (~12 ms an image)",
+          ("R01_input_cpu_bound",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.add(resnet50([0, 1, 2, 3], gpu_s=0.05, workers=6, cores=7,
+                      worker_cpu_s=256 * 0.012, kernels=700,
+                      cmdline=RESNET.replace("resnet50", "resnet18")))
+    return host
+
+
+@scenario("nfs-small-files-starved", 203,
+          "reads starve the loader: ViT training reading ImageNet as single files from an "
+          "overloaded NFS server (~12 ms a file, in D state)",
+          ("R02_input_io_bound",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(Training(gpus=list(range(8)), gpu_s=0.12, host_s=0.025, mix=CNN_TRAIN,
+                      workers=8, worker_cpu_s=128 * 0.008, worker_io_s=128 * 0.012,
+                      io_wait="disk", cores=12, h2d_bytes=19e6, comm_bytes=1.3e9,
+                      overlap=0.9, kernels=1200, fb_mib=38000, threads=46, cmdline=VIT))
+    return host
+
+
+@scenario("s3-streaming-starved", 204,
+          "network reads starve the loader: workers stream WebDataset shards from an "
+          "object store (waits on sockets: interruptible sleep)",
+          ("R02_input_io_bound",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 4)
+    host.add(Training(gpus=[0, 1, 2, 3], gpu_s=0.12, host_s=0.025, mix=CNN_TRAIN,
+                      workers=8, worker_cpu_s=128 * 0.005, worker_io_s=2.4, io_wait="net",
+                      cores=16, h2d_bytes=19e6, comm_bytes=1.3e9, overlap=0.9,
+                      kernels=1200, fb_mib=38000, threads=46,
+                      cmdline=VIT.replace("/mnt/nfs/imagenet", "pipe:aws s3 cp s3://ds/in1k/"
+                                          "{000000..001281}.tar -")))
+    return host
+
+
+@scenario("single-gpu-cpu-starved", 215,
+          "DataLoader workers cannot keep up: a one-GPU pod with 8 CPUs fine-tunes "
+          "ResNet-18 with heavy augmentation (6 workers, ~12 ms an image)",
+          ("R01_input_cpu_bound",), "host_starvation",
+          notes="one process: no all-reduce to wait in")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(resnet50([0], gpu_s=0.05, workers=6, cores=7, worker_cpu_s=256 * 0.012,
+                      kernels=700, comm_bytes=0.0,
+                      cmdline=RESNET.replace("resnet50", "resnet18")))
+    return host
+
+
+@scenario("single-gpu-nfs-starved", 216,
+          "reads starve the loader: a one-GPU pod trains ViT-B reading single files from an "
+          "overloaded NFS server (~12 ms a file, in D state)",
+          ("R02_input_io_bound",), "host_starvation", notes="one process: no all-reduce")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Training(gpus=[0], gpu_s=0.12, host_s=0.025, mix=CNN_TRAIN, workers=8,
+                      worker_cpu_s=128 * 0.008, worker_io_s=128 * 0.012, io_wait="disk",
+                      cores=12, h2d_bytes=19e6, kernels=1200, fb_mib=38000, threads=46,
+                      cmdline=VIT))
+    return host
+
+
+@scenario("num-workers-zero", 205,
+          "the batch is loaded in the training process (DataLoader num_workers=0): decode "
+          "and compute never overlap",
+          ("R03_dataloader_synchronous",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(resnet50([0], workers=0, worker_cpu_s=64 * 0.0075, gpu_s=0.03,
+                      h2d_bytes=9.6e6, comm_bytes=0.0,
+                      cmdline="/usr/bin/python3 finetune_cls.py --arch resnet50 -b 64 "
+                              "--workers 0"))
+    return host
+
+
+@scenario("workers-oversubscribed", 206,
+          "loader workers fight for CPUs: 12 workers a GPU each starting OpenCV's default "
+          "8 threads, 12 cores a GPU",
+          ("R03b_workers_oversubscribed",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 8)
+    host.add(resnet50(list(range(8)), workers=12, worker_threads=8, cores=12,
+                      worker_cpu_s=256 * 0.009))
+    return host
+
+
+@scenario("launch-bound-eager-rl", 207,
+          "the CPU cannot launch kernels fast enough: an RL policy (small MLPs, eager "
+          "PyTorch) issuing ~3000 tiny kernels a step",
+          ("R04_launch_bound",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Training(gpus=[0], gpu_s=0.024, host_s=0.045, workers=0, worker_cpu_s=0.004,
+                      mix=Mix(0.18, 0.2, 0.05, 0.1, 0.12, 0.05), h2d_bytes=2e6, kernels=3000,
+                      fb_mib=6000, threads=22,
+                      cmdline="/usr/bin/python3 ppo_train.py --env humanoid --num-envs 64"))
+    return host
+
+
+@scenario("launch-bound-uprobes", 208,
+          "the CPU cannot launch kernels fast enough (the same RL job), CUDA uprobes on",
+          ("R04b_cuda_launch_bound",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Training(gpus=[0], gpu_s=0.024, host_s=0.045, workers=0, worker_cpu_s=0.004,
+                      mix=Mix(0.18, 0.2, 0.05, 0.1, 0.12, 0.05), h2d_bytes=2e6, kernels=3000,
+                      fb_mib=6000, threads=22, uprobes=True,
+                      cmdline="/usr/bin/python3 ppo_train.py --env humanoid --num-envs 64"))
+    return host
+
+
+@scenario("item-sync-bound-uprobes", 209,
+          "host and GPU take turns: metrics read with .item() ~40 times a step, each "
+          "draining the GPU; CUDA uprobes on",
+          ("R05b_cuda_sync_bound",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(resnet50([0], gpu_s=0.06, serial_s=0.07, syncs=40, comm_bytes=0.0,
+                      uprobes=True, workers=8,
+                      cmdline="/usr/bin/python3 train_seg.py --log-every-op"))
+    return host
+
+
+@scenario("stuck-on-lock", 210,
+          "the process sleeps on something other than input: at 3 min the training "
+          "thread deadlocks on a logging lock; 40 GiB stay allocated",
+          ("R05_gpu_idle_process_blocked",), "host_starvation", onset_s=180)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(llm_fsdp([0], comm_bytes=0.0, gpu_s=0.55, fb_mib=40000,
+                      hang={0: (180.0, "sleep")},
+                      cmdline="/usr/bin/python3 finetune.py --model llama-2-7b --wandb"))
+    return host
+
+
+@scenario("pageable-h2d-dlrm", 211,
+          "host-to-device copies from pageable memory: a recommender copying ~800 MB of "
+          "features a step from unpinned tensors (staged at ~12 GB/s)",
+          ("R06_pageable_h2d_copy",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Training(gpus=[0], gpu_s=0.04, host_s=0.012, workers=4, worker_cpu_s=0.2,
+                      mix=Mix(0.5, 0.3, 0.2, 0.6, 0.15, 0.05), h2d_bytes=800e6, pageable=True,
+                      pageable_Bps=12e9, kernels=400, fb_mib=52000, threads=30,
+                      cmdline="/usr/bin/python3 dlrm_train.py --mini-batch-size 65536"))
+    return host
+
+
+@scenario("pageable-h2d-uprobes", 212,
+          "host-to-device copies from pageable memory (the same recommender), CUDA uprobes "
+          "on", ("R06b_cuda_pageable_copies",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Training(gpus=[0], gpu_s=0.04, host_s=0.012, workers=4, worker_cpu_s=0.2,
+                      mix=Mix(0.5, 0.3, 0.2, 0.6, 0.15, 0.05), h2d_bytes=800e6, pageable=True,
+                      pageable_Bps=12e9, kernels=400, fb_mib=52000, threads=30, uprobes=True,
+                      cmdline="/usr/bin/python3 dlrm_train.py --mini-batch-size 65536"))
+    return host
+
+
+@scenario("cpu-offloaded-inference", 213,
+          "PCIe is the bottleneck: a 70B model with 40 % of its layers offloaded to host "
+          "memory streams ~12 GB of weights over PCIe for every token",
+          ("R07_pcie_saturated_low_sm",), "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Training(gpus=[0], gpu_s=0.012, host_s=0.006, workers=0, worker_cpu_s=0.001,
+                      mix=Mix(0.55, 0.3, 0.15, 0.7, 0.05, 0.1), h2d_bytes=12e9,
+                      kernels=900, syncs=1, fb_mib=78500, threads=40,
+                      cmdline="/usr/bin/python3 generate.py --model llama-2-70b "
+                              "--device-map auto --max-memory 0:76GiB"))
+    return host
+
+
+@scenario("cuda-launch-blocking", 214,
+          "CUDA_LAUNCH_BLOCKING=1 left in the pod's environment: every launch waits for "
+          "its kernel, host and GPU serialise",
+          ("R08_debug_or_limiting_env",), "host_starvation",
+          notes="captures carry no environments: the rule that names it cannot see it")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(resnet50([0], serial_s=0.06, comm_bytes=0.0))
+    return host
+
+
+# === B. device efficiency =====================================================================
+@scenario("bert-batch1-serving", 301,
+          "busy GPU, few SMs working: BERT-base served one request at a time (grids of "
+          "12-48 blocks on 132 SMs), ~400 requests/s",
+          ("R09_small_grid_low_sm",), "device_efficiency")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    busy = lambda t: 0.88 + 0.06 * math.sin(t / 40.0)   # noqa: E731
+    host.add(Steady(gpu=0, mix=Mix(0.27, 0.25, 0.15, 0.2, 0.06, 0.08), busy=busy,
+                    fb_mib=9000, threads=140, launches_per_s=400 * 110,
+                    cmdline="/opt/tritonserver/bin/tritonserver --model-repository=/models",
+                    comm="tritonserver", exe="/opt/tritonserver/bin/tritonserver"))
+    return host
+
+
+@scenario("custom-kernel-low-occupancy", 302,
+          "SMs active but starved of warps: a lattice-Boltzmann solver whose kernel uses "
+          "255 registers a thread (occupancy ~0.12)",
+          ("R10_low_occupancy",), "device_efficiency")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(Steady(gpu=0, mix=Mix(0.95, 0.12, 0.0, 0.24, 0.22, 0.0, 0.0)))
+    return host
+
+
+@scenario("memory-bound-unfused", 303,
+          "DRAM saturated, math pipes idle: an eager fp16 diffusion UNet dominated by "
+          "GroupNorm/SiLU/elementwise kernels",
+          ("R11_memory_bandwidth_bound",), "device_efficiency")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.add(resnet50([0, 1, 2, 3], gpu_s=0.42, mix=Mix(0.82, 0.4, 0.12, 0.74, 0.2, 0.09),
+                      workers=8, worker_cpu_s=0.8,
+                      cmdline="/usr/bin/python3 train_unet.py --fp16 --no-compile"))
+    return host
+
+
+@scenario("fp32-no-tf32", 304,
+          "FP32 math where tensor cores could run it: BERT-large pre-training in strict "
+          "FP32 (no AMP, TF32 off by default since PyTorch 1.12)",
+          ("R12_tensor_cores_unused",), "device_efficiency")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.add(resnet50([0, 1, 2, 3], gpu_s=0.9, mix=Mix(0.9, 0.38, 0.0, 0.3, 0.55, 0.0),
+                      workers=4, worker_cpu_s=0.05, h2d_bytes=0.5e6, comm_bytes=1.34e9,
+                      cmdline="/usr/bin/python3 -u run_mlm.py --model_name_or_path "
+                              "bert-large-uncased --per_device_train_batch_size 32"))
+    return host
+
+
+@scenario("fp64-numpy-leak", 305,
+          "double precision in a deep-learning job: float64 targets from NumPy make the "
+          "loss and its backward run on the L40S's 1/64-rate FP64 pipe",
+          ("R13_unexpected_fp64",), "device_efficiency")
+def _(seed: int) -> Host:
+    host = node(seed, L40S, 2)
+    host.add(resnet50([0], gpu_s=0.5, mix=Mix(0.88, 0.35, 0.04, 0.2, 0.1, 0.02, 0.36),
+                      comm_bytes=0.0, cmdline="/usr/bin/python3 train_regressor.py"))
+    return host
+
+
+@scenario("cron-cpu-hog-dips", 306,
+          "periodic host work blocks the GPU: a cron job every 5 minutes (rsync + zstd of "
+          "the dataset cache) takes the CPUs for ~70 s and the loaders stall",
+          ("R14_bursty_utilisation",), "device_efficiency", onset_s=60)
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    hog = lambda t: 3.0 if (t - 60) % 300 < 70 and t >= 60 else 30.0   # noqa: E731
+    host.add(resnet50([0, 1, 2, 3], cores=hog))
+    for t in (60, 360, 660):
+        host.cron(t, "/usr/local/bin/sync-dataset-cache.sh")
+        host.command(t + 0.2, "rsync -a --delete /data/cache/ /backup/cache/")
+    return host
+
+
+# === C. communication =========================================================================
+@scenario("nccl-p2p-disabled", 401,
+          "NVLink present but peer traffic on PCIe: NCCL_P2P_DISABLE=1 left in the launch "
+          "script, GPT-2 XL DDP on a DGX A100 all-reduces through host memory",
+          ("R15_collectives_off_nvlink",), "communication")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 8)
+    host.add(Training(gpus=list(range(8)), gpu_s=0.52, host_s=0.05, mix=LLM_TRAIN,
+                      workers=2, worker_cpu_s=0.02, h2d_bytes=65536, comm_bytes=5.25e9,
+                      link="shm", overlap=0.5, kernels=4000, fb_mib=52000, visible="all",
+                      cmdline="/usr/bin/python3 -u train_gpt2.py --model gpt2-xl -b 8"))
+    return host
+
+
+@scenario("fsdp-over-pcie-exposed", 402,
+          "steps dominated by un-overlapped communication: Llama-2 7B FSDP on 4 L40S "
+          "(no NVLink): ~31 GB a step over PCIe, half of it exposed",
+          ("R16_comm_bound_exposed",), "communication")
+def _(seed: int) -> Host:
+    host = node(seed, L40S, 4)
+    host.add(llm_fsdp([0, 1, 2, 3], gpu_s=1.19, comm_bytes=31.5e9, link="pcie", overlap=0.5,
+                      fb_mib=43500))
+    return host
+
+
+@scenario("nccl-hang-dead-rank", 403,
+          "GPU spins in a collective that never completes: rank 3 is OOM-killed (host "
+          "memory) at 200 s; the other ranks wait in the all-reduce",
+          ("R17_collective_hang",), "communication", onset_s=200)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp(list(range(8)), visible="all", crash={3: (200.0, None, 9)}))
+    return host
+
+
+# === D. power, thermal, clocks ================================================================
+@scenario("power-limit-lowered", 501,
+          "clocks held down by the power limit: every GPU set to 450 W (of 700 W) by a "
+          "site script last week", ("R19_power_cap",), "power_thermal")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    for g in range(8):
+        host.conditions[g].power_limit = lambda t: 450.0
+    speed = power_speed(H100, LLM_TRAIN, 450.0)
+    host.add(llm_fsdp(list(range(8)), speed=lambda r, t: speed))
+    return host
+
+
+@scenario("thermal-tim-degraded", 502,
+          "clocks reduced for temperature: GPU 5's thermal interface has degraded "
+          "(twice the thermal resistance); it throttles and the other ranks wait for it",
+          ("R20_thermal_throttle",), "power_thermal")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.conditions[5].r_factor = lambda t: 2.0
+    slow = thermal_speed(H100, LLM_TRAIN, 2.0, host.inlet[5])
+    host.add(llm_fsdp(list(range(8)), speed=lambda r, t: slow if r == 5 and t > 120 else 1.0))
+    return host
+
+
+@scenario("psu-power-brake", 503,
+          "hardware halves the clocks: one of six PSUs failed; the power brake is asserted "
+          "in bursts of 10-40 s", ("R21_hw_slowdown_power_brake",), "power_thermal",
+          onset_s=150)
+def _(seed: int) -> Host:
+    host = node(seed, A100, 8)
+    episodes = [(150 + 110 * i + 17 * (i % 3), 10 + 10 * ((i * 7) % 4)) for i in range(6)]
+
+    def brake(t: float, episodes: list = episodes) -> tuple[int, float] | None:
+        return (HW_POWER_BRAKE, 0.42) if any(a <= t < a + d for a, d in episodes) else None
+
+    for g in range(8):
+        host.conditions[g].brake = brake
+    host.add(resnet50(list(range(8)), cores=14, workers=12, worker_cpu_s=256 * 0.0045,
+                      speed=lambda r, t: 0.42 if brake(t) else 1.0))
+    return host
+
+
+@scenario("app-clocks-pinned-low", 504,
+          "clocks held low by configuration: application clocks set to 1095 MHz by an old "
+          "benchmarking script (nvidia-smi -ac 1593,1095), kept by persistence mode",
+          ("R22_sync_boost_or_clock_lock",), "power_thermal")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    for g in range(4):
+        host.conditions[g].app_clock = 1095.0
+    host.add(resnet50([0, 1, 2, 3], speed=lambda r, t: 1095 / 1410))
+    return host
+
+
+# === E. memory ================================================================================
+@scenario("empty-cache-churn", 601,
+          "cudaMalloc/cudaFree churn: torch.cuda.empty_cache() every step of a detection "
+          "model with changing image sizes (~60 segments freed and re-allocated a step)",
+          ("R23_alloc_churn",), "memory")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(resnet50([0], gpu_s=0.2, serial_s=0.09, allocs=120, comm_bytes=0.0,
+                      cmdline="/usr/bin/python3 train_det.py --multiscale --empty-cache"))
+    return host
+
+
+@scenario("empty-cache-churn-uprobes", 602,
+          "cudaMalloc/cudaFree churn (the same detection job), CUDA uprobes on",
+          ("R23b_cuda_alloc_churn",), "memory")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(resnet50([0], gpu_s=0.2, serial_s=0.09, allocs=120, comm_bytes=0.0,
+                      uprobes=True,
+                      cmdline="/usr/bin/python3 train_det.py --multiscale --empty-cache"))
+    return host
+
+
+@scenario("uvm-prefetch-pingpong", 603,
+          "managed-memory migrations ping-pong: a graph-analytics job prefetches managed "
+          "chunks of a working set 1.5x the GPU's memory back and forth",
+          ("R24_uvm_thrash",), "memory")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(Steady(gpu=0, mix=Mix(0.5, 0.3, 0.0, 0.35, 0.2), busy=0.45, fb_mib=79500,
+                    rx_Bps=11e9, tx_Bps=10e9, uvm_migrate=320, threads=12,
+                    cmdline="/usr/bin/python3 pagerank.py --managed-memory --prefetch",
+                    comm="python3", exe="/usr/bin/python3"))
+    return host
+
+
+@scenario("fb-full-variable-seq", 604,
+          "GPU memory nearly full while the allocator churns: a fine-tune with variable "
+          "sequence lengths at the memory limit; it dies of CUDA OOM at 9 min",
+          ("R25_fb_near_full",), "memory")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2)
+    host.add(llm_fsdp([0], comm_bytes=0.0, gpu_s=1.3, fb_mib=80400, allocs=50,
+                      crash={0: (560.0, 1, None)},
+                      cmdline="/usr/bin/python3 finetune.py --model llama-2-7b --packing off"))
+    return host
+
+
+# === F. sharing and configuration =============================================================
+@scenario("two-pods-time-slicing", 701,
+          "several processes time-slice one GPU: the device plugin's time-slicing puts two "
+          "training pods on GPU 2", ("R26_multi_process_contention",), "sharing_config")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    for g in (0, 1, 3):
+        host.add(resnet50([g], comm_bytes=0.0, cores=28))
+    for who in ("a", "b"):
+        host.add(resnet50([2], comm_bytes=0.0, cores=28, speed=lambda r, t: 0.5,
+                          cmdline=f"/usr/bin/python3 train.py --run {who}"), seed=who)
+    return host
+
+
+@scenario("idle-notebook", 702,
+          "a process holds the GPU but does nothing: a Jupyter kernel keeps 31 GiB on GPU 1 "
+          "and runs nothing for 20 minutes", ("R27_allocated_but_idle",), "sharing_config")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4, minutes=20)
+    for g in (0, 2, 3):
+        host.add(resnet50([g], comm_bytes=0.0, cores=28))
+    host.add(Holder(gpu=1, fb_mib=31500), age_s=7200)
+    return host
+
+
+@scenario("driver-lib-mismatch", 703,
+          "driver and user-space library versions differ: unattended-upgrades installed "
+          "550.127.05 libraries under the loaded 550.90.07 module; new jobs fail to start",
+          ("R41_driver_api_mismatch",), "sharing_config",
+          onset_s=240)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp([0, 1, 2, 3]))
+    host.command(90, "/usr/bin/python3 /usr/bin/unattended-upgrade")
+    host.command(95, "dpkg --status-fd 3 --configure libnvidia-compute-550:amd64")
+    for attempt in range(3):
+        t = 240 + 150 * attempt
+        for rank in range(4):
+            host.command(t + rank * 0.02, "/usr/bin/python3 -u train.py --config "
+                                          "configs/mistral_7b.yaml", uid=1000, exit_code=1,
+                         lasts_s=2.5)
+        for line in ("NVRM: API mismatch: the client has the version 550.127.05, but",
+                     "NVRM: this kernel module has the version 550.90.07.  Please",
+                     "NVRM: make sure that this kernel module and all NVIDIA driver",
+                     "NVRM: components have the same version."):
+            host.klog(t + 1.2, line)
+    return host
+
+
+@scenario("pcie-replays-riser", 704,
+          "PCIe link replays above DCGM's limit: GPU 6 sits behind a marginal riser; "
+          "replays climb with its traffic", ("R31_pcie_replays",), "sharing_config")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.conditions[6].replays_per_s = lambda t: 0.7
+    host.add(llm_fsdp(list(range(8))))
+    return host
+
+
+# === G. failures ==============================================================================
+@scenario("xid79-fallen-off-bus", 801,
+          "GPU has fallen off the bus (Xid 79): GPU 4 drops off PCIe at 250 s; its rank "
+          "dies, the others hang in NCCL", ("R32_xid79_fallen_off_bus",), "failures",
+          onset_s=250)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.conditions[4].lost_at = 250.0
+    host.add(llm_fsdp(list(range(8)), visible="all", crash={4: (252.0, 1, None)}))
+    host.klog(250.0, f"NVRM: Xid (PCI:{pci(host, 4)}): 79, pid='<unknown>', name=<unknown>, "
+                     "GPU has fallen off the bus.")
+    host.klog(250.0, f"NVRM: GPU {host.pcis[4]}: GPU has fallen off the bus.")
+    gpu_xid(host, 250.1, 4, 79, "GPU has fallen off the bus")
+    return host
+
+
+@scenario("xid48-dbe", 802,
+          "uncorrectable memory error (Xid 48, DBE) on GPU 2: its job dies; a row is "
+          "marked for remapping (Xid 63)", ("R33_xid48_double_bit_ecc",), "failures",
+          onset_s=310)
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    procs = [host.add(resnet50([g], comm_bytes=0.0, cores=28, crash={0: (311.0, 1, None)}
+                               if g == 2 else {}))[0] for g in range(4)]
+    host.conditions[2].dbe_at = [310.0]
+    pid = procs[2].key.pid
+    host.klog(310.0, f"NVRM: Xid (PCI:{pci(host, 2)}): 48, pid={pid}, name=python3, An "
+                     "uncorrectable double bit error (DBE) has been detected on GPU in the "
+                     "framebuffer at partition 6, subpartition 0.")
+    host.klog(310.2, f"NVRM: Xid (PCI:{pci(host, 2)}): 63, pid='<unknown>', name=<unknown>, "
+                     "Row Remapper: New row (0x000000012c4e8000) Marked for Remapping, reset "
+                     "gpu to activate.")
+    host.klog(311.0, f"NVRM: Xid (PCI:{pci(host, 2)}): 45, pid={pid}, name=python3, "
+                     "Ch 00000010")
+    gpu_xid(host, 310.1, 2, 48)
+    return host
+
+
+@scenario("xid94-contained-ecc", 803,
+          "memory error contained (Xid 94) on GPU 3 of an 8-GPU job: the rank on it dies "
+          "(the application must restart), the others wait in NCCL",
+          ("R34_xid94_95_ecc_containment", "R33_xid48_double_bit_ecc"), "failures",
+          onset_s=280)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    procs = host.add(llm_fsdp(list(range(8)), crash={3: (281.0, 1, None)}))
+    pid = procs[3].key.pid
+    host.conditions[3].dbe_at = [280.0]
+    host.klog(280.0, f"NVRM: Xid (PCI:{pci(host, 3)}): 94, pid={pid}, name=python3, Contained: "
+                     "SM (0x1). RST: No, D-RST: No")
+    host.klog(280.1, f"NVRM: Xid (PCI:{pci(host, 3)}): 63, pid='<unknown>', name=<unknown>, "
+                     "Row Remapper: New row (0x00000003a19c0000) Marked for Remapping, reset "
+                     "gpu to activate.")
+    gpu_xid(host, 280.05, 3, 94)
+    return host
+
+
+@scenario("row-remap-failed-in-service", 804,
+          "row remapping failed: GPU 7 ran out of spare rows at its last error (remap "
+          "failure flag set) and was put back in service",
+          ("R35_row_remap_failure",), "failures")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.conditions[7].remapped = (6, 8)
+    host.conditions[7].remap_failed_at = 0.0
+    host.add(llm_fsdp(list(range(8))))
+    return host
+
+
+@scenario("xid13-kernel-oob", 805,
+          "application fault on the GPU (Xid 13): a custom Triton kernel reads out of "
+          "bounds on GPU 1; the process dies with an illegal-address error",
+          ("R36_app_fault_xid13_31_43",), "failures", onset_s=320)
+def _(seed: int) -> Host:
+    host = node(seed, L40S, 4)
+    procs = [host.add(resnet50([g], comm_bytes=0.0, cores=14, workers=8, gpu_s=0.3,
+                               crash={0: (321.0, 1, None)} if g == 1 else {}))[0]
+             for g in range(4)]
+    pid = procs[1].key.pid
+    host.klog(320.0, f"NVRM: Xid (PCI:{pci(host, 1)}): 13, pid={pid}, name=python3, Graphics "
+                     "SM Warp Exception on (GPC 3, TPC 1, SM 0): Out Of Range Address")
+    host.klog(320.0, f"NVRM: Xid (PCI:{pci(host, 1)}): 13, pid={pid}, name=python3, Graphics "
+                     "Exception: ESR 0x51d730=0x20 0x51d734=0x0 0x51d728=0x4c1eb72 "
+                     "0x51d72c=0x174")
+    host.klog(320.4, f"NVRM: Xid (PCI:{pci(host, 1)}): 43, pid={pid}, name=python3, "
+                     "Ch 00000008")
+    gpu_xid(host, 320.05, 1, 13)
+    return host
+
+
+@scenario("xid74-nvlink-error", 806,
+          "NVLink error (Xid 74) on GPU 2's link 7: NCCL fails on that rank, which exits; "
+          "the others hang", ("R37_nvlink_error_xid74",), "failures", onset_s=230)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp(list(range(8)), visible="all", crash={2: (233.0, 1, None)}))
+    host.klog(230.0, f"NVRM: Xid (PCI:{pci(host, 2)}): 74, pid='<unknown>', name=<unknown>, "
+                     "NVLink: fatal error detected on link 7(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, "
+                     "0x0)")
+    gpu_xid(host, 230.1, 2, 74)
+    return host
+
+
+@scenario("sbe-storm", 807,
+          "high rate of corrected memory errors: GPU 1's HBM reports ~600 corrected errors "
+          "an hour (Xid 92 once the driver notices)", ("R38_sbe_storm_xid92",), "failures")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    host.conditions[1].sbe_per_s = lambda t: 600 / 3600
+    host.add(resnet50([0, 1, 2, 3]))
+    host.klog(430.0, f"NVRM: Xid (PCI:{pci(host, 1)}): 92, pid='<unknown>', name=<unknown>, "
+                     "High single-bit ECC error rate")
+    return host
+
+
+@scenario("gsp-timeout-xid119", 808,
+          "GPU System Processor timeout (Xid 119) on GPU 6: RPCs time out, the rank on it "
+          "is stuck in the driver, the job stalls", ("R39_gsp_timeout_xid119_120",),
+          "failures", onset_s=270)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.add(llm_fsdp(list(range(8)), hang={6: (270.0, "blocked")}))
+    for i, t in enumerate((270.0, 276.0, 282.0, 300.0)):
+        host.klog(t, f"NVRM: Xid (PCI:{pci(host, 6)}): 119, pid='<unknown>', name=<unknown>, "
+                     f"Timeout after 6s of waiting for RPC response from GPU6 GSP! Expected "
+                     f"function {76 + i % 2} (GSP_RM_CONTROL) (0x20802a02 0x8).")
+    host.klog(270.1, "NVRM: GPU6 _kgspLogRpcTimeout: ********************************* GSP "
+                     "Timeout **********************************")
+    gpu_xid(host, 270.2, 6, 119)
+    return host
+
+
+# === H. operator and cron =====================================================================
+@scenario("cron-power-limit-policy", 901,
+          "GPU settings changed under running work: a facility cron job lowers every "
+          "GPU's power limit to 500 W at 200 s (peak-hours policy)",
+          ("R40_operator_or_cron_intervention", "R19_power_cap"), "operator", onset_s=200)
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    for g in range(8):
+        host.conditions[g].power_limit = lambda t: 500.0 if t >= 200.5 else 700.0
+    speed = power_speed(H100, LLM_TRAIN, 500.0)
+    host.add(llm_fsdp(list(range(8)), speed=lambda r, t: speed if t >= 200.5 else 1.0))
+    host.cron(200.0, "/usr/local/sbin/gpu-power-policy peak", gpu_action=None)
+    host.command(200.1, "nvidia-smi -pl 500")
+    return host
+
+
+@scenario("cron-reset-attempt", 902,
+          "a GPU reset tried under running work: a nightly 'GPU hygiene' cron job runs "
+          "nvidia-smi -r on GPU 3 while a job holds it (the reset is refused)",
+          ("R40_operator_or_cron_intervention",), "operator", onset_s=180)
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    for g in range(4):
+        host.add(resnet50([g], comm_bytes=0.0, cores=28))
+    host.cron(180.0, "/usr/local/sbin/gpu-hygiene.sh", gpu_action=None)
+    # nvidia-smi refuses: "GPU 00000000:5D:00.0 is currently in use by another process"
+    host.command(180.3, "nvidia-smi -r -i 3", exit_code=255, lasts_s=0.4)
+    return host
