@@ -425,8 +425,9 @@ class KernelLogFacts:
 class KernelLogRecord(Event, KernelLogFacts):
     """Event name: ``kernel_log_record`` (topic ``klog``). One recognised NVIDIA kernel-log
     line: its facts (:class:`KernelLogFacts`) and where it was read. ``record_kind`` is ``xid``,
-    ``sxid``, ``fallen_off_bus``, ``rm_init_failed``, ``gpu_uuid``, ``gpu_serial``,
-    ``driver_loaded``, ``gsp_timeout``, ``gsp_rate_limited`` or ``gsp_rpc_failed``, or
+    ``sxid``, ``fallen_off_bus``, ``rm_init_failed``, ``probe_failed``, ``api_mismatch``,
+    ``gpu_uuid``, ``gpu_serial``, ``driver_loaded``, ``gsp_timeout``, ``gsp_rate_limited`` or
+    ``gsp_rpc_failed``, or
     ``unparsed``: an NVIDIA line that could not be read, ``details["reason"]`` saying why,
     no other fact set, stored so that its cursor moves past it; ``pci``
     is ``dddd:bb:dd``. ``cursor`` is the line's position in ``origin`` (``journald``,
