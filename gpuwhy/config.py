@@ -199,6 +199,9 @@ SETTINGS: tuple[Setting, ...] = (
             "comma-separated names (or addresses) the web view answers to besides localhost, "
             "127.0.0.1, [::1], web.host and correlator.url's host; a leading dot allows "
             "subdomains. Any other Host header gets 400 (stops DNS rebinding)"),
+    Setting("web.max_connections", 32, "GPUWHY_MAX_CONNECTIONS",
+            "requests the web view serves at once (its worker threads, 1 to 1024); as many "
+            "more wait for one, past that a client gets 503"),
     # --- checks and reports settings ---
     Setting("checks.progress_seconds", 10.0, "GPUWHY_CHECK_PROGRESS",
             "seconds between the progress lines (on stderr) of `gpuwhy check` and "
@@ -247,6 +250,7 @@ class Config(Mapping[str, Any]):
 MAX_CONFIG_BYTES = 1 << 20     # a settings file is a few kB; more is a mistake or an attack
 MAX_KEY_PARTS = 8
 MAX_INT = (1 << 63) - 1         # what SQLite, ZeroMQ and the C structs downstream can hold
+MAX_WEB_CONNECTIONS = 1024      # a worker thread each: more is a typo, not a host
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # web.host reaches the server's bind() and http.client's request line: a name or an address
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -284,6 +288,9 @@ def _coerce(setting: Setting, value: Any, source: str) -> Any:
                           source=source, key=setting.name)
     if setting.name == "web.port" and not 0 <= value <= 65535:
         raise ConfigError(f"port out of range: {value}", source=source, key=setting.name)
+    if setting.name == "web.max_connections" and not 1 <= value <= MAX_WEB_CONNECTIONS:
+        raise ConfigError(f"expected 1 to {MAX_WEB_CONNECTIONS}, got {value}", source=source,
+                          key=setting.name)
     if setting.name == "web.host" and not _valid_host(value):
         raise ConfigError(f"not a host name or an IP address: {_short(value)}", source=source,
                           key=setting.name)

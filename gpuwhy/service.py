@@ -23,9 +23,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psutil
-from werkzeug.serving import BaseWSGIServer
 
 from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
@@ -36,6 +36,9 @@ from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
+
+if TYPE_CHECKING:
+    from gpuwhy.webui.server import WebServer
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +165,7 @@ class Service:
         self.correlator = Correlator(config, self.db, self.subscriber)
         from gpuwhy.webui.server import make_web_server
 
-        self.web: BaseWSGIServer = make_web_server(config)
+        self.web: WebServer = make_web_server(config)
         self.probes: subprocess.Popen | None = None
         self._probes_owner: threading.Thread | None = None
         self._probes_reaped = threading.Event()
