@@ -47,6 +47,7 @@ from gpuwhy.events import (
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.identity import ProcessKey
 from gpuwhy.nvioctl import iowr
+from gpuwhy.reset import BIF_RESET, RESET_CONTROLS
 
 NS = 10**9
 # 2025-11-03 08:00:00 UTC; each seed moves the capture by whole hours.
@@ -1128,7 +1129,7 @@ def reset_call(host: Host, t: float, process: ProcessKey) -> None:
     host.extra.append((t, "probes", DriverCall(
         ts=0, process=process, tid=process.pid, fd=3, path="/dev/nvidiactl",
         device="nvidiactl", cmd=iowr(0x2A, 32), nr=0x2A, size=32, op="NV_ESC_RM_CONTROL",
-        latency_ns=2_400_000_000, ret=0, sub_name="NV0080_CTRL_CMD_BIF_RESET",
+        latency_ns=2_400_000_000, ret=0, sub=BIF_RESET, sub_name=RESET_CONTROLS[0],
         reasons=["notable", "slow"])))
 
 
