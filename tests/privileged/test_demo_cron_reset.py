@@ -76,10 +76,11 @@ def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_pat
     [incident] = rows(db, "select * from incidents where id = ?", [incident_id])
     links = rows(db, "select * from incident_links where incident_id = ? order by seq",
                  [incident_id])
-    # the rules' finding on the same reset (R40, once the rules have run) is one more link of
-    # this incident, not an incident of its own
+    # the rules' findings on the same reset (R40 the cron job, R40b a reset under load, once
+    # the rules have run) are more links of this incident, not incidents of their own
     findings = [link for link in links if link["kind"] == "rule_finding"]
-    assert all("R40_operator_or_cron_intervention" in link["summary"] for link in findings)
+    assert all(json.loads(link["evidence"])["rule_id"] in (
+        "R40_operator_or_cron_intervention", "R40b_gpu_reset_under_load") for link in findings)
     assert not db.execute("select 1 from incidents where kind = 'rule_finding' and "
                           "cause_id is null").fetchone()
     links = [link for link in links if link["kind"] != "rule_finding"]
