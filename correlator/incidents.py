@@ -293,15 +293,13 @@ class IncidentBuilder:
     def _resolve_exited(self, db: Database, now: int) -> None:
         """Stalls, and settled Xids that name a process, end when their process does."""
         rows = db.execute(
-            f"select i.id, p.exited_at from incidents i join processes p on p.pid = i.pid "
-            f"and p.start_time = i.start_time where {lc.sql_active('i.state')} and "
+            f"select i.id, p.exited_at, i.kind, g.health from incidents i join processes p "
+            f"on p.pid = i.pid and p.start_time = i.start_time left join gpus g on "
+            f"g.id = i.gpu_id where {lc.sql_active('i.state')} and "
             f"p.exited_at is not null and p.exited_at >= i.opened_at and "
             f"(i.kind = 'process_stall' or (i.kind = 'xid' and i.cause_id is null and "
             f"coalesce(i.settle_until, 0) < ?))", [now]).fetchall()
-        for incident_id, exited_at in rows:
-            kind, health = db.execute("select i.kind, g.health from incidents i left join gpus "
-                                      "g on g.id = i.gpu_id where i.id = ?",
-                                      [incident_id]).fetchone()
+        for incident_id, exited_at, kind, health in rows:
             if kind == "xid" and health in UNRESOLVED_HEALTH:
                 continue        # the GPU still needs a reset: the Xid is not over with it
             self._resolve(db, incident_id, lc.PROCESS_EXITED, exited_at,

@@ -60,6 +60,13 @@ def _text(value: str | None, what: str, limit: int, required: bool = False) -> s
     return value
 
 
+def _operator_input(ts: int | None, actor: str, text: str | None
+                    ) -> tuple[int, str, str | None]:
+    """The time (now if none), the checked name and the checked optional note of a change."""
+    name = _text(actor, "name", lc.ACTOR_MAX, required=True)
+    return (now_ns() if ts is None else ts), name, _text(text, "note", lc.NOTE_MAX)
+
+
 def log_change(db: Database, incident_id: int, action: str, ts: int, actor: str,
                resolution: str | None = None, text: str | None = None) -> int:
     """Append one row to the incident's log; returns its id. The caller changed the row."""
@@ -74,9 +81,7 @@ def acknowledge(db: Database, incident_id: int, actor: str, text: str | None = N
                 ts: int | None = None) -> int:
     """An operator has the incident: ``open`` -> ``acknowledged``. Returns the log row id.
     Acknowledging an acknowledged incident only adds its text as a note."""
-    ts = now_ns() if ts is None else ts
-    actor = _text(actor, "name", lc.ACTOR_MAX, required=True)
-    text = _text(text, "note", lc.NOTE_MAX)
+    ts, actor, text = _operator_input(ts, actor, text)
     with db.atomic():
         state, _ = _state(db, incident_id)
         if state == lc.RESOLVED:
@@ -96,9 +101,7 @@ def resolve(db: Database, incident_id: int, actor: str, how: str = lc.OPERATOR,
     """``open``/``acknowledged`` -> ``resolved``, saying how; returns the log row id."""
     if how not in lc.RESOLUTIONS:
         raise LifecycleError(f"{how!r} is not a way to resolve: {', '.join(lc.RESOLUTIONS)}")
-    ts = now_ns() if ts is None else ts
-    actor = _text(actor, "name", lc.ACTOR_MAX, required=True)
-    text = _text(text, "note", lc.NOTE_MAX)
+    ts, actor, text = _operator_input(ts, actor, text)
     with db.atomic():
         state, _ = _state(db, incident_id)
         if state == lc.RESOLVED:
