@@ -29,7 +29,7 @@ command -v apt-get >/dev/null || die "only Debian/Ubuntu (apt-get) are automated
 [ -d /proc/sys/kernel ] && grep -q bpf /proc/filesystems 2>/dev/null || say "warning: bpf filesystem not listed in /proc/filesystems"
 
 # --- system packages -------------------------------------------------------
-packages=(python3-bpfcc python3-venv python3-dev gcc libsystemd-dev pkg-config systemd-journal-remote cron chromium poppler-utils)
+packages=(python3-bpfcc python3-venv python3-dev gcc libsystemd-dev pkg-config systemd-journal-remote cron chromium poppler-utils prometheus prometheus-alertmanager)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

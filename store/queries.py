@@ -238,10 +238,41 @@ def processes_holding_devices(db: Database, include_exited: bool = False) -> lis
             "group by path, cmd order by count desc", key)
         if not devices and not ioctls and not include_exited:
             continue
+        bound = db.execute_returning_dicts(
+            "select b.gpu_id, g.gpu_index, g.uuid from gpu_bindings b "
+            "left join gpus g on g.id = b.gpu_id where b.pid = ? and b.start_time = ? "
+            "and b.until is null order by g.gpu_index is null, g.gpu_index, b.gpu_id", key)
         result.append({**row, "key": str(ProcessKey(*key)), "devices": devices,
-                       "ioctls": ioctls, "ioctl_total": sum(i["count"] for i in ioctls)})
+                       "gpus": bound, "ioctls": ioctls,
+                       "ioctl_total": sum(i["count"] for i in ioctls)})
     result.sort(key=lambda r: -r["ioctl_total"])
     return result
+
+
+PROCESS_SORTS = ("ioctls", "gpu", "name", "started")
+
+
+def sorted_processes(processes: list[dict], sort: str = "ioctls", search: str = "") -> list[dict]:
+    """The process list narrowed by ``search`` (words all found in the key, name, command
+    line, tag or GPU, case-insensitive) and ordered by one of ``PROCESS_SORTS``."""
+    if sort not in PROCESS_SORTS:
+        raise ValueError(f"sort must be one of {', '.join(PROCESS_SORTS)}, not {sort!r}")
+    words = search.lower().split()
+
+    def text(p: dict) -> str:
+        gpus = " ".join(f"{g['gpu_index']} {g['gpu_id']} {g['uuid'] or ''}" for g in p["gpus"])
+        return " ".join(str(v or "") for v in (p["key"], p["comm"], p["cmdline"], p["tag"],
+                                               gpus)).lower()
+
+    kept = [p for p in processes if all(w in text(p) for w in words)]
+    order = {
+        "ioctls": lambda p: -p["ioctl_total"],
+        "gpu": lambda p: (not p["gpus"], [(g["gpu_index"] is None, g["gpu_index"] or 0,
+                                           g["gpu_id"]) for g in p["gpus"]]),
+        "name": lambda p: ((p["comm"] or "").lower(), p["pid"]),
+        "started": lambda p: (p["start_time"] or 0),
+    }[sort]
+    return sorted(kept, key=order)
 
 
 def process(db: Database, key: ProcessKey) -> Row | None:

@@ -44,15 +44,29 @@ def _window(process: dict) -> series.Window:
         abort(400, description=str(exc))
 
 
+def _listed() -> tuple[list[dict], str, str]:
+    """The living processes as the URL asks: ``?sort=`` one of PROCESS_SORTS, ``?q=`` words."""
+    sort = request.args.get("sort", "ioctls")
+    search = request.args.get("q", "")[:200]
+    try:
+        listed = queries.sorted_processes(queries.processes_holding_devices(get_db()),
+                                          sort, search)
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    return listed, sort, search
+
+
 @bp.get("/processes")
 def index() -> ResponseReturnValue:
-    return render_template("processes.html", processes=queries.processes_holding_devices(get_db()),
+    listed, sort, search = _listed()
+    return render_template("processes.html", processes=listed, sort=sort, search=search,
+                           sorts=queries.PROCESS_SORTS,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 
 @bp.get("/api/processes")
 def api_processes() -> ResponseReturnValue:
-    return jsonify(queries.processes_holding_devices(get_db()))
+    return jsonify(_listed()[0])
 
 
 def _detail(key: ProcessKey, process: dict) -> dict:

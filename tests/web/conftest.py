@@ -170,3 +170,21 @@ def build(directory: Path) -> Scenario:
 @pytest.fixture(scope="session")
 def scenario(tmp_path_factory) -> Scenario:
     return build(tmp_path_factory.mktemp("webscenario"))
+
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright. No skip when it is missing: CI installs it
+    (scripts/setup.sh), so its absence is a failure to fix, not a reason to pass."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "install Debian's chromium (scripts/setup.sh does)"
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield launched
+        launched.close()

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 from werkzeug.serving import make_server
 
 from gpuwhy.webui import create_app
@@ -19,10 +18,7 @@ from gpuwhy.webui import create_app
 from .conftest import EVIL_NAME, TOKEN, build
 
 pytestmark = pytest.mark.browser
-CHROMIUM = "/usr/bin/chromium"
 BROWSER_ZONE = "Asia/Tokyo"       # not the host's: the charts must name the browser's
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 class LiveServer:
@@ -42,17 +38,6 @@ def server(scenario):
     live = LiveServer(scenario.config)
     yield live
     live.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    # No skip when Chromium is missing: CI installs it (scripts/setup.sh), so its absence
-    # is a failure to fix, not a reason to pass.
-    assert Path(CHROMIUM).exists(), "install Debian's chromium (scripts/setup.sh does)"
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield launched
-        launched.close()
 
 
 class Watched:

@@ -27,8 +27,7 @@ from gpuwhy.webui.security import allowed_hosts, host_allowed
 from gpuwhy.webui.server import make_web_server
 from gpuwhy.webui.throttle import DRAIN_SECONDS, FREE_ATTEMPTS, Throttle, client_key
 
-from .conftest import TOKEN
-from .test_browser import ARGS, CHROMIUM
+from .conftest import ARGS, CHROMIUM, TOKEN
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 FOREIGN = "rebind.attacker.example"

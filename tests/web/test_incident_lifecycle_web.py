@@ -229,7 +229,7 @@ def test_a_browser_notes_an_incident_and_hostile_text_stays_text(fresh, journal)
     from playwright.sync_api import sync_playwright
     from werkzeug.serving import make_server
 
-    from .test_browser import ARGS, CHROMIUM
+    from .conftest import ARGS, CHROMIUM
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (scripts/setup.sh does)"
     server = make_server("127.0.0.1", 0, app_for(fresh), threaded=True)

@@ -28,8 +28,10 @@
     if (processes.length === 0) {
       const row = body.insertRow();
       row.className = "empty";
-      const td = cell(row, "No process holds a GPU device right now.");
-      td.colSpan = 7;
+      const search = new URLSearchParams(window.location.search).get("q");
+      const td = cell(row, search ? `No process matches “${search}”.`
+                                  : "No process holds a GPU device right now.");
+      td.colSpan = 8;
       return;
     }
     for (const p of processes) {
@@ -40,6 +42,15 @@
       link.textContent = p.key;
       cell(row, "", "mono").appendChild(link);
       cell(row, p.comm);
+      const gpus = cell(row, "", "gpus");
+      for (const g of p.gpus) {
+        const div = document.createElement("div");
+        const a = document.createElement("a");
+        a.href = "/gpus/" + encodeURIComponent(g.gpu_id);
+        a.textContent = "GPU " + (g.gpu_index !== null ? g.gpu_index : g.gpu_id);
+        div.appendChild(a);
+        gpus.appendChild(div);
+      }
       cell(row, p.cmdline, "cmdline");
       cell(row, p.tag || "");
       lines(row, p.devices.map((d) => `${d.path} (fd ${d.fd}${d.how !== "open" ? ", " + d.how : ""})`), "mono");
@@ -50,7 +61,8 @@
 
   async function refresh() {
     try {
-      const response = await fetch("/api/processes");
+      // the same sort and search as the page's URL, so a refresh keeps the view
+      const response = await fetch("/api/processes" + window.location.search);
       if (response.ok) render(await response.json());
     } catch (err) {
       console.warn("gpuwhy: refresh failed", err);
