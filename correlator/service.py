@@ -41,6 +41,7 @@ HEALTH_EVERY = 2.0
 DRAIN_SECONDS = 1.0
 DECIDE_EVERY = 1.0      # the decide stage runs this often even without events (stalls, settling)
 URGENT_FLUSH_GAP = 0.05
+MAX_SLEEP = 1.0         # longest wait on the bus: how late a stop may be seen
 
 
 def tune_gc() -> None:
@@ -174,14 +175,24 @@ class Correlator:
             return None
         return self._last_decide + URGENT_FLUSH_GAP
 
+    def _sleep_for(self, now: float, batch_started: float | None, next_chore: float) -> float:
+        """How long the bus may be waited on: until the first thing due (the pending batch's
+        write, an urgent write, the decide stage's beat, health or maintenance), at most
+        MAX_SLEEP for a stop. An idle correlator wakes for its beats and its events only."""
+        due = [next_chore, self._last_decide + DECIDE_EVERY]
+        if self.pending:
+            due.append((batch_started or now) + self.flush_interval)
+        urgent_at = self._urgent_flush_at()
+        if urgent_at is not None:
+            due.append(urgent_at)
+        return max(0.0, min(min(due) - now, MAX_SLEEP))
+
     def run(self, stop: threading.Event) -> None:
         batch_started = None
         next_health = next_maintenance = 0.0
         while not stop.is_set():
-            timeout = min(self.flush_interval, 0.2)
-            urgent_at = self._urgent_flush_at()
-            if urgent_at is not None:
-                timeout = max(0.0, min(timeout, urgent_at - time.monotonic()))
+            timeout = self._sleep_for(time.monotonic(), batch_started,
+                                      min(next_health, next_maintenance))
             envelopes = self.subscriber.receive_many(timeout,
                                                      self.batch_size - len(self.pending))
             now = time.monotonic()

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
@@ -79,6 +79,8 @@ class Publisher:
         self._socket.setsockopt(zmq.LINGER, 1000)
         self.subscriptions = 0
         self._held: list[tuple[str, bytes]] | None = None    # inside batched()
+        self._poller: zmq.Poller | None = None                 # wait()'s, for _wait_fds
+        self._wait_fds: tuple[int, ...] | None = None
         try:
             self._socket.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -139,6 +141,18 @@ class Publisher:
                 self.subscriptions += 1
             timeout = 0
         return subscribed
+
+    def wait(self, fds: Sequence[int], timeout: float) -> bool:
+        """Sleep until a subscription reaches this socket or one of ``fds`` is readable, at
+        most ``timeout`` s; True when something is ready (then read it)."""
+        if tuple(fds) != self._wait_fds:
+            self._poller = zmq.Poller()
+            self._poller.register(self._socket, zmq.POLLIN)
+            for fd in fds:
+                self._poller.register(fd, zmq.POLLIN)
+            self._wait_fds = tuple(fds)
+        assert self._poller is not None
+        return bool(self._poller.poll(int(timeout * 1000)))
 
     def wait_for_subscriber(self, timeout: float = 5.0) -> bool:
         """Block until a subscriber's subscription has reached us, at most ``timeout`` s."""

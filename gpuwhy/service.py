@@ -36,6 +36,7 @@ from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
+from gpuwhy.threads import Thread
 
 if TYPE_CHECKING:
     from gpuwhy.webui.server import WebServer
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 PROBE_STOP_TIMEOUT = 3.0
 SOURCE_STOP_TIMEOUT = 2.0
+WATCH_EVERY = 1.0    # seconds between looks at the threads and the probes (watchdog pings)
 
 SourceRunner = Callable[[Config, threading.Event], None]
 
@@ -183,12 +185,12 @@ class Service:
                         "source says in `gpuwhy status` what it uses instead")
         for name, target in (("correlator", self._run_correlator),
                              ("web", self.web.serve_forever)):
-            thread = threading.Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
+            thread = Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
         self._source_threads = [
-            threading.Thread(target=self._run_source, args=(name, runner),
-                             name=f"gpuwhy-source-{name}", daemon=True)
+            Thread(target=self._run_source, args=(name, runner),
+                   name=f"gpuwhy-source-{name}", daemon=True)
             for name, runner in self.sources.items()]
         for thread in self._source_threads:
             thread.start()
@@ -244,8 +246,7 @@ class Service:
                 started.set()
             self._probes_reaped.wait()
 
-        self._probes_owner = threading.Thread(target=own, name="gpuwhy-probes-owner",
-                                              daemon=True)
+        self._probes_owner = Thread(target=own, name="gpuwhy-probes-owner", daemon=True)
         self._probes_owner.start()
         started.wait()
         if failed:
@@ -260,7 +261,7 @@ class Service:
     def wait(self) -> None:
         """Block until ``shutdown`` is set (a signal handler sets it)."""
         reported = False
-        while not self.shutdown.wait(0.5):
+        while not self.shutdown.wait(WATCH_EVERY):
             stopped = [t.name for t in self._threads if not t.is_alive()]
             self.notifier.alive(not stopped, f"{', '.join(stopped)} stopped")
             if self.probes is not None and self.probes.poll() is not None and not reported:
@@ -316,10 +317,10 @@ class Pipeline:
         self.correlator = Correlator(config, self.db, self.subscriber)
         self.errors: list[BaseException] = []
         runners = {"probes": self._probes, **unprivileged_sources(config)}
-        self.threads = [threading.Thread(target=self.correlator.run, args=(self.stop,),
-                                         name="pipeline-correlator", daemon=True)]
-        self.threads += [threading.Thread(target=self._guard, args=(name, runner),
-                                          name=f"pipeline-{name}", daemon=True)
+        self.threads = [Thread(target=self.correlator.run, args=(self.stop,),
+                               name="pipeline-correlator", daemon=True)]
+        self.threads += [Thread(target=self._guard, args=(name, runner),
+                                name=f"pipeline-{name}", daemon=True)
                          for name, runner in runners.items()]
 
     def _probes(self, config: Config, stop: threading.Event) -> None:

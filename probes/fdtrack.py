@@ -538,6 +538,11 @@ class FdTrackProbe:
         self._emit(self.table.snapshot())
         self.flush()
 
+    @property
+    def bpf(self) -> object:
+        """The loaded bcc program (None before ``load()``): its ring buffers are waited on."""
+        return self._bpf
+
     def poll(self, timeout_ms: int = 100) -> None:
         self._bpf.ring_buffer_poll(timeout_ms)
 

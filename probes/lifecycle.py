@@ -130,6 +130,11 @@ class LifecycleProbe:
         return {"records": self.records, "enrich_failures": self.enrich_failures,
                 "dropped_ringbuf_full": int(self._drops.sum(ctypes.c_int(0)).value)}
 
+    @property
+    def bpf(self) -> object:
+        """The loaded bcc program (None before ``load()``): its ring buffers are waited on."""
+        return self._bpf
+
     def poll(self, timeout_ms: int = 0) -> None:
         self._bpf.ring_buffer_poll(timeout_ms)
 

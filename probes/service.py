@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from gpuwhy.probes.cuda.probe import CudaProbe
 from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
 from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.printk import PrintkProbe
+from gpuwhy.probes.ringwait import epoll_fd
 from gpuwhy.probes.sched import SchedProbe
 
 log = logging.getLogger(__name__)
@@ -122,12 +125,24 @@ class Probes:
             self.publisher.publish(SourceHealth(ts=now_ns(), source=name, state="failed",
                                                 detail=reason))
 
-    def poll(self) -> None:
-        self.fdtrack.poll(100)
+    def poll(self, timeout_ms: int = 100) -> None:
+        """Handle every ring buffer's records, waiting up to ``timeout_ms`` on fdtrack's."""
+        self.fdtrack.poll(timeout_ms)
         if self.lifecycle is not None:
             self.lifecycle.poll(0)
         if self.cuda is not None:
             self.cuda.poll(0)
+
+    def ring_fds(self) -> list[int] | None:
+        """The fds to sleep on until some probe has records (probes/ringwait.py), or None
+        when one of them cannot be waited on that way (the loop then polls every 100 ms).
+        The CUDA uprobes attach in the background and queue what they find, so with them
+        on the loop keeps looking every 100 ms too."""
+        if self.cuda is not None:
+            return None
+        fds = [epoll_fd(probe.bpf) for probe in (self.fdtrack, self.lifecycle)
+               if probe is not None]
+        return None if None in fds else fds
 
     def close(self) -> None:
         """Detach everything; in parallel, because each tracepoint detach waits for an RCU
@@ -161,9 +176,30 @@ def run_probes(config: Config, stop: threading.Event,
         release_freed_memory()
         if loaded is not None:
             loaded.set()
-        next_flush = 0.0
+        _publish_until(stop, probes, publisher, config["probes.poll_interval"])
+        probes.poll()
+        probes.flush()
+    finally:
+        probes.close()
+        publisher.close()
+
+
+def _publish_until(stop: threading.Event, probes: Probes, publisher: Publisher,
+                   flush_every: float) -> None:
+    fds = probes.ring_fds()
+    log.info("probes: %s", "sleeping on the ring buffers and the bus between flushes"
+             if fds is not None else "looking at the ring buffers every 100 ms")
+    next_flush = 0.0
+    with _SignalWakeup() as wakeup:
         while not stop.is_set():
-            probes.poll()
+            if fds is None:
+                probes.poll()
+            else:
+                # Until a record, a subscriber, a signal or the next flush: an idle host
+                # costs one wake-up a flush.
+                publisher.wait([*fds, *wakeup.fds], max(0.0, next_flush - time.monotonic()))
+                wakeup.drain()
+                probes.poll(0)
             if publisher.poll_subscriptions():
                 # The correlator (re)started: what it missed is re-sent, so nothing is lost
                 # to the slow joiner or to a restart of the stable side.
@@ -172,9 +208,35 @@ def run_probes(config: Config, stop: threading.Event,
             now = time.monotonic()
             if now >= next_flush:
                 probes.flush()
-                next_flush = now + config["probes.poll_interval"]
-        probes.poll()
-        probes.flush()
-    finally:
-        probes.close()
-        publisher.close()
+                next_flush = now + flush_every
+
+
+class _SignalWakeup:
+    """A pipe the C signal handler writes to (``signal.set_wakeup_fd``), so that a SIGTERM
+    ends a sleep at once instead of at the next flush; only in the main thread (elsewhere
+    the stop event is checked after each sleep, at most a flush apart)."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self._pipe: tuple[int, int] | None = None
+        self._previous = -1
+
+    def __enter__(self) -> _SignalWakeup:
+        if threading.current_thread() is threading.main_thread():
+            self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._previous = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+            self.fds = [self._pipe[0]]
+        return self
+
+    def drain(self) -> None:
+        if self._pipe is not None:
+            try:
+                os.read(self._pipe[0], 512)
+            except BlockingIOError:
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous)
+            for fd in self._pipe:
+                os.close(fd)

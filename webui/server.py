@@ -27,6 +27,7 @@ from cheroot.server import HTTPConnection, HTTPRequest
 from cheroot.wsgi import Server
 
 from gpuwhy.config import Config
+from gpuwhy.threads import Thread
 from gpuwhy.webui import create_app
 
 SERVER_NAME = "gpuwhy"
@@ -35,7 +36,7 @@ QUEUE_TIMEOUT = 1.0       # seconds an accepted connection waits for room in the
 SHUTDOWN_TIMEOUT = 1.0    # seconds stop() gives busy workers before it closes their sockets
 STOP_WAIT = 3.0           # seconds shutdown() waits in all; a request still running is left
 MAX_HEADER_BYTES = 64 * 1024
-DEADLINE_CHECK = 0.25     # seconds between checks of the requests' header deadlines
+DEADLINE_CHECK = 0.25     # how late past its deadline a request's read may be shut
 
 log = logging.getLogger("gpuwhy.web")
 
@@ -46,25 +47,37 @@ class _Deadlines:
     One thread shuts the read side of a request past its deadline; its parse then ends."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # One condition for arm, disarm and stop: the thread sleeps until the first
+        # deadline, or for good while no request is being read (no wake-ups when idle).
+        self._changed = threading.Condition()
         self._armed: dict[int, tuple[_Request, float]] = {}
-        self._stop = threading.Event()
+        self._stopped = False
 
     def arm(self, request: _Request, deadline: float) -> None:
-        with self._lock:
+        with self._changed:
             self._armed[id(request)] = (request, deadline)
+            self._changed.notify()
 
     def disarm(self, request: _Request) -> None:
-        with self._lock:
+        with self._changed:
             self._armed.pop(id(request), None)
 
-    def run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            now = time.monotonic()
-            with self._lock:
+    def run(self, slack: float) -> None:
+        """Until stop(): shut each request's read side once its deadline is ``slack`` s
+        past (late by at most that, so that deadlines close together share a wake-up)."""
+        while True:
+            with self._changed:
+                if self._stopped:
+                    return
+                now = time.monotonic()
                 late = [r for r, deadline in self._armed.values() if deadline <= now]
+                if not late:
+                    first = min((d for _, d in self._armed.values()), default=None)
+                    self._changed.wait(None if first is None else first - now + slack)
+                    continue
+                for request in late:
+                    self._armed.pop(id(request), None)
             for request in late:
-                self.disarm(request)
                 request.expired = True
                 try:
                     request.conn.socket.shutdown(socket.SHUT_RD)
@@ -72,7 +85,9 @@ class _Deadlines:
                     pass                              # closed meanwhile
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
 
 
 class _Request(HTTPRequest):
@@ -178,8 +193,8 @@ class WebServer(Server):
     def prepare(self) -> None:
         """cheroot's prepare() on the socket bound in __init__: workers, connection manager."""
         self._interrupt = None
-        threading.Thread(target=self.deadlines.run, args=(DEADLINE_CHECK,),
-                         name="gpuwhy-web-deadlines", daemon=True).start()
+        Thread(target=self.deadlines.run, args=(DEADLINE_CHECK,),
+               name="gpuwhy-web-deadlines", daemon=True).start()
         self._connections = connections.ConnectionManager(self)
         self.requests.start()
         self.ready = True
@@ -210,7 +225,7 @@ class WebServer(Server):
         if not serving:
             return
         self.deadlines.stop()
-        stopper = threading.Thread(target=self.stop, name="gpuwhy-web-stop", daemon=True)
+        stopper = Thread(target=self.stop, name="gpuwhy-web-stop", daemon=True)
         stopper.start()
         deadline = time.monotonic() + STOP_WAIT
         stopper.join(STOP_WAIT)

@@ -34,6 +34,7 @@ from gpuwhy.probes.cuda.libraries import (
 )
 from gpuwhy.probes.cuda.uprobe_multi import UprobeMultiError, close_all
 from gpuwhy.probes.cuda.uprobe_multi import attach as attach_multi
+from gpuwhy.threads import Thread
 
 if TYPE_CHECKING:
     from gpuwhy.probes.cuda.probe import CudaProbe
@@ -70,7 +71,7 @@ class Attacher:
         self.last_detach_ms: float | None = None
         self._cache: dict[tuple, tuple[str | None, dict[str, int]]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.run, name="cuda-control", daemon=True)
+        self._thread = Thread(target=self.run, name="cuda-control", daemon=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -29,6 +29,7 @@ from gpuwhy.events import Event, GpuSample, SourceHealth
 from gpuwhy.probes.gpu.select import open_source
 from gpuwhy.probes.gpu.source import GpuSource, SourceUnavailable
 from gpuwhy.stalls import HEALTH_PERIOD_S, STALL_FACTOR, STALLED
+from gpuwhy.threads import Thread
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,8 @@ class GpuRunner:
         return self.reading_since is not None
 
     def run(self, stop: threading.Event) -> None:
-        self._reader = threading.Thread(target=self._serve_reads, name="gpuwhy-gpu-read",
-                                        daemon=True)   # a read stuck for good must not hold exit
+        self._reader = Thread(target=self._serve_reads, name="gpuwhy-gpu-read",
+                              daemon=True)   # a read stuck for good must not hold exit
         self._reader.start()
         try:
             self._loop(stop)

@@ -69,6 +69,7 @@ class JournalKernelLog:
     """
 
     origin = "journald"
+    wakes_on_new_lines = False    # journald tells its readers late (IDLE_WAIT_S)
 
     def __init__(self, path: str | None = None,
                  matches: tuple[dict[str, str], ...] = ({"_TRANSPORT": "kernel"},

@@ -102,8 +102,14 @@ class KmsgKernelLog:
             if count >= limit:
                 return
 
+    @property
+    def wakes_on_new_lines(self) -> bool:
+        """/dev/kmsg is readable exactly when the kernel logged a line: wait() may sleep
+        long. A plain file (tests) is always readable, so it is looked at instead."""
+        return stat.S_ISCHR(os.fstat(self._fd).st_mode)
+
     def wait(self, timeout: float) -> None:
-        if stat.S_ISCHR(os.fstat(self._fd).st_mode):
+        if self.wakes_on_new_lines:
             select.select([self._fd], [], [], timeout)
         else:
             time.sleep(min(timeout, 0.2))     # a plain file is always "readable"

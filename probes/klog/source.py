@@ -45,6 +45,7 @@ MAX_LINE_STORED = 2048
 
 class KernelLogReader(Protocol):
     origin: str
+    wakes_on_new_lines: bool     # wait() returns when a line comes: it may be given long
 
     def seek(self, cursor: str | None, start: str) -> bool: ...
     def lines(self, limit: int = 1000) -> object: ...
@@ -230,6 +231,12 @@ class KernelLogPump:
     def checkpoint_due(self) -> bool:
         return time.monotonic() - self._checkpoint_at >= CHECKPOINT_EVERY_S
 
+    def checkpoint_in(self) -> float:
+        """Seconds until a checkpoint is due; infinite when there is nothing to move over."""
+        if self._safe is None or not self._skipped:
+            return float("inf")
+        return max(0.0, self._checkpoint_at + CHECKPOINT_EVERY_S - time.monotonic())
+
 
 def run_klog_source(config: Config, stop: threading.Event) -> None:
     """Source runner (see ``gpuwhy.service.unprivileged_sources``): until ``stop`` is set."""
@@ -268,7 +275,7 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
         if not pump.pump():
             if pump.checkpoint_due():
                 pump.checkpoint()
-            reader.wait(IDLE_WAIT_S)
+            reader.wait(_idle_wait(reader, pump, next_health))
         elif pump.checkpoint_due():
             pump.checkpoint()
         if time.monotonic() >= next_health:
@@ -279,6 +286,14 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
                                            detail=health_detail, counters=counters))
             next_health = time.monotonic() + HEALTH_EVERY_S
     pump.checkpoint()
+
+
+def _idle_wait(reader: KernelLogReader, pump: KernelLogPump, next_health: float) -> float:
+    """How long to wait for a line: a reader woken by new lines sleeps until the next
+    health beat or checkpoint; the others are looked at every IDLE_WAIT_S."""
+    if not getattr(reader, "wakes_on_new_lines", False):     # a stand-in need not say
+        return IDLE_WAIT_S
+    return max(0.0, min(next_health - time.monotonic(), pump.checkpoint_in()))
 
 
 class ReaderLiveness:

@@ -20,6 +20,7 @@ class FileKernelLog:
     """Complete lines appended to ``path``, after a stored cursor."""
 
     origin = "file"
+    wakes_on_new_lines = False    # a file is polled
 
     def __init__(self, path: str = "/var/log/kern.log", boot_id: str = ""):
         self.path = path
