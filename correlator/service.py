@@ -179,9 +179,11 @@ class Correlator:
         """How long the bus may be waited on: until the first thing due (the pending batch's
         write, an urgent write, the decide stage's beat, health or maintenance), at most
         MAX_SLEEP for a stop. An idle correlator wakes for its beats and its events only."""
-        due = [next_chore, self._last_decide + DECIDE_EVERY]
-        if self.pending:
+        due = [next_chore]
+        if self.pending:      # the batch's write runs the decide stage too
             due.append((batch_started or now) + self.flush_interval)
+        else:
+            due.append(self._last_decide + DECIDE_EVERY)
         urgent_at = self._urgent_flush_at()
         if urgent_at is not None:
             due.append(urgent_at)
