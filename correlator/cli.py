@@ -18,7 +18,7 @@ from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.lifecycle import OPERATOR_CHANGES
 from gpuwhy.text import format_ts as when
-from gpuwhy.text import printable
+from gpuwhy.text import printable, table
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])\Z")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -92,12 +92,11 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
     if not rows:
         click.echo("no incidents")
         return
-    for row in rows:
-        count = f" ×{row['count']}" if (row["count"] or 1) > 1 else ""
-        pid = f" pid {row['pid']}" if row["pid"] is not None else ""
-        click.echo(f"{row['id']:>6}  {when(row['opened_at'])}  {row['severity']:<8} "
-                   f"{row['state'] or '-':<12} {row['kind']:<13} GPU {row['gpu_id'] or '?'}"
-                   f"{pid}  {printable(row['title'])}{count}")
+    click.echo(table(
+        ["id", "opened", "severity", "state", "kind", "GPU", "pid", "seen", "title"],
+        [[row["id"], when(row["opened_at"]), row["severity"], row["state"], row["kind"],
+          row["gpu_id"] or "?", row["pid"], row["count"] or 1, row["title"]] for row in rows],
+        right=[0, 6, 7]))
 
 
 def print_incident(detail: dict) -> None:

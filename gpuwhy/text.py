@@ -1,14 +1,16 @@
-"""How gpuwhy writes things for people: timestamps, and untrusted text made terminal-safe.
+"""How gpuwhy writes things for people: timestamps, tables, untrusted text made terminal-safe.
 
-One formatter for every realtime-nanosecond timestamp a CLI, a report, a web page or a log
-line prints (local time unless asked for UTC, always with its time zone), and one escaper
-for what processes and logs control (names, command lines, kernel messages): it is shown,
-never interpreted. The browser's one counterpart is ``GpuwhyCharts.clock`` in
-webui/static/charts.js, which names the browser's zone on the page.
+One layout for every CLI list (a header row, aligned columns); one formatter for every
+realtime-nanosecond timestamp a CLI, a report, a web page or a log line prints (local time
+unless asked for UTC, always with its time zone); and one escaper for what processes and
+logs control (names, command lines, kernel messages): it is shown, never interpreted. The
+browser's one counterpart is ``GpuwhyCharts.clock`` in webui/static/charts.js, which names
+the browser's zone on the page.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from gpuwhy.clock import NS_PER_SECOND
@@ -85,3 +87,28 @@ def printable(text: str, limit: int | None = None) -> str:
     if limit is not None and len(text) > limit:
         return text[:limit - 1] + "…"
     return text
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]],
+          right: Sequence[int] = ()) -> str:
+    """Rows as aligned columns under a header row, for every CLI list: each cell made
+    terminal-safe (:func:`printable`), None shown as ``-``, the columns numbered in
+    ``right`` aligned right (numbers), the last column never padded.
+
+    >>> print(table(["id", "name"], [[7, "nvtop"], [12, None]], right=[0]))
+    id  name
+     7  nvtop
+    12  -
+    """
+    cells = [[printable("-" if value is None else str(value)) for value in row] for row in rows]
+    lines = [list(headers), *cells]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
+
+    def fit(line: list[str]) -> str:
+        out = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+               for i, cell in enumerate(line)]
+        if len(line) - 1 not in right:
+            out[-1] = line[-1]
+        return "  ".join(out).rstrip()
+
+    return "\n".join(fit(line) for line in lines)

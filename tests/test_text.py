@@ -30,3 +30,15 @@ def test_untrusted_text_cannot_drive_the_terminal():
     assert shown.isprintable() and "\x1b" not in shown
     assert printable("x" * 50, limit=10) == "x" * 9 + "…"
     assert format_ts(None) == "-"
+
+
+def test_a_cli_table_has_a_header_aligned_columns_and_escapes_every_cell():
+    from gpuwhy.text import table
+
+    out = table(["id", "name", "command"], [[7, "py\x1b[31mthon", "run\nme"], [120, None, "x"]],
+                right=[0])
+    header, first, second = out.splitlines()
+    assert header.split() == ["id", "name", "command"]
+    assert "\x1b" not in out and "\\x1b[31m" in first and "run\\nme" in first
+    assert first.index("py") == second.index("-") == header.index("name")   # aligned
+    assert first.startswith("  7") and second.startswith("120")           # numbers right

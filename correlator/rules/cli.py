@@ -14,6 +14,7 @@ import click
 
 from gpuwhy.errors import DecodeError, GpuwhyError
 from gpuwhy.rules import model as m
+from gpuwhy.text import table
 
 NS = 10**9
 
@@ -108,10 +109,11 @@ def list_rules(obj: object, as_json: bool, markdown: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    for row in rows:
-        flags = ("" if row["enabled"] else " [disabled]") + (" [shadow]" if row["shadow"] else "")
-        click.echo(f"{row['id']:<36} {row['group']:<18} {row['kind']:<7} {row['scope']:<7} "
-                   f"{row['severity']:<8} {row['title']}{flags}")
+    click.echo(table(
+        ["rule", "group", "kind", "scope", "severity", "title"],
+        [[row["id"], row["group"], row["kind"], row["scope"], row["severity"],
+          row["title"] + ("" if row["enabled"] else " [disabled]")
+          + (" [shadow]" if row["shadow"] else "")] for row in rows]))
     click.echo(f"{len(rows)} rules")
 
 
@@ -401,8 +403,7 @@ def signals(markdown: bool) -> None:
     if markdown:
         click.echo(signals_markdown(), nl=False)
         return
-    for name, unit, text in describe():
-        click.echo(f"{name:<24} {unit:<8} {text}")
+    click.echo(table(["signal", "unit", "meaning"], describe()))
 
 
 @click.command()

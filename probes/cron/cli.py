@@ -6,7 +6,7 @@ import json
 
 import click
 
-from gpuwhy.text import format_ts, printable
+from gpuwhy.text import format_ts, table
 
 
 @click.command()
@@ -29,12 +29,16 @@ def cron(ctx: object, as_json: bool, gpu_only: bool) -> None:
     jobs = read_schedule(ctx.config())    # type: ignore[attr-defined]
     if gpu_only:
         jobs = [job for job in jobs if job.gpu_action]
-    for job in jobs:
-        if as_json:
+    if as_json:
+        for job in jobs:
             click.echo(json.dumps(vars(job)))
-            continue
-        flag = f"  !! GPU: {job.gpu_action}" if job.gpu_action else ""
-        note = f"  ({job.note})" if job.note else ""
-        click.echo(f"{job.origin:<7} {printable(job.schedule):<22} {job.user:<8} "
-                   f"next {format_ts(job.next_run, 'min')}  last {format_ts(job.last_run, 'min')}  "
-                   f"{printable(job.command)}{flag}{note}")
+        return
+    if not jobs:
+        click.echo("no GPU jobs scheduled" if gpu_only else "no cron jobs or timers found")
+        return
+    click.echo(table(
+        ["from", "schedule", "user", "next", "last", "command"],
+        [[job.origin, job.schedule, job.user, format_ts(job.next_run, "min"),
+          format_ts(job.last_run, "min"),
+          job.command + (f"  !! GPU: {job.gpu_action}" if job.gpu_action else "")
+          + (f"  ({job.note})" if job.note else "")] for job in jobs]))

@@ -15,6 +15,7 @@ from gpuwhy.events import Event, GpuSample
 from gpuwhy.gpufields import fields_markdown
 from gpuwhy.probes.gpu.select import check_interval, open_source
 from gpuwhy.probes.gpu.source import SOURCE_NAMES, GpuInfo, GpuSource
+from gpuwhy.text import table
 
 TABLE_FIELDS = (("gpu_util", "util%", "{:.0f}"), ("sm_active", "sm", "{:.2f}"),
                 ("tensor_active", "tensor", "{:.2f}"), ("dram_active", "dram", "{:.2f}"),
@@ -154,8 +155,8 @@ def fields(markdown: bool) -> None:
     if markdown:
         click.echo(fields_markdown())
         return
-    for f in FIELDS:
-        click.echo(f"{f.name:<26} {f.field_id:>5}  {f.unit:<8} {f.exporter[0]}")
+    click.echo(table(["field", "DCGM id", "unit", "dcgm-exporter metric"],
+                     [[f.name, f.field_id, f.unit, f.exporter[0]] for f in FIELDS], right=[1]))
 
 
 @click.group()
