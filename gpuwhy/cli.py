@@ -257,10 +257,12 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
 
 
 # --- commands of the probes ---
+from gpuwhy.probes.cli import proc as _proc_command  # noqa: E402
 from gpuwhy.probes.cuda.cli import cuda as _cuda_command  # noqa: E402
 from gpuwhy.probes.trace import trace as _trace_command  # noqa: E402
 
 cli.add_command(_trace_command)
+cli.add_command(_proc_command)
 cli.add_command(_cuda_command)
 # --- commands of the GPU sources ---
 from gpuwhy.probes.gpu.cli import dcgm as _dcgm_command  # noqa: E402

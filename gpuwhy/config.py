@@ -202,6 +202,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("web.max_connections", 32, "GPUWHY_MAX_CONNECTIONS",
             "requests the web view serves at once (its worker threads, 1 to 1024); as many "
             "more wait for one, past that a client gets 503"),
+    Setting("web.hostname", "", "GPUWHY_HOSTNAME",
+            "the Hostname label of /metrics (dcgm-exporter's label name, to join both); empty: "
+            "the host's name (in a pod set it to the node's name, spec.nodeName)"),
+    Setting("web.metrics_owners", 20, "GPUWHY_METRICS_OWNERS",
+            "owners (user, pod, container) with their own idle-while-held series on /metrics; "
+            "the rest are summed under owner \"other\""),
     # --- checks and reports settings ---
     Setting("checks.progress_seconds", 10.0, "GPUWHY_CHECK_PROGRESS",
             "seconds between the progress lines (on stderr) of `gpuwhy check` and "

@@ -68,6 +68,13 @@ class Notifier:
         environ = os.environ if environ is None else environ
         if not environ.get("NOTIFY_SOCKET"):
             return cls(None, None)
+        try:
+            import systemd.daemon  # noqa: F401
+        except ImportError:
+            # Only the systemd units need it: said once, instead of failing at READY=1.
+            log.warning("NOTIFY_SOCKET is set but systemd-python is not installed: no READY "
+                        "or watchdog notifications (pip install systemd-python)")
+            return cls(None, None)
         return cls(_sd_notify, watchdog_interval(environ))
 
     @property

@@ -17,13 +17,15 @@ class OpenDevice:
     path: str
 
 
-def scan_open_devices(device_glob: str, proc_root: str = "/proc") -> Iterator[OpenDevice]:
-    """Every fd of every process whose target matches ``device_glob``.
+def scan_open_devices(device_glob: str, proc_root: str = "/proc",
+                      only_pid: int | None = None) -> Iterator[OpenDevice]:
+    """Every fd of every process (or of ``only_pid``) whose target matches ``device_glob``.
 
     Processes and fds can vanish while we look; those are skipped, not errors.
     """
     try:
-        pids = [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+        pids = ([only_pid] if only_pid is not None
+                else [int(name) for name in os.listdir(proc_root) if name.isdigit()])
     except OSError:
         return
     for pid in sorted(pids):

@@ -593,3 +593,46 @@ def gpu_of_process(db: Database, key: ProcessKey) -> str | None:
         if row:
             return row[0]
     return None
+
+
+def gpu_identities(db: Database, columns: tuple[str, ...] = ()) -> list[Row]:
+    """Every GPU's id, UUID, PCI address, model, index, minor, source, simulated flag and
+    health, plus those of ``columns`` (e.g. ``vbios_version``) the ``gpus`` table has."""
+    have = db["gpus"].columns_dict
+    extra = [c for c in columns if c in have and _IDENTIFIER.fullmatch(c)]
+    select = ", ".join(["id", "uuid", "pci_bus_id", "model", "gpu_index", "minor", "source",
+                        "simulated", "coalesce(health, 'ok') as health", *extra])
+    return db.execute_returning_dicts(f"select {select} from gpus order by id")
+
+
+def xid_counts(db: Database) -> list[tuple[str | None, int, int]]:
+    """``(gpu_id, xid, kernel-log lines)`` of every Xid the store keeps."""
+    return db.execute("select gpu_id, xid, count(*) from kernel_log where kind = 'xid' and "
+                      "xid is not null group by gpu_id, xid").fetchall()
+
+
+def open_finding_counts(db: Database) -> list[tuple[str, str, int]]:
+    """``(rule_id, severity, findings firing now)``, shadow rules' findings left out."""
+    if not db["rule_findings"].exists():
+        return []
+    return db.execute("select rule_id, severity, count(*) from rule_findings where "
+                      "state = 'firing' and coalesce(shadow, 0) = 0 "
+                      "group by rule_id, severity").fetchall()
+
+
+def whole_gpu_utilisation(db: Database, after: int, until: int) -> list[tuple[str, int, Any]]:
+    """``(gpu_id, ts, gpu_util)`` of the whole-GPU samples in (after, until], oldest first."""
+    return db.execute("select gpu_id, ts, gpu_util from gpu_samples where ts > ? and ts <= ? "
+                      "and instance = '' order by ts", [after, until]).fetchall()
+
+
+def holders_between(db: Database, since: int, until: int) -> list[tuple]:
+    """Bindings open at some time in [since, until]:
+    ``(gpu_id, bound_since, bound_until or None, uid, pod_uid, container)``, where container
+    is the container id, else the systemd unit."""
+    return db.execute(
+        "select b.gpu_id, b.since, coalesce(b.until, p.exited_at), p.uid, p.pod_uid, "
+        "coalesce(p.container_id, p.unit) from gpu_bindings b left join processes p on "
+        "p.pid = b.pid and p.start_time = b.start_time where b.since <= ? and "
+        "(coalesce(b.until, p.exited_at) is null or coalesce(b.until, p.exited_at) > ?)",
+        [until, since]).fetchall()

@@ -42,6 +42,19 @@ def live_processes_on(db: Database, gpu_id: str, nvml_since: int) -> list[dict]:
         [gpu_id, gpu_id, gpu_id, nvml_since])
 
 
+def listed_processes_on(db: Database, gpu_id: str, since: int) -> list[dict] | None:
+    """pid and start_time of the unexited processes of the GPU's latest compute-process list
+    (NVML's) if that list is from ``since`` on; None when there is none that recent."""
+    latest = db.execute("select max(ts) from gpu_processes where gpu_id = ? and ts >= ?",
+                        [gpu_id, since]).fetchone()[0]
+    if latest is None:
+        return None
+    return db.execute_returning_dicts(
+        "select g.pid, g.start_time from gpu_processes g left join processes p "
+        "on p.pid = g.pid and p.start_time = g.start_time where g.gpu_id = ? and g.ts = ? "
+        "and g.start_time is not null and p.exited_at is null", [gpu_id, latest])
+
+
 def process_row(db: Database, key: ProcessKey) -> list[dict]:
     """The process's comm, cmdline, exe, cgroup and first_seen (no rows when unknown)."""
     return db.execute_returning_dicts(

@@ -70,12 +70,12 @@ def test_set_keeps_overrides_in_the_store(tmp_path):
     result = invoke(tmp_path, "rules", "set", "R01_input_cpu_bound", "enabled=false")
     assert result.exit_code == 0
     assert "R01_input_cpu_bound: enabled=false" in result.output
-    result = invoke(tmp_path, "rules", "set", "R01", "threshold", "idle_share=0.6",
+    result = invoke(tmp_path, "rules", "set", "R01", "threshold", "busy_util=0.7",
                     "worker_busy=0.8")
-    assert "thresholds: idle_share=0.6 worker_busy=0.8" in result.output
+    assert "thresholds: busy_util=0.7 worker_busy=0.8" in result.output
     rows = {r["id"]: r for r in json.loads(invoke(tmp_path, "rules", "list", "--json").output)}
     assert rows["R01_input_cpu_bound"]["enabled"] is False
-    assert rows["R01_input_cpu_bound"]["params"]["idle_share"] == 0.6
+    assert rows["R01_input_cpu_bound"]["params"]["busy_util"] == 0.7
     bad = invoke(tmp_path, "rules", "set", "R01", "threshold", "nope=1")
     assert bad.exit_code == 1 and "has no threshold 'nope'" in bad.output
     bad = invoke(tmp_path, "rules", "set", "R01", "enabled=maybe")

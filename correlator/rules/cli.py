@@ -74,7 +74,7 @@ def rules() -> None:
       gpuwhy rules show R19
       gpuwhy rules lint my.rules
       gpuwhy rules set R14_bursty_utilisation enabled=false
-      gpuwhy rules set R01 threshold idle_share=0.6 worker_busy=0.8
+      gpuwhy rules set R01 threshold busy_util=0.7 worker_busy=0.8
       gpuwhy rules test my.rules --builtin --replay capture.jsonl
     """
 
@@ -206,7 +206,8 @@ def lint_rule(rule: m.Rule, known: dict[str, m.Rule] | None = None,
               shipped: bool = False) -> list[str]:
     """What a finding of this rule would lack: group, cause, 2-4 fixes, a verification;
     for a ``shipped`` rule its 'kind:'; with ``known`` (the rules by id), an 'explains:'
-    id that is no rule there or no symptom."""
+    id that is no rule there (a cause explains symptoms, and causes it brings about: a failed
+    GPU its peers' collective hang)."""
     where = f"{rule.location}: rule {rule.id}"
     problems = []
     if not rule.group:
@@ -214,12 +215,8 @@ def lint_rule(rule: m.Rule, known: dict[str, m.Rule] | None = None,
     if shipped and not rule.kind_declared:
         problems.append(f"{where}: no 'kind:' (one of {', '.join(m.KINDS)})")
     for rule_id in rule.explains if known is not None else ():
-        other = known.get(rule_id)
-        if other is None:
+        if known.get(rule_id) is None:
             problems.append(f"{where}: 'explains:' names no rule {rule_id!r}")
-        elif other.kind != m.SYMPTOM:
-            problems.append(f"{where}: 'explains:' names {rule_id}, which is no symptom "
-                            f"(kind: {other.kind})")
     if not rule.cause:
         problems.append(f"{where}: no 'cause:' (the root cause in plain words)")
     if not 2 <= len(rule.fixes) <= 4:
@@ -243,7 +240,7 @@ def set_rule(obj: object, rule_id: str, changes: tuple[str, ...], reset: bool) -
     Examples:
       gpuwhy rules set R14_bursty_utilisation enabled=false
       gpuwhy rules set R23 shadow=true
-      gpuwhy rules set R01 threshold idle_share=0.6 worker_busy=0.8
+      gpuwhy rules set R01 threshold busy_util=0.7 worker_busy=0.8
       gpuwhy rules set R01 --reset
     """
     from gpuwhy.store import open_store

@@ -117,12 +117,35 @@ class Engine:
                         out.append((rule, Scope(gpu, process), (rule.id, gpu, process)))
         return out
 
+    def _contexts(self, gpu_id: str) -> float:
+        """How many processes hold a context on the GPU: its compute-process list (NVML)
+        where the source sends one, else from the device files. CUDA opens every visible
+        GPU's /dev/nvidiaN, so each rank of a torchrun job or vLLM's tensor-parallel workers
+        holds all of them while driving one: a process on k GPUs counts 1/k on each (a
+        whole job spread over its GPUs is one context each, two jobs on them are two)."""
+        found = self._context_counts.get(gpu_id)
+        if found is None:
+            compute = self._procs.get(gpu_id, [])
+            listed = self.signals.process_list(gpu_id)
+            if listed is not None:
+                found = float(len([p for p in listed if p in compute or
+                                   not is_monitor(self._facts.get(p))]))
+            else:
+                spread: dict[ProcessKey, int] = {}
+                for procs in self._procs.values():
+                    for p in procs:
+                        spread[p] = spread.get(p, 0) + 1
+                found = sum(1.0 / spread[p] for p in compute)
+            self._context_counts[gpu_id] = found
+        return found
+
     def evaluate(self, now: int | None = None) -> list[RuleFinding]:
         """One round: every instance that is due. Returns the findings to publish."""
         now = self.signals.now() if now is None else now
         self.signals.begin(now)
         self._shared: dict = {}
         self._params: dict[str, dict[str, float]] = {}
+        self._context_counts: dict[str, float] = {}
         findings: list[RuleFinding] = []
         seen = set()
         for rule, scope, key in self._instances(now):
@@ -158,7 +181,8 @@ class Engine:
             params = self._params[rule.id] = {
                 **rule.params, **{k: v for k, v in override.params.items() if k in rule.params}}
         facts = self._facts.get(scope.process) if scope.process else None
-        instance = {"gpu.procs": float(len(self._procs.get(scope.gpu_id, [])))}
+        instance = {"gpu.procs": float(len(self._procs.get(scope.gpu_id, []))),
+                    "gpu.contexts": self._contexts(scope.gpu_id)}
         if facts is not None and facts.first_seen is not None:
             instance["proc.age_s"] = (now - facts.first_seen) / 1e9
         ev = Evaluation(self.signals, scope, now, params, rule.window_ns, facts, instance,
@@ -168,7 +192,7 @@ class Engine:
             cleared = self._clear_now(rule, scope, state, now, override)
             state.status, state.detail, state.true_since = "suppressed", ended, None
             return cleared
-        if rule.shared == "skip" and instance["gpu.procs"] > 1:
+        if rule.shared == "skip" and instance["gpu.contexts"] >= 2:
             state.status, state.detail = "suppressed", "G-SHARED: several compute processes"
             state.true_since = None
             return None
@@ -319,7 +343,7 @@ class Engine:
         # built in code may still carry a legacy name: worst() maps it).
         severity = sev.worst([rule.severity] + [level for condition, level in rule.escalations
                                                 if truth(ev.value(condition))])
-        if rule.shared == "info" and instance["gpu.procs"] > 1:
+        if rule.shared == "info" and instance["gpu.contexts"] >= 2:
             severity = "info"   # G-SHARED: device counters cannot be pinned on one process
         return severity
 

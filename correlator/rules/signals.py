@@ -51,6 +51,10 @@ LATE_NS = 5 * 10**9          # rows may reach the store this late: derived again
 KEEP_NS = 2 * 3600 * 10**9   # derived series are kept this far back (windows are shorter)
 
 
+# A compute-process list older than this is not current (the sources send one a sample).
+PROCESS_LIST_RECENT_NS = 60 * 10**9
+
+
 @dataclass(frozen=True)
 class Scope:
     """What one rule instance looks at: a GPU and, for process rules, one process on it."""
@@ -125,6 +129,11 @@ class Signals:
     def processes(self, gpu_id: str) -> list[ProcessKey]:
         """Compute processes on the GPU (bound to it or listed by NVML), monitors included."""
         raise NotImplementedError
+
+    def process_list(self, gpu_id: str) -> list[ProcessKey] | None:
+        """The living processes of the GPU's latest compute-process list (NVML's: those
+        holding a context there), None when no list is recent (DCGM-only, no permission)."""
+        return None
 
     def facts(self, process: ProcessKey) -> ProcessFacts | None:
         raise NotImplementedError
@@ -259,6 +268,12 @@ class MemorySignals(Signals):
         if gpu_id in self.nvml_procs:
             found |= {p for p in self.nvml_procs[gpu_id][1] if p not in self.exited}
         return sorted(found)
+
+    def process_list(self, gpu_id: str) -> list[ProcessKey] | None:
+        listed = self.nvml_procs.get(gpu_id)
+        if listed is None or listed[0] < self.clock - PROCESS_LIST_RECENT_NS:
+            return None
+        return sorted(p for p in listed[1] if p not in self.exited)
 
     def facts(self, process: ProcessKey) -> ProcessFacts | None:
         facts = self.process_facts.get(process)

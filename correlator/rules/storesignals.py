@@ -99,6 +99,12 @@ class StoreSignals(Signals):
         rows = streams.live_processes_on(self.db, gpu_id, now - NVML_RECENT_NS)
         return sorted(ProcessKey(r["pid"], r["start_time"]) for r in rows)
 
+    def process_list(self, gpu_id: str) -> list[ProcessKey] | None:
+        rows = streams.listed_processes_on(self.db, gpu_id, self.now() - NVML_RECENT_NS)
+        if rows is None:
+            return None
+        return sorted(ProcessKey(r["pid"], r["start_time"]) for r in rows)
+
     def facts(self, process: ProcessKey) -> ProcessFacts | None:
         rows = streams.process_row(self.db, process)
         if not rows:

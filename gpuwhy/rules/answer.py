@@ -94,10 +94,23 @@ def _scope(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
     return "process" if finding.process is not None else "gpu"
 
 
+# A finding of this group on one GPU can be the effect of a failure on another: a GPU that
+# waits in a collective waits for a peer, and a peer whose GPU failed never comes.
+WAITS_ON_PEERS = "communication"
+FAILURES = "failures"
+
+
+def _group(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
+    rule = rules.get(finding.rule_id)
+    return rule.group if rule is not None else ""
+
+
 def _same_work(cause: RuleFinding, symptom: RuleFinding, rules: Mapping[str, Rule]) -> bool:
-    """Same GPU, and the same process unless either finding is about the whole GPU."""
+    """Same GPU, and the same process unless either finding is about the whole GPU; or a
+    failure on one GPU and a wait in a collective on another (the waiting GPU's peer is
+    the failed one: one host, one job in the cases that matter)."""
     if cause.gpu_id != symptom.gpu_id:
-        return False
+        return _group(cause, rules) == FAILURES and _group(symptom, rules) == WAITS_ON_PEERS
     if "gpu" in (_scope(cause, rules), _scope(symptom, rules)):
         return True
     return cause.process is None or symptom.process is None or cause.process == symptom.process
@@ -128,10 +141,20 @@ def answers(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]) -> list[
     symptoms = [f for f in live if kind_of(f, rules) == SYMPTOM]
     found = []
     explained: set[str] = set()
+    explains = {c.finding_id: [f for f in live if f is not c
+                               and f.rule_id in explains_of(c, rules)
+                               and _same_work(c, f, rules)] for c in causes}
+    # A cause another present cause explains (pageable copies -> launch gaps, a failed GPU
+    # -> its peers' collective hang) is evidence, not an answer, unless they explain each
+    # other (then both stay, ranked as usual).
+    by_id = {c.finding_id: c for c in causes}
+    effects = {f.finding_id for c in causes for f in explains[c.finding_id]
+               if kind_of(f, rules) == CAUSE
+               and by_id[c.finding_id] not in explains.get(f.finding_id, [])}
     for cause in causes:
-        ids = explains_of(cause, rules)
-        mine = sorted(s.finding_id for s in symptoms
-                      if s.rule_id in ids and _same_work(cause, s, rules))
+        if cause.finding_id in effects:
+            continue
+        mine = sorted(f.finding_id for f in explains[cause.finding_id])
         explained.update(mine)
         found.append(Answer(cause, CAUSE, tuple(mine)))
     for symptom in symptoms:

@@ -274,6 +274,8 @@ FACTS: dict[str, tuple[str, str, Callable[[GpuModel], float]]] = {
 # Facts the engine knows about the instance itself (not from the model).
 INSTANCE_FACTS = {
     "gpu.procs": "compute processes on the GPU (monitors excluded)",
+    "gpu.contexts": "processes holding a context on the GPU: its NVML process list, else a "
+                    "process holding k GPUs' device files counts 1/k (monitors excluded)",
     "proc.age_s": "seconds since the process was first seen",
 }
 PROCESS_TEXT = {"proc.cmdline": "command line (bounded, untrusted)", "proc.comm": "name",

@@ -11,7 +11,7 @@ import time
 import click
 
 from gpuwhy.errors import GpuwhyError
-from gpuwhy.events import Event, GpuSample
+from gpuwhy.events import Event, GpuProcesses, GpuSample
 from gpuwhy.gpufields import fields_markdown
 from gpuwhy.probes.gpu.select import check_interval, open_source
 from gpuwhy.probes.gpu.source import SOURCE_NAMES, GpuInfo, GpuSource
@@ -69,6 +69,19 @@ def _read_until_samples(source: GpuSource, interval: float) -> list[Event]:
     return []
 
 
+def _print_processes(events: list[Event], as_json: bool) -> None:
+    for event in events:
+        if not isinstance(event, GpuProcesses):
+            continue
+        if as_json:
+            click.echo(json.dumps({"kind": event.kind, "ts": event.ts, "gpu_id": event.gpu_id,
+                                   "source": event.source, "processes": event.processes}))
+            continue
+        for p in event.processes:
+            click.echo(f"process {p.get('pid')} on {event.gpu_id}: "
+                       f"{p.get('used_memory_mib')} MiB, sm {p.get('sm_util')}%")
+
+
 @click.group()
 def gpu() -> None:
     """GPU counters: sample them now, list the fields.
@@ -90,9 +103,12 @@ def gpu() -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per GPU per sample (keys index, uuid, model, pci_bus_id, "
                    "source, ts, fields, ...).")
+@click.option("--processes", is_flag=True,
+              help="Also print each GPU's compute processes (NVML: pid, memory, per-process "
+                   "utilisation); with --json as objects whose kind is gpu_processes.")
 @click.pass_obj
 def sample(ctx: object, source_name: str | None, url: str | None, once: bool,
-           interval: float | None, as_json: bool) -> None:
+           interval: float | None, as_json: bool, processes: bool) -> None:
     """Sample the GPUs and print the counters; needs no running `gpuwhy up`.
 
     \b
@@ -125,6 +141,8 @@ def sample(ctx: object, source_name: str | None, url: str | None, once: bool,
             gpus.update({g.id: g for g in source.gpus})
             samples = [e for e in events if isinstance(e, GpuSample)]
             _print_other(events)
+            if processes:
+                _print_processes(events, as_json)
             if as_json:
                 for s in samples:
                     click.echo(json.dumps(sample_json(s, gpus.get(s.gpu_id))))

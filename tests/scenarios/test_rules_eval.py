@@ -23,8 +23,17 @@ HITS = {
     "empty-cache-churn": "R23_alloc_churn",
     "fp64-numpy-leak": "R13_unexpected_fp64",
     "xid48-dbe": "R33_xid48_double_bit_ecc",
+    # the loader's workers saturated while the GPU waits, on 4 GPUs (NCCL spins on the fed
+    # ranks: utilisation high, few SMs), and workers in D state reading many small files
+    "resnet50-cpu-starved": "R01_input_cpu_bound",
+    "nfs-small-files-starved": "R02_input_io_bound",
+    # two pods time-slice GPU 2: two contexts there, one on the others
+    "two-pods-time-slicing": "R26_multi_process_contention",
+    # the failed GPU, not its peers hung in the all-reduce
+    "xid79-fallen-off-bus": "R32_xid79_fallen_off_bus",
 }
-QUIET = ("healthy-cuda-uprobes", "idle-host")
+# healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
+QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2")
 
 
 def invoke(tmp_path, *args):

@@ -322,11 +322,13 @@ def _(seed: int) -> Host:
 @scenario("item-sync-bound-uprobes", 209,
           "host and GPU take turns: metrics read with .item() ~40 times a step, each "
           "draining the GPU; CUDA uprobes on",
-          ("R05b_cuda_sync_bound",), "host_starvation")
+          ("R05b_cuda_sync_bound",), "host_starvation",
+          notes="16 workers (resnet50's): 11 batches/s against the 7.7 steps/s the syncs "
+                "allow; with 8 (5.7/s) the loader would starve it too, a second real cause")
 def _(seed: int) -> Host:
     host = node(seed, A100, 2)
     host.add(resnet50([0], gpu_s=0.06, serial_s=0.07, syncs=40, comm_bytes=0.0,
-                      uprobes=True, workers=8,
+                      uprobes=True,
                       cmdline="/usr/bin/python3 train_seg.py --log-every-op"))
     return host
 
