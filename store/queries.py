@@ -535,11 +535,12 @@ def bound_process_counts(db: Database) -> list[tuple[str, int]]:
                       "from gpu_bindings where until is null group by gpu_id").fetchall()
 
 
-def driver_call_totals_of_living_processes(db: Database) -> list[tuple[int, int, str, int]]:
-    """``(pid, start_time, comm, driver calls)`` of processes not known to have exited,
-    busiest first."""
+def driver_call_totals_of_living_processes(db: Database) -> list[tuple]:
+    """``(pid, start_time, comm, driver calls, pod_uid, container)`` of processes not known
+    to have exited, busiest first (container: the container id, else the systemd unit)."""
     return db.execute(
-        "select s.pid, s.start_time, coalesce(p.comm, ''), sum(s.count) as n from "
+        "select s.pid, s.start_time, coalesce(p.comm, ''), sum(s.count) as n, p.pod_uid, "
+        "coalesce(p.container_id, p.unit) from "
         "driver_call_stats s left join processes p on p.pid = s.pid and "
         "p.start_time = s.start_time where p.exited_at is null "
         "group by s.pid, s.start_time order by n desc").fetchall()
@@ -547,10 +548,10 @@ def driver_call_totals_of_living_processes(db: Database) -> list[tuple[int, int,
 
 def latest_gpu_process_lists(db: Database) -> list[tuple]:
     """NVML's latest process list of every GPU, most memory first:
-    ``(gpu_id, pid, start_time, comm, used_memory_mib, sm_util)``."""
+    ``(gpu_id, pid, start_time, comm, used_memory_mib, sm_util, pod_uid, container)``."""
     return db.execute(
         "select g.gpu_id, g.pid, g.start_time, coalesce(p.comm, ''), g.used_memory_mib, "
-        "g.sm_util from gpu_processes g join (select gpu_id, max(ts) as ts from "
+        "g.sm_util, p.pod_uid, coalesce(p.container_id, p.unit) from gpu_processes g join (select gpu_id, max(ts) as ts from "
         "gpu_processes group by gpu_id) last on last.gpu_id = g.gpu_id and last.ts = g.ts "
         "left join processes p on p.pid = g.pid and p.start_time = g.start_time "
         "order by g.used_memory_mib desc").fetchall()
