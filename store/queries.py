@@ -551,7 +551,8 @@ def latest_gpu_process_lists(db: Database) -> list[tuple]:
     ``(gpu_id, pid, start_time, comm, used_memory_mib, sm_util, pod_uid, container)``."""
     return db.execute(
         "select g.gpu_id, g.pid, g.start_time, coalesce(p.comm, ''), g.used_memory_mib, "
-        "g.sm_util, p.pod_uid, coalesce(p.container_id, p.unit) from gpu_processes g join (select gpu_id, max(ts) as ts from "
+        "g.sm_util, p.pod_uid, coalesce(p.container_id, p.unit) from gpu_processes g "
+        "join (select gpu_id, max(ts) as ts from "
         "gpu_processes group by gpu_id) last on last.gpu_id = g.gpu_id and last.ts = g.ts "
         "left join processes p on p.pid = g.pid and p.start_time = g.start_time "
         "order by g.used_memory_mib desc").fetchall()
@@ -621,10 +622,11 @@ def open_finding_counts(db: Database) -> list[tuple[str, str, int]]:
                       "group by rule_id, severity").fetchall()
 
 
-def whole_gpu_utilisation(db: Database, after: int, until: int) -> list[tuple[str, int, Any]]:
-    """``(gpu_id, ts, gpu_util)`` of the whole-GPU samples in (after, until], oldest first."""
-    return db.execute("select gpu_id, ts, gpu_util from gpu_samples where ts > ? and ts <= ? "
-                      "and instance = '' order by ts", [after, until]).fetchall()
+def whole_gpu_utilisation(db: Database, after: int) -> list[tuple[str, int, Any]]:
+    """``(gpu_id, ts, gpu_util)`` of the whole-GPU samples taken after ``after``, oldest
+    first."""
+    return db.execute("select gpu_id, ts, gpu_util from gpu_samples where ts > ? "
+                      "and instance = '' order by ts", [after]).fetchall()
 
 
 def holders_between(db: Database, since: int, until: int) -> list[tuple]:

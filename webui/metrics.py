@@ -1,20 +1,45 @@
-"""`/metrics` for Prometheus: GPU counters, per-process attribution, incidents, source health.
+"""`/metrics` for Prometheus: GPU fields and health, Xids, processes, owners, incidents, rules.
 
-A custom collector reads the store at scrape time (nothing is kept in this process); it
-is registered in a registry passed in, never the global one. Names are ``gpuwhy_*`` in
-base units (ratios 0-1, bytes, watts, seconds). Per-process series are bounded: the
-``max_processes`` processes with the most GPU memory or driver calls get their own
-series (labelled pid, start_time, comm), the rest are summed under ``pid="other"``.
+A custom collector reads the store at scrape time; it is registered in a registry passed
+in, never the global one. Names are ``gpuwhy_*`` in base units (ratios 0-1, bytes, watts,
+hertz, joules, seconds). Every field of the GPU field table (gpuwhy/gpufields.py) the store
+keeps is exported without code of its own: its name and unit give the metric's name, scale
+and type (counts and accumulated energy or time are counters). Per-GPU series carry
+gpuwhy's ``gpu`` (the GPU id: its UUID where known) and, beside it, dcgm-exporter's label
+names ``UUID``, ``pci_bus_id`` (NVML's form) and ``Hostname``, so that both join on
+``UUID`` (dcgm-exporter's ``modelName`` is camelCase, which ``promtool check metrics``
+rejects: the model is a label of ``gpuwhy_gpu_info``).
+
+Cardinality is bounded: the ``max_processes`` processes with the most GPU memory or driver
+calls get their own series (pid, start_time, comm, pod_uid, container), the rest are summed
+under ``pid="other"``; Xid codes outside the catalogue count under ``xid="other"``; the
+first ``max_owners`` owners (user, pod, container) seen idle get their own idle-while-held
+series and keep it, later ones are summed under ``"other"``, so that every counter only
+grows. The idle-while-held counter is the one figure this process keeps: GPU-seconds of
+whole-GPU samples at or under ``correlator.stall_util_pct`` while an owner's process held
+the GPU, counted from the samples stored since this process started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
+import re
+import socket
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlite_utils import Database
@@ -23,109 +48,309 @@ from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.gpu_health import STATES as HEALTH_STATES
 from gpuwhy.gpu_health import is_live
+from gpuwhy.gpufields import SAMPLE_FIELDS, THROTTLE_BITS, Field
 from gpuwhy.stalls import STALL_FACTOR, STALLED, judge, stall_counts
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
-    gpu_health_states,
+    gpu_identities,
+    holders_between,
     incident_counts,
     latest_gpu_process_lists,
     latest_gpu_samples,
+    open_finding_counts,
     open_incident_counts,
     source_health,
+    whole_gpu_utilisation,
+    xid_counts,
 )
+from gpuwhy.xid import xid_info
 
 MAX_PROCESSES = 50
+MAX_OWNERS = 20
 MIB = 1 << 20
-# latest-sample column -> (metric suffix, help, scale to base units)
-_GPU_FIELDS = {
-    "gpu_util": ("utilization_ratio", "GPU utilisation (share of time a kernel ran)", 0.01),
-    "sm_active": ("sm_active_ratio", "share of SM cycles with a warp resident", 1.0),
-    "tensor_active": ("tensor_active_ratio", "share of cycles the tensor cores were busy", 1.0),
-    "dram_active": ("dram_active_ratio", "share of cycles the memory interface was busy", 1.0),
-    "fb_used_mib": ("memory_used_bytes", "framebuffer memory in use", MIB),
-    "power_w": ("power_watts", "power draw", 1.0),
-    "temp_c": ("temperature_celsius", "GPU temperature", 1.0),
-    "pcie_rx_bytes_per_s": ("pcie_rx_bytes_per_second", "PCIe receive rate", 1.0),
-    "pcie_tx_bytes_per_s": ("pcie_tx_bytes_per_second", "PCIe transmit rate", 1.0),
+OTHER = "other"
+GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "Hostname", "simulated"]
+PROCESS_LABELS = ["pid", "start_time", "comm", "pod_uid", "container"]
+OWNER_LABELS = ["user", "pod_uid", "container"]
+# Columns of the gpus table shown on gpuwhy_gpu_info where the store has them (a source
+# that learns the VBIOS or the ECC, MIG or persistence mode adds the column).
+INFO_COLUMNS = ("driver_version", "vbios_version", "ecc_mode", "mig_mode", "persistence_mode",
+                "compute_mode", "cuda_version")
+# unit of the field table -> (metric suffix, scale to base units, counter)
+_UNITS: dict[str, tuple[str, float, bool]] = {
+    "%": ("ratio", 0.01, False), "ratio": ("ratio", 1.0, False),
+    "MHz": ("hertz", 1e6, False), "°C": ("celsius", 1.0, False), "W": ("watts", 1.0, False),
+    "mJ": ("joules", 1e-3, True), "ns": ("seconds", 1e-9, True),
+    "MiB": ("bytes", float(MIB), False), "B/s": ("bytes_per_second", 1.0, False),
+    "count": ("", 1.0, True),
 }
+# the unit words field names end in, dropped before the base unit's suffix goes on
+_UNIT_WORDS = re.compile(r"_(mhz|c|w|mj|ns|mib|bytes_per_s|pct|percent)$")
+# Names published before the generic ones: kept, dashboards and rules are built on them.
+_NAMED = {"gpu_util": "gpuwhy_gpu_utilization_ratio",
+          "fb_used_mib": "gpuwhy_gpu_memory_used_bytes",
+          "fb_total_mib": "gpuwhy_gpu_memory_total_bytes",
+          "temp_c": "gpuwhy_gpu_temperature_celsius",
+          "mem_temp_c": "gpuwhy_gpu_memory_temperature_celsius"}
+REASONS_FIELD = "clocks_event_reasons"
 _LOSS_WORDS = ("drop", "lost", "gap", "late_beyond_lag", "rejected", "decode_error",
                "overflow", "clock_ahead")
+
+
+@dataclass(frozen=True)
+class FieldMetric:
+    """How one field of the field table is exported."""
+
+    field: Field
+    name: str          # without the _total a counter gets
+    scale: float
+    counter: bool
+
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        help_text = (f"GPU field {self.field.name} (DCGM field id {self.field.field_id}, read "
+                     f"in {self.field.unit}) in base units")
+        kind = CounterMetricFamily if self.counter else GaugeMetricFamily
+        return kind(self.name, help_text, labels=GPU_LABELS)
+
+
+def field_metric(field: Field) -> FieldMetric | None:
+    """The metric of a sample field; None for the clock-event bitmask (one 0/1 series per
+    reason instead). A unit not in the table exports the value as read, as a gauge."""
+    if field.name == REASONS_FIELD:
+        return None
+    suffix, scale, counter = _UNITS.get(field.unit, ("", 1.0, False))
+    name = _NAMED.get(field.name)
+    if name is None:
+        stem = _UNIT_WORDS.sub("", field.name) if suffix else field.name
+        name = f"gpuwhy_gpu_{stem}" + (f"_{suffix}" if suffix and not
+                                         stem.endswith(suffix) else "")
+    return FieldMetric(field, name.removesuffix("_total"), scale, counter)
+
+
+FIELD_METRICS: dict[str, FieldMetric] = {
+    f.name: m for f in SAMPLE_FIELDS if (m := field_metric(f)) is not None}
+
+
+def dcgm_pci(pci: str | None) -> str:
+    """A PCI address as NVML and dcgm-exporter write it (``00000000:3B:00.0``)."""
+    parts = (pci or "").split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3 or not re.fullmatch(r"[0-9A-Fa-f]{1,8}", parts[0]):
+        return (pci or "").upper()
+    return f"{int(parts[0], 16):08X}:{parts[1].upper()}:{parts[2].upper()}"
+
+
+def host_name(config: Mapping[str, Any] | None) -> str:
+    """The Hostname label: the web.hostname setting, else the host's name."""
+    return str((config or {}).get("web.hostname") or socket.gethostname())
+
+
+class IdleWhileHeld:
+    """Idle GPU-seconds while held, per owner, from the samples stored since it was made."""
+
+    def __init__(self, threshold_pct: float, interval_s: float, max_owners: int):
+        self.threshold = threshold_pct
+        self.interval_ns = int(interval_s * NS_PER_SECOND)
+        self.max_owners = max_owners
+        self.started = now_ns()
+        self.seen: dict[str, int] = {}              # GPU id -> latest sample counted
+        self.totals: dict[tuple[str, str, str], float] = {}
+        self.lock = threading.Lock()
+
+    def owner(self, uid: int | None, pod: str | None, container: str | None) -> tuple:
+        return (_user(uid), pod or "", container or "")
+
+    def update(self, db: Database) -> dict[tuple[str, str, str], float]:
+        with self.lock:
+            after = min(self.seen.values(), default=self.started)
+            samples = whole_gpu_utilisation(db, after)
+            if not samples:
+                return dict(self.totals)
+            holders: dict[str, list[tuple]] = {}
+            for gpu, since, bound_until, uid, pod, container in holders_between(
+                    db, after, samples[-1][1]):
+                holders.setdefault(gpu, []).append(
+                    (since, bound_until, self.owner(uid, pod, container)))
+            for gpu, ts, util in samples:
+                previous = self.seen.get(gpu)
+                if previous is not None and ts <= previous:
+                    continue          # counted already (the window starts at the oldest GPU)
+                self.seen[gpu] = ts
+                if util is None or util > self.threshold:
+                    continue
+                # a gap in the samples is not idle time: at most two intervals count
+                gap = self.interval_ns if previous is None else min(ts - previous,
+                                                                     2 * self.interval_ns)
+                owners = {o for since, end, o in holders.get(gpu, ())
+                          if since <= ts and (end is None or end > ts)}
+                for owner in owners:
+                    self._add(owner, gap / NS_PER_SECOND)
+            return dict(self.totals)
+
+    def _add(self, owner: tuple[str, str, str], seconds: float) -> None:
+        named = [o for o in self.totals if o != (OTHER, OTHER, OTHER)]
+        if owner not in self.totals and len(named) >= self.max_owners:
+            owner = (OTHER, OTHER, OTHER)
+        self.totals[owner] = self.totals.get(owner, 0.0) + seconds
+
+
+_USERS: dict[int, str] = {}
+
+
+def _user(uid: int | None) -> str:
+    """The user name of a uid (the uid where this host does not know it: a container's)."""
+    if uid is None:
+        return ""
+    if uid not in _USERS:
+        try:
+            _USERS[uid] = pwd.getpwuid(uid).pw_name
+        except (KeyError, OverflowError):
+            _USERS[uid] = str(uid)
+    return _USERS[uid]
 
 
 class StoreCollector(Collector):
     """Reads the store on each ``collect``; ``open_db`` gives a read-only connection."""
 
     def __init__(self, open_db: Callable[[], Database], max_processes: int = MAX_PROCESSES,
-                 config: Mapping[str, Any] | None = None):
+                 config: Mapping[str, Any] | None = None, max_owners: int | None = None):
         self.open_db = open_db
         self.max_processes = max_processes
         self.config = config   # the sources' heartbeat periods (gpuwhy.stalls)
+        settings = config or {}
+        self.hostname = host_name(config)
+        self.idle = IdleWhileHeld(
+            float(settings.get("correlator.stall_util_pct", 5.0)),
+            float(settings.get("gpu.interval", 1.0)),
+            max_owners if max_owners is not None else
+            int(settings.get("web.metrics_owners", MAX_OWNERS)))
 
     def collect(self) -> Iterator[Metric]:
         with contextlib.closing(self.open_db()) as db:
-            yield from self._gpus(db)
+            gpus = {g["id"]: g for g in gpu_identities(db, INFO_COLUMNS)}
+            yield from self._gpus(db, gpus)
+            yield from self._xids(db, gpus)
             yield from self._processes(db)
+            yield from self._owners(db)
             yield from self._incidents(db)
+            yield from self._findings(db)
             yield from self._sources(db)
 
-    def _gpus(self, db: Database) -> Iterator[Metric]:
-        columns = [c for c in _GPU_FIELDS if c in db["gpu_samples"].columns_dict]
+    def _gpu_labels(self, gpus: dict[str, dict], gpu: str | None) -> list[str]:
+        row = gpus.get(gpu or "") or {}
+        return [gpu or "", row.get("uuid") or "", dcgm_pci(row.get("pci_bus_id")),
+                self.hostname, str(bool(row.get("simulated"))).lower()]
+
+    def _gpus(self, db: Database, gpus: dict[str, dict]) -> Iterator[Metric]:
+        have = db["gpu_samples"].columns_dict
+        exported = [m for m in FIELD_METRICS.values() if m.field.name in have]
+        reasons_kept = REASONS_FIELD in have
+        columns = [m.field.name for m in exported] + ([REASONS_FIELD] if reasons_kept else [])
         rows = latest_gpu_samples(db, columns)
-        health = dict(gpu_health_states(db))
-        families = {c: GaugeMetricFamily(f"gpuwhy_gpu_{_GPU_FIELDS[c][0]}", _GPU_FIELDS[c][1],
-                                         labels=["gpu", "simulated"]) for c in columns}
+        families = {m.field.name: m.family() for m in exported}
+        reasons = GaugeMetricFamily(
+            "gpuwhy_gpu_clocks_event_reason", "1 while the clock-event (throttle) reason "
+            "holds the GPU's clocks back (DCGM field 112, NVML clocks event reasons), else 0",
+            labels=[*GPU_LABELS, "reason"])
         sample_time = GaugeMetricFamily("gpuwhy_gpu_last_sample_timestamp_seconds",
                                         "when the GPU's latest sample was taken",
-                                        labels=["gpu", "simulated"])
+                                        labels=GPU_LABELS)
         for row in rows:
-            gpu, ts, values, simulated = row[0], row[1], row[2:-1], str(bool(row[-1])).lower()
-            sample_time.add_metric([gpu, simulated], ts / NS_PER_SECOND)
-            if not is_live(health.get(gpu)):
+            gpu, ts, values = row[0], row[1], row[2:-1]
+            labels = self._gpu_labels(gpus, gpu)
+            sample_time.add_metric(labels, ts / NS_PER_SECOND)
+            if not is_live((gpus.get(gpu) or {}).get("health")):
                 continue    # a lost or resetting GPU's last numbers are not its numbers now
-            for column, value in zip(columns, values, strict=True):
+            by_name = dict(zip(columns, values, strict=True))
+            for metric in exported:
+                value = by_name[metric.field.name]
                 if value is not None:
-                    families[column].add_metric([gpu, simulated], value * _GPU_FIELDS[column][2])
+                    families[metric.field.name].add_metric(labels, value * metric.scale)
+            bits = by_name.get(REASONS_FIELD)
+            if bits is not None:
+                for reason, bit in THROTTLE_BITS.items():
+                    reasons.add_metric([*labels, reason.lower()], 1.0 if int(bits) & bit else 0.0)
         yield sample_time
         yield from families.values()
+        yield reasons
         states = GaugeMetricFamily("gpuwhy_gpu_health", "1 for the GPU's health state (ok, "
                                    "degraded, reset_required, reboot_required, lost, "
-                                   "resetting), 0 for the others", labels=["gpu", "state"])
-        for gpu, state in health.items():
+                                   "resetting), 0 for the others", labels=[*GPU_LABELS, "state"])
+        info = GaugeMetricFamily(
+            "gpuwhy_gpu_info", "1 per GPU, its identity as labels (model, index, minor, GPU "
+            "source, driver, and VBIOS, ECC/MIG/persistence mode where the source read them)",
+            labels=[*GPU_LABELS, "model", "index", "minor", "source",
+                    *(c for c in INFO_COLUMNS if c in db["gpus"].columns_dict)])
+        for gpu, row in gpus.items():
+            labels = self._gpu_labels(gpus, gpu)
             for name in HEALTH_STATES:
-                states.add_metric([gpu, name], 1.0 if name == state else 0.0)
+                states.add_metric([*labels, name], 1.0 if name == row["health"] else 0.0)
+            extra = [str(row[c]) if row[c] is not None else ""
+                     for c in INFO_COLUMNS if c in row]
+            info.add_metric([*labels, (row["model"] or "")[:128], _text(row["gpu_index"]),
+                             _text(row["minor"]), row["source"] or "", *extra], 1.0)
         yield states
+        yield info
         bound = GaugeMetricFamily("gpuwhy_gpu_bound_processes",
-                                  "processes holding the GPU's device file now", labels=["gpu"])
+                                  "processes holding the GPU's device file now",
+                                  labels=GPU_LABELS)
         for gpu, count in bound_process_counts(db):
-            bound.add_metric([gpu], count)
+            bound.add_metric(self._gpu_labels(gpus, gpu), count)
         yield bound
 
+    def _xids(self, db: Database, gpus: dict[str, dict]) -> Iterator[Metric]:
+        xids = CounterMetricFamily("gpuwhy_gpu_xid_errors", "Xid lines of the kernel log the "
+                                   "store keeps, by code and the catalogue's severity (codes "
+                                   "outside the catalogue under xid=\"other\")",
+                                   labels=[*GPU_LABELS, "xid", "severity"])
+        counts: dict[tuple[str, str, str], int] = {}
+        for gpu, code, count in xid_counts(db):
+            info = xid_info(code)
+            key = (gpu or "", str(code) if info.origin != "unknown" else OTHER, info.severity)
+            counts[key] = counts.get(key, 0) + count
+        for (gpu, code, severity), count in sorted(counts.items()):
+            xids.add_metric([*self._gpu_labels(gpus, gpu or None), code, severity], count)
+        yield xids
+
     def _processes(self, db: Database) -> Iterator[Metric]:
-        labels = ["pid", "start_time", "comm"]
         calls = CounterMetricFamily("gpuwhy_process_driver_calls",
                                     "NVIDIA driver calls (ioctls) of a living process",
-                                    labels=labels)
+                                    labels=PROCESS_LABELS)
         rows = driver_call_totals_of_living_processes(db)
-        for pid, start_time, comm, n in rows[:self.max_processes]:
-            calls.add_metric([str(pid), str(start_time), comm[:32]], n)
+        for pid, start_time, comm, n, pod, container in rows[:self.max_processes]:
+            calls.add_metric([str(pid), str(start_time), comm[:32], pod or "",
+                              container or ""], n)
         if rows[self.max_processes:]:
-            calls.add_metric(["other", "", ""], sum(r[3] for r in rows[self.max_processes:]))
+            calls.add_metric([OTHER, "", "", "", ""],
+                             sum(r[3] for r in rows[self.max_processes:]))
         yield calls
         memory = GaugeMetricFamily("gpuwhy_process_gpu_memory_used_bytes",
                                    "GPU memory of a process (NVML's latest process list)",
-                                   labels=["gpu", *labels])
+                                   labels=["gpu", *PROCESS_LABELS])
         sm = GaugeMetricFamily("gpuwhy_process_sm_utilization_ratio",
-                               "the process's share of SM time (NVML)", labels=["gpu", *labels])
+                               "the process's share of SM time (NVML)",
+                               labels=["gpu", *PROCESS_LABELS])
         rows = latest_gpu_process_lists(db)
-        for gpu, pid, start_time, comm, mib, sm_util in rows[:self.max_processes]:
-            key = [gpu, str(pid), str(start_time), comm[:32]]
+        for gpu, pid, start_time, comm, mib, sm_util, pod, container in \
+                rows[:self.max_processes]:
+            key = [gpu, str(pid), str(start_time), comm[:32], pod or "", container or ""]
             if mib is not None:
                 memory.add_metric(key, mib * MIB)
             if sm_util is not None:
                 sm.add_metric(key, sm_util / 100)
         yield memory
         yield sm
+
+    def _owners(self, db: Database) -> Iterator[Metric]:
+        idle = CounterMetricFamily(
+            "gpuwhy_owner_idle_while_held_gpu_seconds", "GPU-seconds an owner's processes "
+            "held a GPU while it was near idle (utilisation at or under "
+            "correlator.stall_util_pct), since this process started", labels=OWNER_LABELS)
+        for (user, pod, container), seconds in sorted(self.idle.update(db).items()):
+            idle.add_metric([user, pod, container[:64]], seconds)
+        yield idle
 
     def _incidents(self, db: Database) -> Iterator[Metric]:
         total = CounterMetricFamily("gpuwhy_incidents", "incidents opened, by kind and "
@@ -146,6 +371,18 @@ class StoreCollector(Collector):
             open_now.add_metric([kind], opened)
         yield total
         yield open_now
+
+    def _findings(self, db: Database) -> Iterator[Metric]:
+        findings = GaugeMetricFamily("gpuwhy_rule_findings_open", "rule findings firing now, "
+                                     "by rule and severity (shadow rules left out)",
+                                     labels=["rule", "severity"])
+        counts: dict[tuple[str, str], int] = {}
+        for rule, severity, count in open_finding_counts(db):
+            name = sev.normalise(severity) if sev.is_severity(severity) else sev.DEFAULT
+            counts[rule[:64], name] = counts.get((rule[:64], name), 0) + count
+        for (rule, severity), count in sorted(counts.items()):
+            findings.add_metric([rule, severity], count)
+        yield findings
 
     def _sources(self, db: Database) -> Iterator[Metric]:
         up = GaugeMetricFamily("gpuwhy_source_up", "1 when the source says ok, 0.5 degraded, "
@@ -177,13 +414,21 @@ class StoreCollector(Collector):
         yield stalls
 
 
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
 def register_metrics(app: Flask, registry: CollectorRegistry | None = None) -> None:
-    """Serve ``/metrics`` from ``registry`` (a new one by default) with the store collector."""
+    """Serve ``/metrics`` from ``registry`` (a new one by default) with the store collector
+    and this process's own figures (CPU, memory, open files, Python)."""
     from gpuwhy.store import open_store
 
     registry = registry or CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(lambda: open_store(app.config["DATABASE"], readonly=True),
                                      config=app.config.get("GPUWHY")))
+    if os.path.exists("/proc/self/stat"):
+        ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
 
     @app.get("/metrics")
     def metrics() -> Response:

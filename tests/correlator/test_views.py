@@ -1,6 +1,7 @@
 """What reads incidents: `gpuwhy incidents/incident/resets` and `/metrics`."""
 
 import json
+import socket
 from datetime import UTC, datetime
 
 import pytest
@@ -105,7 +106,9 @@ def test_metrics_read_the_store_at_scrape_time(harness):
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(response.data.decode())
                for s in family.samples}
-    gpu = (("gpu", UUID0), ("simulated", "true"))
+    # gpuwhy's gpu label, and dcgm-exporter's label names beside it (joined on UUID)
+    gpu = (("Hostname", socket.gethostname()), ("UUID", UUID0), ("gpu", UUID0),
+           ("pci_bus_id", "00000000:18:00.0"), ("simulated", "true"))
     assert samples[("gpuwhy_gpu_utilization_ratio", gpu)] == pytest.approx(0.95)
     assert samples[("gpuwhy_incidents_total", (("kind", "gpu_reset"),
                                                ("severity", "critical")))] == 1
@@ -114,7 +117,7 @@ def test_metrics_read_the_store_at_scrape_time(harness):
     memory = [v for (name, labels), v in samples.items()
               if name == "gpuwhy_process_gpu_memory_used_bytes" and ("pid", "4242") in labels]
     assert memory == [2048 * 2**20]
-    assert samples[("gpuwhy_gpu_bound_processes", (("gpu", UUID0),))] == 1
+    assert samples[("gpuwhy_gpu_bound_processes", gpu)] == 1
 
 
 def test_process_series_are_bounded(harness):

@@ -31,9 +31,19 @@ HITS = {
     "two-pods-time-slicing": "R26_multi_process_contention",
     # the failed GPU, not its peers hung in the all-reduce
     "xid79-fallen-off-bus": "R32_xid79_fallen_off_bus",
+    # look-alikes told apart: the cause that explains the other's look leads
+    "pageable-h2d-dlrm": "R06_pageable_h2d_copy",              # not launch-bound
+    "empty-cache-churn-uprobes": "R23b_cuda_alloc_churn",       # not sync-bound
+    "uvm-prefetch-pingpong": "R24_uvm_thrash",                  # not peers on PCIe
+    "cpu-offloaded-inference": "R07_pcie_saturated_low_sm",     # not a blocked process
+    "bert-batch1-serving": "R09_small_grid_low_sm",             # busy GPU: not launch-bound
+    "nccl-p2p-disabled": "R15_collectives_off_nvlink",
+    "idle-notebook": "R27_allocated_but_idle",                  # waits for its user
+    "psu-power-brake": "R21_hw_slowdown_power_brake",           # bursts: one finding
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
-QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2")
+QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
+         "checkpoint-dips")
 
 
 def invoke(tmp_path, *args):

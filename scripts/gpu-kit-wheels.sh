@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# gpu-kit-wheels.sh: the wheels scripts/gpu-kit.sh installs on a GPU machine with no registry.
+#
+# The GPU machine (see issue 26) has Python 3.12, PyTorch and nvidia-ml-py, and no package
+# registry. This downloads, here, cp312 manylinux x86_64 wheels of gpuwhy's runtime
+# requirements (pyproject.toml [project].dependencies, with their own dependencies) and
+# builds a gpuwhy wheel from this checkout, all into one folder; the kit installs them with
+# `pip install --no-index --find-links`. Left out on purpose (scripts/gpu_kit.py NOT_CARRIED):
+# nvidia-ml-py and torch (the machine's own, matched to its driver and CUDA) and
+# systemd-python (journald only, imported lazily; it has no wheel). pip is carried too: the
+# kit runs it from its wheel where the machine's venv module cannot install one.
+#
+#   scripts/gpu-kit-wheels.sh                   # → build/gpu-kit/wheels (git-ignored)
+#   scripts/gpu-kit-wheels.sh --dry-run         # what it would download, and the command
+#   scripts/gpu-kit-wheels.sh --dest DIR --python-version 3.12
+#
+# Needs PyPI (pip download) here. Fails when the folder is 64 MiB or more (what the device
+# tool carries at most, with everything else); prints the size. Then, on the GPU machine:
+#   run(command="scripts/gpu-kit.sh", carry=["build/gpu-kit/wheels"])
+set -euo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+DEST="$REPO/build/gpu-kit/wheels"
+PYVER=3.12
+DRY=0
+LIMIT=$((64 * 1024 * 1024))
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
+fi
+
+while (($#)); do
+    case "$1" in
+        --dest) DEST="$2"; shift 2 ;;
+        --python-version) PYVER="$2"; shift 2 ;;
+        --dry-run) DRY=1; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-kit-wheels.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[[ "$PYVER" =~ ^3\.[0-9]+$ ]] || { echo "gpu-kit-wheels.sh: not a Python version: $PYVER" >&2; exit 2; }
+
+mapfile -t REQS < <("$PY" "$REPO/scripts/gpu_kit.py" wheel-requirements)
+ABI="cp${PYVER/./}"
+DOWNLOAD=("$PY" -m pip download --dest "$DEST" --only-binary=:all: --python-version "$PYVER"
+          --implementation cp --abi "$ABI" --abi abi3 --abi none
+          --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+          --platform manylinux2014_x86_64 --platform any "${REQS[@]}" pip)
+WHEEL=("$PY" -m pip wheel --no-deps --wheel-dir "$DEST" "$REPO")
+
+if ((DRY)); then
+    echo "# carried (with their dependencies), for CPython $PYVER ($ABI) manylinux x86_64:"
+    printf '%s\n' "${REQS[@]}"
+    echo "# not carried:"
+    "$PY" "$REPO/scripts/gpu_kit.py" wheel-requirements --left-out | sed 's/^/#   /'
+    echo "# would run:"
+    printf '%q ' "${DOWNLOAD[@]}"; echo
+    printf '%q ' "${WHEEL[@]}"; echo
+    exit 0
+fi
+
+rm -rf "$DEST"
+mkdir -p "$DEST"
+"${DOWNLOAD[@]}"
+# The checkout's setuptools builds it when it can (no second download of the build backend).
+if "$PY" -c 'import setuptools, wheel' 2>/dev/null; then
+    WHEEL+=(--no-build-isolation)
+fi
+"${WHEEL[@]}"
+
+# Never carry what the machine must bring itself (a dependency could have pulled it in).
+for name in nvidia_ml_py torch systemd_python; do
+    if compgen -G "$DEST/${name}-*" >/dev/null; then
+        echo "gpu-kit-wheels.sh: $name must not be carried, removing it" >&2
+        rm -f "$DEST/${name}"-*
+    fi
+done
+(cd "$DEST" && sha256sum ./*.whl > SHA256SUMS)
+
+SIZE=$(du -sb "$DEST" | cut -f1)
+COUNT=$(find "$DEST" -name '*.whl' | wc -l)
+printf 'gpu-kit-wheels.sh: %d wheels, %.1f MiB in %s\n' "$COUNT" \
+    "$(echo "$SIZE / 1048576" | bc -l)" "$DEST"
+if ((SIZE >= LIMIT)); then
+    echo "gpu-kit-wheels.sh: $SIZE bytes is not under 64 MiB: the device tool cannot carry it" >&2
+    exit 1
+fi

@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# gpu-kit.sh: one short run on a real NVIDIA GPU host that records what gpuwhy's GPU paths
+# see there (issue 26). Writes everything under one folder; never stops at a failing step.
+#
+#   scripts/gpu-kit.sh                          # → $OUT, else build/gpu-kit/out-<time>
+#   scripts/gpu-kit.sh --out DIR --seconds 10   # seconds of each sampled phase (default 10)
+#   scripts/gpu-kit.sh --venv .venv             # use this venv, install nothing
+#
+# On the GPU machine (Python 3.12, PyTorch, nvidia-ml-py, no registry): first, here,
+# scripts/gpu-kit-wheels.sh; then run this with build/gpu-kit/wheels carried. It makes a
+# venv with --system-site-packages (the machine's torch and pynvml stay visible) in
+# $TMPDIR, installs the carried wheels with --no-index, and records, each step under a
+# `timeout`, its stdout in the named file, its stderr in logs/<step>.err, and a line
+# (name, rc, seconds) in steps.tsv:
+#   host/      nvidia-smi -q -x, topo -m, -L; /proc/driver/nvidia/version and
+#              gpus/*/information (as host/proc/...); ls -l /dev/nvidia*; the nvidia_dev_xid
+#              tracepoint and its format; the kernel log's NVIDIA lines; bpf.json (may
+#              BPF programs load: sysctls, capabilities, raw bpf() as root and as nobody)
+#   gpuwhy/    check-env --json; gpu sample --source nvml --json --processes while idle,
+#              during a bf16 matmul loop, pageable and pinned host-to-device copy loops,
+#              and after; `gpuwhy proc PID --json` of the PyTorch process
+#   nvml/      pynvml's own reading (process list, per-process utilisation, GPM metrics),
+#              nvidia-smi's process list; work/ the load's phases with their rates
+#   summary.json  every step, its rc and seconds; whether there was an NVIDIA GPU
+# Without an NVIDIA GPU it says so, runs what can run, and still exits 0.
+# Budget: about 2 minutes at --seconds 10, 4 at most (GPUWHY_KIT_BUDGET, seconds).
+set -uo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+SECONDS_EACH="${GPUWHY_KIT_SECONDS:-10}"
+BUDGET="${GPUWHY_KIT_BUDGET:-230}"
+WHEELS="$REPO/build/gpu-kit/wheels"
+VENV=""
+DEST="${OUT:-}"
+while (($#)); do
+    case "$1" in
+        --out) DEST="$2"; shift 2 ;;
+        --seconds) SECONDS_EACH="$2"; shift 2 ;;
+        --wheels) WHEELS="$2"; shift 2 ;;
+        --venv) VENV="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-kit.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[[ "$SECONDS_EACH" =~ ^[0-9]+$ && "$SECONDS_EACH" -ge 1 ]] \
+    || { echo "gpu-kit.sh: --seconds wants a whole number ≥ 1, not $SECONDS_EACH" >&2; exit 2; }
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu-kit.sh: GPUWHY_KIT_BUDGET: not seconds" >&2; exit 2; }
+WHEELS=$(realpath -m "$WHEELS")
+[[ -n "$VENV" ]] && VENV=$(realpath -m "$VENV")
+DEST="${DEST:-$REPO/build/gpu-kit/out-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$DEST"/{host,gpuwhy,nvml,work,logs}
+DEST="$(cd "$DEST" && pwd)"
+# Never from the checkout: `python -m gpuwhy` there would import its source folders, not
+# the installed wheel (and its systemd/ folder of units would pass for systemd-python);
+# nor from $DEST, whose gpuwhy/ folder would pass for a namespace package.
+cd "$DEST/logs" || exit 1
+STEPS="$DEST/steps.tsv"
+LAST_RC=0
+: > "$STEPS"
+STARTED=$(date +%s.%N)
+DEADLINE=$(( $(date +%s) + BUDGET ))
+KIT="$REPO/scripts/gpu_kit.py"
+echo "gpu-kit: recording into $DEST (${SECONDS_EACH}s a phase, ${BUDGET}s at most)"
+
+record() {   # name rc seconds limit output note
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "${6:-}" >> "$STEPS"
+    printf 'gpu-kit: %-22s rc=%-4s %6ss %s\n' "$1" "${2:-skip}" "${3:-0}" "${6:-}"
+}
+
+# step NAME LIMIT OUTPUT CMD...: CMD under `timeout`, stdout → OUTPUT, stderr → logs/NAME.err
+step() {
+    local name=$1 limit=$2 output=$3 left t0 t1 rc
+    shift 3
+    left=$(( DEADLINE - $(date +%s) ))
+    if (( left < 2 )); then record "$name" "" "" "$limit" "$output" "kit budget spent"; return; fi
+    (( limit > left )) && limit=$left
+    t0=$(date +%s.%N)
+    timeout -k 5 "$limit" "$@" > "$DEST/$output" 2> "$DEST/logs/$name.err" < /dev/null
+    rc=$?
+    LAST_RC=$rc
+    t1=$(date +%s.%N)
+    record "$name" "$rc" "$(printf '%.2f' "$(echo "$t1 - $t0" | bc)")" "$limit" "$output" \
+        "$( ((rc == 124 || rc == 137)) && echo "timed out after ${limit}s")"
+}
+
+skip() {   # name output why
+    record "$1" "" "" "" "$2" "$3"
+}
+
+# sample NAME: gpuwhy's NVML source for SECONDS_EACH, stopped with SIGINT (its clean stop)
+sample() {
+    local name=$1 t0 t1 rc
+    if (( DEADLINE - $(date +%s) < SECONDS_EACH + 2 )); then
+        record "sample-$name" "" "" "$SECONDS_EACH" "gpuwhy/sample-$name.jsonl" "kit budget spent"
+        return
+    fi
+    t0=$(date +%s.%N)
+    timeout --preserve-status -s INT -k 5 "$SECONDS_EACH" \
+        "$PY" -m gpuwhy gpu sample --source nvml --json --processes --interval 0.5 \
+        > "$DEST/gpuwhy/sample-$name.jsonl" 2> "$DEST/logs/sample-$name.err" < /dev/null
+    rc=$?
+    t1=$(date +%s.%N)
+    record "sample-$name" "$rc" "$(printf '%.2f' "$(echo "$t1 - $t0" | bc)")" \
+        "$SECONDS_EACH" "gpuwhy/sample-$name.jsonl"
+}
+
+# --- the Python that has torch, and gpuwhy's venv on top of it ---
+pick_python() {
+    local c first=""
+    if [[ -n "${GPUWHY_KIT_PYTHON:-}" ]]; then command -v "$GPUWHY_KIT_PYTHON"; return; fi
+    for c in python3 python3.12 python3.11 python /usr/bin/python3; do
+        command -v "$c" > /dev/null 2>&1 || continue
+        "$c" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2> /dev/null || continue
+        [[ -z "$first" ]] && first=$(command -v "$c")
+        if "$c" -c 'import torch' 2> /dev/null; then command -v "$c"; return; fi
+    done
+    echo "$first"
+}
+BASE_PY=$(pick_python)
+NOTE=""
+if [[ -n "$VENV" ]]; then
+    PY="$VENV/bin/python"
+    NOTE="given venv $VENV, nothing installed"
+elif [[ ! -d "$WHEELS" || -z "$(ls "$WHEELS"/gpuwhy-*.whl 2> /dev/null)" ]] \
+        && [[ -x "$REPO/.venv/bin/python" ]]; then
+    PY="$REPO/.venv/bin/python"
+    NOTE="no wheels in $WHEELS: the checkout's .venv, nothing installed"
+else
+    KITVENV="${TMPDIR:-/tmp}/gpuwhy-kit-venv"
+    PY="$KITVENV/bin/python"
+    if [[ -z "$BASE_PY" ]]; then
+        skip venv "logs/venv.out" "no Python 3.11+ found"
+    else
+        rm -rf "$KITVENV"
+        step venv 60 logs/venv.out "$BASE_PY" -m venv --system-site-packages "$KITVENV"
+        if ((LAST_RC != 0)); then   # no ensurepip (Debian's python3-venv not installed)
+            rm -rf "$KITVENV"
+            step venv-without-pip 60 logs/venv-without-pip.out "$BASE_PY" -m venv \
+                --without-pip --system-site-packages "$KITVENV"
+        fi
+        # A venv made from a venv's Python sees the base's site-packages, not that venv's
+        # (where torch may be): hand them on with a .pth file.
+        PURELIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2> /dev/null)
+        if [[ -d "$PURELIB" ]]; then
+            "$BASE_PY" -c 'import site, sys
+if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))' \
+                > "$PURELIB/gpuwhy-kit-base.pth"
+        fi
+        # pip runs from its carried wheel where the venv has none
+        PIP=("$PY" -m pip)
+        "$PY" -m pip --version > /dev/null 2>&1 \
+            || PIP=("$PY" "$(ls "$WHEELS"/pip-*.whl 2> /dev/null | head -n 1)/pip")
+        step install 120 logs/install.out "${PIP[@]}" install --no-index --no-deps \
+            --disable-pip-version-check --find-links "$WHEELS" "$WHEELS"/*.whl
+    fi
+fi
+[[ -n "$NOTE" ]] && echo "gpu-kit: $NOTE"
+step env 30 env.json "$PY" -c '
+import importlib, importlib.util, json, platform, sys
+def version(name):
+    try:
+        m = importlib.import_module(name)
+    except Exception as exc:
+        return f"not importable: {type(exc).__name__}: {exc}"
+    return getattr(m, "__version__", "importable")
+print(json.dumps({"python": sys.version, "executable": sys.executable, "prefix": sys.prefix,
+    "kernel": platform.release(), "machine": platform.machine(), "note": sys.argv[1],
+    "base_python": sys.argv[2], "gpuwhy_from": getattr(importlib.util.find_spec("gpuwhy"), "origin", None),
+    "versions": {n: version(n) for n in ("gpuwhy", "torch", "pynvml", "systemd", "zmq",
+                                         "flask", "orjson", "sqlite_utils", "lark", "re2",
+                                         "croniter", "psutil", "click")}}, indent=2))' \
+    "$NOTE" "$BASE_PY"
+step pip-check 30 logs/pip-check.out "$PY" -m pip check --disable-pip-version-check
+
+# --- the host, as the driver shows it ---
+GPU_WHY=""
+# The driver's /proc folder; another only in the kit's own test (look-alike GPU host).
+NV="${GPUWHY_KIT_DRIVER_PROC:-/proc/driver/nvidia}"
+if ls "$NV"/gpus/*/information > /dev/null 2>&1; then
+    GPU=yes
+else
+    GPU=no
+    GPU_WHY="no $NV/gpus/*/information (the nvidia driver is not loaded)"
+fi
+if command -v nvidia-smi > /dev/null; then
+    step nvidia-smi-L 30 host/nvidia-smi-L.txt nvidia-smi -L
+    step nvidia-smi-q 60 host/nvidia-smi-q.xml nvidia-smi -q -x
+    step nvidia-smi-topo 30 host/nvidia-smi-topo.txt nvidia-smi topo -m
+else
+    GPU_WHY="${GPU_WHY:+$GPU_WHY; }nvidia-smi not found"
+    for s in L q topo; do skip "nvidia-smi-$s" "" "nvidia-smi not found"; done
+fi
+step driver-version 10 host/driver-version.txt cat "$NV/version"
+if [[ -f "$NV/version" ]]; then
+    mkdir -p "$DEST/host/proc/driver/nvidia"
+    cp "$NV/version" "$DEST/host/proc/driver/nvidia/version"
+    for info in "$NV"/gpus/*/information; do
+        [[ -f "$info" ]] || continue
+        bus=$(basename "$(dirname "$info")")
+        mkdir -p "$DEST/host/proc/driver/nvidia/gpus/$bus"
+        cp "$info" "$DEST/host/proc/driver/nvidia/gpus/$bus/information"
+    done
+fi
+step dev-nvidia 10 host/dev-nvidia.txt bash -c 'ls -l /dev/nvidia* /dev/nvidia-caps 2>&1; echo; grep -i nvidia /proc/devices'
+step xid-tracepoint 10 host/nvidia_dev_xid.txt bash -c '
+for t in /sys/kernel/tracing /sys/kernel/debug/tracing; do
+    [ -d "$t/events" ] || continue
+    echo "tracefs: $t"; ls "$t/events/nvidia" 2>&1
+    f="$t/events/nvidia/nvidia_dev_xid/format"
+    if [ -f "$f" ]; then echo "nvidia_dev_xid: present"; cat "$f"; exit 0; fi
+done
+echo "nvidia_dev_xid: absent"; exit 1'
+step kernel-log 10 host/kernel-log-nvidia.txt bash -c \
+    'dmesg 2>&1 | grep -iE "nvrm|nvidia|xid" | tail -n 300'
+step bpf 30 host/bpf.json "$PY" "$KIT" bpf
+step check-env 60 gpuwhy/check-env.json "$PY" -m gpuwhy check-env --json
+
+# --- gpuwhy's NVML source: idle, under load, after ---
+sample idle
+WORK="$DEST/work"
+WPID=""
+if [[ $GPU == yes ]]; then
+    timeout -k 5 $(( DEADLINE - $(date +%s) )) "$PY" "$KIT" work --dir "$WORK" \
+        --max-phase-seconds $(( SECONDS_EACH + 30 )) --wait-seconds $(( BUDGET )) \
+        > "$DEST/logs/work.out" 2> "$DEST/logs/work.err" &
+    WORKER=$!
+    for _ in $(seq 1 1200); do   # torch import and CUDA start: up to 60 s
+        [[ -f "$WORK/ready" ]] && break
+        kill -0 "$WORKER" 2> /dev/null || break
+        sleep 0.05
+    done
+    READY=$(cat "$WORK/ready" 2> /dev/null || echo "no-gpu the load did not start")
+    [[ "$READY" =~ ^[0-9]+$ ]] && WPID=$READY
+    record work-start "$([[ -n "$WPID" ]] && echo 0 || echo 1)" "" "" work/work.json "$READY"
+else
+    skip work-start work/work.json "no NVIDIA GPU"
+fi
+
+wait_for() {   # file, seconds: false at once when the load has died
+    local i
+    for i in $(seq 1 $(( $2 * 20 ))); do
+        [[ -f "$1" ]] && return 0
+        kill -0 "$WORKER" 2> /dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+for phase in matmul h2d-pageable h2d-pinned; do
+    if [[ -z "$WPID" ]]; then
+        skip "sample-$phase" "gpuwhy/sample-$phase.jsonl" "no PyTorch load: ${READY:-no NVIDIA GPU}"
+        continue
+    fi
+    touch "$WORK/go-$phase"
+    wait_for "$WORK/started-$phase" 30 || record "phase-$phase" 1 "" "" "" "did not start"
+    sleep 1   # past the first kernel launches / allocations
+    sample "$phase"
+    if [[ $phase == matmul ]]; then
+        step nvml-processes 30 nvml/processes.json "$PY" "$KIT" nvml --pid "$WPID"
+        step nvidia-smi-apps 20 nvml/nvidia-smi-apps.csv nvidia-smi \
+            --query-compute-apps=pid,process_name,used_memory --format=csv
+        step nvidia-smi-pmon 20 nvml/nvidia-smi-pmon.txt nvidia-smi pmon -c 1 -s um
+        step proc-scan 30 gpuwhy/proc-scan.json "$PY" -m gpuwhy proc "$WPID" --json
+        step proc-raw 10 gpuwhy/proc-raw.txt bash -c \
+            "cat /proc/$WPID/cgroup; echo; ls -l /proc/$WPID/fd | grep -i nvidia"
+    fi
+    touch "$WORK/stop-$phase"
+    wait_for "$WORK/done-$phase" 60 || record "phase-$phase" 1 "" "" "" "did not finish"
+done
+if [[ -z "$WPID" ]]; then
+    skip nvml-processes nvml/processes.json "no PyTorch load"
+    # Still exercise the command (and its clean "no fd" answer) on this shell.
+    step proc-scan 30 gpuwhy/proc-scan.json "$PY" -m gpuwhy proc "$$" --json
+fi
+touch "$WORK/quit"
+[[ -n "${WORKER:-}" ]] && wait "$WORKER" 2> /dev/null
+sample after
+
+# --- the manifest ---
+"$PY" "$KIT" summary --out "$DEST" --gpu-present "$GPU" --gpu-why "$GPU_WHY" \
+    --started "$STARTED" 2> "$DEST/logs/summary.err" \
+    || python3 "$KIT" summary --out "$DEST" --gpu-present "$GPU" --gpu-why "$GPU_WHY" \
+        --started "$STARTED"
+echo "gpu-kit: done in $(( $(date +%s) - ${STARTED%.*} ))s: $DEST/summary.json"
+exit 0
