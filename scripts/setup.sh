@@ -50,6 +50,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq || die "apt-get update failed. Fix: check the network or your apt sources, then rerun"
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || die "apt-get install ${missing[*]} failed"
+  # Debian starts the Prometheus and Alertmanager it just installed (on :9090, :9093): the
+  # tests start their own on loopback ports, and a set-up must leave nothing listening.
+  if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] \
+     && printf '%s\n' "${missing[@]}" | grep -qx 'prometheus\|prometheus-alertmanager'; then
+    for unit in prometheus prometheus-alertmanager prometheus-node-exporter; do
+      if systemctl list-unit-files "$unit.service" --no-legend 2>/dev/null | grep -q .; then
+        systemctl disable --now "$unit.service" >/dev/null 2>&1 \
+          && say "stopped and disabled $unit.service (Debian started it; gpuwhy's tests run their own)"
+      fi
+    done
+  fi
 else
   say "system packages present (${packages[*]})"
 fi

@@ -56,6 +56,9 @@ class Outcome:
     timeline: list[tuple[float, str | None]] = field(default_factory=list)
     events: int = 0
     seconds: float = 0.0
+    # False when every expected rule reads env(): captures carry no process environment
+    # (`gpuwhy record` leaves it out), so such a fault is listed, not scored
+    evaluable: bool = True
 
     @property
     def time_to_answer_s(self) -> float | None:
@@ -72,7 +75,7 @@ class Outcome:
                 "group": c.group, "expected": c.expected, "top": self.top,
                 "top_kind": self.top_kind,
                 "result": ("alarm" if self.false_alarm else "ok") if c.healthy else
-                ("hit" if self.hit else "miss"),
+                ("not evaluable" if not self.evaluable else "hit" if self.hit else "miss"),
                 "hit": None if c.healthy else self.hit, "false_alarm": self.false_alarm,
                 "time_to_answer_s": self.time_to_answer_s, "first_led_s": self.first_led_s,
                 "onset_s": c.onset_s,
@@ -144,6 +147,7 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
     """Replay one capture through the engine and score its answers over time."""
     from gpuwhy import severity as sev
     from gpuwhy.correlator.rules.cli import read_capture, replay
+    from gpuwhy.correlator.rules.runner import env_keys
 
     started = time.monotonic()
     try:
@@ -180,6 +184,9 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
             out.first_led_s = round((now - start) / NS, 1)
 
     replay(events, rules, every_ns, each_round)
+    if not case.healthy and case.expected and all(
+            r in by_id and env_keys([by_id[r]]) for r in case.expected):
+        out.evaluable = False
     out.top, out.top_kind = current
     out.hit = not case.healthy and out.top in case.expected
     out.alarms, out.fired = sorted(alarms), sorted(fired)
@@ -188,7 +195,7 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
 
 
 def summary(outcomes: list[Outcome], how: str, seconds: float) -> dict:
-    faults = [o for o in outcomes if not o.case.healthy]
+    faults = [o for o in outcomes if not o.case.healthy and o.evaluable]
     healthy = [o for o in outcomes if o.case.healthy]
     hits = [o for o in faults if o.hit]
     times = [o.time_to_answer_s for o in hits if o.time_to_answer_s is not None]
@@ -200,6 +207,8 @@ def summary(outcomes: list[Outcome], how: str, seconds: float) -> dict:
             if healthy else None,
             "median_time_to_answer_s": statistics.median(times) if times else None,
             "max_time_to_answer_s": max(times) if times else None,
+            "not_evaluable": [o.case.name for o in outcomes
+                              if not o.case.healthy and not o.evaluable],
             "elapsed_s": round(seconds, 1)}
 
 
@@ -214,9 +223,11 @@ def _line(o: Outcome) -> str:
         result = "ALARM" if o.false_alarm else "ok"
         tail = ",".join(r.split("_")[0] for r in o.alarms) if o.alarms else ""
     else:
-        result = "hit" if o.hit else "miss"
+        result = "hit" if o.hit else "miss" if o.evaluable else "n/e"
         tail = f"+{o.first_led_s:.0f}s" if o.first_led_s is not None else ""
-        if not o.hit and tail:
+        if not o.evaluable:
+            tail = "(reads env(): captures carry no process environment)"
+        elif not o.hit and tail:
             tail = f"(led at {tail}, not at the end)"
     return f"{c.name:<30} {expected:<10} {_short(o.top):<36} {result:<6} {tail}"
 
@@ -286,7 +297,8 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...]) -> No
         click.echo(json.dumps({"summary": total,
                                "scenarios": [o.as_dict() for o in outcomes]}, indent=2))
         return
-    misses = [o.case.name for o in outcomes if not o.case.healthy and not o.hit]
+    misses = [o.case.name for o in outcomes
+              if not o.case.healthy and o.evaluable and not o.hit]
     alarms = [o.case.name for o in outcomes if o.false_alarm]
     acc = f"{total['accuracy']:.2f}" if total["accuracy"] is not None else "-"
     med, top = total["median_time_to_answer_s"], total["max_time_to_answer_s"]
@@ -297,5 +309,8 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...]) -> No
                + f" ({total['scenarios']} scenarios, {total['elapsed_s']:.0f} s)")
     if misses:
         click.echo("missed: " + ", ".join(misses))
+    if total["not_evaluable"]:
+        click.echo("not evaluable from captures (their rules read env()): "
+                   + ", ".join(total["not_evaluable"]))
     if alarms:
         click.echo("false alarms: " + ", ".join(alarms))

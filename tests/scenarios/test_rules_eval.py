@@ -113,3 +113,13 @@ def test_unreadable_input_exits_2(tmp_path):
     broken = invoke(tmp_path, "--corpus", str(folder))
     assert broken.exit_code == 2 and "not a bus event" in broken.output
     assert invoke(tmp_path, "--only", "no-such-scenario").exit_code == 2
+
+
+def test_a_fault_whose_rules_read_env_is_listed_not_scored(tmp_path):
+    # R08 reads the process environment, which captures leave out
+    result = invoke(tmp_path, "--only", "cuda-launch-blocking,stuck-on-lock", "--json")
+    report = json.loads(result.output)
+    rows = {row["name"]: row for row in report["scenarios"]}
+    assert rows["cuda-launch-blocking"]["result"] == "not evaluable"
+    assert report["summary"]["faults"] == 1 and report["summary"]["hits"] == 1
+    assert report["summary"]["not_evaluable"] == ["cuda-launch-blocking"]
