@@ -4,8 +4,9 @@ The kernel-log source can only show that its reader is open (a journald socket t
 a journal with this boot's kernel lines). A journald that stops reading /dev/kmsg, or a
 mounted journal that no longer grows, loses every line and looks the same as a quiet
 kernel. The printk probe counts the records the kernel stores (``printk:console``); the two
-beats are compared here: records logged after the source last read a line, and not read
-within ``grace_s``, fail the source until it reads again.
+beats are compared here: records the kernel logged between two printk beats, more than the
+lines the source read in that time, and none read within ``grace_s`` after, fail the source
+until it reads again.
 
 Only the two beats' times and counts are compared, never printk timestamps (the kernel's
 log clock drifts from CLOCK_MONOTONIC and stops differently in suspend).
@@ -32,8 +33,8 @@ class KernelLogLiveness:
         self.grace_ns = int(grace_s * NS_PER_SECOND)
         self._records: int | None = None      # the printk probe's count at its last beat
         self._records_at: int | None = None   # ... and that beat's time
+        self._lines_then: int | None = None   # the source's lines read, as of that beat
         self._lines: int | None = None        # the source's lines read, at its last beat
-        self._read_at: int | None = None      # the last source beat after which it had read
         self._unseen_since: int | None = None  # kernel records logged after this, none read
         self._unseen_records = 0
         self.failing = False
@@ -53,18 +54,30 @@ class KernelLogLiveness:
         if self._records is not None and records < self._records:   # the probes restarted
             self._records = None
         if self._records is not None and records > self._records:
-            since = self._records_at
-            # Lines the source read after `since` may be these records: no verdict then.
-            if self._unseen_since is None and not (self._read_at and self._read_at > since):
-                self._unseen_since = since
-            if self._unseen_since is not None:
-                self._unseen_records += records - self._records
+            new = records - self._records
+            # Lines the source read since the last beat may be these records; as many as it
+            # read are given the benefit of the doubt, never more. (A time test alone, "read
+            # after the last beat", let a read of the journal's backlog excuse any number.)
+            unseen = new - self._read_between(self._lines_then, self._lines)
+            if unseen > 0:
+                if self._unseen_since is None:
+                    self._unseen_since = self._records_at
+                self._unseen_records += unseen
         self._records, self._records_at = records, health.ts
+        self._lines_then = self._lines
+
+    @staticmethod
+    def _read_between(before: int | None, now: int | None) -> int:
+        """Lines read between two counts of the source's (a restart counts from 0 again)."""
+        if now is None:
+            return 0
+        if before is None or now < before:
+            return now
+        return now - before
 
     def _klog_beat(self, health: SourceHealth) -> SourceHealth:
         lines = health.counters.get("lines", 0)
         if lines and lines != self._lines:       # read since its last beat (or restarted)
-            self._read_at = health.ts
             if self._unseen_since is not None and health.ts > self._unseen_since:
                 self._unseen_since, self._unseen_records = None, 0
         self._lines = lines
