@@ -68,11 +68,15 @@ def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: An
                                            "process_exit", "rule_finding"]))
 @click.option("--state", type=click.Choice(["open", "acknowledged", "resolved", "active"]),
               help="Only incidents in this state (active: open or acknowledged).")
+@click.option("--after", "after", type=click.IntRange(0, (1 << 63) - 1), metavar="CURSOR",
+              help="The incident feed instead: every change after this cursor (0: all), "
+                   "oldest first; --json prints JSON lines (the last one's cursor is the "
+                   "next --after).")
 @click.option("--limit", default=200, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind: str | None,
-              state: str | None, limit: int, as_json: bool) -> None:
+              state: str | None, after: int | None, limit: int, as_json: bool) -> None:
     """Incidents, newest first: Xids, resets, lost GPUs, stalls, deaths, rule findings.
 
     \b
@@ -80,9 +84,16 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
       gpuwhy incidents --since 1d
       gpuwhy incidents --state active
       gpuwhy incidents --gpu 0000:18:00 --kind gpu_reset --json
+      gpuwhy incidents --after 0 --json    # the feed (as /api/incidents?since=0)
     """
     from gpuwhy.store.queries import list_incidents
 
+    if after is not None:
+        if gpu or since_text or kind or state:
+            raise click.UsageError("--after reads the whole feed: it takes no --gpu, --since, "
+                                   "--kind or --state")
+        _feed(ctx, after, limit, as_json)
+        return
     since = parse_since(since_text) if since_text else None
     rows = _read(ctx, list_incidents, gpu=gpu, since=since, kind=kind, state=state,
                  limit=limit)
@@ -97,6 +108,26 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
         [[row["id"], when(row["opened_at"]), row["severity"], row["state"], row["kind"],
           row["gpu_id"] or "?", row["pid"], row["count"] or 1, row["title"]] for row in rows],
         right=[0, 6, 7]))
+
+
+def _feed(ctx: click.Context, after: int, limit: int, as_json: bool) -> None:
+    """The incident feed after ``after`` (gpuwhy.store.feed), as JSON lines or a table."""
+    from gpuwhy.store.feed import FEED_MAX, incident_changes
+
+    changes = _read(ctx, incident_changes, after, max(1, min(limit, FEED_MAX)))
+    if as_json:
+        for change in changes:
+            click.echo(json.dumps(change, separators=(",", ":")))
+        return
+    if not changes:
+        click.echo(f"no changes after cursor {after}")
+        return
+    click.echo(table(
+        ["cursor", "time", "action", "state", "id", "kind", "severity", "by", "title"],
+        [[c["cursor"], when(c["ts"]), c["action"], c["state"], c["incident"]["id"],
+          c["incident"]["kind"], c["incident"]["severity"], c["actor"] or "",
+          c["incident"]["title"]] for c in changes], right=[0, 4]))
+    click.echo(f"next: --after {changes[-1]['cursor']}")
 
 
 def print_incident(detail: dict) -> None:

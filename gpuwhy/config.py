@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpuwhy.errors import ConfigError
 
@@ -159,6 +160,15 @@ SETTINGS: tuple[Setting, ...] = (
             "log each new incident to the systemd journal (MESSAGE_ID per kind)"),
     Setting("correlator.url", "http://127.0.0.1:8000", "GPUWHY_URL",
             "base URL of the web view, used for the incident links in alerts"),
+    # --- Alertmanager push settings ---
+    Setting("alertmanager.url", "", "GPUWHY_ALERTMANAGER_URL",
+            "Alertmanager to push open incidents to, e.g. http://alertmanager:9093 (its "
+            "/api/v2/alerts); empty: no push"),
+    Setting("alertmanager.resend_seconds", 60.0, "GPUWHY_ALERTMANAGER_RESEND",
+            "seconds between re-sends of each open incident (1 to 3600); an alert not re-sent "
+            "for 4 of these ends by itself"),
+    Setting("alertmanager.timeout", 5.0, "GPUWHY_ALERTMANAGER_TIMEOUT",
+            "seconds one push may take (0.1 to 60) before it counts as failed and is retried"),
     # --- rules settings ---
     Setting("rules.interval", 10.0, "GPUWHY_RULES_INTERVAL",
             "seconds between evaluations of the rules (a rule's own 'every' can be longer)"),
@@ -270,6 +280,22 @@ def _valid_host(value: str) -> bool:
         return len(value) <= 253 and _HOSTNAME.fullmatch(value) is not None
 
 
+def _bad_http_url(value: str) -> str | None:
+    """Why ``value`` is not a plain http(s) URL of a server (None when it is one)."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "expected an http:// or https:// URL"
+    if not parts.hostname or not _valid_host(parts.hostname) or port == 0:
+        return "no valid host in the URL"
+    if parts.username is not None or parts.query or parts.fragment:
+        return "a URL without credentials, query or fragment expected"
+    return None
+
+
 def _coerce(setting: Setting, value: Any, source: str) -> Any:
     expected = setting.type
     if isinstance(value, bool) and expected is not bool:
@@ -296,6 +322,14 @@ def _coerce(setting: Setting, value: Any, source: str) -> Any:
         raise ConfigError(f"port out of range: {value}", source=source, key=setting.name)
     if setting.name == "web.max_connections" and not 1 <= value <= MAX_WEB_CONNECTIONS:
         raise ConfigError(f"expected 1 to {MAX_WEB_CONNECTIONS}, got {value}", source=source,
+                          key=setting.name)
+    if setting.name == "alertmanager.url" and value and (why := _bad_http_url(value)):
+        raise ConfigError(f"{why}: {_short(value)}", source=source, key=setting.name)
+    if setting.name == "alertmanager.resend_seconds" and not 1 <= value <= 3600:
+        raise ConfigError(f"expected 1 to 3600 seconds, got {value}", source=source,
+                          key=setting.name)
+    if setting.name == "alertmanager.timeout" and not 0.1 <= value <= 60:
+        raise ConfigError(f"expected 0.1 to 60 seconds, got {value}", source=source,
                           key=setting.name)
     if setting.name == "web.host" and not _valid_host(value):
         raise ConfigError(f"not a host name or an IP address: {_short(value)}", source=source,

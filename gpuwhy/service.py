@@ -30,6 +30,7 @@ import psutil
 from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
+from gpuwhy.correlator.alertmanager import AlertmanagerPusher
 from gpuwhy.correlator.service import Correlator
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
@@ -165,6 +166,10 @@ class Service:
         # the bound one); what the orphan publishes until it is stopped is stored once.
         stop_orphaned_probes({config["bus.endpoint"], self.subscriber.endpoint})
         self.correlator = Correlator(config, self.db, self.subscriber)
+        self._pusher_stop = threading.Event()
+        self.pusher: AlertmanagerPusher | None = None
+        if config["alertmanager.url"]:     # an output of its own: its own store connection
+            self.pusher = AlertmanagerPusher(config, open_store(config["store.path"]))
         from gpuwhy.webui.server import make_web_server
 
         self.web: WebServer = make_web_server(config)
@@ -183,8 +188,10 @@ class Service:
         if not gpu_devices_present():
             log.warning("!!! no NVIDIA GPU device (/dev/nvidia0...) on this host: the gpu "
                         "source says in `gpuwhy status` what it uses instead")
-        for name, target in (("correlator", self._run_correlator),
-                             ("web", self.web.serve_forever)):
+        parts = [("correlator", self._run_correlator), ("web", self.web.serve_forever)]
+        if self.pusher is not None:
+            parts.append(("alertmanager", self._run_pusher))
+        for name, target in parts:
             thread = Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -216,6 +223,13 @@ class Service:
         finally:
             self.subscriber.close()
             self.db.close()
+
+    def _run_pusher(self) -> None:
+        assert self.pusher is not None
+        try:
+            self.pusher.run(self._pusher_stop)
+        finally:
+            self.pusher.db.close()
 
     def probes_command(self) -> list[str]:
         """The probes child's command line: `gpuwhy [--config PATH] probes`."""
@@ -294,9 +308,15 @@ class Service:
         self._correlator_stop.set()
         deadline = time.monotonic() + PROBE_STOP_TIMEOUT
         for thread in self._threads:
-            if thread.name == "gpuwhy-web":
-                continue
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.name == "gpuwhy-correlator":
+                thread.join(max(0.0, deadline - time.monotonic()))
+        # after the correlator's last batch: the pusher takes in what it resolved (a push in
+        # flight ends within alertmanager.timeout; what is not sent stays owed in the store)
+        self._pusher_stop.set()
+        for thread in self._threads:
+            if thread.name == "gpuwhy-alertmanager":
+                thread.join(max(0.0, deadline - time.monotonic())
+                            + self.config["alertmanager.timeout"])
         self.web.shutdown()
         self.web.server_close()
 

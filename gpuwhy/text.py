@@ -71,6 +71,17 @@ def sql_utc(ns_expr: str, precision: str = "ms") -> str:
     return f"strftime('{_SQL_FORMATS[precision]}', {ns_expr} / 1e9, 'unixepoch')"
 
 
+def rfc3339(ts: int) -> str:
+    """A realtime timestamp in ns as RFC 3339 in UTC with milliseconds, the form machine
+    APIs take (Alertmanager's ``startsAt``/``endsAt``); people read :func:`format_ts`.
+
+    >>> rfc3339(1_800_000_000_123_456_789)
+    '2027-01-15T08:00:00.123Z'
+    """
+    moment = datetime.fromtimestamp(ts // NS_PER_SECOND, UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{ts % NS_PER_SECOND // 1_000_000:03d}Z"
+
+
 def printable(text: str, limit: int | None = None) -> str:
     """Untrusted text (a process name, a command line, a log message) safe for a terminal:
     control and other non-printable characters shown as escapes, at most ``limit``

@@ -456,3 +456,29 @@ def m109_reset_history_control_node(db: Database) -> None:
 
     db.execute("DROP VIEW IF EXISTS gpu_reset_history")
     db.execute(reset_history_sql())
+
+
+@migrations()
+def m110_incident_feed(db: Database) -> None:
+    """The incident feed's cursor (store/feed.py) and the Alertmanager pusher's record
+    (store/alertpush.py). ``incident_log`` is re-created with ``id INTEGER PRIMARY KEY
+    AUTOINCREMENT``, its rows and ids kept: an id is then never handed out again, even once
+    retention deleted the newest rows, so a feed reader's cursor never goes back.
+    ``feed_cursors``: a reader's last cursor by name. ``alertmanager_alerts``: each incident
+    the pusher keeps sending, with the labels it was first sent with (never changed), when
+    it started and ended, its firing sends and the resolved sends still owed."""
+    db.execute("CREATE TABLE incident_log_m110 (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+               "incident_id INTEGER, ts INTEGER, action TEXT, actor TEXT, state TEXT, "
+               "resolution TEXT, text TEXT)")
+    db.execute("INSERT INTO incident_log_m110 (id, incident_id, ts, action, actor, state, "
+               "resolution, text) SELECT id, incident_id, ts, action, actor, state, "
+               "resolution, text FROM incident_log ORDER BY id")
+    db.execute("DROP TABLE incident_log")
+    db.execute("ALTER TABLE incident_log_m110 RENAME TO incident_log")
+    db["incident_log"].create_index(["incident_id", "ts"])
+    db["feed_cursors"].create({"name": str, "cursor": int, "updated_at": int}, pk="name")
+    db["alertmanager_alerts"].create({
+        "incident_id": int, "labels": str, "starts_at": int, "ends_at": int, "fired": int,
+        "resolved_left": int, "last_sent": int, "updated_at": int,
+    }, pk="incident_id", not_null={"labels", "starts_at", "fired", "resolved_left"},
+        defaults={"fired": 0, "resolved_left": 0})

@@ -53,9 +53,17 @@ DESCRIPTIONS = {
                  "`severity` is on gpuwhy's one scale, info < warning < error < critical "
                  "(gpuwhy/severity.py), the worst merged into the incident.",
     "incident_log": "Every change to an incident and every note, oldest first: `action` "
-                    "(opened, acknowledged, resolved, reopened, note), who (`actor`: gpuwhy "
-                    "for the correlator's own, else the operator's name), the state after "
-                    "it, the resolution and the text (an operator's, untrusted).",
+                    "(opened, acknowledged, resolved, reopened, note, answered), who "
+                    "(`actor`: gpuwhy for the correlator's own, else the operator's name), "
+                    "the state after it, the resolution and the text (an operator's, "
+                    "untrusted). `id` is the incident feed's cursor: AUTOINCREMENT, never "
+                    "handed out twice.",
+    "feed_cursors": "Where each reader of the incident feed (store/feed.py) stopped: its last "
+                    "`incident_log.id` (the Alertmanager pusher's is `alertmanager`).",
+    "alertmanager_alerts": "Each incident the Alertmanager pusher sends: the label set it was "
+                           "first sent with (JSON, never changed), when it started and ended "
+                           "(NULL while firing), firing sends made, resolved sends still "
+                           "owed, when it was last sent (ns).",
     "source_health": "Each source's last heartbeat: state, detail, counters (JSON).",
     "gpu_sample_data": "Raw GPU samples (kept `store.raw_days`), one row per GPU and instant, "
                        "keyed by (ts, gpu, instance); values are integers in the unit their "

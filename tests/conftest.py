@@ -8,6 +8,7 @@ clean): the one skip of a root test the guard below accepts, because it was aske
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
         # eBPF/journald/cron path behind a green run.
         report.outcome = "failed"
         report.longrepr = f"root test skipped while running as root: {report.longrepr}"
+
+
+@pytest.fixture
+def installed():
+    """installed(NAME) -> the program's path; a test whose program scripts/setup.sh installs
+    fails when it is missing (a skip would hide a set-up that no longer installs it)."""
+    def find(name: str) -> str:
+        path = shutil.which(name)
+        if path is None:
+            pytest.fail(f"{name} is not installed: scripts/setup.sh installs it (Debian's "
+                        "prometheus and prometheus-alertmanager packages)", pytrace=False)
+        return path
+    return find
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ alert has its annotations, a runbook anchor in docs/alerts.md and a unit test th
 it; every metric the rules read is one gpuwhy's /metrics serves; labels stay bounded."""
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,9 +16,6 @@ from gpuwhy.webui import create_app
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "gpuwhy-rules.yml"
 TESTS = sorted((REPO / "deploy" / "prometheus" / "tests").glob("*.yml"))
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) "
-                                    "is not installed: scripts/setup.sh installs it")
 ANNOTATIONS = {"summary", "description", "runbook_url", "incident_url"}
 # labels that would make a series (or an alert) per process: never in a rule's output
 UNBOUNDED = {"pid", "start_time", "comm", "cmdline"}
@@ -43,29 +39,29 @@ def served_metric_names(tmp_path) -> set[str]:
     return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
 
 
-@needs_promtool
-def test_promtool_checks_the_rules():
-    result = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True,
+def test_promtool_checks_the_rules(installed):
+    promtool = installed("promtool")
+    result = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
 
 
-@needs_promtool
-def test_promtool_rejects_a_broken_rule(tmp_path):
+def test_promtool_rejects_a_broken_rule(tmp_path, installed):
+    promtool = installed("promtool")
     broken = yaml.safe_load(RULES.read_text())
     broken["groups"][1]["rules"][0]["expr"] = "gpuwhy_gpu_health{state=\"lost\" == 1"
     path = tmp_path / "broken.yml"
     path.write_text(yaml.safe_dump(broken))
-    result = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True,
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode != 0
 
 
-@needs_promtool
 @pytest.mark.parametrize("test_file", TESTS, ids=lambda p: p.name)
-def test_promtool_unit_tests_pass(test_file):
-    result = subprocess.run([PROMTOOL, "test", "rules", test_file.name], capture_output=True,
+def test_promtool_unit_tests_pass(test_file, installed):
+    promtool = installed("promtool")
+    result = subprocess.run([promtool, "test", "rules", test_file.name], capture_output=True,
                             text=True, timeout=120, cwd=test_file.parent)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

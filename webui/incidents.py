@@ -7,6 +7,7 @@ is written to the journal."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 
@@ -25,8 +26,8 @@ from flask.typing import ResponseReturnValue
 from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
 from gpuwhy.errors import GpuwhyError
+from gpuwhy.store import feed, open_store
 from gpuwhy.store import lifecycle as store_lifecycle
-from gpuwhy.store import open_store
 from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
 from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
@@ -114,7 +115,54 @@ def report(incident_id: int) -> ResponseReturnValue:
 
 @bp.get("/api/incidents")
 def api_index() -> ResponseReturnValue:
+    if "since" in request.args:
+        return _feed()
     return jsonify(filtered_incidents(_filters()))
+
+
+def _count(name: str, default: int, low: int, high: int) -> int:
+    """A whole-number query argument in [low, high]; ValueError for anything else."""
+    raw = request.args.get(name, "")
+    if raw == "":
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or not low <= int(raw) <= high:
+        raise ValueError(f"{name} is a whole number from {low} to {high}")
+    return int(raw)
+
+
+def _feed() -> ResponseReturnValue:
+    """The incident feed after a cursor (gpuwhy.store.feed): JSON ``{changes, next, more,
+    latest}``, or JSON lines (``format=jsonl`` or ``Accept: application/x-ndjson``), one
+    change a line with the next cursor in the ``Gpuwhy-Next-Cursor`` header."""
+    try:
+        since = _count("since", 0, 0, (1 << 63) - 1)
+        limit = _count("limit", feed.FEED_MAX, 1, feed.FEED_MAX)
+    except ValueError as exc:
+        return jsonify(error=str(exc)), 400
+    wanted = request.args.get("format", "")
+    if wanted not in ("", "json", "jsonl"):
+        return jsonify(error="format is json or jsonl"), 400
+    db = get_db()
+    # one read transaction: the newest cursor and the page agree
+    with db.conn:
+        db.execute("begin")
+        latest = feed.latest_cursor(db)
+        changes = feed.incident_changes(db, since, limit + 1)
+    more = len(changes) > limit
+    changes = changes[:limit]
+    following = changes[-1]["cursor"] if changes else since
+    headers = {"Gpuwhy-Next-Cursor": str(following), "Gpuwhy-Latest-Cursor": str(latest),
+               "Gpuwhy-More": "true" if more else "false", "Cache-Control": "no-store"}
+    accept = request.accept_mimetypes
+    lines = wanted == "jsonl" or (not wanted and accept.best_match(
+        ["application/json", "application/x-ndjson"]) == "application/x-ndjson")
+    if lines:
+        body = "".join(json.dumps(change, separators=(",", ":")) + "\n" for change in changes)
+        return current_app.response_class(body, mimetype="application/x-ndjson",
+                                          headers=headers)
+    response = jsonify(changes=changes, next=following, more=more, latest=latest)
+    response.headers.update(headers)
+    return response
 
 
 @bp.get("/api/incidents/<int:incident_id>")

@@ -50,6 +50,7 @@ from gpuwhy.gpu_health import STATES as HEALTH_STATES
 from gpuwhy.gpu_health import is_live
 from gpuwhy.gpufields import SAMPLE_FIELDS, THROTTLE_BITS, Field
 from gpuwhy.stalls import STALL_FACTOR, STALLED, judge, stall_counts
+from gpuwhy.store import alertpush
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
@@ -94,6 +95,8 @@ _NAMED = {"gpu_util": "gpuwhy_gpu_utilization_ratio",
           "temp_c": "gpuwhy_gpu_temperature_celsius",
           "mem_temp_c": "gpuwhy_gpu_memory_temperature_celsius"}
 REASONS_FIELD = "clocks_event_reasons"
+# how late a GPU's samples may be stored after another's and still count as idle time
+LATE_NS = 60 * NS_PER_SECOND
 _LOSS_WORDS = ("drop", "lost", "gap", "late_beyond_lag", "rejected", "decode_error",
                "overflow", "clock_ahead")
 
@@ -164,7 +167,10 @@ class IdleWhileHeld:
 
     def update(self, db: Database) -> dict[tuple[str, str, str], float]:
         with self.lock:
-            after = min(self.seen.values(), default=self.started)
+            # from the GPU read longest ago, but never more than LATE_NS before the newest: a
+            # lost GPU's old mark must not make every scrape read all samples since
+            newest = max(self.seen.values(), default=self.started)
+            after = max(min(self.seen.values(), default=self.started), newest - LATE_NS)
             samples = whole_gpu_utilisation(db, after)
             if not samples:
                 return dict(self.totals)
@@ -237,6 +243,7 @@ class StoreCollector(Collector):
             yield from self._incidents(db)
             yield from self._findings(db)
             yield from self._sources(db)
+            yield from self._alertmanager(db)
 
     def _gpu_labels(self, gpus: dict[str, dict], gpu: str | None) -> list[str]:
         row = gpus.get(gpu or "") or {}
@@ -412,6 +419,23 @@ class StoreCollector(Collector):
         yield lost
         yield stalled
         yield stalls
+
+
+    def _alertmanager(self, db: Database) -> Iterator[Metric]:
+        """The Alertmanager pusher's record (store/alertpush.py), once it has run: its own
+        up/down is the ``alertmanager`` source above."""
+        figures = alertpush.figures(db)
+        if figures["behind"] < 0:
+            return
+        alerts = GaugeMetricFamily("gpuwhy_alertmanager_alerts", "incidents the pusher sends "
+                                   "to Alertmanager: firing, or resolved with resolved sends "
+                                   "still owed", labels=["state"])
+        alerts.add_metric(["firing"], figures["firing"])
+        alerts.add_metric(["resolving"], figures["resolving"])
+        yield alerts
+        yield GaugeMetricFamily("gpuwhy_alertmanager_feed_behind", "incident-feed changes "
+                                "the pusher has not taken in yet (0 when it keeps up)",
+                                value=figures["behind"])
 
 
 def _text(value: object) -> str:

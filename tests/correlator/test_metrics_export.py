@@ -3,7 +3,6 @@ rule findings, idle-while-held owners, the GPU info metric and the process's own
 through the real correlator and store, and clean for the real `promtool check metrics`."""
 
 import math
-import shutil
 import socket
 import subprocess
 
@@ -13,13 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwhy.events import GpuSample, ProcessSeen, RuleFinding
 from gpuwhy.gpufields import SAMPLE_FIELDS, THROTTLE_BITS, Field
 from gpuwhy.identity import ProcessKey
-from gpuwhy.store import open_store
+from gpuwhy.store import open_store, queries
 from gpuwhy.webui import create_app
 from gpuwhy.webui.metrics import FIELD_METRICS, StoreCollector, dcgm_pci, field_metric
 
 from .conftest import UUID0
 
-PROMTOOL = shutil.which("promtool")
 TRAINER = ProcessKey(4242, 1000)
 POD = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 CONTAINER = "ab" * 32
@@ -64,9 +62,13 @@ def _samples(family, **labels):
 def test_every_catalogue_field_the_store_keeps_is_exported_in_base_units(harness):
     h = harness
     client = create_app(h.config).test_client()
-    h.feed(h.gpu(0), _full_sample(h, 2.0))
+    sample = _full_sample(h, 2.0)
+    fields = sample.fields
+    h.feed(h.gpu(0), sample)
     _, families = _scrape(client)
-    kept = open_store(h.config["store.path"], readonly=True)["gpu_samples"].columns_dict
+    store = open_store(h.config["store.path"], readonly=True)
+    kept = store["gpu_samples"].columns_dict
+    stored = queries.latest_sample(store, UUID0)     # in the field table's units
     checked = 0
     for name, metric in FIELD_METRICS.items():
         if name not in kept:
@@ -74,9 +76,10 @@ def test_every_catalogue_field_the_store_keeps_is_exported_in_base_units(harness
         family = families[metric.name]
         assert family.type == ("counter" if metric.counter else "gauge"), name
         [sample] = _samples(family, gpu=UUID0)
-        expected = _value(metric.field) if name not in ("row_remap_failed",
-                                                        "ecc_dbe_volatile") else 0.0
-        assert sample.value == pytest.approx(expected * metric.scale, rel=2e-3), name
+        assert stored[name] is not None, name
+        assert sample.value == pytest.approx(stored[name] * metric.scale, rel=1e-9), name
+        # and what was read arrived (storage rounds to its own resolution)
+        assert stored[name] == pytest.approx(fields[name], rel=2e-3, abs=1e-3), name
         checked += 1
     assert checked >= 25            # the whole table, not a few names
     reasons = {s.labels["reason"]: s.value for s in _samples(
@@ -137,9 +140,8 @@ def test_health_xids_findings_info_and_process_labels(harness):
     assert "python_info" in families
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) not installed: "
-                                             "scripts/setup.sh installs it")
-def test_promtool_check_metrics_is_clean(harness):
+def test_promtool_check_metrics_is_clean(harness, installed):
+    promtool = installed("promtool")
     h = harness
     client = create_app(h.config).test_client()
     h.feed(h.gpu(0), _pod_process(h, 0.1), h.opened(0.2, TRAINER), _full_sample(h, 2.0),
@@ -149,12 +151,12 @@ def test_promtool_check_metrics_is_clean(harness):
                        process=TRAINER))
     text, families = _scrape(client)
     assert len(families) >= 60
-    result = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                             text=True, timeout=30)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
     # promtool does find what it lints: a camelCase label name (dcgm-exporter's modelName)
     bad = text + '# HELP x_info a\n# TYPE x_info gauge\nx_info{modelName="H100"} 1\n'
-    result = subprocess.run([PROMTOOL, "check", "metrics"], input=bad, capture_output=True,
+    result = subprocess.run([promtool, "check", "metrics"], input=bad, capture_output=True,
                             text=True, timeout=30)
     assert result.returncode != 0 and "camelCase" in result.stdout + result.stderr
 
