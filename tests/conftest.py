@@ -57,6 +57,16 @@ def installed():
 
 
 @pytest.fixture
+def recorder():
+    """A local HTTP server keeping what is POSTed to it (tests/peers.py), closed after."""
+    from .peers import Recorder
+
+    made = Recorder()
+    yield made
+    made.close()
+
+
+@pytest.fixture
 def tmp_config(tmp_path: Path):
     """A config whose store, bus and device files all live under tmp_path."""
     devices = tmp_path / "dev"

@@ -1,24 +1,15 @@
 """The Alertmanager pusher (correlator/alertmanager.py) over incidents written by the real
-correlator and lifecycle code: first against a local HTTP server that records what the
-pusher POSTs to ``/api/v2/alerts`` (and can fail), then against the real
-``prometheus-alertmanager`` (Debian's package) forwarding to a local webhook receiver, which
-must count ONE firing notification for an incident across a restart of the pusher, and one
-resolved notification once the incident is resolved."""
+correlator and lifecycle code, against a local HTTP server that records what the pusher
+POSTs to ``/api/v2/alerts`` (and can fail): labels kept, re-sends, resolves owed across a
+restart, backoff, effects not pushed. The real Alertmanager and a real `gpuwhy serve` across
+a restart: tests/test_alertmanager_e2e.py."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import shutil
 import socket
-import subprocess
-import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import pytest
 
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.alertmanager import (
@@ -37,51 +28,6 @@ from .conftest import UUID0
 
 TRAINER = ProcessKey(4242, 1000)
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
-
-
-class Recorder:
-    """A local HTTP server that keeps every JSON body POSTed to it; ``status`` is what it
-    answers (200, or a failure to test the pusher's retries)."""
-
-    def __init__(self) -> None:
-        self.bodies: list = []
-        self.status = 200
-        self.lock = threading.Lock()
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with recorder.lock:
-                    status = recorder.status
-                    if status == 200:
-                        recorder.bodies.append((self.path, json.loads(body)))
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def taken(self) -> list:
-        with self.lock:
-            return list(self.bodies)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def recorder():
-    made = Recorder()
-    yield made
-    made.close()
 
 
 def lost_gpu(h) -> int:
@@ -208,115 +154,3 @@ def test_effects_are_not_pushed_and_kinds_name_the_alert(harness, recorder):
     assert not pushed & {str(e["id"]) for e in effects}
     assert alert_name("rule_finding") == "GpuwhyIncidentRuleFinding"
     pusher.db.close()
-
-
-# --- the real Alertmanager --------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for(what: str, check, timeout: float, every: float = 0.2):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-@contextlib.contextmanager
-def alertmanager(tmp_path, webhook: str):
-    config = tmp_path / "alertmanager.yml"
-    config.write_text(f"""
-route:
-  receiver: hook
-  group_by: ['incident']
-  group_wait: 0s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: hook
-    webhook_configs:
-      - url: '{webhook}/hook'
-        send_resolved: true
-""")
-    port = free_port()
-    storage = tmp_path / "am-data"
-    storage.mkdir()
-    log_path = tmp_path / "alertmanager.log"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={config}", f"--storage.path={storage}",
-             "--cluster.listen-address=", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"], stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"alertmanager exited: {log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as answer:
-                return answer.status == 200
-        except OSError:
-            return False
-
-    try:
-        wait_for("alertmanager to be ready", ready, 20)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def notifications(recorder: Recorder, incident_id: int, status: str) -> list[dict]:
-    """The webhook notifications whose alert for the incident has ``status``."""
-    return [body for path, body in recorder.taken() if path == "/hook"
-            and any(a["labels"].get("incident") == str(incident_id) and a["status"] == status
-                    for a in body["alerts"])]
-
-
-def test_the_real_alertmanager_notifies_once_across_a_restart_then_resolves(
-        harness, recorder, tmp_path):
-    with alertmanager(tmp_path, recorder.url) as url:
-        incident_id = lost_gpu(harness)
-        first = pusher_on(harness, url, monotonic_clock := [0.0])
-        started = time.monotonic()
-
-        def step(pusher: AlertmanagerPusher, seconds: float) -> None:
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                monotonic_clock[0] = time.monotonic()
-                pusher.step()
-                time.sleep(0.25)
-
-        first.step()
-        wait_for("the firing notification", lambda: notifications(recorder, incident_id,
-                                                                  "firing"), 15)
-        step(first, 3.0)             # re-sends every second: the same alert, no new news
-        first.db.close()             # gpuwhy stops ...
-        second = pusher_on(harness, url, monotonic_clock)   # ... and starts again
-        step(second, 4.0)            # more re-sends, from the new pusher
-        fired = notifications(recorder, incident_id, "firing")
-        assert len(fired) == 1, fired
-        [alert] = [a for a in fired[0]["alerts"] if a["labels"]["incident"] == str(incident_id)]
-        assert (alert["labels"]["alertname"], alert["labels"]["gpu"]) == \
-            ("GpuwhyIncidentGpuLost", UUID0)
-        assert alert["annotations"]["incident_url"].endswith(f"/incidents/{incident_id}")
-        store_lifecycle.resolve(harness.db, incident_id, "alice", text="replaced")
-        second.step()
-        resolved = wait_for("the resolved notification", lambda: notifications(
-            recorder, incident_id, "resolved"), 15, every=0.25)
-        step(second, 2.0)
-        assert len(notifications(recorder, incident_id, "resolved")) == 1
-        assert len(notifications(recorder, incident_id, "firing")) == 1
-        assert resolved[0]["status"] == "resolved"
-        second.db.close()
-        assert time.monotonic() - started < 40
