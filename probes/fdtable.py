@@ -150,6 +150,19 @@ class FdTable:
         return self.opened(tgid, newfd, open_seq, source.path, ts, how="dup",
                            cloexec=cloexec, start_ticks=start_ticks)
 
+    def adopt_seq(self, tgid: int, fd: int, open_seq: int) -> None:
+        """The kernel copied an inherited fd under its own ``open_seq`` (the child's first call
+        came while user space was copying the table under another): the kernel's is the one
+        its calls are counted and closed under, so it replaces ours."""
+        tracked = self.fds.get((tgid, fd))
+        if tracked is None or tracked.open_seq == open_seq:
+            return
+        group = self._group_of_seq.pop(tracked.open_seq, None)
+        self._live.pop(tracked.open_seq, None)
+        tracked.open_seq = open_seq
+        if group is not None:
+            self._group_of_seq[open_seq] = group
+
     def closed(self, tgid: int, fd: int, open_seq: int | None, ts: int) -> list[Event]:
         """``fd`` closed; ``open_seq`` None closes whatever is tracked under that number."""
         tracked = self.fds.get((tgid, fd))

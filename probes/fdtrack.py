@@ -418,12 +418,20 @@ class FdTrackProbe:
             parent = self._tracked.Key(record.tgid, tracked.fd)
             cloexec = bool(self._tracked[parent].cloexec) if parent in self._tracked \
                 else tracked.cloexec
-            self._kernel_track(child, tracked.fd, tracked.open_seq, cloexec)
+            if not self._kernel_track(child, tracked.fd, tracked.open_seq, cloexec):
+                # the child's first call on it came between seq_for and here (reading the
+                # child's /proc takes a while): the kernel's copy and seq stand
+                key = self._tracked.Key(child, tracked.fd)
+                if key in self._tracked:
+                    self.table.adopt_seq(child, tracked.fd, self._tracked[key].open_seq)
         return events
 
     def _on_inherit(self, record: object, ts: int) -> list[Event]:
         """The child used an inherited fd before we copied its table; the kernel copied it."""
-        if (record.tgid, record.fd) in self.table.fds:
+        known = self.table.fds.get((record.tgid, record.fd))
+        if known is not None:
+            if known.how == "fork":      # our copy, made under our seq: the kernel's stands
+                self.table.adopt_seq(record.tgid, record.fd, record.open_seq)
             return []
         parent = self.table.fds.get((record.aux, record.fd))
         if parent is None:

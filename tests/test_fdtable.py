@@ -171,3 +171,21 @@ def test_snapshot_resends_everything():
     assert kinds == [ProcessSeen, DeviceOpened]
     # figures are re-sent by the next read even though they did not change
     assert _ops(table.update_stats([(1, RM_CONTROL, 0, _stats(5))], ts=3)[0])
+
+
+def test_an_inherited_fd_the_kernel_copied_first_keeps_the_kernels_seq():
+    # The child's first call came while user space was copying its table under seq 100:
+    # the kernel copied the fd under 55 and counts the child's calls there. Adopting 55
+    # makes them the child's (they were dropped as an unknown seq), and its close lands.
+    table = _table()
+    table.opened(7, 3, 1, CTL, ts=1)
+    table.forked(7, 8, ts=2, seq_for=lambda fd: 100)
+    table.adopt_seq(8, 3, 55)
+    events, _ = table.update_stats([(1, RM_CONTROL, 0, _stats(1)),
+                                    (55, RM_CONTROL, 0, _stats(12))], ts=3)
+    assert _ops(events) == {(7, CTL): {("NV_ESC_RM_CONTROL", 0): 1},
+                            (8, CTL): {("NV_ESC_RM_CONTROL", 0): 12}}
+    assert [e.fd for e in table.closed(8, 3, 55, ts=4)] == [3]
+    assert table.update_stats([], ts=5)[1] == [55]
+    table.adopt_seq(8, 99, 56)          # not tracked: nothing to adopt
+    assert (8, 99) not in table.fds
