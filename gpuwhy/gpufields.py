@@ -40,8 +40,8 @@ class Field:
     event: bool = False   # reported as an event (gpu_xid), not as a sample column
 
 
-def _prof(name: str, field_id: int, legacy: str, renamed: str) -> Field:
-    return Field(name, field_id, "ratio", "-", (legacy, renamed), 0.0, 1.0001, profiling=True)
+def _prof(name: str, field_id: int, legacy: str, renamed: str, nvml: str = "-") -> Field:
+    return Field(name, field_id, "ratio", nvml, (legacy, renamed), 0.0, 1.0001, profiling=True)
 
 
 FIELDS: tuple[Field, ...] = (
@@ -111,11 +111,14 @@ FIELDS: tuple[Field, ...] = (
           ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR"), 0, 2**16, event=True),
     _prof("gr_engine_active", 1001, "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
           "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO"),
-    _prof("sm_active", 1002, "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO"),
+    _prof("sm_active", 1002, "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO",
+          "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100"),
     _prof("sm_occupancy", 1003, "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO"),
     _prof("tensor_active", 1004, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-          "DCGM_FI_PROF_TENSOR_UTIL_RATIO"),
-    _prof("dram_active", 1005, "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO"),
+          "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+          "nvmlGpmMetricsGet(NVML_GPM_METRIC_ANY_TENSOR_UTIL) / 100"),
+    _prof("dram_active", 1005, "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+          "nvmlGpmMetricsGet(NVML_GPM_METRIC_DRAM_BW_UTIL) / 100"),
     _prof("fp64_active", 1006, "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_FP64_UTIL_RATIO"),
     _prof("fp32_active", 1007, "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_FP32_UTIL_RATIO"),
     _prof("fp16_active", 1008, "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_FP16_UTIL_RATIO"),

@@ -5,6 +5,8 @@ real ``pynvml`` module); the exception classes and constants are nvidia-ml-py's 
 None of this has run against a real GPU.
 """
 
+import ctypes
+import logging
 import os
 import threading
 import types
@@ -13,6 +15,7 @@ import pynvml
 import pytest
 
 from gpuwhy.events import GpuProcesses, GpuSample, GpuState, GpuXid
+from gpuwhy.probes.gpu import nvml as nvml_module
 from gpuwhy.probes.gpu.nvml import NvmlSource
 from gpuwhy.probes.gpu.source import SourceUnavailable
 
@@ -28,23 +31,50 @@ class Handle:
         self.index = index
 
 
+SM, TENSOR, DRAM = (pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+                    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+GPM_FIELDS = {"sm_active", "tensor_active", "dram_active"}
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def address(sample):
+    return ctypes.cast(sample, ctypes.c_void_p).value
+
+
 class FakeNvml:
-    """Two GPUs; ``broken`` maps (function name, gpu index) to an NVML error code."""
+    """Two GPUs; ``broken`` maps (function name, gpu index) to an NVML error code.
+
+    GPM: ``gpm`` maps a GPU index to its metric percentages {metric id: percent} (a GPU
+    not in it says it has no GPM, like the L4 it is named), ``gpm_failing`` maps
+    (gpu index, metric id) to that metric's own nvmlReturn. Sample buffers are real
+    ``c_nvmlGpmSample_t`` pointers to fake addresses, so that they fit the real
+    ``c_nvmlGpmMetricsGet_t``; ``gpm_buffers`` maps a live address to (gpu index, sample
+    number) of the sample in it, or None before the first sample.
+    """
 
     def __init__(self, monkeypatch):
         self.broken = {}
+        self.names = ["NVIDIA L4", "NVIDIA L4"]
+        self.gpm = {}
+        self.gpm_failing = {}
+        self.gpm_buffers = {}
+        self.gpm_allocated = []
+        self.gpm_freed = []
+        self.gpm_pairs = []   # (gpu index, older sample number, newer sample number)
+        self.gpm_samples = 0
+        self.shut_down = False
         self.init_error = None
         self.xids = []
         self.xid_ready = threading.Event()
         self.util_calls = []
         self.handles = [Handle(i) for i in range(2)]
         calls = {
-            "nvmlInit": self.init, "nvmlShutdown": lambda: None,
+            "nvmlInit": self.init, "nvmlShutdown": self.shutdown,
             "nvmlSystemGetDriverVersion": lambda: "550.54.15",
             "nvmlDeviceGetCount": lambda: 2,
             "nvmlDeviceGetHandleByIndex": lambda i: self.handles[i],
             "nvmlDeviceGetUUID": lambda h: f"GPU-{h.index}{h.index}",
-            "nvmlDeviceGetName": lambda h: "NVIDIA L4",
+            "nvmlDeviceGetName": lambda h: self.names[h.index],
             "nvmlDeviceGetPciInfo": lambda h: types.SimpleNamespace(
                 busId=f"00000000:{h.index + 1:02X}:00.0".encode()),
             "nvmlDeviceGetMinorNumber": lambda h: h.index,
@@ -73,6 +103,11 @@ class FakeNvml:
             "nvmlDeviceRegisterEvents": lambda h, types_, es: None,
             "nvmlEventSetWait": self.wait,
             "nvmlEventSetFree": lambda es: None,
+            "nvmlGpmQueryDeviceSupport": self.gpm_support,
+            "nvmlGpmSampleAlloc": self.gpm_alloc,
+            "nvmlGpmSampleGet": self.gpm_sample,
+            "nvmlGpmMetricsGet": self.gpm_metrics,
+            "nvmlGpmSampleFree": self.gpm_free,
         }
         for name, fn in calls.items():
             assert hasattr(pynvml, name), name   # same names as the real binding
@@ -90,6 +125,58 @@ class FakeNvml:
     def init(self):
         if self.init_error is not None:
             raise error(self.init_error)
+
+    def shutdown(self):
+        self.shut_down = True
+
+    def gpm_support(self, handle):
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(handle.index in self.gpm)
+        return support
+
+    def gpm_alloc(self):
+        addr = 0x1000 + 0x100 * len(self.gpm_allocated)
+        self.gpm_allocated.append(addr)
+        self.gpm_buffers[addr] = None
+        return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpmSample_t)
+
+    def live(self, sample):
+        addr = address(sample)
+        if self.shut_down or addr not in self.gpm_buffers:   # freed, or never allocated
+            raise error(pynvml.NVML_ERROR_UNINITIALIZED if self.shut_down
+                        else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return addr
+
+    def gpm_sample(self, handle, sample):
+        self.gpm_samples += 1
+        self.gpm_buffers[self.live(sample)] = (handle.index, self.gpm_samples)
+        return sample
+
+    def gpm_metrics(self, get):
+        assert isinstance(get, pynvml.c_nvmlGpmMetricsGet_t)
+        if get.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        older = self.gpm_buffers[self.live(get.sample1)]
+        newer = self.gpm_buffers[self.live(get.sample2)]
+        if (older is None or newer is None or older[0] != newer[0] or older[1] >= newer[1]
+                or not 0 < get.numMetrics <= pynvml.NVML_GPM_METRIC_MAX):
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = newer[0]
+        self.gpm_pairs.append((gpu, older[1], newer[1]))
+        for i in range(get.numMetrics):
+            metric = get.metrics[i]
+            code = self.gpm_failing.get((gpu, metric.metricId))
+            if code is None and metric.metricId not in self.gpm[gpu]:
+                code = pynvml.NVML_ERROR_NOT_SUPPORTED
+            metric.nvmlReturn = pynvml.NVML_SUCCESS if code is None else code
+            metric.value = 0.0 if code is not None else self.gpm[gpu][metric.metricId]
+        return get
+
+    def gpm_free(self, sample):
+        addr = self.live(sample)
+        del self.gpm_buffers[addr]
+        self.gpm_freed.append(addr)
 
     def process_util(self, handle, last_seen):
         self.util_calls.append(last_seen)
@@ -111,6 +198,24 @@ class FakeNvml:
 @pytest.fixture
 def nvml(monkeypatch):
     return FakeNvml(monkeypatch)
+
+
+class Clock:
+    """CLOCK_MONOTONIC for the GPM gap: ``step`` ns on at each call, or set ``now``."""
+
+    def __init__(self, step=10**9):
+        self.now, self.step = 0, step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(nvml_module, "monotonic_ns", clock)
+    return clock
 
 
 @pytest.mark.parametrize("code, reason", [
@@ -206,3 +311,168 @@ def test_nvml_xids_are_only_those_seen_waiting_never_before_start(nvml):
     xids = [e for e in source.read() if isinstance(e, GpuXid)]
     source.close()
     assert [(x.xid, x.before_start) for x in xids] == [(13, False)]
+
+
+# --- GPM (Hopper and later): sm_active, tensor_active, dram_active -------------------------
+
+def gpm_fields(events):
+    return {e.gpu_id: {k: v for k, v in e.fields.items() if k in GPM_FIELDS}
+            for e in events if isinstance(e, GpuSample)}
+
+
+def hopper(nvml, index, sm=62.5, tensor=40.0, dram=12.5):
+    nvml.names[index] = H100
+    nvml.gpm[index] = {SM: sm, TENSOR: tensor, DRAM: dram}
+
+
+def test_gpm_ratios_from_the_second_read_on_each_since_the_read_before(nvml, clock):
+    hopper(nvml, 0)
+    hopper(nvml, 1, sm=100.0, tensor=0.0, dram=99.5)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    first = source.read()
+    assert gpm_fields(first) == {"GPU-00": {}, "GPU-11": {}}   # one sample: nothing to compare
+    assert next(e for e in first if isinstance(e, GpuSample)).fields["gpu_util"] == 90
+    assert gpm_fields(source.read()) == {
+        "GPU-00": {"sm_active": 0.625, "tensor_active": 0.4, "dram_active": 0.125},
+        "GPU-11": {"sm_active": 1.0, "tensor_active": 0.0, "dram_active": 0.995}}
+    nvml.gpm[0][SM] = 12.0
+    assert gpm_fields(source.read())["GPU-00"]["sm_active"] == 0.12
+    # Samples 1 and 2 are the first read's (GPU 0, GPU 1): each later read compares its own
+    # sample with the GPU's previous one, never with a sample of the other GPU.
+    assert nvml.gpm_pairs == [(0, 1, 3), (1, 2, 4), (0, 3, 5), (1, 4, 6)]
+    assert nvml.gpm_samples == 6                # one sample per GPU per read
+    assert len(nvml.gpm_allocated) == 4         # one pair of buffers per GPU, reused
+    source.close()
+
+
+def test_a_read_within_100_ms_takes_no_gpm_sample_and_the_next_spans_both(nvml, clock):
+    hopper(nvml, 0)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    clock.step = 0
+    clock.now = 10**9
+    source.read()                                # sample 1, the base
+    clock.now += 60_000_000
+    assert gpm_fields(source.read())["GPU-00"] == {}
+    assert nvml.gpm_samples == 1                 # too soon: no sample, the base is kept
+    clock.now += 90_000_000
+    assert gpm_fields(source.read())["GPU-00"]["sm_active"] == 0.625
+    assert nvml.gpm_pairs == [(0, 1, 2)]         # 150 ms since sample 1
+    source.close()
+
+
+def test_gpus_without_gpm_have_no_gpm_fields_and_are_noted_once(nvml, clock, caplog,
+                                                              monkeypatch):
+    calls = []
+    query = pynvml.nvmlGpmQueryDeviceSupport
+    monkeypatch.setattr(pynvml, "nvmlGpmQueryDeviceSupport",
+                        lambda h: calls.append(h.index) or query(h))
+    source = NvmlSource(xid_events=False)
+    source.open()
+    with caplog.at_level(logging.INFO, logger=nvml_module.__name__):
+        reads = [source.read() for _ in range(3)]
+    assert all(gpm_fields(r) == {"GPU-00": {}, "GPU-11": {}} for r in reads)
+    assert sorted(calls) == [0, 1]               # asked once per GPU, not at every read
+    assert nvml.gpm_allocated == [] and nvml.gpm_samples == 0
+    gpm_logs = [r.getMessage() for r in caplog.records if "GPM" in r.getMessage()]
+    assert len(gpm_logs) == 2 and all("Hopper" in m for m in gpm_logs)
+    assert ("GPM metrics (sm_active, tensor_active, dram_active) not available on 2 GPU(s)"
+            in source.notes())
+    source.close()
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_NOT_SUPPORTED,
+                                  pynvml.NVML_ERROR_NO_PERMISSION,
+                                  pynvml.NVML_ERROR_FUNCTION_NOT_FOUND])
+@pytest.mark.parametrize("where", ["nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet"])
+def test_gpm_refused_by_driver_or_library_leaves_the_rest(nvml, clock, caplog, code, where):
+    hopper(nvml, 0)
+    hopper(nvml, 1)
+    nvml.broken[(where, 0)] = code
+    source = NvmlSource(xid_events=False)
+    source.open()
+    with caplog.at_level(logging.INFO, logger=nvml_module.__name__):
+        reads = [source.read() for _ in range(3)]
+    assert all(gpm_fields(r)["GPU-00"] == {} for r in reads)
+    assert gpm_fields(reads[-1])["GPU-11"]["sm_active"] == 0.625
+    assert {e.gpu_id for e in reads[-1] if isinstance(e, GpuSample)} == {"GPU-00", "GPU-11"}
+    assert next(e for e in reads[-1] if e.gpu_id == "GPU-00").fields["power_w"] == 70.5
+    assert len([r for r in caplog.records if r.getMessage().startswith("GPU-00: no GPM")]) == 1
+    assert "GPM metrics (sm_active, tensor_active, dram_active) not available on 1 GPU(s)" in (
+        source.notes())
+    gpu0_buffers = [a for a in nvml.gpm_allocated if a not in nvml.gpm_buffers]
+    assert len(gpu0_buffers) == (2 if where == "nvmlGpmSampleGet" else 0)   # freed at once
+    source.close()
+
+
+def test_one_failing_or_implausible_metric_drops_only_that_field(nvml, clock):
+    hopper(nvml, 0, dram=250.0)                 # no DRAM is 250 % busy: garbage, dropped
+    nvml.gpm_failing[(0, TENSOR)] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    source = NvmlSource(xid_events=False)
+    source.open()
+    source.read()
+    assert gpm_fields(source.read())["GPU-00"] == {"sm_active": 0.625}
+    assert "tensor_active (GPM: NVMLError_NotSupported) not available on 1 GPU(s)" in (
+        source.notes())
+    del nvml.gpm_failing[(0, TENSOR)]
+    assert gpm_fields(source.read())["GPU-00"] == {"sm_active": 0.625, "tensor_active": 0.4}
+    source.close()
+
+
+def test_a_failed_gpm_call_skips_one_read_and_warns_once(nvml, clock, caplog):
+    hopper(nvml, 0)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    source.read()
+    nvml.broken[("nvmlGpmMetricsGet", None)] = pynvml.NVML_ERROR_UNKNOWN
+    with caplog.at_level(logging.WARNING, logger=nvml_module.__name__):
+        failed = [source.read(), source.read()]
+    assert all(gpm_fields(r)["GPU-00"] == {} for r in failed)
+    assert next(e for e in failed[0] if e.gpu_id == "GPU-00").fields["gpu_util"] == 90
+    assert len([r for r in caplog.records if "GPM read of GPU-00" in r.getMessage()]) == 1
+    del nvml.broken[("nvmlGpmMetricsGet", None)]
+    assert gpm_fields(source.read())["GPU-00"]["dram_active"] == 0.125   # GPM stayed on
+    source.close()
+
+
+def test_gpu_lost_during_a_gpm_sample_is_a_gpu_state_event(nvml, clock):
+    hopper(nvml, 0)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    source.read()
+    nvml.broken[("nvmlGpmSampleGet", 0)] = pynvml.NVML_ERROR_GPU_IS_LOST
+    [state] = [e for e in source.read() if isinstance(e, GpuState)]
+    assert (state.gpu_id, state.state) == ("GPU-00", "lost")
+    source.close()
+
+
+def test_gpm_buffers_are_freed_once_on_close_before_shutdown(nvml, clock):
+    hopper(nvml, 0)
+    hopper(nvml, 1)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    source.read()
+    source.read()
+    assert len(nvml.gpm_buffers) == 4
+    source.close()                               # gpm_free raises after nvmlShutdown
+    assert nvml.shut_down and nvml.gpm_buffers == {}
+    assert sorted(nvml.gpm_freed) == sorted(nvml.gpm_allocated)   # each once: no double free
+
+
+def test_two_gpus_only_one_with_gpm(nvml, clock):
+    hopper(nvml, 1)                              # GPU 0 stays an L4
+    source = NvmlSource(xid_events=False)
+    gpus = source.open()
+    assert [g.model for g in gpus] == ["NVIDIA L4", H100]
+    source.read()
+    second = source.read()
+    assert gpm_fields(second) == {
+        "GPU-00": {}, "GPU-11": {"sm_active": 0.625, "tensor_active": 0.4, "dram_active": 0.125}}
+    assert {gpu for gpu, _, _ in nvml.gpm_pairs} == {1}
+    assert {owner[0] for owner in nvml.gpm_buffers.values()} == {1}
+    assert len(nvml.gpm_allocated) == 2
+    assert ("GPM metrics (sm_active, tensor_active, dram_active) not available on 1 GPU(s)"
+            in source.notes())
+    source.close()
+    assert sorted(nvml.gpm_freed) == sorted(nvml.gpm_allocated)

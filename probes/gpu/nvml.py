@@ -2,10 +2,14 @@
 
 Per GPU and read: identity, utilisation, memory, clocks, clock-event reasons, power,
 energy, temperature, PCIe throughput, ECC and row remapping, the running compute
-processes with their memory, and per-process utilisation samples. A thread waits for
-Xid events (NVML event sets are not thread safe: only that thread touches its set).
-``GPU_IS_LOST`` and ``RESET_REQUIRED`` become ``gpu_state`` events; that GPU is then
-left alone. Anything NOT_SUPPORTED or NO_PERMISSION is missing, noted once.
+processes with their memory, and per-process utilisation samples. On Hopper and later,
+GPM (GPU Performance Monitoring) adds ``sm_active``, ``tensor_active`` and
+``dram_active``: each read takes one GPM sample and computes the metrics since the
+previous read's, so a GPU's first read has none of them; before Hopper there are none.
+A thread waits for Xid events (NVML event sets are not thread safe: only that thread
+touches its set). ``GPU_IS_LOST`` and ``RESET_REQUIRED`` become ``gpu_state`` events;
+that GPU is then left alone. Anything NOT_SUPPORTED or NO_PERMISSION is missing, noted
+once.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from time import monotonic_ns
 from types import ModuleType
 
 from gpuwhy.clock import now_ns
@@ -41,6 +46,17 @@ _INIT_REASONS = {
                                       "(driver upgraded without a reboot?)",
     "NVMLError_NoPermission": "no permission to open the GPUs",
 }
+
+
+# Our profiling field <- the GPM metric that measures it (GPM: percent, 0-100; ours: 0-1).
+# Each is the nearest GPM metric to the DCGM field, not the same counter (docs/gpu-fields.md).
+GPM_METRICS = (("sm_active", "NVML_GPM_METRIC_SM_UTIL"),
+               ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+               ("dram_active", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
+GPM_NOTE = f"GPM metrics ({', '.join(name for name, _ in GPM_METRICS)})"
+# NVML's GPM counters refresh about every 100 ms: two samples closer than that measure
+# nothing ("the interval between two nvmlGpmSampleGet() calls should be greater than 100ms").
+GPM_MIN_GAP_NS = 100_000_000
 
 
 def _load() -> ModuleType:
@@ -83,6 +99,58 @@ def _readers(nv: ModuleType) -> dict[str, Callable]:
     }
 
 
+def _missing(nv: ModuleType) -> tuple[type[Exception], ...]:
+    """The errors that mean "this GPU, driver or library cannot give that", for good."""
+    return (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission,
+            nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError)
+
+
+class _GpmPair:
+    """One GPU's two GPM sample buffers: the latest sample, and the one the next read fills.
+
+    Allocated once per GPU and swapped on each read, so that a read is one
+    ``nvmlGpmSampleGet`` and one ``nvmlGpmMetricsGet``, and the metrics always span the
+    real time since the previous read, however long that was.
+    """
+
+    def __init__(self, nv: ModuleType, handle: object):
+        self.nv, self.handle = nv, handle
+        self.latest = nv.nvmlGpmSampleAlloc()
+        try:
+            self.spare = nv.nvmlGpmSampleAlloc()
+        except nv.NVMLError:
+            nv.nvmlGpmSampleFree(self.latest)
+            raise
+        self.latest_ns: int | None = None   # None: the latest buffer holds no sample yet
+
+    def advance(self) -> object | None:
+        """Take a sample; the metrics (a ``c_nvmlGpmMetricsGet_t``) since the previous
+        one, or None when there is no previous one far enough back."""
+        nv, now = self.nv, monotonic_ns()
+        if self.latest_ns is not None and now - self.latest_ns <= GPM_MIN_GAP_NS:
+            return None   # keep the older sample as the base: the next read spans both gaps
+        nv.nvmlGpmSampleGet(self.handle, self.spare)
+        had_base = self.latest_ns is not None
+        self.latest, self.spare = self.spare, self.latest
+        self.latest_ns = now
+        if not had_base:
+            return None
+        get = nv.c_nvmlGpmMetricsGet_t()
+        get.version = nv.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(GPM_METRICS)
+        get.sample1, get.sample2 = self.spare, self.latest   # older first
+        for i, (_, metric) in enumerate(GPM_METRICS):
+            get.metrics[i].metricId = getattr(nv, metric)
+        return nv.nvmlGpmMetricsGet(get)
+
+    def free(self) -> None:
+        for sample in (self.latest, self.spare):
+            try:
+                self.nv.nvmlGpmSampleFree(sample)
+            except self.nv.NVMLError:
+                pass   # nothing else to do with a buffer NVML will not take back
+
+
 class NvmlSource:
     """NVML over every GPU; ``proc_root`` resolves pids to (pid, start time)."""
 
@@ -98,6 +166,7 @@ class NvmlSource:
         self._unsupported: dict[str, set[str]] = {}
         self._gone: dict[str, str] = {}
         self._last_util_ts: dict[str, int] = {}
+        self._gpm: dict[str, _GpmPair | None] = {}   # None: no GPM on that GPU
         self._xids: queue.Queue[Event] = queue.Queue()
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -162,12 +231,12 @@ class NvmlSource:
             for name, read in self._readers.items():
                 try:
                     value = float(read(gpu.handle))
-                except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission,
-                        nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError):
+                except _missing(nv):
                     self._unsupported.setdefault(name, set()).add(gpu.id)
                     continue
                 if plausible(BY_NAME[name], value):
                     fields[name] = value
+            fields.update(self._gpm_fields(gpu))
             processes = self._processes(gpu)
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
             state = "lost" if isinstance(exc, nv.NVMLError_GpuIsLost) else "reset_required"
@@ -184,6 +253,69 @@ class NvmlSource:
             events.append(GpuProcesses(ts=ts, gpu_id=gpu.id, source="nvml",
                                        processes=processes))
         return events
+
+    def _gpm_fields(self, gpu: GpuInfo) -> dict[str, float]:
+        """GPM's SM, tensor and DRAM activity since the previous read, as 0-1 ratios.
+
+        Only whole GPUs are read here (handles from ``nvmlDeviceGetHandleByIndex``). A MIG
+        GPU instance would need ``nvmlGpmMigSampleGet`` per instance, which this source
+        does not do: the source has no per-instance rows to put such values in.
+        """
+        nv = self._nv
+        if gpu.id not in self._gpm:
+            self._gpm[gpu.id] = self._gpm_open(gpu)
+        pair = self._gpm[gpu.id]
+        if pair is None:
+            return {}
+        try:
+            got = pair.advance()
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except _missing(nv) as exc:
+            pair.free()
+            self._gpm[gpu.id] = None
+            self._gpm_off(gpu, type(exc).__name__)
+            return {}
+        except nv.NVMLError as exc:
+            # Kept on: a failed call costs this read's three values, not the GPU's other
+            # fields, and the next read compares with the last sample that was taken.
+            failed = self._unsupported.setdefault(f"{GPM_NOTE} ({exc})", set())
+            if gpu.id not in failed:
+                log.warning("GPM read of %s failed: %s", gpu.id, exc)
+            failed.add(gpu.id)
+            return {}
+        if got is None:
+            return {}
+        fields = {}
+        for i, (name, _) in enumerate(GPM_METRICS):
+            metric = got.metrics[i]
+            if metric.nvmlReturn != nv.NVML_SUCCESS:
+                code = type(nv.NVMLError(metric.nvmlReturn)).__name__
+                self._unsupported.setdefault(f"{name} (GPM: {code})", set()).add(gpu.id)
+                continue
+            value = metric.value / 100
+            if plausible(BY_NAME[name], value):
+                fields[name] = value
+        return fields
+
+    def _gpm_open(self, gpu: GpuInfo) -> _GpmPair | None:
+        nv = self._nv
+        try:
+            if not nv.nvmlGpmQueryDeviceSupport(gpu.handle).isSupportedDevice:
+                self._gpm_off(gpu, "not a GPM GPU (GPM needs Hopper or later)")
+                return None
+            return _GpmPair(nv, gpu.handle)
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except _missing(nv) as exc:
+            self._gpm_off(gpu, type(exc).__name__)
+        except nv.NVMLError as exc:
+            self._gpm_off(gpu, f"GPM set-up failed: {exc}")
+        return None
+
+    def _gpm_off(self, gpu: GpuInfo, reason: str) -> None:
+        self._unsupported.setdefault(GPM_NOTE, set()).add(gpu.id)
+        log.info("%s: no %s: %s", gpu.id, GPM_NOTE, reason)
 
     def _processes(self, gpu: GpuInfo) -> list[dict] | None:
         nv = self._nv
@@ -263,6 +395,10 @@ class NvmlSource:
         self._stop.set()
         if self._xid_thread is not None:
             self._xid_thread.join(XID_WAIT_MS / 1000 + 1)
+        for pair in self._gpm.values():
+            if pair is not None:
+                pair.free()   # before nvmlShutdown, which would make the frees fail
+        self._gpm = {}
         if self._nv is not None:
             try:
                 self._nv.nvmlShutdown()
