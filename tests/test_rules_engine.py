@@ -163,3 +163,27 @@ def test_arithmetic_that_overflows_is_unknown_not_an_exception():
         f'gpu.util{huge}, 1m) as nan, last(bit(gpu.util{huge}, IDLE), 1m) as bit }}')
     findings, _ = run(Synthetic(duration_s=60), [rule])
     assert findings and findings[0].evidence == {"inf": None, "nan": None, "bit": None}
+
+
+def _corr_rule(bound: str) -> list:
+    return parse_rules(
+        'rule X_corr { title: "t" requires: gpu.pcie_rx_Bps, gpu.sm_active\n'
+        f'  when: corr(gpu.pcie_rx_Bps / 1e9, gpu.sm_active, 60s) {bound}\n'
+        '  evidence: corr(gpu.pcie_rx_Bps / 1e9, gpu.sm_active, 60s) as r }')
+
+
+def test_corr_is_pearsons_correlation_over_the_window_and_unknown_when_flat():
+    # Traffic and SM activity in opposite phases (exposed communication): r = -1.
+    opposite = Synthetic(duration_s=200, gpu=lambda t: {
+        "pcie_rx_bytes_per_s": 2e9 + 1e10 * (t % 2), "sm_active": 0.9 - 0.5 * (t % 2)})
+    findings, _ = run(opposite, _corr_rule("<= -0.9"))
+    assert findings and findings[0].evidence["r"] == -1.0
+    # In phase (overlapped: traffic beside compute): r = +1, and the bound does not hold.
+    together = Synthetic(duration_s=200, gpu=lambda t: {
+        "pcie_rx_bytes_per_s": 2e9 + 1e10 * (t % 2), "sm_active": 0.4 + 0.5 * (t % 2)})
+    assert not run(together, _corr_rule("<= -0.9"))[0]
+    assert run(together, _corr_rule(">= 0.9"))[0][0].evidence["r"] == 1.0
+    # A flat series has no correlation: unknown, never a finding either way.
+    flat = Synthetic(duration_s=200, gpu={"pcie_rx_bytes_per_s": 5e9, "sm_active": 0.7})
+    _, engine = run(flat, _corr_rule("<= 1"))
+    assert statuses(engine, "X_corr") == {"not_evaluable"}

@@ -21,8 +21,9 @@ from gpuwhy.stats import increase, percentile
 Value = float | bool | str | None
 MIN_COVERAGE = 0.5
 ASOF_TOLERANCE_NS = 5 * 10**9
-SCALAR_ONLY = ("mean", "min", "max", "stddev", "last", "rate", "delta", "frac", "zscore",
-               "count", "within")
+SCALAR_ONLY = ("mean", "min", "max", "stddev", "last", "rate", "delta", "frac", "corr",
+               "zscore", "count", "within")
+CORR_MIN_PAIRS = 10    # fewer samples in the window: no correlation to speak of
 
 
 def truth(value: Value) -> bool | None:
@@ -249,6 +250,8 @@ class Evaluation:
             return float(len(self._events(args[0], args[1].ns)))
         if f == "within":
             return self._within(args[0], args[1], args[2].ns)
+        if f == "corr":
+            return self._corr(args[0], args[1], args[2].ns)
         window = args[1].ns
         if f == "frac":
             samples = self.samples(args[0], window)
@@ -290,6 +293,31 @@ class Evaluation:
             mean = sum(values) / len(values)
             return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
         return percentile(values, float(f[1:]))
+
+    def _corr(self, a: m.Node, b: m.Node, window: int) -> Value:
+        """Pearson's correlation of two per-sample expressions over the window, on the samples
+        where both are known; unknown with fewer than CORR_MIN_PAIRS or a flat one."""
+        names = self._refs(b, self._refs(a, []))     # one timeline for both sides
+        data = {name: self.series(name, window) for name in names}
+        if not names or not all(self._covered(name, data[name], window) for name in names):
+            return None
+        times = [ts for ts, _ in max(data.values(), key=len)]
+        columns = {name: _align(series, times) for name, series in data.items()}
+        xs, ys = self._vector(a, columns), self._vector(b, columns)
+        if not isinstance(xs, list) or not isinstance(ys, list):
+            return None
+        pairs = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True)
+                 if _num(x) is not None and _num(y) is not None]
+        if len(pairs) < CORR_MIN_PAIRS:
+            return None
+        mx = sum(x for x, _ in pairs) / len(pairs)
+        my = sum(y for _, y in pairs) / len(pairs)
+        sxy = sum((x - mx) * (y - my) for x, y in pairs)
+        sxx = sum((x - mx) ** 2 for x, _ in pairs)
+        syy = sum((y - my) ** 2 for _, y in pairs)
+        if sxx <= 0 or syy <= 0:
+            return None
+        return sxy / math.sqrt(sxx * syy)
 
     def _zscore(self, node: m.Node, window: int, baseline: int) -> Value:
         samples = self.samples(node, baseline)

@@ -477,6 +477,11 @@ class _Checker:
                 raise _Problem(call, "frac() expects (predicate, duration)")
             self._window(call, 1)
             return m.Call(f, (r(args[0]), args[1]), (), call.line, call.column)
+        if f == "corr":
+            if len(args) != 3:
+                raise _Problem(call, "corr() expects (series, series, duration)")
+            self._window(call, 2)
+            return m.Call(f, (r(args[0]), r(args[1]), args[2]), (), call.line, call.column)
         if f == "zscore":
             baseline = call.kwarg("baseline")
             if len(args) != 2 or not isinstance(baseline, m.Dur) or len(call.kwargs) != 1:
@@ -512,7 +517,8 @@ class _Checker:
             return call
         if f in AGGREGATES:
             raise _Problem(call, f"{f}() expects (series, duration)")
-        known = [*AGGREGATES, *SCALAR_FUNCS, "frac", "zscore", "count", "within", "bit", "env",
+        known = [*AGGREGATES, *SCALAR_FUNCS, "frac", "corr", "zscore", "count", "within", "bit",
+                 "env",
                  "p05", "p50", "p95", "p99"]
         close = difflib.get_close_matches(f, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
