@@ -285,3 +285,24 @@ def test_causes_that_explain_each_other_both_stay():
         "ab.rules")}
     both = [finding("A", severity="warning"), finding("B", severity="warning", ts=2)]
     assert sorted(a.rule_id for a in answers(both, rules)) == ["A", "B"]
+
+
+def test_a_cause_that_cleared_inside_a_symptoms_window_still_answers_for_it():
+    # R25 (memory nearly full) held until the job died of OOM at t=560; the GPU's bursty
+    # window (R14, evaluated over 100..700) is made of that job's samples: R25 answers.
+    fb_full = "R25_fb_near_full"
+    assert BURSTY in SHIPPED[fb_full].explains
+    cleared = finding(fb_full, state="cleared", ts=560)
+    bursty = finding(BURSTY, ts=700, window_start=100, window_end=700)
+    [top] = answers([cleared, bursty], SHIPPED)
+    assert (top.rule_id, top.kind, top.held_until, top.explained) == \
+        (fb_full, CAUSE, 560, (bursty.finding_id,))
+    # ... never on its own, nor for a symptom whose window began after it cleared
+    assert answers([cleared], SHIPPED) == []
+    late = finding(BURSTY, ts=1300, window_start=600, window_end=1300)
+    [alone] = answers([cleared, late], SHIPPED)
+    assert (alone.rule_id, alone.cause_established) == (BURSTY, False)
+    # a cause firing now ranks before one that held earlier, whatever they explain
+    starved = finding(STARVED, ts=690)
+    assert [a.rule_id for a in answers([cleared, bursty, starved], SHIPPED)] == \
+        [STARVED, fb_full]

@@ -4,11 +4,13 @@ Each scenario of a corpus is a capture (JSON lines of bus payloads, as `gpuwhy r
 writes them) and a manifest beside it (``NAME.json``: the planted cause, the rule ids that
 are acceptable top answers, or none for a healthy host; gpuwhy.demo.corpus describes the
 format). Every capture is replayed through the real engine with the shipped rules (the loop
-of `gpuwhy rules test --replay`), and after every round the findings still firing are
-ranked (gpuwhy.rules.answer.answers; where that module is missing, a fallback: worst
-severity, then earliest). A fault scenario is a hit when the top answer at the end is an
-acceptable one; its time to answer is the capture second the right answer first led. A
-healthy scenario raises a false alarm when any warning-or-worse finding fired at any time.
+of `gpuwhy rules test --replay`), and after every round the findings still firing, with the
+causes cleared lately (they answer only for a firing symptom whose window they held in, as
+its incident stays theirs), are ranked (gpuwhy.rules.answer.answers; where that module is
+missing, a fallback: worst severity, then earliest). A fault scenario is a hit when the top
+answer at the end is an acceptable one; its time to answer is the capture second the right
+answer first led. A healthy scenario raises a false alarm when any warning-or-worse finding
+fired at any time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import click
 
 NS = 10**9
 MANIFEST_FORMAT = "gpuwhy-scenario/1"
+CLEARED_KEPT_NS = 3600 * NS    # the longest rule window: no symptom reaches further back
 
 
 class Unreadable(Exception):
@@ -160,6 +163,7 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
     out = Outcome(case, events=len(events))
     start = events[0].ts
     open_findings: dict[str, object] = {}
+    cleared: dict[str, object] = {}   # lately cleared: a cause may still explain a symptom
     fired: set[str] = set()
     alarms: set[str] = set()
     current: list = [None, None]      # top rule id, its kind
@@ -175,7 +179,12 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
                     alarms.add(f.rule_id)
             else:
                 open_findings.pop(f.finding_id, None)
-        ranked = rank(list(open_findings.values()), by_id)
+                cleared[f.finding_id] = f
+            if f.state == "firing":
+                cleared.pop(f.finding_id, None)
+        for finding_id in [k for k, f in cleared.items() if now - f.ts > CLEARED_KEPT_NS]:
+            del cleared[finding_id]
+        ranked = rank([*open_findings.values(), *cleared.values()], by_id)
         top, kind = (ranked[0][0].rule_id, ranked[0][1]) if ranked else (None, None)
         if not out.timeline or top != current[0]:
             out.timeline.append((round((now - start) / NS, 1), top))

@@ -5,9 +5,13 @@ A rule is a cause or a symptom (``kind:``, :mod:`gpuwhy.rules.model`); a cause l
 symptom rules it explains (``explains:``). Here, per GPU, each firing cause is an answer
 whose ``explained`` are the present symptoms it explains, and each symptom no present cause
 explains is an answer of its own that says its cause is not established and what is
-missing. Answers are ranked by :func:`rank_key`: causes above symptoms, then the number of
-present symptoms explained, then severity (:mod:`gpuwhy.severity`), then confidence; ties
-go by rule and finding id, so the order never depends on which finding arrived first.
+missing. A cause that cleared inside a firing symptom's evaluation window still explains
+it (the samples that make the symptom are the cause's too: a job that ran out of memory and
+died leaves its GPU's "bursty" window behind it), as the symptom's incident stays a link of
+the cause's; it answers only for such symptoms, after the causes firing now. Answers are
+ranked by :func:`rank_key`: causes above symptoms, then the number of present symptoms
+explained, then severity (:mod:`gpuwhy.severity`), then confidence; ties go by rule and
+finding id, so the order never depends on which finding arrived first.
 
 Pure functions: no I/O, no clock. docs/rules.md, "How the answer is chosen".
 """
@@ -37,6 +41,7 @@ class Answer:
     explained: tuple[str, ...] = ()
     cause_established: bool = True
     missing: tuple[str, ...] = ()
+    held_until: int | None = None     # a cause that cleared then (ns); None: firing now
 
     @property
     def gpu_id(self) -> str:
@@ -123,12 +128,28 @@ def firing(findings: Iterable[RuleFinding]) -> list[RuleFinding]:
 
 def _order(answer: Answer) -> tuple:
     f = answer.finding
-    return (*rank_key(answer.kind, f.severity, specificity=len(answer.explained)),
-            f.rule_id, f.gpu_id, f.finding_id)
+    kind, *rest = rank_key(answer.kind, f.severity, specificity=len(answer.explained))
+    return (kind, answer.held_until is not None, *rest, f.rule_id, f.gpu_id, f.finding_id)
+
+
+def _held(findings: Iterable[RuleFinding], symptoms: list[RuleFinding],
+          rules: Mapping[str, Rule]) -> dict[str, tuple[RuleFinding, list[RuleFinding]]]:
+    """Cleared causes that held inside a present symptom's window: {id: (cause, symptoms)}."""
+    held: dict[str, tuple[RuleFinding, list[RuleFinding]]] = {}
+    for cause in findings:
+        if cause.state == "firing" or cause.shadow or kind_of(cause, rules) != CAUSE:
+            continue
+        mine = [s for s in symptoms if s.rule_id in explains_of(cause, rules)
+                and _same_work(cause, s, rules) and cause.ts >= s.window_start]
+        if mine:
+            held[cause.finding_id] = (cause, mine)
+    return held
 
 
 def answers(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]) -> list[Answer]:
-    """Every answer of the firing findings, best first (all GPUs together).
+    """Every answer of the firing findings, best first (all GPUs together); ``findings`` may
+    also hold cleared ones (their clearing): a cleared cause answers for the present symptoms
+    whose window it held in (``held_until``), never on its own.
 
     Each cause is an answer, its ``explained`` the present symptoms it explains on its GPU
     (a symptom may be explained by several causes); each symptom no present cause explains
@@ -157,6 +178,10 @@ def answers(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]) -> list[
         mine = sorted(f.finding_id for f in explains[cause.finding_id])
         explained.update(mine)
         found.append(Answer(cause, CAUSE, tuple(mine)))
+    for cause, mine in _held(findings, symptoms, rules).values():
+        ids = sorted(f.finding_id for f in mine)
+        explained.update(ids)
+        found.append(Answer(cause, CAUSE, tuple(ids), held_until=cause.ts))
     for symptom in symptoms:
         if symptom.finding_id in explained:
             continue
