@@ -93,9 +93,13 @@ def _incident_or_404(incident_id: int) -> dict:
 def index() -> ResponseReturnValue:
     filters = _filters()
     kinds = incident_kinds(get_db())
+    # read before the rows: a change in between shows as a newer cursor, never as none
+    cursor = feed.latest_cursor(get_db())
     return render_template("incidents.html", incidents=filtered_incidents(filters),
+                           cursor=cursor,
                            filters=filters, kinds=kinds, severities=sev.DESCENDING,
-                           states=STATES)
+                           states=STATES,
+                           refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 
 @bp.get("/incidents/<int:incident_id>")
