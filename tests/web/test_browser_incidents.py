@@ -1,6 +1,7 @@
-"""The incident list in a real browser: left open, it shows a new incident and a change to
-one (acknowledged, resolved out of its filter) without a reload, through the incident
-feed's cursor; paused, it holds still."""
+"""Live lists in a real browser: the incident list, left open, shows a new incident and a
+change to one (acknowledged, resolved out of its filter) without a reload, through the
+incident feed's cursor, and paused it holds still; the GPU cards take a newly bound process
+and a new incident without a reload."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
 from gpuwhy.correlator.alerts import Alerter
 from gpuwhy.correlator.service import Correlator
-from gpuwhy.events import Envelope, KernelLogRecord
+from gpuwhy.events import DeviceOpened, Envelope, KernelLogRecord, ProcessSeen
+from gpuwhy.identity import ProcessKey
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store import open_store
 from gpuwhy.store.queries import list_incidents
@@ -24,23 +26,28 @@ pytestmark = pytest.mark.browser
 NEW_XID = "Xid (PCI:0000:28:00): 31, pid=5151, name=python, MMU Fault: <i>ENGINE GRAPHICS</i>"
 
 
-def _xid_arrives(config, tmp_path) -> None:
-    """An Xid 31 line through the real correlator, into the store the page reads."""
+def _arrive(config, tmp_path, *events) -> None:
+    """Events through the real correlator, into the store the page reads."""
     db = open_store(config["store.path"])
     subscriber = Subscriber(f"ipc://{tmp_path}/late-bus.sock")
     try:
         correlator = Correlator(config, db, subscriber,
                                 Alerter(config["correlator.url"], send=lambda *a, **k: None))
-        correlator.pending = [Envelope("test", 1, KernelLogRecord(
-            ts=now_ns(), cursor="late-1", origin="journald", boot_id="b", record_kind="xid",
-            message=NEW_XID, xid=31, pci="0000:28:00", pid=5151, name="python",
-            line="NVRM: " + NEW_XID))]
+        correlator.pending = [Envelope("test", n, e) for n, e in enumerate(events, 1)]
         correlator._last_decide = 0.0
         correlator.flush()
         assert not correlator.store_error, correlator.store_error
     finally:
         subscriber.close()
         db.close()
+
+
+def _xid_arrives(config, tmp_path) -> None:
+    """An Xid 31 line for GPU 1 (PCI 0000:28:00), as journald hands it on."""
+    _arrive(config, tmp_path, KernelLogRecord(
+        ts=now_ns(), cursor="late-1", origin="journald", boot_id="b", record_kind="xid",
+        message=NEW_XID, xid=31, pci="0000:28:00", pid=5151, name="python",
+        line="NVRM: " + NEW_XID))
 
 
 def _rows(page) -> list[str]:
@@ -100,3 +107,34 @@ def test_an_open_incident_list_follows_new_incidents_and_changes(browser, scenar
         watched.close()
         live.close()
         db.close()
+
+
+def test_the_gpu_cards_take_a_new_process_and_a_new_incident(browser, scenario, tmp_path):
+    path = tmp_path / "live.db"
+    shutil.copy(scenario.path, path)
+    config = load_config(environ={"GPUWHY_DB": str(path), "GPUWHY_REFRESH": "1",
+                                  "GPUWHY_BUS": f"ipc://{tmp_path}/bus.sock"})
+    live = LiveServer(config)
+    watched = Watched(browser)
+    page = watched.page
+    card = f"section[data-gpu='{scenario.gpu_ids[1]}']"
+    try:
+        page.goto(f"{live.url}/", wait_until="load")
+        assert "none" in page.inner_text(f"{card} ul.incidents")
+        newcomer = ProcessKey(7777, 4321)
+        now = now_ns()
+        _arrive(config, tmp_path,
+                ProcessSeen(ts=now, process=newcomer, comm="<b>vllm</b>", cmdline="vllm serve"),
+                DeviceOpened(ts=now, process=newcomer, fd=9, path="/dev/nvidia1",
+                             device="nvidiaN", minor=1))
+        _until(page, lambda: "7777" in page.inner_text(f"{card} ul.procs"), "the new process")
+        assert "<b>vllm</b>" in page.inner_text(f"{card} ul.procs")      # as text
+        _xid_arrives(config, tmp_path)
+        _until(page, lambda: "Xid 31" in page.inner_text(f"{card} ul.incidents"),
+               "the new incident on its GPU's card")
+        assert "has-incidents" in page.get_attribute(card, "class")
+        shoot(page, tmp_path, "overview-live")
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()

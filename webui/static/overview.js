@@ -1,5 +1,6 @@
-// Refreshes the GPU cards' numbers from /api/gpus. Values are set with textContent only:
-// nothing from the store is ever parsed as HTML.
+// Refreshes the GPU cards from /api/gpus: numbers set with textContent only (nothing from
+// the store is parsed as HTML); processes and open incidents, when they change, taken from
+// the page as the server renders it (inert: DOMParser runs no script).
 (function () {
   "use strict";
   const cards = document.getElementById("gpu-cards");
@@ -12,10 +13,39 @@
     return whole.format(Math.round(value)) + (units[field] || "");
   }
 
+  // The card's processes and open incidents, as the server writes them in data-lists.
+  function lists(gpu) {
+    const procs = (gpu.processes || []).map((p) => `${p.pid}-${p.start_time} `).join("");
+    const incidents = (gpu.incidents || []).map((i) => `${i.id}:${i.severity}:${i.state} `)
+      .join("");
+    return `${procs}|${incidents}`;
+  }
+
+  // A process bound or gone, an incident opened, changed or closed: the cards take their
+  // lists from the page as the server renders it now (its escaping, its time formatter).
+  async function takeLists() {
+    const response = await fetch("/", { headers: { Accept: "text/html" } });
+    if (!response.ok) throw new Error(`overview: HTTP ${response.status}`);
+    const page = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const fresh of page.querySelectorAll("#gpu-cards section[data-gpu]")) {
+      const card = cards.querySelector(`section[data-gpu="${CSS.escape(fresh.dataset.gpu)}"]`);
+      if (!card) continue;
+      for (const selector of ["ul.procs", "ul.incidents"]) {
+        const list = fresh.querySelector(selector);
+        const old = card.querySelector(selector);
+        if (list && old) old.replaceWith(document.adoptNode(list));
+      }
+      card.classList.toggle("has-incidents", fresh.classList.contains("has-incidents"));
+      card.dataset.lists = fresh.dataset.lists;
+    }
+  }
+
   function render(gpus) {
+    let changed = false;
     for (const gpu of gpus) {
       const card = cards.querySelector(`section[data-gpu="${CSS.escape(gpu.id)}"]`);
       if (!card) continue;
+      if (lists(gpu) !== card.dataset.lists) changed = true;
       // A GPU whose health is not live (lost, resetting, ...) keeps its last numbers greyed:
       // the page is reloaded for a change of health, numbers are never refreshed for it.
       if (typeof gpu.health === "string" && gpu.health !== card.dataset.health) {
@@ -30,12 +60,13 @@
           dd.dataset.field);
       }
     }
+    return changed;
   }
 
   async function refresh() {
     try {
       const response = await fetch("/api/gpus");
-      if (response.ok) render(await response.json());
+      if (response.ok && render(await response.json())) await takeLists();
     } catch (err) {
       console.warn("gpuwhy: refresh failed", err);
     }
