@@ -258,7 +258,9 @@ class GpuHealth:
         throttled = gh.throttling(fields)
         storm = self._sbe_storm(gpu_id, ts, fields.get("ecc_sbe_volatile"))
         remapped = fields.get("row_remap_uncorrectable")
-        pending = self._remap_pending(gpu_id, remapped)
+        # The source's own flag where it has one; else a rise of the uncorrectable count.
+        flagged = gh.remap_pending(fields)
+        pending = self._remap_pending(gpu_id, remapped) or flagged
         if not (bad or throttled or storm or pending) and \
                 queries.gpu_health_state(db, gpu_id) in (None, gh.OK):
             return              # the common case, once a second per GPU: kept cheap
@@ -289,7 +291,8 @@ class GpuHealth:
                             "window_s": gh.SBE_STORM_WINDOW_NS // 10**9})
         if pending:
             self._escalate(db, gpu_id, ts, gh.DEGRADED, gh.ROW_REMAP_PENDING,
-                           {**evidence, "row_remap_uncorrectable": remapped})
+                           {**evidence, "row_remap_uncorrectable": remapped,
+                            **({"row_remap_pending": 1} if flagged else {})})
 
     def _remap_pending(self, gpu_id: str, remapped: float | None) -> bool:
         """Whether the uncorrectable remapped-rows count went up: a row waits for a reset."""

@@ -116,6 +116,12 @@ def uncorrectable(fields: dict[str, float]) -> str | None:
     return None
 
 
+def remap_pending(fields: dict[str, float]) -> bool:
+    """Whether the source says a row remap is pending (NVML's isPending, DCGM field 396):
+    the remap takes effect only at the next GPU reset, so the GPU is degraded until then."""
+    return bool(fields.get("row_remap_pending"))
+
+
 def is_live(state: str | None) -> bool:
     """Whether the GPU's latest numbers may be shown as current."""
     return (state or OK) in LIVE_STATES

@@ -482,3 +482,30 @@ def m110_incident_feed(db: Database) -> None:
         "resolved_left": int, "last_sent": int, "updated_at": int,
     }, pk="incident_id", not_null={"labels", "starts_at", "fired", "resolved_left"},
         defaults={"fired": 0, "resolved_left": 0})
+
+
+@migrations()
+def m111_pcie_link_nvlink_errors_remap_pending(db: Database) -> None:
+    """Sample columns for the PCIe link (generation and width, now and at most), the NVLink
+    error counters and the pending row remap (store/samples.py ``STORAGE_M111``), in
+    ``gpu_sample_data`` and ``gpu_rollup_data``; rows already there keep their values and
+    have NULL (not reported) in the new columns. The views ``gpu_samples`` and
+    ``gpu_rollups`` are re-created with them."""
+    from gpuwhy.store.samples import (
+        STORAGE_M111,
+        STORAGE_V1,
+        rollup_columns,
+        rollups_view_sql,
+        samples_view_sql,
+    )
+
+    for stored in STORAGE_M111:
+        db.execute(f"ALTER TABLE gpu_sample_data ADD COLUMN {stored.column} INTEGER")
+        for column in rollup_columns(stored):
+            db.execute(f"ALTER TABLE gpu_rollup_data ADD COLUMN {column} INTEGER")
+    # the columns as of this migration, frozen: a later one adds its own
+    columns = STORAGE_V1 + STORAGE_M111
+    for name, sql in (("gpu_samples", samples_view_sql("gpu_samples", columns)),
+                      ("gpu_rollups", rollups_view_sql("gpu_rollups", columns))):
+        db.execute(f"DROP VIEW IF EXISTS {name}")
+        db.execute(sql)

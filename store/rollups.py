@@ -17,7 +17,7 @@ from collections import defaultdict
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.store.samples import STORAGE_V1, Stored, rollup_columns
+from gpuwhy.store.samples import STORAGE, Stored, rollup_columns
 
 MINUTE_NS = 60 * NS_PER_SECOND
 DONE_MARK = "rollups_done_until"
@@ -55,19 +55,19 @@ def set_mark(db: Database, name: str, value: int) -> None:
 
 def roll_up_minute(db: Database, minute: int) -> int:
     """Write the rollup rows of one minute (ns, a multiple of 60 s); returns rows written."""
-    columns = [s.column for s in STORAGE_V1]
+    columns = [s.column for s in STORAGE]
     rows = db.execute(f"SELECT gpu, instance, {', '.join(columns)} FROM gpu_sample_data "
                       f"WHERE ts >= ? AND ts < ?", [minute, minute + MINUTE_NS]).fetchall()
     groups: dict[tuple[int, str], list[tuple]] = defaultdict(list)
     for row in rows:
         groups[(row[0], row[1])].append(row[2:])
-    out_columns = [c for s in STORAGE_V1 for c in rollup_columns(s)]
+    out_columns = [c for s in STORAGE for c in rollup_columns(s)]
     names = ["minute", "gpu", "instance", "samples", *out_columns]
     sql = (f"INSERT OR REPLACE INTO gpu_rollup_data ({', '.join(names)}) "
            f"VALUES ({', '.join('?' * len(names))})")
     for (gpu, instance), samples in groups.items():
         values: list[int | None] = []
-        for i, stored in enumerate(STORAGE_V1):
+        for i, stored in enumerate(STORAGE):
             values += _stats(stored, [s[i] for s in samples if s[i] is not None])
         db.execute(sql, [minute, gpu, instance, len(samples), *values])
     return len(groups)

@@ -8,7 +8,9 @@ measure. The view ``gpu_samples`` turns them back into the fields' names and uni
 people query the view and never the scales.
 
 ``STORAGE_V1`` is frozen: migration m601 built the tables from it. A change of unit is a
-new migration with a new constant, never an edit of this one.
+new migration with a new constant, never an edit of this one. ``STORAGE_M111`` is what
+migration m111 added (PCIe link, NVLink errors, pending row remap); ``STORAGE`` is every
+column the latest migration left, the one the writer, the rollups and the views use.
 """
 
 from __future__ import annotations
@@ -72,7 +74,19 @@ STORAGE_V1: tuple[Stored, ...] = (
     _ratio("tensor_active"), _ratio("dram_active"), _ratio("fp64_active"),
     _ratio("fp32_active"), _ratio("fp16_active"),
 )
-BY_FIELD: dict[str, Stored] = {s.field: s for s in STORAGE_V1}
+# Frozen like STORAGE_V1: the columns m111 added. Every one keeps a minute's largest value:
+# for the link's current generation and width that says whether it reached the slot's max
+# in that minute (an idle GPU's Gen1 is no news; a link that never trains up is), and a
+# gauge's ``_max`` rollup column would collide with ``pcie_link_gen_max``'s own.
+STORAGE_M111: tuple[Stored, ...] = (
+    _same("pcie_link_gen", "max"), _same("pcie_link_width", "max"),
+    _same("pcie_link_gen_max", "max"), _same("pcie_link_width_max", "max"),
+    _same("nvlink_crc_flit_errors", "max"), _same("nvlink_crc_data_errors", "max"),
+    _same("nvlink_replay_errors", "max"), _same("nvlink_recovery_errors", "max"),
+    _same("row_remap_pending", "max"),
+)
+STORAGE: tuple[Stored, ...] = STORAGE_V1 + STORAGE_M111
+BY_FIELD: dict[str, Stored] = {s.field: s for s in STORAGE}
 GAUGE_STATS = ("min", "mean", "max", "p95")
 
 
@@ -94,7 +108,7 @@ _last_plan: tuple[set[str] | None, dict[str, tuple[str, float]]] = (None, {})
 def _plan_for(columns: set[str]) -> dict[str, tuple[str, float]]:
     global _last_plan
     if _last_plan[0] is not columns:     # the writer passes the same set every time
-        _last_plan = (columns, {s.field: (s.column, s.scale) for s in STORAGE_V1
+        _last_plan = (columns, {s.field: (s.column, s.scale) for s in STORAGE
                                 if s.column in columns})
     return _last_plan[1]
 
@@ -106,19 +120,21 @@ def rollup_columns(stored: Stored) -> list[str]:
     return [stored.column]
 
 
-def samples_view_sql(name: str = "gpu_samples") -> str:
+def samples_view_sql(name: str = "gpu_samples",
+                     storage: tuple[Stored, ...] = STORAGE) -> str:
     """CREATE VIEW for the raw samples with the GPU's ids and every field in its unit."""
-    fields = ",\n  ".join(f"{s.decode_sql('s.' + s.column)} AS {s.field}" for s in STORAGE_V1)
+    fields = ",\n  ".join(f"{s.decode_sql('s.' + s.column)} AS {s.field}" for s in storage)
     return (f"CREATE VIEW {name} AS SELECT\n  s.ts, "
             f"{sql_utc('s.ts')} AS time,\n"
             f"  g.id AS gpu_id, g.uuid, g.gpu_index, s.instance,\n  {fields}\n"
             f"FROM gpu_sample_data s JOIN gpus g ON g.gpu_key = s.gpu")
 
 
-def rollups_view_sql(name: str = "gpu_rollups") -> str:
+def rollups_view_sql(name: str = "gpu_rollups",
+                     storage: tuple[Stored, ...] = STORAGE) -> str:
     """CREATE VIEW for the one-minute rollups, fields in their units (``<field>_<stat>``)."""
     parts = []
-    for s in STORAGE_V1:
+    for s in storage:
         if s.rollup == "gauge":
             parts += [f"{s.decode_sql(f'r.{s.column}_{stat}')} AS {s.field}_{stat}"
                       for stat in GAUGE_STATS]

@@ -24,7 +24,7 @@ from gpuwhy.reset import (
     sql_case,
     sql_names,
 )
-from gpuwhy.store.samples import rollups_view_sql, samples_view_sql
+from gpuwhy.store.samples import STORAGE, STORAGE_V1, rollups_view_sql, samples_view_sql
 from gpuwhy.text import sql_utc
 
 _NOW_NS = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000000000)"
@@ -43,8 +43,8 @@ _CALLER_BINDINGS = ("LEFT JOIN gpu_bindings b ON d.device != 'nvidiaN' AND b.pid
 # query asks for; otherwise SQLite scans from the start of a days-long binding.
 
 VIEWS_V1: dict[str, str] = {
-    "gpu_samples": samples_view_sql("gpu_samples"),
-    "gpu_rollups": rollups_view_sql("gpu_rollups"),
+    "gpu_samples": samples_view_sql("gpu_samples", STORAGE_V1),
+    "gpu_rollups": rollups_view_sql("gpu_rollups", STORAGE_V1),
     "gpu_reset_history": f"""CREATE VIEW gpu_reset_history AS
 SELECT x.ts, {sql_utc('x.ts')} AS time, x.gpu_id, g.uuid, g.gpu_index, x.what, x.source,
        x.pid, x.start_time, x.comm, x.detail
@@ -196,8 +196,10 @@ FROM (
 
 
 # The views as the latest migration left them (m105, then m109, re-created
-# gpu_reset_history).
-VIEWS: dict[str, str] = {**VIEWS_V1, "gpu_reset_history": reset_history_sql()}
+# gpu_reset_history; m111 the sample views with its new columns).
+SAMPLE_VIEWS: dict[str, str] = {"gpu_samples": samples_view_sql("gpu_samples", STORAGE),
+                                "gpu_rollups": rollups_view_sql("gpu_rollups", STORAGE)}
+VIEWS: dict[str, str] = {**VIEWS_V1, "gpu_reset_history": reset_history_sql(), **SAMPLE_VIEWS}
 
 
 def create_views(db: Database, views: dict[str, str] = VIEWS_V1) -> None:

@@ -52,6 +52,7 @@ class Engine:
         self.statuses = {}
         self.paused = False
         self.deleted = []
+        self.watched = {}          # field group kind -> field ids asked for
 
 
 def install_fake_dcgm(monkeypatch, engine):
@@ -144,6 +145,7 @@ def install_fake_dcgm(monkeypatch, engine):
         def __init__(self, dcgmHandle, name, fieldIds, fieldGroupId=None):
             self.name, self.fieldIds = name, fieldIds
             self.kind = name.rsplit("-", 1)[1]
+            engine.watched[self.kind] = list(fieldIds)
 
         def Delete(self):
             engine.deleted.append(self.name)
@@ -307,3 +309,42 @@ def test_an_xid_cached_before_we_started_keeps_its_own_time(engine):
         48, T0 - 60_000_000, (T0 - 60_000_000) * 1000, False)
     _queue(engine, "basic", 0, [(230, T0 - 60_000_000, 48)])       # latest again: no repeat
     assert not [e for e in source.read() if isinstance(e, GpuXid)]
+
+
+# DCGM field ids (dcgm_fields.h, DCGM 4.6.0): PCIe link 235-238, NVLink error totals summed
+# over links 409/419/429/439, row remap pending 396.
+PCIE_MAX_GEN, PCIE_MAX_WIDTH, PCIE_GEN, PCIE_WIDTH = 235, 236, 237, 238
+NVL_CRC_FLIT, NVL_CRC_DATA, NVL_REPLAY, NVL_RECOVERY = 409, 419, 429, 439
+ROW_REMAP_PENDING = 396
+
+
+def test_pcie_link_nvlink_errors_and_remap_pending_are_watched_and_read(engine):
+    source = DcgmSource(interval=1.0)
+    source.open()
+    assert {PCIE_MAX_GEN, PCIE_MAX_WIDTH, PCIE_GEN, PCIE_WIDTH, NVL_CRC_FLIT, NVL_CRC_DATA,
+            NVL_REPLAY, NVL_RECOVERY, ROW_REMAP_PENDING} <= set(engine.watched["basic"])
+    # an A100 SXM at Gen4 x16 with NVLink; the first reading idles at Gen1, the next runs
+    _queue(engine, "basic", 0, [(PCIE_GEN, T0, 1), (PCIE_WIDTH, T0, 16),
+                                (PCIE_MAX_GEN, T0, 4), (PCIE_MAX_WIDTH, T0, 16),
+                                (NVL_CRC_FLIT, T0, 12), (NVL_CRC_DATA, T0, 0),
+                                (NVL_REPLAY, T0, 3), (NVL_RECOVERY, T0, 1),
+                                (ROW_REMAP_PENDING, T0, 1),
+                                (PCIE_GEN, T0 + 1_000_000, 4)])
+    samples = [e for e in source.read() if isinstance(e, GpuSample)]
+    assert [s.fields for s in samples] == [
+        {"pcie_link_gen": 1.0, "pcie_link_width": 16.0, "pcie_link_gen_max": 4.0,
+         "pcie_link_width_max": 16.0, "nvlink_crc_flit_errors": 12.0,
+         "nvlink_crc_data_errors": 0.0, "nvlink_replay_errors": 3.0,
+         "nvlink_recovery_errors": 1.0, "row_remap_pending": 1.0},
+        {"pcie_link_gen": 4.0}]
+
+
+def test_nvlink_totals_not_supported_on_a_pcie_gpu_are_missing_not_zero(engine):
+    source = DcgmSource(interval=1.0)
+    source.open()
+    _queue(engine, "basic", 1, [(NVL_CRC_FLIT, T0, INT64_NOT_SUPPORTED),
+                                (NVL_REPLAY, T0, INT64_NOT_SUPPORTED),
+                                (PCIE_GEN, T0, 0x7FFFFFF2),      # int32 NOT_SUPPORTED
+                                (PCIE_WIDTH, T0, 16), (ROW_REMAP_PENDING, T0, 0)])
+    [sample] = [e for e in source.read() if isinstance(e, GpuSample)]
+    assert sample.fields == {"pcie_link_width": 16.0, "row_remap_pending": 0.0}

@@ -273,3 +273,75 @@ def test_rules_do_not_count_an_xid_from_before_start(tmp_config):
         signals.begin(now + 10)
         rows = signals.events(Scope(A), "gpu.xid", now - 10**9, now + 10)
         assert [row["code"] for _, row in rows] == [13], signals
+
+
+# An H100 SXM node in dcgm-exporter's layout, the NVLink and remap rows switched on in its
+# counters CSV: GPU A under legacy (≤4.8) metric names at Gen5 x16, GPU B (an NVLink-less
+# PCIe card, idle at Gen1) under DCGM 4.6 names; blank NVLink rows as old exporters print them.
+_LABELS = ('gpu="{i}",UUID="{uuid}",pci_bus_id="00000000:{bus}:00.0",device="nvidia{i}",'
+           'modelName="{model}",hostname="node1",DCGM_FI_DRIVER_VERSION="570.124.06"')
+_A = _LABELS.format(i=0, uuid=A, bus="1B", model="NVIDIA H100 80GB HBM3")
+_B = _LABELS.format(i=1, uuid=B, bus="2B", model="NVIDIA H100 PCIe")
+LINK_SCRAPE = f"""\
+# HELP DCGM_FI_DEV_PCIE_LINK_GEN PCIe current link generation.
+# TYPE DCGM_FI_DEV_PCIE_LINK_GEN gauge
+DCGM_FI_DEV_PCIE_LINK_GEN{{{_A}}} 5
+DCGM_FI_DEV_PCIE_LINK_GEN{{{_B}}} 1
+# HELP DCGM_FI_DEV_PCIE_LINK_WIDTH PCIe current link width.
+# TYPE DCGM_FI_DEV_PCIE_LINK_WIDTH gauge
+DCGM_FI_DEV_PCIE_LINK_WIDTH{{{_A}}} 16
+DCGM_FI_DEV_PCIE_LINK_WIDTH{{{_B}}} 16
+# HELP DCGM_FI_DEV_PCIE_MAX_LINK_GEN PCIe max link generation.
+# TYPE DCGM_FI_DEV_PCIE_MAX_LINK_GEN gauge
+DCGM_FI_DEV_PCIE_MAX_LINK_GEN{{{_A}}} 5
+DCGM_FI_DEV_PCIE_MAX_LINK_GEN{{{_B}}} 5
+# HELP DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH PCIe max link width.
+# TYPE DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH gauge
+DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH{{{_A}}} 16
+DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH{{{_B}}} 16
+# HELP DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL Total number of NVLink flow-control CRC errors.
+# TYPE DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_A}}} 7
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_B}}} 9223372036854775794
+# HELP DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL Total number of NVLink data CRC errors.
+# TYPE DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{_A}}} 2
+# HELP DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL Total number of NVLink retries.
+# TYPE DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{{_A}}} 41
+# HELP DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL Total number of NVLink recovery errors.
+# TYPE DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{{_A}}} 1
+# HELP DCGM_FI_DEV_ROW_REMAP_PENDING Whether remapping of rows is pending.
+# TYPE DCGM_FI_DEV_ROW_REMAP_PENDING gauge
+DCGM_FI_DEV_ROW_REMAP_PENDING{{{_A}}} 0
+DCGM_FI_DEV_ROW_REMAP_PENDING{{{_B}}} 1
+"""
+RENAMED = {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL":
+           "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+           "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL":
+           "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL",
+           "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+           "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL":
+           "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"}
+
+
+@pytest.mark.parametrize("names", ["legacy", "dcgm-4.6"])
+def test_pcie_link_nvlink_errors_and_remap_pending(exporter, names):
+    body = LINK_SCRAPE
+    if names == "dcgm-4.6":
+        for old, new in RENAMED.items():
+            body = body.replace(old, new)
+    exporter.body = body.encode()
+    source = ExporterSource(exporter.url)
+    source.open()
+    samples = _samples(source.read())
+    a, b = samples[(A, "")].fields, samples[(B, "")].fields
+    assert a == {"pcie_link_gen": 5, "pcie_link_width": 16, "pcie_link_gen_max": 5,
+                 "pcie_link_width_max": 16, "nvlink_crc_flit_errors": 7,
+                 "nvlink_crc_data_errors": 2, "nvlink_replay_errors": 41,
+                 "nvlink_recovery_errors": 1, "row_remap_pending": 0}
+    # no NVLink on B: its one NVLink row is the NOT_SUPPORTED sentinel, dropped, not a 0
+    assert b == {"pcie_link_gen": 1, "pcie_link_width": 16, "pcie_link_gen_max": 5,
+                 "pcie_link_width_max": 16, "row_remap_pending": 1}
+    assert source.dropped >= 1

@@ -68,6 +68,13 @@ class FakeNvml:
         self.xid_ready = threading.Event()
         self.util_calls = []
         self.handles = [Handle(i) for i in range(2)]
+        # PCIe link per GPU index: (current gen, current width, max gen, max width)
+        self.pcie = {0: (1, 16, 4, 16), 1: (4, 8, 4, 16)}
+        self.remapped = (0, 0, 0, 0)
+        # NVLink per GPU index: {link: (active, {NVML DL error counter: count})}; a GPU not
+        # in it has no NVLink (NOT_SUPPORTED), links past its last are INVALID_ARGUMENT
+        self.nvlinks = {}
+        self.nvlink_state_calls = 0
         calls = {
             "nvmlInit": self.init, "nvmlShutdown": self.shutdown,
             "nvmlSystemGetDriverVersion": lambda: "550.54.15",
@@ -93,7 +100,13 @@ class FakeNvml:
             "nvmlDeviceGetPcieReplayCounter": lambda h: 0,
             "nvmlDeviceGetPcieThroughput": lambda h, c: 1000,
             "nvmlDeviceGetTotalEccErrors": lambda h, e, c: 0,
-            "nvmlDeviceGetRemappedRows": lambda h: (0, 0, 0, 0),
+            "nvmlDeviceGetRemappedRows": lambda h: self.remapped,
+            "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: self.pcie[h.index][0],
+            "nvmlDeviceGetCurrPcieLinkWidth": lambda h: self.pcie[h.index][1],
+            "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: self.pcie[h.index][2],
+            "nvmlDeviceGetMaxPcieLinkWidth": lambda h: self.pcie[h.index][3],
+            "nvmlDeviceGetNvLinkState": self.nvlink_state,
+            "nvmlDeviceGetNvLinkErrorCounter": self.nvlink_errors,
             "nvmlDeviceGetComputeRunningProcesses": lambda h: [
                 types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=3 << 30),
                 types.SimpleNamespace(pid=2**22 + 7, usedGpuMemory=None)],
@@ -121,6 +134,24 @@ class FakeNvml:
                 raise error(code)
             return fn(*args, **kwargs)
         return call
+
+    def nvlink_link(self, handle, link):
+        if handle.index not in self.nvlinks:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link not in self.nvlinks[handle.index]:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self.nvlinks[handle.index][link]
+
+    def nvlink_state(self, handle, link):
+        self.nvlink_state_calls += 1
+        active, _ = self.nvlink_link(handle, link)
+        return pynvml.NVML_FEATURE_ENABLED if active else pynvml.NVML_FEATURE_DISABLED
+
+    def nvlink_errors(self, handle, link, counter):
+        _, counts = self.nvlink_link(handle, link)
+        if counter not in counts:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return counts[counter]
 
     def init(self):
         if self.init_error is not None:
@@ -476,3 +507,122 @@ def test_two_gpus_only_one_with_gpm(nvml, clock):
             in source.notes())
     source.close()
     assert sorted(nvml.gpm_freed) == sorted(nvml.gpm_allocated)
+
+
+# --- PCIe link, NVLink error counters, pending row remap -------------------------------------
+CRC_FLIT, CRC_DATA, REPLAY, RECOVERY = (
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY)
+NVLINK_FIELDS = {"nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
+                 "nvlink_recovery_errors"}
+
+
+def read_samples(source):
+    return {e.gpu_id: e.fields for e in source.read() if isinstance(e, GpuSample)}
+
+
+def test_pcie_link_now_and_at_most(nvml):
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)
+    # GPU 0 idles at Gen1 (normal); GPU 1 runs at Gen4 but on 8 of its 16 lanes
+    assert [(g["pcie_link_gen"], g["pcie_link_width"], g["pcie_link_gen_max"],
+             g["pcie_link_width_max"]) for g in (f["GPU-00"], f["GPU-11"])] == [
+        (1, 16, 4, 16), (4, 8, 4, 16)]
+
+
+def test_pcie_link_not_supported_is_missing_and_noted(nvml):
+    nvml.broken[("nvmlDeviceGetCurrPcieLinkGeneration", 1)] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)
+    assert "pcie_link_gen" not in f["GPU-11"] and f["GPU-11"]["pcie_link_width"] == 8
+    assert f["GPU-00"]["pcie_link_gen"] == 1
+    assert "pcie_link_gen not available on 1 GPU(s)" in source.notes()
+
+
+@pytest.mark.parametrize("rows, pending", [((0, 0, 0, 0), 0), ((0, 1, 1, 0), 1),
+                                           ((0, 1, 7, 0), 1)])
+def test_row_remap_pending_is_is_pending_as_a_flag(nvml, rows, pending):
+    nvml.remapped = rows
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)["GPU-00"]
+    assert f["row_remap_pending"] == pending and f["row_remap_failed"] == 0
+
+
+def test_nvlink_errors_are_summed_over_the_active_links_only(nvml):
+    counts = {CRC_FLIT: 3, CRC_DATA: 1, REPLAY: 10, RECOVERY: 0}
+    # links 0-3 and 6 (numbers need not be contiguous); link 2 is down: its counts stay out
+    nvml.nvlinks[0] = {link: (link != 2, {c: v * (link + 1) for c, v in counts.items()})
+                       for link in (0, 1, 2, 3, 6)}
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)
+    active = 1 + 2 + 4 + 7   # link + 1, over links 0, 1, 3, 6
+    assert {k: f["GPU-00"][k] for k in NVLINK_FIELDS} == {
+        "nvlink_crc_flit_errors": 3 * active, "nvlink_crc_data_errors": active,
+        "nvlink_replay_errors": 10 * active, "nvlink_recovery_errors": 0}
+    # GPU 1 (an L4) has no NVLink: no such fields at all, not zeros, and one note
+    assert not NVLINK_FIELDS & set(f["GPU-11"])
+    assert "NVLink error counters not available on 1 GPU(s)" in source.notes()
+
+
+def test_nvlink_links_are_found_once_then_only_their_state_is_read(nvml):
+    nvml.nvlinks[0] = {link: (True, {CRC_FLIT: 0, CRC_DATA: 0, REPLAY: 0, RECOVERY: 0})
+                       for link in range(4)}
+    source = NvmlSource(xid_events=False)
+    source.open()
+    read_samples(source)
+    first = nvml.nvlink_state_calls
+    assert first == 2 * pynvml.NVML_NVLINK_MAX_LINKS + 4   # both GPUs asked, then GPU 0's 4
+    nvml.nvlinks[0][1] = (False, nvml.nvlinks[0][1][1])    # a link goes down
+    nvml.nvlinks[0][0][1][REPLAY] = 5
+    f = read_samples(source)["GPU-00"]
+    assert nvml.nvlink_state_calls == first + 4
+    assert f["nvlink_replay_errors"] == 5
+
+
+def test_nvlink_with_no_link_up_has_no_fields(nvml):
+    nvml.nvlinks[0] = {link: (False, {CRC_FLIT: 0}) for link in range(2)}
+    source = NvmlSource(xid_events=False)
+    source.open()
+    assert not NVLINK_FIELDS & set(read_samples(source)["GPU-00"])
+
+
+def test_a_counter_the_gpu_cannot_give_is_left_out_whole(nvml):
+    # CRC data not supported on link 1 only: a partial sum would look like errors vanishing
+    nvml.nvlinks[0] = {0: (True, {CRC_FLIT: 2, CRC_DATA: 4, REPLAY: 1, RECOVERY: 1}),
+                       1: (True, {CRC_FLIT: 2, REPLAY: 1, RECOVERY: 1})}
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)["GPU-00"]
+    assert "nvlink_crc_data_errors" not in f
+    assert (f["nvlink_crc_flit_errors"], f["nvlink_replay_errors"]) == (4, 2)
+    assert "nvlink_crc_data_errors not available on 1 GPU(s)" in source.notes()
+    assert f["gpu_util"] == 90   # the GPU's other fields are all there
+
+
+def test_gpu_lost_during_an_nvlink_read_is_a_gpu_state_event(nvml):
+    nvml.nvlinks[0] = {0: (True, {CRC_FLIT: 0, CRC_DATA: 0, REPLAY: 0, RECOVERY: 0})}
+    source = NvmlSource(xid_events=False)
+    source.open()
+    read_samples(source)
+    nvml.broken[("nvmlDeviceGetNvLinkErrorCounter", 0)] = pynvml.NVML_ERROR_GPU_IS_LOST
+    events = source.read()
+    [state] = [e for e in events if isinstance(e, GpuState)]
+    assert (state.gpu_id, state.state) == ("GPU-00", "lost")
+    assert {e.gpu_id for e in events if isinstance(e, GpuSample)} == {"GPU-11"}
+
+
+def test_a_failed_nvlink_read_costs_only_the_nvlink_fields(nvml, caplog):
+    nvml.nvlinks[0] = {0: (True, {CRC_FLIT: 0, CRC_DATA: 0, REPLAY: 0, RECOVERY: 0})}
+    source = NvmlSource(xid_events=False)
+    source.open()
+    read_samples(source)
+    nvml.broken[("nvmlDeviceGetNvLinkState", 0)] = pynvml.NVML_ERROR_UNKNOWN
+    with caplog.at_level(logging.WARNING):
+        f = read_samples(source)["GPU-00"]
+        read_samples(source)
+    assert not NVLINK_FIELDS & set(f) and f["gpu_util"] == 90
+    assert len([r for r in caplog.records if "NVLink read" in r.message]) == 1

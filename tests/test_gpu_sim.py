@@ -118,3 +118,32 @@ def test_the_event_comes_when_its_strike_file_appears(tmp_path):
     assert not [e for t in before for e in t if isinstance(e, GpuState)]
     states = [(i, e.state) for i, t in enumerate(after) for e in t if isinstance(e, GpuState)]
     assert states == [(0, "resetting"), (5, "back")]
+
+
+NVLINK_ERRORS = {"nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
+                 "nvlink_recovery_errors"}
+
+
+def test_pcie_link_runs_at_its_max_under_load_and_gen1_when_idle():
+    healthy = _gpu_samples(*run("healthy-training"), 0)
+    assert {(s.fields["pcie_link_gen"], s.fields["pcie_link_width"],
+             s.fields["pcie_link_gen_max"], s.fields["pcie_link_width_max"])
+            for s in healthy} == {(5, 16, 5, 16)}   # an H100 SXM: Gen5 x16
+    starved = _gpu_samples(*run("input-starved"), 0)
+    idle = [s for s in starved if s.fields["clocks_event_reasons"] == 0x1]
+    busy = [s for s in starved if s.fields["clocks_event_reasons"] == 0]
+    assert idle and busy
+    assert {s.fields["pcie_link_gen"] for s in idle} == {1}      # trained down to save power
+    assert {s.fields["pcie_link_gen"] for s in busy} == {5}
+    assert {s.fields["pcie_link_gen_max"] for s in idle} == {5}
+    a100 = _gpu_samples(*run("healthy-training", model="NVIDIA A100-SXM4-80GB"), 1)
+    assert {s.fields["pcie_link_gen"] for s in a100} == {4}
+
+
+def test_nvlink_errors_are_zero_and_still_and_absent_without_nvlink():
+    healthy = _gpu_samples(*run("healthy-training"), 1)
+    assert {s.fields[name] for s in healthy for name in NVLINK_ERRORS} == {0}
+    assert {s.fields["row_remap_pending"] for s in healthy} == {0}
+    for samples in (_gpu_samples(*run("healthy-training", model="NVIDIA L4"), 0),
+                    _gpu_samples(*run("pcie-allreduce"), 0)):
+        assert samples and not any(NVLINK_ERRORS & set(s.fields) for s in samples)

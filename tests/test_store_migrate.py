@@ -76,3 +76,46 @@ def test_the_gpu_sources_wide_table_is_carried_over_and_compacted(tmp_path):
                         ).fetchone()
     assert stored == ("integer", "integer")
     db.close()
+
+
+LINK_FIELDS = {"pcie_link_gen": 5.0, "pcie_link_width": 16.0, "pcie_link_gen_max": 5.0,
+               "pcie_link_width_max": 16.0, "nvlink_crc_flit_errors": 7.0,
+               "nvlink_crc_data_errors": 2.0, "nvlink_replay_errors": 41.0,
+               "nvlink_recovery_errors": 1.0, "row_remap_pending": 1.0}
+
+
+def test_m111_adds_the_link_and_remap_columns_and_keeps_the_rows(tmp_path):
+    from gpuwhy.store.rollups import MINUTE_NS, roll_up_minute
+
+    path = tmp_path / "v110.db"
+    old = _older_store(path, "m111_pcie_link_nvlink_errors_remap_pending")
+    assert "pcie_link_gen" not in old["gpu_sample_data"].columns_dict
+    StoreWriter(old).write_batch([Envelope("t", 1, GpuSample(
+        ts=T0, gpu_id=GPU, source="sim", simulated=True,
+        fields={"gpu_util": 97.0, "power_w": 512.25, "row_remap_failed": 0.0}))])
+    # a rollup row as the m110 store wrote it (its columns only)
+    old.execute("INSERT INTO gpu_rollup_data (minute, gpu, instance, samples, gpu_util_max) "
+                "SELECT ?, gpu_key, '', 1, 97 FROM gpus WHERE id = ?",
+                [T0 // MINUTE_NS * MINUTE_NS, GPU])
+    old.conn.commit()
+    old.close()
+
+    db = open_store(path)
+    assert not migrations.pending(db)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    columns = ", ".join(LINK_FIELDS)
+    # the old row is there as it was; the fields it never had are NULL (not reported), not 0
+    assert db.execute(f"SELECT gpu_util, power_w, row_remap_failed, {columns} "
+                      "FROM gpu_samples").fetchall() == [(97, 512.25, 0) + (None,) * 9]
+    assert db.execute(f"SELECT samples, gpu_util_max, {columns} FROM gpu_rollups"
+                      ).fetchall() == [(1, 97) + (None,) * 9]
+    # the store round trip: a new sample's fields come back in their units, and roll up
+    StoreWriter(db).write_batch([Envelope("t", 2, GpuSample(
+        ts=T0 + MINUTE_NS, gpu_id=GPU, source="sim", simulated=True,
+        fields={"gpu_util": 50.0, **LINK_FIELDS}))])
+    assert db.execute(f"SELECT {columns} FROM gpu_samples WHERE ts = ?",
+                      [T0 + MINUTE_NS]).fetchone() == tuple(LINK_FIELDS.values())
+    roll_up_minute(db, (T0 + MINUTE_NS) // MINUTE_NS * MINUTE_NS)
+    assert db.execute(f"SELECT {columns} FROM gpu_rollups WHERE samples = 1 "
+                      "AND gpu_util_max = 50").fetchone() == tuple(LINK_FIELDS.values())
+    db.close()

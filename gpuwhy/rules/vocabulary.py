@@ -42,6 +42,15 @@ def _sum(*columns: str) -> Callable[[Row], float | None]:
     return derive
 
 
+def _nvlink_crc(row: Row) -> float | None:
+    """Flit plus data CRC errors; a GPU may give only the flit count (a missing data count
+    is left out, not the whole sum), and one without NVLink neither."""
+    flit, data = row.get("nvlink_crc_flit_errors"), row.get("nvlink_crc_data_errors")
+    if flit is None and data is None:
+        return None
+    return (flit or 0.0) + (data or 0.0)
+
+
 def _busy(row: Row) -> float | None:
     """``coalesce(gr_engine_active, gpu_util / 100)``: engine activity, util as fallback."""
     if row.get("gr_engine_active") is not None:
@@ -89,12 +98,26 @@ _GPU_COLUMNS = (
     ("gpu.rr_unc", "row_remap_uncorrectable", 1.0, "count", "rows remapped (uncorrectable)"),
     ("gpu.rr_corr", "row_remap_correctable", 1.0, "count", "rows remapped (correctable)"),
     ("gpu.rr_failure", "row_remap_failed", 1.0, "flag", "a row remap failed"),
+    ("gpu.row_remap_pending", "row_remap_pending", 1.0, "flag",
+     "a row remap waits for the next GPU reset to take effect"),
+    ("gpu.pcie_gen", "pcie_link_gen", 1.0, "gen", "PCIe link generation now (an idle GPU "
+     "drops to Gen1 to save power: below the max at idle is normal)"),
+    ("gpu.pcie_gen_max", "pcie_link_gen_max", 1.0, "gen",
+     "highest PCIe generation the GPU and its slot can reach"),
+    ("gpu.pcie_width", "pcie_link_width", 1.0, "lanes", "PCIe link width now"),
+    ("gpu.pcie_width_max", "pcie_link_width_max", 1.0, "lanes",
+     "widest PCIe link the GPU and its slot can reach"),
+    ("gpu.nvlink_replay_errors", "nvlink_replay_errors", 1.0, "count",
+     "NVLink replays, all links"),
+    ("gpu.nvlink_recovery_errors", "nvlink_recovery_errors", 1.0, "count",
+     "NVLink link recoveries, all links"),
     ("gpu.pcie_replay", "pcie_replays", 1.0, "count", "PCIe replay counter"),
     ("gpu.viol_power_ns", "power_violation_ns", 1.0, "ns", "time held by the power limit"),
     ("gpu.viol_thermal_ns", "thermal_violation_ns", 1.0, "ns", "time held by temperature"),
 )
 _GPU_COUNTERS = {"gpu.ecc_sbe_vol", "gpu.ecc_dbe_vol", "gpu.pcie_replay", "gpu.viol_power_ns",
-                 "gpu.viol_thermal_ns", "gpu.rr_unc", "gpu.rr_corr"}
+                 "gpu.viol_thermal_ns", "gpu.rr_unc", "gpu.rr_corr", "gpu.nvlink_replay_errors",
+                 "gpu.nvlink_recovery_errors"}
 
 SIGNALS: dict[str, Signal] = {
     name: Signal(name, "gpu", unit, text, _column(column, scale), name in _GPU_COUNTERS)
@@ -103,6 +126,9 @@ SIGNALS["gpu.busy"] = Signal("gpu.busy", "gpu", "ratio",
                              "coalesce(gpu.gr_active, gpu.util): engine activity", _busy)
 SIGNALS["gpu.fb_frac"] = Signal("gpu.fb_frac", "gpu", "ratio", "framebuffer used / size",
                                 _ratio("fb_used_mib", "fb_total_mib"))
+SIGNALS["gpu.nvlink_crc_errors"] = Signal("gpu.nvlink_crc_errors", "gpu", "count",
+                                         "NVLink CRC errors (flit + data), all links",
+                                         _nvlink_crc, True)
 SIGNALS["gpu.retired_pages"] = Signal("gpu.retired_pages", "gpu", "count",
                                       "retired pages, SBE + DBE (pre-Ampere)",
                                       _sum("retired_pages_sbe", "retired_pages_dbe"), True)

@@ -1,11 +1,13 @@
 """The NVML source, through nvidia-ml-py (``import pynvml``), for hosts without DCGM.
 
 Per GPU and read: identity, utilisation, memory, clocks, clock-event reasons, power,
-energy, temperature, PCIe throughput, ECC and row remapping, the running compute
-processes with their memory, and per-process utilisation samples. On Hopper and later,
-GPM (GPU Performance Monitoring) adds ``sm_active``, ``tensor_active`` and
-``dram_active``: each read takes one GPM sample and computes the metrics since the
-previous read's, so a GPU's first read has none of them; before Hopper there are none.
+energy, temperature, PCIe throughput and link (generation and width, now and at most), ECC
+and row remapping, the NVLink error counters summed over the active links (none on a GPU
+without NVLink), the running compute processes with their memory, and per-process
+utilisation samples. On Hopper and later, GPM (GPU Performance Monitoring) adds
+``sm_active``, ``tensor_active`` and ``dram_active``: each read takes one GPM sample and
+computes the metrics since the previous read's, so a GPU's first read has none of them;
+before Hopper there are none.
 A thread waits for Xid events (NVML event sets are not thread safe: only that thread
 touches its set). ``GPU_IS_LOST`` and ``RESET_REQUIRED`` become ``gpu_state`` events;
 that GPU is then left alone. Anything NOT_SUPPORTED or NO_PERMISSION is missing, noted
@@ -96,7 +98,20 @@ def _readers(nv: ModuleType) -> dict[str, Callable]:
         "row_remap_correctable": lambda h: nv.nvmlDeviceGetRemappedRows(h)[0],
         "row_remap_uncorrectable": lambda h: nv.nvmlDeviceGetRemappedRows(h)[1],
         "row_remap_failed": lambda h: int(bool(nv.nvmlDeviceGetRemappedRows(h)[3])),
+        "row_remap_pending": lambda h: int(bool(nv.nvmlDeviceGetRemappedRows(h)[2])),
+        "pcie_link_gen": nv.nvmlDeviceGetCurrPcieLinkGeneration,
+        "pcie_link_width": nv.nvmlDeviceGetCurrPcieLinkWidth,
+        "pcie_link_gen_max": nv.nvmlDeviceGetMaxPcieLinkGeneration,
+        "pcie_link_width_max": nv.nvmlDeviceGetMaxPcieLinkWidth,
     }
+
+
+# Our NVLink error field <- its NVML DL error counter, summed over the GPU's active links.
+NVLINK_COUNTERS = (("nvlink_crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
+                   ("nvlink_crc_data_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
+                   ("nvlink_replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY"),
+                   ("nvlink_recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY"))
+NVLINK_NOTE = "NVLink error counters"
 
 
 def _missing(nv: ModuleType) -> tuple[type[Exception], ...]:
@@ -167,6 +182,9 @@ class NvmlSource:
         self._gone: dict[str, str] = {}
         self._last_util_ts: dict[str, int] = {}
         self._gpm: dict[str, _GpmPair | None] = {}   # None: no GPM on that GPU
+        # The NVLink links each GPU has (asked once: a link's existence does not change while
+        # the driver runs); an empty tuple: no NVLink on that GPU.
+        self._nvlinks: dict[str, tuple[int, ...]] = {}
         self._xids: queue.Queue[Event] = queue.Queue()
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -236,6 +254,7 @@ class NvmlSource:
                     continue
                 if plausible(BY_NAME[name], value):
                     fields[name] = value
+            fields.update(self._nvlink_fields(gpu))
             fields.update(self._gpm_fields(gpu))
             processes = self._processes(gpu)
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
@@ -253,6 +272,66 @@ class NvmlSource:
             events.append(GpuProcesses(ts=ts, gpu_id=gpu.id, source="nvml",
                                        processes=processes))
         return events
+
+    def _nvlink_fields(self, gpu: GpuInfo) -> dict[str, float]:
+        """The NVLink DL error counters, each summed over the links that are active now.
+
+        A GPU without NVLink, or with no link up, gets none of these fields: a zero would
+        claim a clean link that is not there. A counter the GPU cannot give on some active
+        link is left out whole (a partial sum would look like errors going away).
+        """
+        nv = self._nv
+        if gpu.id not in self._nvlinks:
+            self._nvlinks[gpu.id] = self._nvlink_links(gpu)
+        links = self._nvlinks[gpu.id]
+        if not links:
+            return {}
+        try:
+            active = [link for link in links
+                      if nv.nvmlDeviceGetNvLinkState(gpu.handle, link) == nv.NVML_FEATURE_ENABLED]
+            if not active:
+                return {}
+            fields = {}
+            for name, counter in NVLINK_COUNTERS:
+                try:
+                    total = sum(nv.nvmlDeviceGetNvLinkErrorCounter(gpu.handle, link,
+                                                                   getattr(nv, counter))
+                                for link in active)
+                except _missing(nv):
+                    self._unsupported.setdefault(name, set()).add(gpu.id)
+                    continue
+                if plausible(BY_NAME[name], float(total)):
+                    fields[name] = float(total)
+            return fields
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except nv.NVMLError as exc:
+            # Only this read's NVLink fields are lost, not the GPU's other fields.
+            failed = self._unsupported.setdefault(f"{NVLINK_NOTE} ({exc})", set())
+            if gpu.id not in failed:
+                log.warning("NVLink read of %s failed: %s", gpu.id, exc)
+            failed.add(gpu.id)
+            return {}
+
+    def _nvlink_links(self, gpu: GpuInfo) -> tuple[int, ...]:
+        """The link numbers NVML knows on this GPU, active or not. NVML answers
+        NOT_SUPPORTED on a GPU without NVLink and INVALID_ARGUMENT past the GPU's last
+        link; links need not be numbered without gaps, so every number is asked."""
+        nv, links = self._nv, []
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            try:
+                nv.nvmlDeviceGetNvLinkState(gpu.handle, link)
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+                raise
+            except (nv.NVMLError_InvalidArgument, *_missing(nv)):
+                continue
+            except nv.NVMLError as exc:
+                log.info("%s: NVLink link %d: %s", gpu.id, link, exc)
+                continue
+            links.append(link)
+        if not links:
+            self._unsupported.setdefault(NVLINK_NOTE, set()).add(gpu.id)
+        return tuple(links)
 
     def _gpm_fields(self, gpu: GpuInfo) -> dict[str, float]:
         """GPM's SM, tensor and DRAM activity since the previous read, as 0-1 ratios.

@@ -38,10 +38,16 @@ class Spec:
     power_limit: float
     fb_total: float
     pcie_bytes_per_s: float   # one direction, what a x16 link sustains
+    pcie_gen: int             # the link's generation under load (x16 on every model here)
+    nvlink: bool              # SXM boards have NVLink; the L4 (PCIe card) has none
 
 
-SPECS = {"H100": Spec(1980, 2619, 700, 81559, 52e9), "A100": Spec(1410, 1593, 400, 81920, 25e9),
-         "L4": Spec(2040, 6251, 72, 23034, 25e9)}
+SPECS = {"H100": Spec(1980, 2619, 700, 81559, 52e9, 5, True),
+         "A100": Spec(1410, 1593, 400, 81920, 25e9, 4, True),
+         "L4": Spec(2040, 6251, 72, 23034, 25e9, 4, False)}
+PCIE_IDLE_GEN = 1   # an idle GPU trains its link down to Gen1 to save power
+NVLINK_ERRORS = ("nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
+                 "nvlink_recovery_errors")
 
 
 def spec_for(model: str) -> Spec:
@@ -149,7 +155,8 @@ class SimulatedGpus:
              "sm_clock_mhz": s.sm_clock, "mem_clock_mhz": s.mem_clock,
              "power_w": 0.82 * s.power_limit, "power_limit_w": s.power_limit,
              "temp_c": 67.0, "mem_temp_c": 72.0, "fb_used_mib": 0.88 * s.fb_total,
-             "clocks_event_reasons": 0, "pstate": 0}
+             "clocks_event_reasons": 0, "pstate": 0, "pcie_link_gen": s.pcie_gen,
+             "pcie_link_width": 16}
         scenario = "idle" if idle else self.scenario
         _SHAPES.get(scenario, _healthy)(f, s, t, rng, self.event_after)
         for name in ("gpu_util", "mem_util", "power_w", "temp_c", "mem_temp_c"):
@@ -167,7 +174,10 @@ class SimulatedGpus:
         f.update(counters, fb_total_mib=s.fb_total, enc_util=0.0, dec_util=0.0,
                  ecc_sbe_volatile=0, ecc_dbe_volatile=0, retired_pages_sbe=0,
                  retired_pages_dbe=0, row_remap_uncorrectable=0, row_remap_correctable=0,
-                 row_remap_failed=0)
+                 row_remap_failed=0, row_remap_pending=0, pcie_link_gen_max=s.pcie_gen,
+                 pcie_link_width_max=16)
+        if s.nvlink and self.scenario != "pcie-allreduce":   # that one's GPUs have no NVLink
+            f.update(dict.fromkeys(NVLINK_ERRORS, 0))   # healthy links: no errors, ever
         return {name: round(float(value), 4) for name, value in f.items()}
 
 
@@ -181,7 +191,7 @@ def _idle(f: dict, s: Spec, t: float, rng: random.Random, at: float) -> None:
              pcie_tx_bytes_per_s=1e5, pcie_rx_bytes_per_s=1e5, nvlink_tx_bytes_per_s=0.0,
              nvlink_rx_bytes_per_s=0.0, sm_clock_mhz=345.0, power_w=0.1 * s.power_limit,
              temp_c=38.0, mem_temp_c=40.0, fb_used_mib=0.0, clocks_event_reasons=GPU_IDLE,
-             pstate=0)
+             pstate=0, pcie_link_gen=PCIE_IDLE_GEN)
 
 
 def _input_starved(f: dict, s: Spec, t: float, rng: random.Random, at: float) -> None:

@@ -148,6 +148,55 @@ def test_a_row_remap_event_is_degraded_until_a_reset(harness):
     assert health(h) == "reset_required"
 
 
+def remap(h, t, pending, uuid=UUID0):
+    return GpuSample(ts=h.at(t), gpu_id=uuid, source="nvml", simulated=False,
+                     fields={"gpu_util": 90.0, "row_remap_failed": 0.0,
+                             "row_remap_uncorrectable": 1.0, "row_remap_pending": pending})
+
+
+def test_a_pending_row_remap_is_degraded_until_a_reset_applies_it(harness):
+    h = harness
+    two_gpus(h)
+    h.feed(remap(h, 1.0, 1.0))
+    assert health(h) == "degraded" and health(h, UUID1) == "ok"
+    [row] = history(h)
+    assert (row["previous"], row["state"], row["cause"]) == ("ok", "degraded",
+                                                               "row_remap_pending")
+    assert row["evidence"]["row_remap_pending"] == 1 and row["evidence"]["source"] == "nvml"
+    assert "reset" in row["clears"]
+    # the flag stays up sample after sample: still degraded, no new transition
+    h.feed(remap(h, 2.0, 1.0), h.sample(3.0, 95.0))
+    assert health(h) == "degraded" and len(history(h)) == 1
+    h.feed(h.reset_call(10.0, SMI, path="/dev/nvidia0"))
+    assert health(h) == "resetting"
+    h.feed(remap(h, 11.0, 0.0))             # the reset applied the remap: flag down
+    assert health(h) == "ok"
+    assert [(r["previous"], r["state"]) for r in history(h)] == [
+        ("ok", "degraded"), ("degraded", "resetting"), ("resetting", "ok")]
+
+
+def test_a_remap_still_pending_after_the_reset_is_degraded_again(harness):
+    h = harness
+    two_gpus(h)
+    h.feed(remap(h, 1.0, 1.0))
+    h.feed(GpuState(ts=h.at(5.0), gpu_id=UUID0, state="resetting", source="nvml",
+                    simulated=False, detail="reset"))
+    h.feed(remap(h, 6.0, 1.0))
+    assert health(h) == "degraded"
+    assert history(h)[-1]["cause"] == "row_remap_pending"
+
+
+def test_a_pending_remap_does_not_hide_a_remap_failure(harness):
+    h = harness
+    two_gpus(h)
+    h.feed(remap(h, 1.0, 1.0))
+    failed = GpuSample(ts=h.at(2.0), gpu_id=UUID0, source="nvml", simulated=False,
+                       fields={"row_remap_failed": 1.0, "row_remap_pending": 1.0})
+    h.feed(failed)
+    assert health(h) == "reset_required"
+    assert history(h)[-1]["cause"] == "row_remap_failure"
+
+
 def test_an_unknown_gpu_named_only_by_the_kernel_log_gets_a_row(harness):
     h = harness
     h.feed(KernelLogRecord(ts=h.at(1.0), cursor="k1", origin="journald", boot_id="b",

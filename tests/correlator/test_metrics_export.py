@@ -200,3 +200,23 @@ def test_idle_owners_are_bounded_and_the_rest_summed_as_other(harness):
     owners = {s.labels["pod_uid"]: s.value for s in family.samples}
     assert len(owners) == 2 and owners["other"] == pytest.approx(8.0)
     assert sum(owners.values()) == pytest.approx(12.0)   # 4 idle seconds × 3 holders
+
+
+def test_pcie_link_nvlink_errors_and_remap_pending_metrics(harness):
+    h = harness
+    client = create_app(h.config).test_client()
+    h.feed(h.gpu(0), GpuSample(ts=h.at(1.0), gpu_id=UUID0, source="sim", simulated=True,
+                               fields={"pcie_link_gen": 1.0, "pcie_link_gen_max": 5.0,
+                                       "pcie_link_width": 16.0, "pcie_link_width_max": 16.0,
+                                       "nvlink_replay_errors": 41.0, "row_remap_pending": 0.0}))
+    text, families = _scrape(client)
+    value = {name: (family.type, [s.value for s in _samples(family, gpu=UUID0)])
+             for name, family in families.items()}
+    assert value["gpuwhy_gpu_pcie_link_gen"] == ("gauge", [1.0])
+    assert value["gpuwhy_gpu_pcie_link_gen_max"] == ("gauge", [5.0])
+    assert value["gpuwhy_gpu_pcie_link_width_max"] == ("gauge", [16.0])
+    assert value["gpuwhy_gpu_nvlink_replay_errors"] == ("counter", [41.0])
+    assert "gpuwhy_gpu_nvlink_replay_errors_total{" in text
+    assert value["gpuwhy_gpu_row_remap_pending"] == ("gauge", [0.0])
+    # a GPU that reported no NVLink counter has no series for it (not a 0)
+    assert value["gpuwhy_gpu_nvlink_crc_flit_errors"][1] == []
