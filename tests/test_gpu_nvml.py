@@ -626,3 +626,24 @@ def test_a_failed_nvlink_read_costs_only_the_nvlink_fields(nvml, caplog):
         read_samples(source)
     assert not NVLINK_FIELDS & set(f) and f["gpu_util"] == 90
     assert len([r for r in caplog.records if "NVLink read" in r.message]) == 1
+
+
+def test_sample_once_reads_a_gpm_gpu_twice_so_it_shows_sm_activity(nvml, clock):
+    from gpuwhy.probes.gpu.cli import _read_until_samples
+
+    hopper(nvml, 0)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    assert not source.rates_pending
+    events = _read_until_samples(source, 0.01)
+    assert gpm_fields(events)["GPU-00"] == {"sm_active": 0.625, "tensor_active": 0.4,
+                                            "dram_active": 0.125}
+    assert not source.rates_pending and nvml.gpm_samples == 2
+    source.close()
+    # without GPM (before Hopper) one read is the answer: no second read, no wait
+    plain = NvmlSource(xid_events=False)
+    nvml.gpm.clear()
+    plain.open()
+    _read_until_samples(plain, 0.01)
+    assert not plain.rates_pending
+    plain.close()

@@ -24,6 +24,7 @@ TABLE_FIELDS = (("gpu_util", "util%", "{:.0f}"), ("sm_active", "sm", "{:.2f}"),
                 ("pcie_rx_bytes_per_s", "pcie rx GB/s", "{:.2f}"),
                 ("clocks_event_reasons", "reasons", "{:#x}"))
 ONCE_TRIES = 5
+RATES_GAP_S = 0.2      # NVML's GPM counters refresh every ~100 ms: two samples further apart
 
 
 def sample_json(sample: GpuSample, gpu: GpuInfo | None) -> dict:
@@ -60,10 +61,16 @@ def _print_other(events: list[Event]) -> None:
 
 
 def _read_until_samples(source: GpuSource, interval: float) -> list[Event]:
-    """--once: DCGM has no value before its first update cycle, so try a few intervals."""
+    """--once: DCGM has no value before its first update cycle, so try a few intervals; a
+    source whose rates need two reads (NVML's GPM activity) is read once more."""
     for _ in range(ONCE_TRIES):
         events = source.read()
         if any(isinstance(e, GpuSample) for e in events):
+            if getattr(source, "rates_pending", False):
+                time.sleep(max(interval, RATES_GAP_S))
+                again = source.read()
+                if any(isinstance(e, GpuSample) for e in again):
+                    return again
             return events
         time.sleep(interval)
     return []

@@ -137,6 +137,7 @@ class _GpmPair:
             nv.nvmlGpmSampleFree(self.latest)
             raise
         self.latest_ns: int | None = None   # None: the latest buffer holds no sample yet
+        self.measured = False               # a read has given metrics (two samples apart)
 
     def advance(self) -> object | None:
         """Take a sample; the metrics (a ``c_nvmlGpmMetricsGet_t``) since the previous
@@ -156,7 +157,9 @@ class _GpmPair:
         get.sample1, get.sample2 = self.spare, self.latest   # older first
         for i, (_, metric) in enumerate(GPM_METRICS):
             get.metrics[i].metricId = getattr(nv, metric)
-        return nv.nvmlGpmMetricsGet(get)
+        got = nv.nvmlGpmMetricsGet(get)
+        self.measured = True
+        return got
 
     def free(self) -> None:
         for sample in (self.latest, self.spare):
@@ -332,6 +335,12 @@ class NvmlSource:
         if not links:
             self._unsupported.setdefault(NVLINK_NOTE, set()).add(gpu.id)
         return tuple(links)
+
+    @property
+    def rates_pending(self) -> bool:
+        """Whether a GPU's GPM fields wait for a second read (``gpu sample --once`` then
+        reads again rather than print a Hopper GPU without SM activity)."""
+        return any(pair is not None and not pair.measured for pair in self._gpm.values())
 
     def _gpm_fields(self, gpu: GpuInfo) -> dict[str, float]:
         """GPM's SM, tensor and DRAM activity since the previous read, as 0-1 ratios.
