@@ -184,6 +184,21 @@ CASES = {
                              pci="0000:18:00")),
         Synthetic(extra=nvrm("probe_failed", "the GPU is not supported by this driver release",
                              pci="0000:3b:00"))),
+    # trained at Gen4 under load; the near miss is an idle link at Gen1 (power saving)
+    "R43_pcie_link_degraded": (
+        Synthetic(gpu={"pcie_link_gen": 4, "pcie_link_gen_max": 5, "pcie_link_width": 16,
+                       "pcie_link_width_max": 16}),
+        Synthetic(gpu={"gpu_util": 0, "gr_engine_active": 0.0, "pcie_link_gen": 1,
+                       "pcie_link_gen_max": 5, "pcie_link_width": 16,
+                       "pcie_link_width_max": 16})),
+    # 150 CRC errors a second against DCGM's 100; the near miss, 50 a second
+    "R44_nvlink_link_errors": (
+        Synthetic(gpu=lambda t: {"nvlink_crc_flit_errors": 150.0 * t,
+                                 "nvlink_crc_data_errors": 0.0, "nvlink_replay_errors": 0.0,
+                                 "nvlink_recovery_errors": 0.0}),
+        Synthetic(gpu=lambda t: {"nvlink_crc_flit_errors": 50.0 * t,
+                                 "nvlink_crc_data_errors": 0.0, "nvlink_replay_errors": 0.0,
+                                 "nvlink_recovery_errors": 0.0})),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),

@@ -88,7 +88,12 @@ class Board:
     def pcie_Bps(self) -> float:
         """What a x16 link carries per direction in pinned copies (~85 % of the raw rate:
         ~26 of 31.5 GB/s on gen4, ~54 of 63 GB/s on gen5)."""
-        return 16 * {3: 985e6, 4: 2 * 985e6, 5: 4 * 985e6}[self.pcie_gen] * 0.85
+        return pcie_link_Bps(self.pcie_gen, 16)
+
+
+def pcie_link_Bps(gen: int, lanes: int) -> float:
+    """Pinned-copy bytes a second, one direction, of a PCIe link (~85 % of the raw rate)."""
+    return lanes * {1: 250e6, 2: 500e6, 3: 985e6, 4: 2 * 985e6, 5: 4 * 985e6}[gen] * 0.85
 
 
 H100 = Board("NVIDIA H100 80GB HBM3", 132, 1980, 345, 2619, 700, 70, 115, 843, 81559, 5,
@@ -372,6 +377,12 @@ class GpuCondition:
     lost_at: float | None = None                # falls off the bus: no samples after
     profiling_off: Callable[[float], bool] = lambda t: False
     inlet_c: float | None = None
+    # the PCIe link as it trained (generation, lanes): a marginal riser or a slot wired x8;
+    # None: the board's generation, x16. Idle, any link drops to Gen1 (ASPM).
+    pcie_link: tuple[int, int] | None = None
+    nvlink_crc_per_s: Callable[[float], float] = lambda t: 0.0     # all links, flit + data
+    nvlink_replay_per_s: Callable[[float], float] = lambda t: 0.0
+    nvlink_recovery_at: list[float] = field(default_factory=list)  # a link retrained
 
 
 # --- the host -----------------------------------------------------------------------------
@@ -472,6 +483,11 @@ class Host:
                                    monitor_cpu=0.03 * self.count, monitor_calls=12 * self.count))
 
     # Jobs.
+    def pcie_Bps_of(self, gpu: int) -> float:
+        """What GPU ``gpu``'s PCIe link carries per direction, as it trained."""
+        link = self.conditions[gpu].pcie_link
+        return self.board.pcie_Bps if link is None else pcie_link_Bps(*link)
+
     def add(self, job: Training | Inference | Holder | Steady, age_s: float = 3600.0,
             seed: str = "") -> list[Proc]:
         rng = random.Random(f"job:{self.seed}:{len(self.procs)}:{seed}")
@@ -585,6 +601,7 @@ class Host:
         b = self.board
         for g in range(self.count):
             rng = random.Random(f"gpu:{self.seed}:{g}")
+            links = random.Random(f"links:{self.seed}:{g}")   # apart: the rest stays as seeded
             cond = self.conditions[g]
             inlet = cond.inlet_c if cond.inlet_c is not None else self.inlet[g]
             first = self._gpu_load(g, 0)
@@ -592,7 +609,12 @@ class Host:
             energy = rng.uniform(2e11, 9e11)
             counters = {"power_violation_ns": rng.uniform(0, 4e12), "thermal_violation_ns": 0.0,
                         "pcie_replays": float(rng.randrange(0, 4)),
-                        "ecc_sbe_volatile": float(rng.randrange(0, 3)), "ecc_dbe_volatile": 0.0}
+                        "ecc_sbe_volatile": float(rng.randrange(0, 3)), "ecc_dbe_volatile": 0.0,
+                        # a few since the driver loaded, as healthy links show
+                        "nvlink_crc_flit_errors": float(links.randrange(0, 12)),
+                        "nvlink_crc_data_errors": float(links.randrange(0, 3)),
+                        "nvlink_replay_errors": 0.0, "nvlink_recovery_errors": 0.0}
+            gen, lanes = cond.pcie_link or (b.pcie_gen, 16)
             thermal_share = 1.0
             for k in range(self.n):
                 t = k + 1.0
@@ -652,6 +674,13 @@ class Host:
                 if reasons & (SW_THERMAL | HW_THERMAL):
                     counters["thermal_violation_ns"] += 1e9
                 counters["pcie_replays"] += _poisson(rng, cond.replays_per_s(t))
+                crc = _poisson(links, cond.nvlink_crc_per_s(t))
+                flit = sum(links.random() < 0.9 for _ in range(int(crc)))
+                counters["nvlink_crc_flit_errors"] += flit
+                counters["nvlink_crc_data_errors"] += crc - flit
+                counters["nvlink_replay_errors"] += _poisson(links, cond.nvlink_replay_per_s(t))
+                counters["nvlink_recovery_errors"] += sum(
+                    1 for r in cond.nvlink_recovery_at if k < r <= t)
                 counters["ecc_sbe_volatile"] += _poisson(rng, cond.sbe_per_s(t))
                 counters["ecc_dbe_volatile"] += sum(1 for d in cond.dbe_at if k < d <= t)
                 util = min(100.0, round(100 * min(1.0, load["util"]
@@ -676,7 +705,15 @@ class Host:
                     "row_remap_uncorrectable": float(cond.remapped[1]),
                     "row_remap_failed": float(cond.remap_failed_at is not None
                                               and t >= cond.remap_failed_at),
+                    # at work the link runs as it trained; idle it drops to Gen1 (ASPM)
+                    "pcie_link_gen": float(gen if active or load["contexts"] else 1),
+                    "pcie_link_width": float(lanes),
+                    "pcie_link_gen_max": float(b.pcie_gen), "pcie_link_width_max": 16.0,
                 }
+                if b.nvlink_Bps:
+                    for name in ("nvlink_crc_flit_errors", "nvlink_crc_data_errors",
+                                 "nvlink_replay_errors", "nvlink_recovery_errors"):
+                        fields[name] = counters[name]
                 rx = (load["rx"] + rng.uniform(2e6, 6e6)) * DCGM_PCIE_OVERHEAD
                 tx = (load["tx"] + rng.uniform(1e6, 4e6)) * DCGM_PCIE_OVERHEAD
                 if self.source == "nvml":
@@ -963,7 +1000,7 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
                     t += dt
                     copied = t
                 else:
-                    dt = job.h2d_bytes / host.board.pcie_Bps
+                    dt = job.h2d_bytes / host.pcie_Bps_of(job.gpus[r])
                     tr.rx.span(t, t + dt, job.h2d_bytes / dt)
                     tr.aux_on.span(t - job.h2d_bytes / 8e9, t)   # the pin-memory thread
                     copied = t + dt   # the step's kernels follow the copy on its stream
@@ -1037,7 +1074,7 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
             for r in writers:
                 tr = traces[r]
                 t = main[r]
-                d2h = job.ckpt_bytes / (host.board.pcie_Bps * 0.7)
+                d2h = job.ckpt_bytes / (host.pcie_Bps_of(job.gpus[r]) * 0.7)
                 tr.tx.span(t, t + d2h, job.ckpt_bytes / d2h)
                 tr.main_on.span(t, t + d2h)
                 write = job.ckpt_bytes / job.ckpt_write_Bps * rng.lognormvariate(0, 0.15)

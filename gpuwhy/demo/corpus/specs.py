@@ -667,7 +667,36 @@ def _(seed: int) -> Host:
     return host
 
 
+@scenario("pcie-link-x8-riser", 705,
+          "a PCIe link trained down: GPU 2 of a recommender's four sits behind a riser that "
+          "trains at Gen4 x8 instead of Gen5 x16; its ~800 MB of features a step cross at a "
+          "quarter of the speed, and the other ranks wait for it", ("R43_pcie_link_degraded",),
+          "sharing_config")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 4)
+    host.conditions[2].pcie_link = (4, 8)
+    host.add(Training(gpus=[0, 1, 2, 3], gpu_s=0.05, host_s=0.012, workers=4, worker_cpu_s=0.2,
+                      mix=Mix(0.5, 0.3, 0.2, 0.6, 0.15, 0.05), h2d_bytes=800e6, kernels=400,
+                      comm_bytes=0.6e9, overlap=0.5, fb_mib=52000, threads=30, cores=16,
+                      cmdline="/usr/bin/python3 dlrm_train.py --mini-batch-size 65536 "
+                              "--pin-memory"))
+    return host
+
+
 # === G. failures ==============================================================================
+@scenario("nvlink-marginal-lane", 812,
+          "a marginal NVLink lane: GPU 5's link corrects ~160 CRC errors a second and "
+          "replays now and then, then retrains once at 7 min, no Xid yet; the job runs on",
+          ("R44_nvlink_link_errors",), "failures")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8)
+    host.conditions[5].nvlink_crc_per_s = lambda t: 160.0
+    host.conditions[5].nvlink_replay_per_s = lambda t: 0.01
+    host.conditions[5].nvlink_recovery_at = [420.0]
+    host.add(llm_fsdp(list(range(8))))
+    return host
+
+
 @scenario("xid79-fallen-off-bus", 801,
           "GPU has fallen off the bus (Xid 79): GPU 4 drops off PCIe at 250 s; its rank "
           "dies, the others hang in NCCL", ("R32_xid79_fallen_off_bus",), "failures",
