@@ -310,10 +310,7 @@ class NvmlSource:
             raise
         except nv.NVMLError as exc:
             # Only this read's NVLink fields are lost, not the GPU's other fields.
-            failed = self._unsupported.setdefault(f"{NVLINK_NOTE} ({exc})", set())
-            if gpu.id not in failed:
-                log.warning("NVLink read of %s failed: %s", gpu.id, exc)
-            failed.add(gpu.id)
+            self._read_failed(gpu, NVLINK_NOTE, "NVLink", exc)
             return {}
 
     def _nvlink_links(self, gpu: GpuInfo) -> tuple[int, ...]:
@@ -335,6 +332,13 @@ class NvmlSource:
         if not links:
             self._unsupported.setdefault(NVLINK_NOTE, set()).add(gpu.id)
         return tuple(links)
+
+    def _read_failed(self, gpu: GpuInfo, note: str, what: str, exc: Exception) -> None:
+        """A group of fields failed this read: noted, and warned once per GPU and error."""
+        failed = self._unsupported.setdefault(f"{note} ({exc})", set())
+        if gpu.id not in failed:
+            log.warning("%s read of %s failed: %s", what, gpu.id, exc)
+        failed.add(gpu.id)
 
     @property
     def rates_pending(self) -> bool:
@@ -367,10 +371,7 @@ class NvmlSource:
         except nv.NVMLError as exc:
             # Kept on: a failed call costs this read's three values, not the GPU's other
             # fields, and the next read compares with the last sample that was taken.
-            failed = self._unsupported.setdefault(f"{GPM_NOTE} ({exc})", set())
-            if gpu.id not in failed:
-                log.warning("GPM read of %s failed: %s", gpu.id, exc)
-            failed.add(gpu.id)
+            self._read_failed(gpu, GPM_NOTE, "GPM", exc)
             return {}
         if got is None:
             return {}
