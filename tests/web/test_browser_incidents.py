@@ -64,11 +64,16 @@ def _until(page, check, what: str, timeout_ms: int = 3000) -> None:
         waited += 100
 
 
-def test_an_open_incident_list_follows_new_incidents_and_changes(browser, scenario, tmp_path):
+def _own_copy(scenario, tmp_path):
+    """The scenario's store copied for one test (it changes it), served refreshed each second."""
     path = tmp_path / "live.db"
     shutil.copy(scenario.path, path)
-    config = load_config(environ={"GPUWHY_DB": str(path), "GPUWHY_REFRESH": "1",
-                                  "GPUWHY_BUS": f"ipc://{tmp_path}/bus.sock"})
+    return path, load_config(environ={"GPUWHY_DB": str(path), "GPUWHY_REFRESH": "1",
+                                      "GPUWHY_BUS": f"ipc://{tmp_path}/bus.sock"})
+
+
+def test_an_open_incident_list_follows_new_incidents_and_changes(browser, scenario, tmp_path):
+    path, config = _own_copy(scenario, tmp_path)
     db = open_store(path)
     active = [i["id"] for i in list_incidents(db, state="active")]
     assert len(active) >= 2, active
@@ -110,10 +115,7 @@ def test_an_open_incident_list_follows_new_incidents_and_changes(browser, scenar
 
 
 def test_the_gpu_cards_take_a_new_process_and_a_new_incident(browser, scenario, tmp_path):
-    path = tmp_path / "live.db"
-    shutil.copy(scenario.path, path)
-    config = load_config(environ={"GPUWHY_DB": str(path), "GPUWHY_REFRESH": "1",
-                                  "GPUWHY_BUS": f"ipc://{tmp_path}/bus.sock"})
+    _, config = _own_copy(scenario, tmp_path)
     live = LiveServer(config)
     watched = Watched(browser)
     page = watched.page
