@@ -1,5 +1,6 @@
 """The real probe pipeline (probes -> bus -> correlator -> store) for privileged tests."""
 
+import subprocess
 import threading
 import time
 
@@ -132,3 +133,14 @@ def kernel_log_store(tmp_config):
     subscriber.close()
     reader.close()
     db.close()
+
+
+def cron_gone(seconds: float = 30.0) -> bool:
+    """Whether no cron process is left within ``seconds``: a job a cron daemon started
+    before it was stopped keeps a cron child waiting on it until the job ends."""
+    deadline = time.monotonic() + seconds
+    while subprocess.run(["pgrep", "-x", "cron"], capture_output=True).returncode == 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True

@@ -1,6 +1,7 @@
 """The cron source with the real cron daemon: a job from /etc/cron.d fires at the next
 minute, its execution is read from the journal and tied to the job's process."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ from gpuwhy.errors import NoSuchProcess
 from gpuwhy.probes.cron.source import run_cron_source
 from gpuwhy.proc import read_stat
 from gpuwhy.store import open_store
+
+from .conftest import cron_gone
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 SOCKET = Path("/run/systemd/journal/socket")
@@ -48,12 +51,16 @@ def journald():
 
 @pytest.fixture
 def cron_daemon(journald):
-    assert subprocess.run(["pgrep", "-x", "cron"], capture_output=True).returncode != 0, \
-        "a cron daemon already runs: this test starts its own with -L 15"
+    assert cron_gone(), "a cron daemon already runs: this test starts its own with -L 15"
     process = subprocess.Popen(["cron", "-f", "-L", "15"], start_new_session=True)
     yield process
     process.terminate()
     process.wait(10)
+    # and what it started in its session (a job it began as it was stopped), so that the
+    # next test that runs its own cron finds none
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    assert cron_gone(), "cron processes outlived the test's daemon"
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from gpuwhy.demo.standin import DEMO_MARK
 from gpuwhy.errors import StoreError
 from gpuwhy.store import open_store
 
+from .conftest import cron_gone
+
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.kmsg]
 CHAIN = ["cron_job", "command", "driver_call", "gpu_reset", "process_stall"]
 
@@ -44,8 +46,7 @@ def journal_entries(since_ns, **match):
 
 def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_path,
                                                              system_journald):
-    assert subprocess.run(["pgrep", "-x", "cron"], capture_output=True).returncode != 0, \
-        "a cron daemon already runs: the demo starts its own with -L 15"
+    assert cron_gone(), "a cron daemon already runs: the demo starts its own with -L 15"
     work = tmp_path / "demo"
     started_ns = now_ns()
     result = {}
