@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import statistics
 from collections.abc import Mapping
 
 from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Series, Signals
@@ -100,17 +101,25 @@ class Evaluation:
         names = self._refs(node, [])
         if not names:
             return [(self.now, self.value(node))]
-        data = {name: self.series(name, window_ns) for name in names}
-        for name in names:
-            if not self._covered(name, data[name], window_ns):
-                return None
-        timeline = max(data.values(), key=len)
-        times = [ts for ts, _ in timeline]
-        columns = {name: _align(series, times) for name, series in data.items()}
+        aligned = self._aligned(names, window_ns)
+        if aligned is None:
+            return None
+        times, columns = aligned
         values = self._vector(node, columns)
         if not isinstance(values, list):
             values = [values] * len(times)
         return list(zip(times, values, strict=True))
+
+    def _aligned(self, names: list[str], window_ns: int
+                 ) -> tuple[list[int], dict[str, list]] | None:
+        """The signals' samples on one timeline (the longest series'), or None when one of
+        them does not cover the window (it is noted as missing)."""
+        data = {name: self.series(name, window_ns) for name in names}
+        for name in names:
+            if not self._covered(name, data[name], window_ns):
+                return None
+        times = [ts for ts, _ in max(data.values(), key=len)]
+        return times, {name: _align(series, times) for name, series in data.items()}
 
     def _vector(self, node: m.Node, columns: Mapping[str, list]) -> object:
         """``node`` over aligned columns, one operation per node (not per sample and node):
@@ -298,11 +307,10 @@ class Evaluation:
         """Pearson's correlation of two per-sample expressions over the window, on the samples
         where both are known; unknown with fewer than CORR_MIN_PAIRS or a flat one."""
         names = self._refs(b, self._refs(a, []))     # one timeline for both sides
-        data = {name: self.series(name, window) for name in names}
-        if not names or not all(self._covered(name, data[name], window) for name in names):
+        aligned = self._aligned(names, window) if names else None
+        if aligned is None:
             return None
-        times = [ts for ts, _ in max(data.values(), key=len)]
-        columns = {name: _align(series, times) for name, series in data.items()}
+        _, columns = aligned
         xs, ys = self._vector(a, columns), self._vector(b, columns)
         if not isinstance(xs, list) or not isinstance(ys, list):
             return None
@@ -310,14 +318,10 @@ class Evaluation:
                  if _num(x) is not None and _num(y) is not None]
         if len(pairs) < CORR_MIN_PAIRS:
             return None
-        mx = sum(x for x, _ in pairs) / len(pairs)
-        my = sum(y for _, y in pairs) / len(pairs)
-        sxy = sum((x - mx) * (y - my) for x, y in pairs)
-        sxx = sum((x - mx) ** 2 for x, _ in pairs)
-        syy = sum((y - my) ** 2 for _, y in pairs)
-        if sxx <= 0 or syy <= 0:
+        try:
+            return statistics.correlation(*zip(*pairs, strict=True))
+        except statistics.StatisticsError:   # a flat series: no correlation to speak of
             return None
-        return sxy / math.sqrt(sxx * syy)
 
     def _zscore(self, node: m.Node, window: int, baseline: int) -> Value:
         samples = self.samples(node, baseline)
