@@ -71,6 +71,13 @@ def ticks_to_ns(ticks: int) -> int:
     return ticks * NS_PER_SECOND // CLOCK_TICKS_PER_SECOND
 
 
+def realtime_from_ticks(ticks: int) -> int:
+    """A /proc start time (clock ticks since boot) as realtime ns: when the process
+    started, measured now against CLOCK_BOOTTIME (suspend included, as the kernel counts
+    start times)."""
+    return ticks_to_ns(ticks) + _measure_offset(time.CLOCK_BOOTTIME, samples=1)
+
+
 def now_ns() -> int:
     """Realtime now, in ns: the ``ts`` of events that have no clock of their own."""
     return time.time_ns()

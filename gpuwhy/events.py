@@ -34,7 +34,9 @@ class Event:
 class ProcessSeen(Event):
     """Event name: ``process_seen`` (topic ``proc``). Facts about a process, first time it
     matters. ``comm``, ``cmdline``, ``exe`` and ``tag`` are controlled by the process:
-    untrusted, already bounded in length, to be escaped wherever shown."""
+    untrusted, already bounded in length, to be escaped wherever shown. ``started_at``: when
+    the process started (realtime ns, from its start time), None when not known: a process
+    that ran an hour before gpuwhy first saw it is no young process."""
 
     topic = "proc"
     kind = "process_seen"
@@ -51,6 +53,7 @@ class ProcessSeen(Event):
     container_id: str | None = None
     pod_uid: str | None = None
     unit: str | None = None
+    started_at: int | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwhy.clock import realtime_from_ticks
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import ProcessSeen
 from gpuwhy.identity import ProcessKey
@@ -159,4 +160,5 @@ def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
     return ProcessSeen(ts=ts, process=ProcessKey(pid, start_time), comm=comm, cmdline=cmdline,
                        exe=exe, ppid=ppid, uid=uid, cgroup=cgroup_text[:MAX_FIELD],
                        tag=read_tag(pid, proc_root), container_id=owner.container_id,
-                       pod_uid=owner.pod_uid, unit=owner.unit)
+                       pod_uid=owner.pod_uid, unit=owner.unit,
+                       started_at=realtime_from_ticks(start_time))

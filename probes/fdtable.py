@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from gpuwhy.clock import realtime_from_ticks
 from gpuwhy.events import (
     DeviceClosed,
     DeviceOpened,
@@ -108,7 +109,8 @@ class FdTable:
             seen = None                   # /proc already shows a newer process with this pid
         if seen is None:
             if start_ticks:
-                seen = ProcessSeen(ts=ts, process=ProcessKey(tgid, start_ticks))
+                seen = ProcessSeen(ts=ts, process=ProcessKey(tgid, start_ticks),
+                                   started_at=realtime_from_ticks(start_ticks))
             else:
                 self.unresolved += 1
                 seen = ProcessSeen(ts=ts, process=ProcessKey(tgid, 0))

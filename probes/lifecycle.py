@@ -13,7 +13,12 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter
+from gpuwhy.clock import (
+    CLOCK_TICKS_PER_SECOND,
+    NS_PER_SECOND,
+    ClockConverter,
+    realtime_from_ticks,
+)
 from gpuwhy.config import Config
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
 from gpuwhy.events import Event, ProcessExec, ProcessExited, ProcessForked, ProcessSeen
@@ -114,7 +119,8 @@ class LifecycleProbe:
             if seen is None or seen.process != key:
                 self.enrich_failures += 1      # gone already: what the kernel said is all
                 seen = ProcessSeen(ts=ts, process=key, comm=Path(filename).name[:15],
-                                   exe=filename, ppid=record.other_tgid)
+                                   exe=filename, ppid=record.other_tgid,
+                                   started_at=realtime_from_ticks(record.start_ticks))
             self._emit(seen)
             self._emit(ProcessExec(ts=ts, process=key, filename=filename,
                                    ppid=record.other_tgid, raw_ts=record.ktime_ns))

@@ -509,3 +509,11 @@ def m111_pcie_link_nvlink_errors_remap_pending(db: Database) -> None:
                       ("gpu_rollups", rollups_view_sql("gpu_rollups", columns))):
         db.execute(f"DROP VIEW IF EXISTS {name}")
         db.execute(sql)
+
+
+@migrations()
+def m113_process_started_at(db: Database) -> None:
+    """``processes.started_at``: when the process started (realtime ns, from its start time).
+    A rule's warm-up reads a process's age from it: a job that ran for an hour before
+    gpuwhy first saw it is no young process. Rows already there have NULL (not known)."""
+    db["processes"].add_column("started_at", int)

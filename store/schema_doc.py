@@ -178,8 +178,8 @@ def _column_note(obj: str, column: str) -> str:
                 return f"{stored.field} ({unit})"
             return f"{stored.field} ({unit}) × {stored.scale:g}"
     if column in ("ts", "since", "until", "opened_at", "closed_at", "minute", "first_seen",
-                  "last_seen", "exited_at", "updated_at", "xid_before_start_seen",
-                  "acknowledged_at"):
+                  "started_at", "last_seen", "exited_at", "updated_at",
+                  "xid_before_start_seen", "acknowledged_at"):
         return "ns since the epoch"
     return ""
 

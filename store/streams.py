@@ -56,9 +56,10 @@ def listed_processes_on(db: Database, gpu_id: str, since: int) -> list[dict] | N
 
 
 def process_row(db: Database, key: ProcessKey) -> list[dict]:
-    """The process's comm, cmdline, exe, cgroup and first_seen (no rows when unknown)."""
+    """The process's comm, cmdline, exe, cgroup, first_seen and started_at (no rows when
+    unknown)."""
     return db.execute_returning_dicts(
-        "select comm, cmdline, exe, cgroup, first_seen from processes "
+        "select comm, cmdline, exe, cgroup, first_seen, started_at from processes "
         "where pid = ? and start_time = ?", [key.pid, key.start_time])
 
 

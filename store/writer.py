@@ -206,7 +206,7 @@ class StoreWriter:
         facts = {"comm": event.comm, "cmdline": event.cmdline, "exe": event.exe,
                  "ppid": event.ppid, "uid": event.uid, "cgroup": event.cgroup, "tag": event.tag,
                  "container_id": event.container_id, "pod_uid": event.pod_uid,
-                 "unit": event.unit}
+                 "unit": event.unit, "started_at": event.started_at}
         if existing:        # a later sighting that could not read /proc keeps what was known
             facts = {name: value for name, value in facts.items()
                      if value not in UNKNOWN_PROCESS_FACT.get(name, ("", None))}

@@ -113,13 +113,14 @@ def test_a_bare_sighting_keeps_what_was_known_of_the_process(db):
     writer = StoreWriter(db)
     writer.write_batch([Envelope("t", 1, ProcessSeen(
         ts=10, process=KEY, comm="python", cmdline="python train.py", exe="/usr/bin/python3",
-        ppid=1, uid=0, cgroup="0::/system.slice/train.service", unit="train.service"))])
+        ppid=1, uid=0, cgroup="0::/system.slice/train.service", unit="train.service",
+        started_at=5))])
     writer.write_batch([Envelope("t", 2, ProcessSeen(ts=20, process=KEY))])   # /proc gone
     writer.write_batch([Envelope("t", 3, ProcessSeen(ts=30, process=KEY, comm="pt_main"))])
     row = db.execute("select comm, cmdline, exe, ppid, uid, cgroup, unit, first_seen, "
-                     "last_seen from processes").fetchone()
+                     "last_seen, started_at from processes").fetchone()
     assert row == ("pt_main", "python train.py", "/usr/bin/python3", 1, 0,
-                   "0::/system.slice/train.service", "train.service", 10, 30)
+                   "0::/system.slice/train.service", "train.service", 10, 30, 5)
 
 
 def test_a_forked_worker_is_bound_to_the_gpu_only_once_it_calls_the_driver(db):

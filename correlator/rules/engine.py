@@ -183,8 +183,8 @@ class Engine:
         facts = self._facts.get(scope.process) if scope.process else None
         instance = {"gpu.procs": float(len(self._procs.get(scope.gpu_id, []))),
                     "gpu.contexts": self._contexts(scope.gpu_id)}
-        if facts is not None and facts.first_seen is not None:
-            instance["proc.age_s"] = (now - facts.first_seen) / 1e9
+        if facts is not None and facts.born is not None:
+            instance["proc.age_s"] = (now - facts.born) / 1e9
         ev = Evaluation(self.signals, scope, now, params, rule.window_ns, facts, instance,
                         self._shared)
         ended = self._job_ended(rule, scope, now)

@@ -74,6 +74,12 @@ class ProcessFacts:
     cgroup: str = ""
     first_seen: int | None = None
     env: Mapping[str, str] | None = None
+    started_at: int | None = None
+
+    @property
+    def born(self) -> int | None:
+        """When the process started (realtime ns), else when it was first seen: its age."""
+        return self.started_at if self.started_at is not None else self.first_seen
 
     def text(self, name: str) -> str:
         return {"proc.cmdline": self.cmdline, "proc.comm": self.comm, "proc.exe": self.exe,
@@ -344,7 +350,9 @@ class MemorySignals(Signals):
             old = self.process_facts.get(event.process)
             self.process_facts[event.process] = ProcessFacts(
                 comm=event.comm, cmdline=event.cmdline, exe=event.exe, cgroup=event.cgroup,
-                first_seen=old.first_seen if old else ts)
+                first_seen=old.first_seen if old else ts,
+                started_at=event.started_at if event.started_at is not None else
+                old.started_at if old else None)
         elif isinstance(event, ProcessExited):
             self.exited.add(event.process)
             facts = self.process_facts.get(event.process)

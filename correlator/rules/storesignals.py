@@ -117,7 +117,8 @@ class StoreSignals(Signals):
             env = self._environ[process]
         return ProcessFacts(comm=row["comm"] or "", cmdline=row["cmdline"] or "",
                             exe=row["exe"] or "", cgroup=row["cgroup"] or "",
-                            first_seen=row["first_seen"], env=env)
+                            first_seen=row["first_seen"], env=env,
+                            started_at=row["started_at"])
 
     def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
         rows = self._window_rows(("gpu_rows", gpu_id), start, end, lambda s, e: [

@@ -73,7 +73,8 @@ class Synthetic:
     ``workers``, ``calls`` and ``cuda`` change the healthy values (a dict, or a function of the
     second ``t``); GPU counters in COUNTERS are given as rates per second and accumulated.
     ``cuda`` None: the CUDA uprobes are off (no CudaStats).
-    ``extra`` holds (second, event) pairs whose ts is set to that second."""
+    ``extra`` holds (second, event) pairs whose ts is set to that second. ``started_s``: when
+    the processes started, in seconds from the start (negative: before it); None: not known."""
 
     duration_s: int = 400
     step_s: int = 1
@@ -89,6 +90,7 @@ class Synthetic:
     comm: str = "python3"
     env: Mapping[str, str] | None = None
     sched: bool = True
+    started_s: float | None = None
     extra: list[tuple[float, Event]] = field(default_factory=list)
 
     def gpu_id(self, index: int) -> str:
@@ -113,8 +115,10 @@ class Synthetic:
                                pci_bus_id=f"0000:{0x18 + g:02x}:00.0", driver_version="sim"))
             for n in range(self.processes):
                 key = self.process(g, n)
-                out.append(ProcessSeen(ts=BASE_TS, process=key, comm=self.comm,
-                                       cmdline=self.cmdline, exe="/usr/bin/python3"))
+                out.append(ProcessSeen(
+                    ts=BASE_TS, process=key, comm=self.comm, cmdline=self.cmdline,
+                    exe="/usr/bin/python3", started_at=None if self.started_s is None
+                    else BASE_TS + int(self.started_s * NS)))
                 out.append(DeviceOpened(ts=BASE_TS, process=key, fd=5 + g,
                                         path=f"/dev/nvidia{g}", device="nvidiaN", minor=g))
         totals: dict[tuple, float] = {}

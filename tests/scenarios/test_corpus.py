@@ -11,7 +11,8 @@ import pytest
 
 from gpuwhy.correlator.rules.cli import read_capture
 from gpuwhy.demo.corpus import MANIFEST_FORMAT, capture_bytes, corpus, select, write_scenario
-from gpuwhy.events import GpuSample, GpuSeen, SchedStats
+from gpuwhy.demo.corpus.host import NS, TICKS
+from gpuwhy.events import GpuSample, GpuSeen, ProcessSeen, SchedStats
 from gpuwhy.rules import model as m
 from gpuwhy.rules.loader import load_rules
 
@@ -102,3 +103,18 @@ def test_sched_stats_cover_the_main_process_and_its_workers(hosts):
         for side, threads in ((s.own, s.own["threads"]), (s.workers, s.workers["threads"])):
             total = sum(side[k] for k in ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns"))
             assert total == pytest.approx(threads * s.interval_ns, rel=0.01)
+
+
+def test_every_process_says_when_it_started_as_its_key_does(hosts):
+    for name, (_, host) in hosts.items():
+        seen = [(src, e) for src, e in host.events() if isinstance(e, ProcessSeen)]
+        assert seen, name
+        for _, event in seen:
+            assert event.started_at is not None and event.started_at <= event.ts, name
+            # its key's start time (ticks since the host's boot) and started_at agree
+            boot = event.started_at - event.process.start_time * NS // TICKS
+            assert abs(boot - (host.t0 - int(host.uptime_s * NS))) <= NS // TICKS, name
+    _, host = hosts["resnet18-cpu-starved"]
+    trainer = next(e for _, e in host.events() if isinstance(e, ProcessSeen)
+                   and e.comm.startswith("python"))
+    assert host.t0 - trainer.started_at >= 600 * NS     # a job that ran before the capture

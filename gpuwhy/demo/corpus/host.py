@@ -544,7 +544,14 @@ class Host:
         for t, src, event in self.extra:
             emit(t, src, event)
         out.sort(key=lambda item: (item[0], item[1]))
-        return [(src, replace(event, ts=self.t0 + int(round(t * NS)))) for t, _, src, event in out]
+        return [(src, replace(event, ts=self.t0 + int(round(t * NS))) if not isinstance(
+            event, ProcessSeen) else self._seen(event, t)) for t, _, src, event in out]
+
+    def _seen(self, event: ProcessSeen, t: float) -> ProcessSeen:
+        """A process's sighting at capture second ``t``, with when it started (its key's
+        start time, ticks since this host's boot, as realtime)."""
+        started = self.t0 + int(round((event.process.start_time / TICKS - self.uptime_s) * NS))
+        return replace(event, ts=self.t0 + int(round(t * NS)), started_at=started)
 
     def _process_start(self, proc: Proc, emit: Callable) -> None:
         t = proc.since + 0.2
