@@ -12,8 +12,9 @@ on. Sources and what they mean:
   boot every other event happens in, so a reboot is seen without a kernel-log source: at the
   first event after start, every state entered in another boot is cleared by that reboot;
 - GPU source: its Xids, its ``gpu_state`` (lost, reset_required, resetting, back) and its
-  samples (throttling, SBE storm, pending row remap, uncorrectable ECC, remap failure; a
-  sample after a loss or a reset with clean counters is the GPU read again);
+  samples (throttling, SBE storm, pending row remap, uncorrectable ECC, remap failure, a
+  failed or unhealthy NVLink fabric; a sample after a loss or a reset with clean counters is
+  the GPU read again);
 - driver calls: a reset call that returned NV_OK (:mod:`gpuwhy.reset`).
 
 The current state lives on the GPU's ``gpus`` row and is read from there for each event
@@ -32,6 +33,7 @@ from sqlite_utils import Database
 from gpuwhy import gpu_health as gh
 from gpuwhy.correlator import bindings
 from gpuwhy.events import Event, methods_by_kind
+from gpuwhy.gpufields import FABRIC_HEALTH, FABRIC_STATES
 from gpuwhy.identity import classify_device
 from gpuwhy.reset import reset_kind, state_kind
 from gpuwhy.store import queries
@@ -261,7 +263,9 @@ class GpuHealth:
         # The source's own flag where it has one; else a rise of the uncorrectable count.
         flagged = gh.remap_pending(fields)
         pending = self._remap_pending(gpu_id, remapped) or flagged
-        if not (bad or throttled or storm or pending) and \
+        said = gh.sample_causes(fields)
+        fabric = [c for c in (gh.FABRIC_FAILED, gh.FABRIC_UNWELL) if said.get(c)]
+        if not (bad or throttled or storm or pending or fabric) and \
                 queries.gpu_health_state(db, gpu_id) in (None, gh.OK):
             return              # the common case, once a second per GPU: kept cheap
         current = queries.gpu_health(db, gpu_id)
@@ -270,14 +274,17 @@ class GpuHealth:
         if later and fields and bad is None and now in (gh.LOST, gh.RESETTING):
             self._move(db, gpu_id, ts, gh.OK, "source reads it again with clean counters",
                        evidence)
-        elif later and now == gh.DEGRADED and not throttled:
+        elif later and now == gh.DEGRADED:
+            # each cause a sample clears ends when a sample says it no longer holds
             causes = list(current["evidence"].get("causes", []))
-            if gh.THROTTLING in causes:
-                kept = [c for c in causes if c not in gh.SAMPLE_CLEARED_CAUSES]
+            ended = [c for c in causes if c in gh.SAMPLE_CLEARED_CAUSES and said.get(c) is False]
+            if ended:
+                kept = [c for c in causes if c not in ended]
+                why = "; ".join(gh.ENDED[c] for c in ended)
                 if kept:
-                    self._move(db, gpu_id, ts, gh.DEGRADED, "throttling ended", evidence, kept)
+                    self._move(db, gpu_id, ts, gh.DEGRADED, why, evidence, kept)
                 else:
-                    self._move(db, gpu_id, ts, gh.OK, "throttling ended", evidence)
+                    self._move(db, gpu_id, ts, gh.OK, why, evidence)
         if bad is not None:
             self._escalate(db, gpu_id, ts, gh.RESET_REQUIRED, bad, {
                 **evidence, "ecc_dbe_volatile": fields.get("ecc_dbe_volatile"),
@@ -293,6 +300,9 @@ class GpuHealth:
             self._escalate(db, gpu_id, ts, gh.DEGRADED, gh.ROW_REMAP_PENDING,
                            {**evidence, "row_remap_uncorrectable": remapped,
                             **({"row_remap_pending": 1} if flagged else {})})
+        for cause in fabric:
+            self._escalate(db, gpu_id, ts, gh.DEGRADED, cause,
+                           {**evidence, **_fabric_named(fields)})
 
     def _remap_pending(self, gpu_id: str, remapped: float | None) -> bool:
         """Whether the uncorrectable remapped-rows count went up: a row waits for a reset."""
@@ -312,3 +322,12 @@ class GpuHealth:
         while window and window[0][0] < ts - gh.SBE_STORM_WINDOW_NS:
             window.popleft()
         return window[-1][1] - window[0][1] >= gh.SBE_STORM_COUNT
+
+
+def _fabric_named(fields: dict[str, float]) -> dict[str, str]:
+    """The NVLink fabric's state and health a sample read, by name ("Failure", "Unhealthy")."""
+    named = {}
+    for name, table in (("fabric_state", FABRIC_STATES), ("fabric_health", FABRIC_HEALTH)):
+        if fields.get(name) is not None:
+            named[name] = table.get(int(fields[name]), str(fields[name]))
+    return named

@@ -7,7 +7,8 @@ facts mean for health, so that the words and their meaning are defined once:
 
 - ``ok``: nothing known to be wrong;
 - ``degraded``: usable, but throttled by hardware or heat, in a storm of corrected (SBE) ECC
-  errors, or with a memory row waiting to be remapped at the next reset;
+  errors, with a memory row waiting to be remapped at the next reset, or with its NVLink
+  fabric failed or unhealthy (no NVLink peer traffic, or less of it);
 - ``reset_required``: unusable until a GPU reset (an Xid whose catalogue entry says so, a
   row-remap failure, an uncorrectable ECC error);
 - ``reboot_required``: unusable until the node reboots (the catalogue says so);
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.gpufields import THROTTLE_BITS
+from gpuwhy.gpufields import FABRIC_FAILURE, FABRIC_UNHEALTHY, THROTTLE_BITS
 from gpuwhy.reset import RESET_STATES
 
 OK = "ok"
@@ -47,8 +48,9 @@ LIVE_STATES = (OK, DEGRADED, RESET_REQUIRED, REBOOT_REQUIRED)
 # What brings each state back to ok, as shown beside it.
 CLEARS = {
     OK: "",
-    DEGRADED: "throttling ends (a sample without the reasons); an SBE storm or a pending "
-              "row remap clears at the next GPU reset or reboot",
+    DEGRADED: "throttling ends (a sample without the reasons); a failed or unhealthy NVLink "
+              "fabric clears when the GPU source reads it set up and healthy again; an SBE "
+              "storm or a pending row remap clears at the next GPU reset or reboot",
     RESET_REQUIRED: "a GPU reset (then the source reading it with clean counters) or a reboot",
     REBOOT_REQUIRED: "a reboot (a new boot id); a GPU reset does not clear it",
     LOST: "a GPU reset, a reboot, or the GPU source reading it again",
@@ -60,7 +62,12 @@ CLEARS = {
 THROTTLING = "throttling"
 SBE_STORM = "sbe_storm"
 ROW_REMAP_PENDING = "row_remap_pending"
-SAMPLE_CLEARED_CAUSES = frozenset({THROTTLING})
+FABRIC_FAILED = "fabric_failure"        # fabric_state Failure: Fabric Manager could not set it up
+FABRIC_UNWELL = "fabric_unhealthy"      # fabric_health Unhealthy
+SAMPLE_CLEARED_CAUSES = frozenset({THROTTLING, FABRIC_FAILED, FABRIC_UNWELL})
+# What a sample that no longer shows a cleared cause is recorded as.
+ENDED = {THROTTLING: "throttling ended", FABRIC_FAILED: "fabric set up again",
+         FABRIC_UNWELL: "fabric healthy again"}
 
 # Clock-event reasons that mean the GPU is held back by hardware, heat or a power brake;
 # idle, application clocks, sync boost and the software power cap are normal operation.
@@ -120,6 +127,23 @@ def remap_pending(fields: dict[str, float]) -> bool:
     """Whether the source says a row remap is pending (NVML's isPending, DCGM field 396):
     the remap takes effect only at the next GPU reset, so the GPU is degraded until then."""
     return bool(fields.get("row_remap_pending"))
+
+
+def sample_causes(fields: dict[str, float]) -> dict[str, bool]:
+    """The sample-cleared degraded causes (:data:`SAMPLE_CLEARED_CAUSES`) a sample speaks
+    for: cause -> whether it holds now. Throttling is always spoken for (no reasons read,
+    not throttled); the fabric's causes only when the sample has the field, so that a source
+    or a sample without it neither degrades the GPU nor clears what another sample found.
+    The fabric degrades the GPU while it has failed (Failure) or is unhealthy; NotStarted
+    and InProgress do not: a fabric still training at boot, or one a rack needs no host
+    Fabric Manager for, is no fault by itself (rule R45 reads how long it lasts)."""
+    said = {THROTTLING: bool(throttling(fields))}
+    state, health = fields.get("fabric_state"), fields.get("fabric_health")
+    if state is not None:
+        said[FABRIC_FAILED] = int(state) == FABRIC_FAILURE
+    if health is not None:
+        said[FABRIC_UNWELL] = int(health) == FABRIC_UNHEALTHY
+    return said
 
 
 def is_live(state: str | None) -> bool:

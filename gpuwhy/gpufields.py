@@ -22,6 +22,25 @@ THROTTLE_BITS = {"IDLE": 0x1, "APP_CLOCKS": 0x2, "SW_POWER_CAP": 0x4, "HW_SLOWDO
                  "SYNC_BOOST": 0x10, "SW_THERMAL": 0x20, "HW_THERMAL": 0x40,
                  "HW_POWER_BRAKE": 0x80}
 
+# The NVLink fabric of NVSwitch boards (HGX/DGX), one coding everywhere: ``fabric_state`` is
+# DCGM's dcgmFabricManagerStatus_t (field 170). DCGM derives it from NVML's fabric probe,
+# and the NVML source maps NVML's state and status onto it the same way
+# (probes/gpu/nvml.py): NOT_SUPPORTED 0, NOT_STARTED 1, IN_PROGRESS 2, COMPLETED with
+# NVML_SUCCESS 3, COMPLETED with an error status 4, a state it does not know 5. 5 and 6
+# (NvmlTooOld: DCGM and the driver's NVML disagree in version) say nothing about the fabric.
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_SUCCESS, \
+    FABRIC_FAILURE, FABRIC_UNRECOGNIZED, FABRIC_NVML_TOO_OLD = range(7)
+FABRIC_STATES = {FABRIC_NOT_SUPPORTED: "NotSupported", FABRIC_NOT_STARTED: "NotStarted",
+                 FABRIC_IN_PROGRESS: "InProgress", FABRIC_SUCCESS: "Success",
+                 FABRIC_FAILURE: "Failure", FABRIC_UNRECOGNIZED: "Unrecognized",
+                 FABRIC_NVML_TOO_OLD: "NvmlTooOld"}
+# ``fabric_health``: the fabric's health summary, NVML's NVML_GPU_FABRIC_HEALTH_SUMMARY_* and
+# DCGM field 175 (the same numbers). Limited capacity: the fabric runs with less bandwidth.
+FABRIC_HEALTH_NOT_SUPPORTED, FABRIC_HEALTHY, FABRIC_UNHEALTHY, FABRIC_LIMITED_CAPACITY = \
+    range(4)
+FABRIC_HEALTH = {FABRIC_HEALTH_NOT_SUPPORTED: "NotSupported", FABRIC_HEALTHY: "Healthy",
+                 FABRIC_UNHEALTHY: "Unhealthy", FABRIC_LIMITED_CAPACITY: "LimitedCapacity"}
+
 
 @dataclass(frozen=True)
 class Field:
@@ -138,6 +157,15 @@ FIELDS: tuple[Field, ...] = (
     # A row waits to be remapped: it takes effect only at the next GPU reset.
     Field("row_remap_pending", 396, "flag", "nvmlDeviceGetRemappedRows()[2]",
           ("DCGM_FI_DEV_ROW_REMAP_PENDING",), 0, 1),
+    # NVSwitch boards only: CUDA cannot start on a GPU until Fabric Manager has set up its
+    # fabric (state Success); a board without NVSwitches reports NotSupported (0). Codes:
+    # FABRIC_STATES and FABRIC_HEALTH above. NVML gives the health summary from its v3
+    # struct on (R550's v2 has none): with an older driver the field is absent, not 0.
+    Field("fabric_state", 170, "code",
+          "nvmlDeviceGetGpuFabricInfoV().state, .status (mapped as DCGM maps them)",
+          ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",), 0, 6),
+    Field("fabric_health", 175, "code", "nvmlDeviceGetGpuFabricInfoV(v3).healthSummary",
+          ("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY",), 0, 3),
     Field("xid", 230, "Xid", "nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
           ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR"), 0, 2**16, event=True),
     _prof("gr_engine_active", 1001, "DCGM_FI_PROF_GR_ENGINE_ACTIVE",

@@ -512,6 +512,33 @@ def m111_pcie_link_nvlink_errors_remap_pending(db: Database) -> None:
 
 
 @migrations()
+def m112_fabric_state_health(db: Database) -> None:
+    """Sample columns for the NVLink fabric's state and health summary (store/samples.py
+    ``STORAGE_M112``), in ``gpu_sample_data`` and ``gpu_rollup_data``; rows already there
+    keep their values and have NULL (not reported) in the new columns. The views
+    ``gpu_samples`` and ``gpu_rollups`` are re-created with them."""
+    from gpuwhy.store.samples import (
+        STORAGE_M111,
+        STORAGE_M112,
+        STORAGE_V1,
+        rollup_columns,
+        rollups_view_sql,
+        samples_view_sql,
+    )
+
+    for stored in STORAGE_M112:
+        db.execute(f"ALTER TABLE gpu_sample_data ADD COLUMN {stored.column} INTEGER")
+        for column in rollup_columns(stored):
+            db.execute(f"ALTER TABLE gpu_rollup_data ADD COLUMN {column} INTEGER")
+    # the columns as of this migration, frozen: a later one adds its own
+    columns = STORAGE_V1 + STORAGE_M111 + STORAGE_M112
+    for name, sql in (("gpu_samples", samples_view_sql("gpu_samples", columns)),
+                      ("gpu_rollups", rollups_view_sql("gpu_rollups", columns))):
+        db.execute(f"DROP VIEW IF EXISTS {name}")
+        db.execute(sql)
+
+
+@migrations()
 def m113_process_started_at(db: Database) -> None:
     """``processes.started_at``: when the process started (realtime ns, from its start time).
     A rule's warm-up reads a process's age from it: a job that ran for an hour before

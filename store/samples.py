@@ -9,8 +9,9 @@ people query the view and never the scales.
 
 ``STORAGE_V1`` is frozen: migration m601 built the tables from it. A change of unit is a
 new migration with a new constant, never an edit of this one. ``STORAGE_M111`` is what
-migration m111 added (PCIe link, NVLink errors, pending row remap); ``STORAGE`` is every
-column the latest migration left, the one the writer, the rollups and the views use.
+migration m111 added (PCIe link, NVLink errors, pending row remap), ``STORAGE_M112`` what
+m112 added (the NVLink fabric's state and health); ``STORAGE`` is every column the latest
+migration left, the one the writer, the rollups and the views use.
 """
 
 from __future__ import annotations
@@ -85,7 +86,13 @@ STORAGE_M111: tuple[Stored, ...] = (
     _same("nvlink_replay_errors", "max"), _same("nvlink_recovery_errors", "max"),
     _same("row_remap_pending", "max"),
 )
-STORAGE: tuple[Stored, ...] = STORAGE_V1 + STORAGE_M111
+# Frozen: the columns m112 added, the NVLink fabric's state and health summary (codes,
+# gpufields.FABRIC_STATES and FABRIC_HEALTH). A minute keeps its largest code, as the flags
+# above do: a minute in which a Failure (4) was read shows 4, never a mean of codes.
+STORAGE_M112: tuple[Stored, ...] = (
+    _same("fabric_state", "max"), _same("fabric_health", "max"),
+)
+STORAGE: tuple[Stored, ...] = STORAGE_V1 + STORAGE_M111 + STORAGE_M112
 BY_FIELD: dict[str, Stored] = {s.field: s for s in STORAGE}
 GAUGE_STATS = ("min", "mean", "max", "p95")
 

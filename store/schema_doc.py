@@ -71,8 +71,9 @@ DESCRIPTIONS = {
     "gpu_rollup_data": "One-minute rollups of `gpu_sample_data` (kept `store.rollup_days`): "
                        "min/mean/max/p95 of gauges, the largest value of counters and limits, "
                        "the OR of `clocks_event_reasons`; stored units as in `gpu_sample_data`. "
-                       "The PCIe link's generation and width (now and max) and the pending "
-                       "row remap keep the minute's largest value.",
+                       "The PCIe link's generation and width (now and max), the pending "
+                       "row remap and the NVLink fabric's state and health keep the minute's "
+                       "largest value.",
     "store_state": "The store's progress marks (e.g. `rollups_done_until`, ns).",
     "xid_codes": "gpuwhy's Xid catalogue, for the views: title, severity, whether a GPU reset "
                  "or reboot is needed.",

@@ -196,7 +196,7 @@ FROM (
 
 
 # The views as the latest migration left them (m105, then m109, re-created
-# gpu_reset_history; m111 the sample views with its new columns).
+# gpu_reset_history; m111 and m112 the sample views with their new columns).
 SAMPLE_VIEWS: dict[str, str] = {"gpu_samples": samples_view_sql("gpu_samples", STORAGE),
                                 "gpu_rollups": rollups_view_sql("gpu_rollups", STORAGE)}
 VIEWS: dict[str, str] = {**VIEWS_V1, "gpu_reset_history": reset_history_sql(), **SAMPLE_VIEWS}

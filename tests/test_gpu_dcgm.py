@@ -348,3 +348,29 @@ def test_nvlink_totals_not_supported_on_a_pcie_gpu_are_missing_not_zero(engine):
                                 (PCIE_WIDTH, T0, 16), (ROW_REMAP_PENDING, T0, 0)])
     [sample] = [e for e in source.read() if isinstance(e, GpuSample)]
     assert sample.fields == {"pcie_link_width": 16.0, "row_remap_pending": 0.0}
+
+
+# dcgm_fields.h: 170 DCGM_FI_DEV_FABRIC_MANAGER_STATUS (dcgmFabricManagerStatus_t), 175
+# DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY; both int64.
+FABRIC_STATUS, FABRIC_HEALTH_SUMMARY = 170, 175
+
+
+def test_fabric_state_and_health_are_watched_and_read_as_dcgm_codes_them(engine):
+    source = DcgmSource(interval=1.0)
+    source.open()
+    assert {FABRIC_STATUS, FABRIC_HEALTH_SUMMARY} <= set(engine.watched["basic"])
+    # GPU 0: Fabric Manager failed (Failure, 4), unhealthy; a second later, set up (Success);
+    # GPU 1: a PCIe card (NotSupported, 0) whose DCGM has no summary for it (blank)
+    _queue(engine, "basic", 0, [(FABRIC_STATUS, T0, 4), (FABRIC_HEALTH_SUMMARY, T0, 2),
+                                (FABRIC_STATUS, T0 + 1_000_000, 3),
+                                (FABRIC_HEALTH_SUMMARY, T0 + 1_000_000, 1)])
+    _queue(engine, "basic", 1, [(FABRIC_STATUS, T0, 0),
+                                (FABRIC_HEALTH_SUMMARY, T0, INT64_NOT_SUPPORTED)])
+    samples = {}
+    for e in source.read():
+        if isinstance(e, GpuSample):
+            samples.setdefault(e.gpu_id, []).append(e.fields)
+    first, second = (source.gpus[i].id for i in (0, 1))
+    assert samples[first] == [{"fabric_state": 4.0, "fabric_health": 2.0},
+                              {"fabric_state": 3.0, "fabric_health": 1.0}]
+    assert samples[second] == [{"fabric_state": 0.0}]

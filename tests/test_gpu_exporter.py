@@ -345,3 +345,30 @@ def test_pcie_link_nvlink_errors_and_remap_pending(exporter, names):
     assert b == {"pcie_link_gen": 1, "pcie_link_width": 16, "pcie_link_gen_max": 5,
                  "pcie_link_width_max": 16, "row_remap_pending": 1}
     assert source.dropped >= 1
+
+
+# The fabric rows as a counters CSV that lists fields 170 and 175 prints them: GPU A an HGX
+# H100 whose Fabric Manager never started, with no health summary yet (DCGM's blank); GPU B a
+# PCIe card, no fabric (NotSupported, 0). An out-of-range code is garbage, dropped.
+FABRIC_SCRAPE = f"""\
+# HELP DCGM_FI_DEV_FABRIC_MANAGER_STATUS The status of the fabric manager.
+# TYPE DCGM_FI_DEV_FABRIC_MANAGER_STATUS gauge
+DCGM_FI_DEV_FABRIC_MANAGER_STATUS{{{_A}}} 1
+DCGM_FI_DEV_FABRIC_MANAGER_STATUS{{{_B}}} 0
+# HELP DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY The health summary of the GPU fabric.
+# TYPE DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY gauge
+DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY{{{_A}}} 2147483632
+DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY{{{_B}}} 0
+"""
+
+
+def test_fabric_state_and_health_summary(exporter):
+    exporter.body = FABRIC_SCRAPE.encode()
+    source = ExporterSource(exporter.url)
+    source.open()
+    samples = _samples(source.read())
+    assert samples[(A, "")].fields == {"fabric_state": 1}      # the blank summary dropped
+    assert samples[(B, "")].fields == {"fabric_state": 0, "fabric_health": 0}
+    exporter.body = FABRIC_SCRAPE.replace('"} 1\n', '"} 9\n').encode()
+    again = _samples(source.read())
+    assert (A, "") not in again and again[(B, "")].fields["fabric_state"] == 0

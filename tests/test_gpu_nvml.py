@@ -75,6 +75,13 @@ class FakeNvml:
         # in it has no NVLink (NOT_SUPPORTED), links past its last are INVALID_ARGUMENT
         self.nvlinks = {}
         self.nvlink_state_calls = 0
+        # Fabric per GPU index: (NVML state, status, health summary); a GPU not in it has no
+        # fabric probe (NOT_SUPPORTED, as an L4). The driver knows the V call (or not) and
+        # structs up to fabric_version; fabric_calls logs (call, struct version) asked.
+        self.fabric = {}
+        self.fabric_version = 3
+        self.fabric_v_call = True
+        self.fabric_calls = []
         calls = {
             "nvmlInit": self.init, "nvmlShutdown": self.shutdown,
             "nvmlSystemGetDriverVersion": lambda: "550.54.15",
@@ -107,6 +114,8 @@ class FakeNvml:
             "nvmlDeviceGetMaxPcieLinkWidth": lambda h: self.pcie[h.index][3],
             "nvmlDeviceGetNvLinkState": self.nvlink_state,
             "nvmlDeviceGetNvLinkErrorCounter": self.nvlink_errors,
+            "nvmlDeviceGetGpuFabricInfoV": self.fabric_info_v,
+            "nvmlDeviceGetGpuFabricInfo": self.fabric_info_v1,
             "nvmlDeviceGetComputeRunningProcesses": lambda h: [
                 types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=3 << 30),
                 types.SimpleNamespace(pid=2**22 + 7, usedGpuMemory=None)],
@@ -152,6 +161,29 @@ class FakeNvml:
         if counter not in counts:
             raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return counts[counter]
+
+    def fabric_info_v(self, handle, ref):
+        info = ref._obj   # called as NVML's users call it: with ctypes.byref(struct)
+        versions = {pynvml.nvmlGpuFabricInfo_v3: 3, pynvml.nvmlGpuFabricInfo_v2: 2}
+        self.fabric_calls.append(("V", versions.get(info.version)))
+        if not self.fabric_v_call:
+            raise error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if versions.get(info.version, 99) > self.fabric_version:
+            raise error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self.fabric_fill(handle, info)
+
+    def fabric_info_v1(self, handle, ref):
+        self.fabric_calls.append(("v1", 1))
+        assert isinstance(ref._obj, pynvml.c_nvmlGpuFabricInfo_t)
+        self.fabric_fill(handle, ref._obj)
+
+    def fabric_fill(self, handle, info):
+        if handle.index not in self.fabric:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        state, status, summary = self.fabric[handle.index]
+        info.state, info.status = state, status
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = summary
 
     def init(self):
         if self.init_error is not None:
@@ -647,3 +679,95 @@ def test_sample_once_reads_a_gpm_gpu_twice_so_it_shows_sm_activity(nvml, clock):
     _read_until_samples(plain, 0.01)
     assert not plain.rates_pending
     plain.close()
+
+
+# --- NVLink fabric (NVSwitch boards) ---------------------------------------------------------
+COMPLETED, NOT_STARTED, IN_PROGRESS, NO_FABRIC = (
+    pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+    pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED)
+HEALTHY, UNHEALTHY = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY,
+                      pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+FABRIC_FIELDS = {"fabric_state", "fabric_health"}
+
+
+@pytest.mark.parametrize("state, status, code", [
+    (NO_FABRIC, pynvml.NVML_SUCCESS, 0),            # a board without NVSwitches
+    (NOT_STARTED, pynvml.NVML_SUCCESS, 1),          # Fabric Manager not (yet) running
+    (IN_PROGRESS, pynvml.NVML_SUCCESS, 2),          # training at boot
+    (COMPLETED, pynvml.NVML_SUCCESS, 3),
+    (COMPLETED, pynvml.NVML_ERROR_UNKNOWN, 4),      # completed, with an error: a Failure
+    (COMPLETED, pynvml.NVML_ERROR_NOT_READY, 4),
+    (7, pynvml.NVML_SUCCESS, 5),                    # a state this mapping does not know
+])
+def test_fabric_state_is_dcgms_coding_of_nvmls_state_and_status(nvml, state, status, code):
+    nvml.fabric[0] = (state, status, HEALTHY)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)["GPU-00"]
+    assert (f["fabric_state"], f["fabric_health"]) == (code, 1)
+
+
+def test_fabric_v3_then_v2_then_v1_as_far_as_the_driver_goes(nvml):
+    nvml.fabric[0] = (COMPLETED, pynvml.NVML_SUCCESS, UNHEALTHY)
+    nvml.fabric_version = 2                   # a driver from before the health summary
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)["GPU-00"]
+    assert f["fabric_state"] == 3 and "fabric_health" not in f   # absent, not 0
+    assert nvml.fabric_calls[:2] == [("V", 3), ("V", 2)]
+    nvml.fabric_calls.clear()
+    read_samples(source)                      # the struct that worked is kept: one call
+    assert nvml.fabric_calls[0] == ("V", 2)
+
+    nvml.fabric_calls.clear()
+    nvml.fabric_v_call = False                # older still: only nvmlDeviceGetGpuFabricInfo
+    old = NvmlSource(xid_events=False)
+    old.open()
+    f = read_samples(old)["GPU-00"]
+    assert f["fabric_state"] == 3 and "fabric_health" not in f
+    assert nvml.fabric_calls[:3] == [("V", 3), ("V", 2), ("v1", 1)]
+
+
+def test_no_fabric_probe_is_missing_and_noted_once_never_asked_again(nvml):
+    nvml.fabric[0] = (COMPLETED, pynvml.NVML_SUCCESS, HEALTHY)   # GPU 1 (an L4) has none
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)
+    assert f["GPU-00"]["fabric_state"] == 3 and not FABRIC_FIELDS & set(f["GPU-11"])
+    assert "NVLink fabric state not available on 1 GPU(s)" in source.notes()
+    asked = len(nvml.fabric_calls)
+    read_samples(source)
+    assert len(nvml.fabric_calls) == asked + 1   # GPU 0 only
+
+
+def test_a_binding_without_the_v3_struct_starts_at_v2(nvml, monkeypatch):
+    monkeypatch.delattr(pynvml, "c_nvmlGpuFabricInfo_v3_t")
+    nvml.fabric[0] = (IN_PROGRESS, pynvml.NVML_SUCCESS, HEALTHY)
+    source = NvmlSource(xid_events=False)
+    source.open()
+    f = read_samples(source)["GPU-00"]
+    assert f["fabric_state"] == 2 and "fabric_health" not in f
+    assert nvml.fabric_calls[0] == ("V", 2)
+
+
+def test_a_failed_fabric_read_costs_only_the_fabric_fields_and_warns_once(nvml, caplog):
+    nvml.fabric[0] = (COMPLETED, pynvml.NVML_SUCCESS, HEALTHY)
+    nvml.broken[("nvmlDeviceGetGpuFabricInfoV", 0)] = pynvml.NVML_ERROR_UNKNOWN
+    source = NvmlSource(xid_events=False)
+    source.open()
+    with caplog.at_level(logging.WARNING):
+        f = read_samples(source)["GPU-00"]
+        read_samples(source)
+    assert not FABRIC_FIELDS & set(f) and f["gpu_util"] == 90
+    assert len([r for r in caplog.records if "Fabric read" in r.message]) == 1
+    del nvml.broken[("nvmlDeviceGetGpuFabricInfoV", 0)]   # not given up: asked again
+    assert read_samples(source)["GPU-00"]["fabric_state"] == 3
+
+
+def test_gpu_lost_during_the_fabric_probe_is_a_gpu_state_event(nvml):
+    nvml.fabric[0] = (COMPLETED, pynvml.NVML_SUCCESS, HEALTHY)
+    nvml.broken[("nvmlDeviceGetGpuFabricInfoV", 0)] = pynvml.NVML_ERROR_GPU_IS_LOST
+    source = NvmlSource(xid_events=False)
+    source.open()
+    [state] = [e for e in source.read() if isinstance(e, GpuState)]
+    assert (state.gpu_id, state.state) == ("GPU-00", "lost")

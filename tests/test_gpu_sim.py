@@ -147,3 +147,25 @@ def test_nvlink_errors_are_zero_and_still_and_absent_without_nvlink():
     for samples in (_gpu_samples(*run("healthy-training", model="NVIDIA L4"), 0),
                     _gpu_samples(*run("pcie-allreduce"), 0)):
         assert samples and not any(NVLINK_ERRORS & set(s.fields) for s in samples)
+
+
+def test_fabric_success_on_hgx_h100_not_supported_elsewhere():
+    healthy = _gpu_samples(*run("healthy-training"), 0)
+    assert {(s.fields["fabric_state"], s.fields["fabric_health"]) for s in healthy} == {(3, 1)}
+    # an A100 (NVML's fabric probe is Hopper's and later), an L4 and PCIe H100s: no fabric
+    for samples in (_gpu_samples(*run("healthy-training", model="NVIDIA A100-SXM4-80GB"), 0),
+                    _gpu_samples(*run("healthy-training", model="NVIDIA L4"), 0),
+                    _gpu_samples(*run("pcie-allreduce"), 0)):
+        assert {(s.fields["fabric_state"], s.fields["fabric_health"])
+                for s in samples} == {(0, 0)}
+
+
+def test_fabric_manager_down_leaves_every_gpu_idle_with_its_fabric_not_started():
+    sim, ticks = run("fabric-manager-down", count=4)
+    for index in range(4):
+        samples = _gpu_samples(sim, ticks, index)
+        assert samples and {s.fields["fabric_state"] for s in samples} == {1}
+        assert not any("fabric_health" in s.fields for s in samples)
+        assert not any(NVLINK_ERRORS & set(s.fields) for s in samples)   # links untrained
+        assert max(s.fields["gpu_util"] for s in samples) < 2
+        assert {s.fields["clocks_event_reasons"] for s in samples} == {0x1}

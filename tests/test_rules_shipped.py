@@ -14,6 +14,7 @@ from gpuwhy.events import (
     GpuXid,
     KernelLogRecord,
     ProcessExec,
+    ProcessExited,
     ProcessSeen,
 )
 from gpuwhy.identity import ProcessKey
@@ -52,6 +53,9 @@ def slow(gpu: dict) -> Synthetic:
 
 
 IDLE = {"gpu_util": 5.0, "gr_engine_active": 0.05}
+# The NVLink fabric not set up (NotStarted): no CUDA context forms, the GPU does nothing
+FABRIC_DOWN = {"fabric_state": 1.0, "gpu_util": 0.0, "gr_engine_active": 0.0,
+               "sm_active": 0.0, "tensor_active": 0.0, "fb_used_mib": 0.0}
 CASES = {
     # rule: (firing scenario, near-miss scenario)
     "R01_input_cpu_bound": (
@@ -199,6 +203,11 @@ CASES = {
         Synthetic(gpu=lambda t: {"nvlink_crc_flit_errors": 50.0 * t,
                                  "nvlink_crc_data_errors": 0.0, "nvlink_replay_errors": 0.0,
                                  "nvlink_recovery_errors": 0.0})),
+    # a process on the GPU gets nothing done while the fabric stays NotStarted; the near
+    # miss, a fabric still training at boot (InProgress for 90 s, then Success)
+    "R45_fabric_not_up": (
+        Synthetic(gpu=FABRIC_DOWN),
+        Synthetic(gpu=lambda t: {**FABRIC_DOWN, "fabric_state": 2.0 if t < 90 else 3.0})),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),
@@ -327,3 +336,53 @@ def _rm_control(name: str) -> list:
 def test_a_driver_call_counts_as_an_intervention_only_when_it_resets_the_gpu(control, fires):
     firing, _ = fired("R40_operator_or_cron_intervention", Synthetic(extra=_rm_control(control)))
     assert bool(firing) is fires
+
+
+# --- R45: the NVLink fabric ---------------------------------------------------------------
+def failed_starts(every_s: float = 40.0, until: float = 400.0) -> list:
+    """A job's rank dying at CUDA init (exit 1) and started again every ``every_s``."""
+    out, t, n = [], 20.0, 0
+    while t < until:
+        key = ProcessKey(20_000 + n, 900_000 + n)
+        out += [(t, ProcessSeen(ts=0, process=key, comm="python3", cmdline="python3 train.py")),
+                (t + 6, ProcessExited(ts=0, process=key, exit_code=1))]
+        t, n = t + every_s, n + 1
+    return out
+
+
+@pytest.mark.parametrize("gpu, severity, after_s", [
+    ({"fabric_state": 4.0}, "critical", (0, 60)),                      # Failure: at once
+    ({"fabric_state": 3.0, "fabric_health": 2.0}, "warning", (0, 60)),    # unhealthy
+    ({"fabric_state": 3.0, "fabric_health": 3.0}, "warning", (0, 60)),    # limited capacity
+    (FABRIC_DOWN, "critical", (300, 320)),   # not up through 5 minutes, a process held up
+])
+def test_r45_fires_at_its_severity(gpu, severity, after_s):
+    firing, _ = fired("R45_fabric_not_up", Synthetic(gpu=gpu))
+    assert {f.severity for f in firing} == {severity}
+    at = (firing[0].ts - Synthetic().events()[0].ts) / 10**9
+    assert after_s[0] <= at <= after_s[1]
+
+
+def test_r45_fires_on_ranks_failing_at_cuda_init_with_none_on_the_gpu_now():
+    firing, _ = fired("R45_fabric_not_up",
+                      Synthetic(gpu=FABRIC_DOWN, processes=0, extra=failed_starts()))
+    assert firing and firing[0].severity == "critical"
+    assert firing[0].evidence["failed_exits_10m"] >= 5
+
+
+@pytest.mark.parametrize("spec", [
+    # a board without an NVSwitch fabric (PCIe cards, pre-Hopper GPUs): NotSupported
+    Synthetic(gpu={**FABRIC_DOWN, "fabric_state": 0.0, "fabric_health": 0.0},
+              extra=failed_starts()),
+    # set up and healthy, the GPU idle with a process on it: R27's question, not this one's
+    Synthetic(gpu={**FABRIC_DOWN, "fabric_state": 3.0, "fabric_health": 1.0}),
+    # NotStarted while CUDA works (a rack whose fabric no host Fabric Manager sets up)
+    Synthetic(gpu={"fabric_state": 1.0}),
+    Synthetic(gpu={**FABRIC_DOWN, "fb_used_mib": 30000.0}),   # a context: CUDA started
+    Synthetic(gpu=FABRIC_DOWN, processes=0),                 # nothing tries to use it
+    # Unrecognized: driver and DCGM versions disagree; unknown, not failed
+    Synthetic(gpu={**FABRIC_DOWN, "fabric_state": 5.0}, extra=failed_starts()),
+])
+def test_r45_stays_quiet(spec):
+    firing, engine = fired("R45_fabric_not_up", spec)
+    assert not firing, engine.status()

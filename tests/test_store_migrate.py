@@ -119,3 +119,43 @@ def test_m111_adds_the_link_and_remap_columns_and_keeps_the_rows(tmp_path):
     assert db.execute(f"SELECT {columns} FROM gpu_rollups WHERE samples = 1 "
                       "AND gpu_util_max = 50").fetchone() == tuple(LINK_FIELDS.values())
     db.close()
+
+
+def test_m112_adds_the_fabric_columns_and_keeps_the_rows(tmp_path):
+    from gpuwhy.store.rollups import MINUTE_NS, roll_up_minute
+
+    path = tmp_path / "v111.db"
+    old = _older_store(path, "m112_fabric_state_health")
+    assert "pcie_link_gen" in old["gpu_sample_data"].columns_dict
+    assert "fabric_state" not in old["gpu_sample_data"].columns_dict
+    StoreWriter(old).write_batch([Envelope("t", 1, GpuSample(
+        ts=T0, gpu_id=GPU, source="sim", simulated=True,
+        fields={"gpu_util": 97.0, "pcie_link_gen": 5.0, "row_remap_pending": 0.0}))])
+    old.conn.commit()
+    old.close()
+
+    db = open_store(path)
+    assert not migrations.pending(db)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    # the old row as it was; the fabric it never reported is NULL, not 0 (NotSupported)
+    assert db.execute("SELECT gpu_util, pcie_link_gen, row_remap_pending, fabric_state, "
+                      "fabric_health FROM gpu_samples").fetchall() == [(97, 5, 0, None, None)]
+    # a minute in which Fabric Manager finished training (InProgress, then Success) and a
+    # later one in which the fabric failed: each keeps its largest code
+    minute = (T0 // MINUTE_NS + 1) * MINUTE_NS
+    StoreWriter(db).write_batch([
+        Envelope("t", 2 + i, GpuSample(ts=minute + i * 10**9, gpu_id=GPU, source="sim",
+                                       simulated=True, fields={"fabric_state": state,
+                                                               "fabric_health": health}))
+        for i, (state, health) in enumerate(((2.0, 0.0), (3.0, 1.0), (3.0, 1.0)))])
+    StoreWriter(db).write_batch([Envelope("t", 9, GpuSample(
+        ts=minute + MINUTE_NS, gpu_id=GPU, source="sim", simulated=True,
+        fields={"fabric_state": 4.0, "fabric_health": 2.0}))])
+    assert db.execute("SELECT fabric_state, fabric_health FROM gpu_samples WHERE ts = ?",
+                      [minute + MINUTE_NS]).fetchone() == (4, 2)
+    roll_up_minute(db, minute)
+    roll_up_minute(db, minute + MINUTE_NS)
+    assert db.execute("SELECT samples, fabric_state, fabric_health FROM gpu_rollups "
+                      "WHERE fabric_state IS NOT NULL ORDER BY minute").fetchall() == [
+        (3, 3, 1), (1, 4, 2)]
+    db.close()

@@ -21,7 +21,8 @@ from gpuwhy.stats import increase, percentile
 STATS = ("p5", "p50", "p95", "mean")
 # GPU signals that are not engine metrics (a bitmask, a state, a constant).
 NOT_FIGURES = {"gpu.reason", "gpu.pstate", "gpu.fb_total", "gpu.plim_w", "gpu.clk_mem",
-               "gpu.pcie_gen_max", "gpu.pcie_width_max"}
+               "gpu.pcie_gen_max", "gpu.pcie_width_max", "gpu.fabric_state",
+               "gpu.fabric_health"}
 # "up": higher is better; "down": lower is better; absent: shown, never flagged.
 GOOD_DIRECTION = {
     "gpu.util": "up", "gpu.busy": "up", "gpu.gr_active": "up", "gpu.sm_active": "up",

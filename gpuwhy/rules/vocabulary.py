@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpuwhy.gpufields import FABRIC_HEALTH, FABRIC_STATES
+
 Row = Mapping[str, float | None]
 
 
@@ -66,6 +68,11 @@ def _ratio(numerator: str, denominator: str) -> Callable[[Row], float | None]:
     return derive
 
 
+def _codes(table: Mapping[int, str]) -> str:
+    """A code table as help text: "0 NotSupported, 1 NotStarted, ..."."""
+    return ", ".join(f"{code} {name}" for code, name in table.items())
+
+
 _GPU_COLUMNS = (
     # name, column, scale, unit, help
     ("gpu.util", "gpu_util", 0.01, "ratio", "share of time a kernel ran (DEV_GPU_UTIL / 100)"),
@@ -111,6 +118,11 @@ _GPU_COLUMNS = (
      "NVLink replays, all links"),
     ("gpu.nvlink_recovery_errors", "nvlink_recovery_errors", 1.0, "count",
      "NVLink link recoveries, all links"),
+    ("gpu.fabric_state", "fabric_state", 1.0, "code", "NVLink fabric of an NVSwitch board "
+     "(DCGM's Fabric Manager status): " + _codes(FABRIC_STATES)
+     + "; CUDA starts on the GPU only at Success"),
+    ("gpu.fabric_health", "fabric_health", 1.0, "code", "NVLink fabric health summary: "
+     + _codes(FABRIC_HEALTH) + " (less bandwidth)"),
     ("gpu.pcie_replay", "pcie_replays", 1.0, "count", "PCIe replay counter"),
     ("gpu.viol_power_ns", "power_violation_ns", 1.0, "ns", "time held by the power limit"),
     ("gpu.viol_thermal_ns", "thermal_violation_ns", 1.0, "ns", "time held by temperature"),

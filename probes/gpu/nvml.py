@@ -3,11 +3,11 @@
 Per GPU and read: identity, utilisation, memory, clocks, clock-event reasons, power,
 energy, temperature, PCIe throughput and link (generation and width, now and at most), ECC
 and row remapping, the NVLink error counters summed over the active links (none on a GPU
-without NVLink), the running compute processes with their memory, and per-process
-utilisation samples. On Hopper and later, GPM (GPU Performance Monitoring) adds
-``sm_active``, ``tensor_active`` and ``dram_active``: each read takes one GPM sample and
-computes the metrics since the previous read's, so a GPU's first read has none of them;
-before Hopper there are none.
+without NVLink), the NVLink fabric's state and health on NVSwitch boards, the running
+compute processes with their memory, and per-process utilisation samples. On Hopper and
+later, GPM (GPU Performance Monitoring) adds ``sm_active``, ``tensor_active`` and
+``dram_active``: each read takes one GPM sample and computes the metrics since the
+previous read's, so a GPU's first read has none of them; before Hopper there are none.
 A thread waits for Xid events (NVML event sets are not thread safe: only that thread
 touches its set). ``GPU_IS_LOST`` and ``RESET_REQUIRED`` become ``gpu_state`` events;
 that GPU is then left alone. Anything NOT_SUPPORTED or NO_PERMISSION is missing, noted
@@ -16,6 +16,7 @@ once.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import queue
@@ -27,7 +28,16 @@ from types import ModuleType
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import Event, GpuProcesses, GpuSample, GpuState, GpuXid
-from gpuwhy.gpufields import BY_NAME, plausible
+from gpuwhy.gpufields import (
+    BY_NAME,
+    FABRIC_FAILURE,
+    FABRIC_IN_PROGRESS,
+    FABRIC_NOT_STARTED,
+    FABRIC_NOT_SUPPORTED,
+    FABRIC_SUCCESS,
+    FABRIC_UNRECOGNIZED,
+    plausible,
+)
 from gpuwhy.identity import GpuIdentity
 from gpuwhy.probes.gpu.source import (
     GpuInfo,
@@ -113,6 +123,28 @@ NVLINK_COUNTERS = (("nvlink_crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
                    ("nvlink_recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY"))
 NVLINK_NOTE = "NVLink error counters"
 
+# NVML's fabric probe, newest struct first. A driver answers ARGUMENT_VERSION_MISMATCH to a
+# struct newer than it knows (v3 adds the health summary), and one older than the versioned
+# call has only nvmlDeviceGetGpuFabricInfo (FUNCTION_NOT_FOUND for the other); an older
+# nvidia-ml-py may lack a struct or call (skipped).
+FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
+                ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+                ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
+FABRIC_NOTE = "NVLink fabric state"
+
+
+def fabric_state(nv: ModuleType, state: int, status: int) -> int:
+    """NVML's fabric probe state and status as our ``fabric_state`` (DCGM's
+    dcgmFabricManagerStatus_t), mapped as DCGM maps them: a completed probe is a Success
+    only with NVML_SUCCESS as its status, else a Failure; a state NVML added since is
+    Unrecognized."""
+    if state == nv.NVML_GPU_FABRIC_STATE_COMPLETED:
+        return FABRIC_SUCCESS if status == nv.NVML_SUCCESS else FABRIC_FAILURE
+    return {nv.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: FABRIC_NOT_SUPPORTED,
+            nv.NVML_GPU_FABRIC_STATE_NOT_STARTED: FABRIC_NOT_STARTED,
+            nv.NVML_GPU_FABRIC_STATE_IN_PROGRESS: FABRIC_IN_PROGRESS}.get(state,
+                                                                         FABRIC_UNRECOGNIZED)
+
 
 def _missing(nv: ModuleType) -> tuple[type[Exception], ...]:
     """The errors that mean "this GPU, driver or library cannot give that", for good."""
@@ -188,6 +220,9 @@ class NvmlSource:
         # The NVLink links each GPU has (asked once: a link's existence does not change while
         # the driver runs); an empty tuple: no NVLink on that GPU.
         self._nvlinks: dict[str, tuple[int, ...]] = {}
+        # The FABRIC_CALLS entry each GPU's driver answers (found at the first read); None:
+        # the GPU or driver has no fabric probe.
+        self._fabric: dict[str, int | None] = {}
         self._xids: queue.Queue[Event] = queue.Queue()
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -258,6 +293,7 @@ class NvmlSource:
                 if plausible(BY_NAME[name], value):
                     fields[name] = value
             fields.update(self._nvlink_fields(gpu))
+            fields.update(self._fabric_fields(gpu))
             fields.update(self._gpm_fields(gpu))
             processes = self._processes(gpu)
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
@@ -332,6 +368,46 @@ class NvmlSource:
         if not links:
             self._unsupported.setdefault(NVLINK_NOTE, set()).add(gpu.id)
         return tuple(links)
+
+    def _fabric_fields(self, gpu: GpuInfo) -> dict[str, float]:
+        """The NVLink fabric's state (``fabric_state``, DCGM's coding) and, from the v3
+        struct on, its health summary (``fabric_health``).
+
+        The newest struct the driver takes is found at the first read and kept. A GPU or
+        driver without the probe (NOT_SUPPORTED, no such call) has neither field, noted
+        once: absent, never 0, which would claim the probe said "no fabric".
+        """
+        nv = self._nv
+        first = self._fabric.get(gpu.id, 0)
+        if first is None:
+            return {}
+        for i in range(first, len(FABRIC_CALLS)):
+            call, struct = FABRIC_CALLS[i]
+            probe, make = getattr(nv, call, None), getattr(nv, struct, None)
+            if probe is None or make is None:
+                continue
+            info = make()   # the versioned structs set their own version
+            try:
+                probe(gpu.handle, ctypes.byref(info))
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+                raise
+            except (nv.NVMLError_ArgumentVersionMismatch, nv.NVMLError_FunctionNotFound):
+                continue    # the driver knows an older struct or only the older call
+            except _missing(nv):
+                break
+            except nv.NVMLError as exc:
+                # Only this read's fabric fields are lost; the next read asks again.
+                self._read_failed(gpu, FABRIC_NOTE, "Fabric", exc)
+                return {}
+            self._fabric[gpu.id] = i
+            fields = {"fabric_state": float(fabric_state(nv, info.state, info.status))}
+            if hasattr(info, "healthSummary") and plausible(BY_NAME["fabric_health"],
+                                                            info.healthSummary):
+                fields["fabric_health"] = float(info.healthSummary)
+            return fields
+        self._fabric[gpu.id] = None
+        self._unsupported.setdefault(FABRIC_NOTE, set()).add(gpu.id)
+        return {}
 
     def _read_failed(self, gpu: GpuInfo, note: str, what: str, exc: Exception) -> None:
         """A group of fields failed this read: noted, and warned once per GPU and error."""
@@ -498,8 +574,6 @@ class NvmlSource:
 
 def _handle_key(handle: object) -> object:
     """NVML handles are ctypes pointers: equal devices, distinct Python objects."""
-    import ctypes
-
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (TypeError, ctypes.ArgumentError):

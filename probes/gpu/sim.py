@@ -6,7 +6,9 @@ here. Time inside a scenario is ``tick × interval``, not the wall clock, so a s
 with a given seed yields the same fields on every run; only ``ts`` is real time. The
 scenario's event comes ``event_after`` scenario seconds in, or at the first read after
 ``event_file`` appears (so that a played incident, e.g. `gpuwhy demo`'s stand-in reset,
-strikes the simulated GPU when it happens on the host).
+strikes the simulated GPU when it happens on the host). ``fabric-manager-down`` is an HGX
+board whose Fabric Manager never started: the NVLink fabric stays NotStarted, the links
+untrained, and no CUDA work can run.
 Every event it makes carries ``simulated=True`` and every GPU's model says SIMULATED.
 """
 
@@ -19,13 +21,20 @@ from dataclasses import dataclass
 
 from gpuwhy.clock import now_ns
 from gpuwhy.events import Event, GpuSample, GpuState, GpuXid
-from gpuwhy.gpufields import THROTTLE_BITS
+from gpuwhy.gpufields import (
+    FABRIC_HEALTH_NOT_SUPPORTED,
+    FABRIC_HEALTHY,
+    FABRIC_NOT_STARTED,
+    FABRIC_NOT_SUPPORTED,
+    FABRIC_SUCCESS,
+    THROTTLE_BITS,
+)
 from gpuwhy.identity import GpuIdentity
 from gpuwhy.probes.gpu.source import GpuInfo, SourceUnavailable
 from gpuwhy.reset import BACK_STATES, RESET_STATES
 
 SCENARIOS = ("healthy-training", "input-starved", "pageable-h2d", "pcie-allreduce",
-             "power-cap", "thermal-throttle", "xid-79", "gpu-reset")
+             "power-cap", "thermal-throttle", "xid-79", "gpu-reset", "fabric-manager-down")
 RESET_SECONDS = 5.0
 SW_POWER_CAP, SW_THERMAL, HW_THERMAL, GPU_IDLE = (THROTTLE_BITS[name] for name in (
     "SW_POWER_CAP", "SW_THERMAL", "HW_THERMAL", "IDLE"))
@@ -40,9 +49,13 @@ class Spec:
     pcie_bytes_per_s: float   # one direction, what a x16 link sustains
     pcie_gen: int             # the link's generation under load (x16 on every model here)
     nvlink: bool              # SXM boards have NVLink; the L4 (PCIe card) has none
+    # An NVSwitch fabric that the GPU reports (HGX H100: Success once Fabric Manager has set
+    # it up). HGX A100 boards have NVSwitches too, but NVML's fabric probe is for Hopper and
+    # later: an A100, like a PCIe card, reports NotSupported.
+    fabric: bool = False
 
 
-SPECS = {"H100": Spec(1980, 2619, 700, 81559, 52e9, 5, True),
+SPECS = {"H100": Spec(1980, 2619, 700, 81559, 52e9, 5, True, True),
          "A100": Spec(1410, 1593, 400, 81920, 25e9, 4, True),
          "L4": Spec(2040, 6251, 72, 23034, 25e9, 4, False)}
 PCIE_IDLE_GEN = 1   # an idle GPU trains its link down to Gen1 to save power
@@ -176,8 +189,17 @@ class SimulatedGpus:
                  retired_pages_dbe=0, row_remap_uncorrectable=0, row_remap_correctable=0,
                  row_remap_failed=0, row_remap_pending=0, pcie_link_gen_max=s.pcie_gen,
                  pcie_link_width_max=16)
-        if s.nvlink and self.scenario != "pcie-allreduce":   # that one's GPUs have no NVLink
+        # pcie-allreduce's GPUs have no NVLink; without Fabric Manager no link is trained
+        if s.nvlink and self.scenario not in ("pcie-allreduce", "fabric-manager-down"):
             f.update(dict.fromkeys(NVLINK_ERRORS, 0))   # healthy links: no errors, ever
+        if self.scenario == "fabric-manager-down":
+            # no health summary: what NVML says of it before the GPU has registered with
+            # its fabric is not modelled here
+            f["fabric_state"] = FABRIC_NOT_STARTED
+        elif s.fabric and self.scenario != "pcie-allreduce":
+            f.update(fabric_state=FABRIC_SUCCESS, fabric_health=FABRIC_HEALTHY)
+        else:
+            f.update(fabric_state=FABRIC_NOT_SUPPORTED, fabric_health=FABRIC_HEALTH_NOT_SUPPORTED)
         return {name: round(float(value), 4) for name, value in f.items()}
 
 
@@ -245,5 +267,7 @@ def _after_xid(f: dict, s: Spec, t: float, rng: random.Random, at: float) -> Non
 _SHAPES = {"healthy-training": _healthy, "idle": _idle, "input-starved": _input_starved,
            "pageable-h2d": _pageable_h2d, "pcie-allreduce": _pcie_allreduce,
            "power-cap": _power_cap, "thermal-throttle": _thermal_throttle,
-           "xid-79": _after_xid, "gpu-reset": _healthy}
+           "xid-79": _after_xid, "gpu-reset": _healthy,
+           # every CUDA start fails (cudaErrorSystemNotReady): the GPUs stay idle
+           "fabric-manager-down": _idle}
 

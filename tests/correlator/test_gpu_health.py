@@ -283,3 +283,54 @@ def test_an_sbe_storm_is_degraded_and_stays_when_throttling_ends(harness):
     assert health(h) == "degraded"
     assert queries.gpu_health(h.db, UUID0)["evidence"]["causes"] == ["sbe_storm"]
     assert health(h, UUID1) == "ok"
+
+
+def fabric(h, t, state, health=None, reasons=0.0, uuid=UUID0):
+    fields = {"gpu_util": 0.0, "fabric_state": state, "clocks_event_reasons": reasons}
+    if health is not None:
+        fields["fabric_health"] = health
+    return GpuSample(ts=h.at(t), gpu_id=uuid, source="dcgm", simulated=False, fields=fields)
+
+
+def test_a_failed_fabric_is_degraded_while_it_lasts_and_ok_once_set_up(harness):
+    h = harness
+    two_gpus(h)
+    # NotStarted and InProgress (Fabric Manager starting, training at boot) are no fault
+    h.feed(fabric(h, 1.0, 1.0), fabric(h, 2.0, 2.0), fabric(h, 2.5, 0.0, 0.0, uuid=UUID1))
+    assert health(h) == "ok" and health(h, UUID1) == "ok" and not history(h)
+    h.feed(fabric(h, 3.0, 4.0, 0.0))                    # Failure
+    assert health(h) == "degraded" and health(h, UUID1) == "ok"
+    [row] = history(h)
+    assert (row["previous"], row["state"], row["cause"]) == ("ok", "degraded", "fabric_failure")
+    assert row["evidence"]["fabric_state"] == "Failure" and row["evidence"]["source"] == "dcgm"
+    assert "fabric" in row["clears"]
+    h.feed(fabric(h, 4.0, 4.0), h.sample(4.5, 0.0))     # still failed; a sample without it
+    assert health(h) == "degraded" and len(history(h)) == 1
+    h.feed(fabric(h, 60.0, 3.0, 1.0))                   # Fabric Manager set it up: Success
+    assert health(h) == "ok"
+    assert [(r["previous"], r["state"], r["cause"]) for r in history(h)] == [
+        ("ok", "degraded", "fabric_failure"), ("degraded", "ok", "fabric set up again")]
+
+
+def test_an_unhealthy_fabric_is_degraded_and_clears_on_its_own_beside_throttling(harness):
+    h = harness
+    two_gpus(h)
+    h.feed(fabric(h, 1.0, 3.0, 2.0, reasons=0x40))      # Success, but Unhealthy; HW thermal
+    assert queries.gpu_health(h.db, UUID0)["evidence"]["causes"] == ["throttling",
+                                                                      "fabric_unhealthy"]
+    h.feed(fabric(h, 2.0, 3.0, 2.0))                    # throttling ends, the fabric does not
+    assert health(h) == "degraded"
+    assert queries.gpu_health(h.db, UUID0)["evidence"]["causes"] == ["fabric_unhealthy"]
+    h.feed(fabric(h, 3.0, 3.0, 3.0))                    # limited capacity: no longer unhealthy
+    assert health(h) == "ok" and history(h)[-1]["cause"] == "fabric healthy again"
+
+
+def test_a_fabric_failure_does_not_hide_a_gpu_that_needs_a_reset(harness):
+    h = harness
+    two_gpus(h)
+    h.feed(fabric(h, 1.0, 4.0))
+    failed = GpuSample(ts=h.at(2.0), gpu_id=UUID0, source="dcgm", simulated=False,
+                       fields={"row_remap_failed": 1.0, "fabric_state": 4.0})
+    h.feed(failed, fabric(h, 3.0, 3.0))                 # the fabric comes up: still a reset
+    assert health(h) == "reset_required"
+    assert history(h)[-1]["cause"] == "row_remap_failure"

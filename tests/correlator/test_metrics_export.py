@@ -220,3 +220,16 @@ def test_pcie_link_nvlink_errors_and_remap_pending_metrics(harness):
     assert value["gpuwhy_gpu_row_remap_pending"] == ("gauge", [0.0])
     # a GPU that reported no NVLink counter has no series for it (not a 0)
     assert value["gpuwhy_gpu_nvlink_crc_flit_errors"][1] == []
+
+
+def test_fabric_state_and_health_metrics_are_the_codes_as_read(harness):
+    h = harness
+    client = create_app(h.config).test_client()
+    h.feed(h.gpu(0), GpuSample(ts=h.at(1.0), gpu_id=UUID0, source="dcgm", simulated=False,
+                               fields={"fabric_state": 1.0, "fabric_health": 0.0}))
+    text, families = _scrape(client)
+    value = {name: (family.type, [s.value for s in _samples(family, gpu=UUID0)])
+             for name, family in families.items()}
+    assert value["gpuwhy_gpu_fabric_state"] == ("gauge", [1.0])     # NotStarted
+    assert value["gpuwhy_gpu_fabric_health"] == ("gauge", [0.0])
+    assert "DCGM field id 170" in text

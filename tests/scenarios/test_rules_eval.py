@@ -40,10 +40,12 @@ HITS = {
     "nccl-p2p-disabled": "R15_collectives_off_nvlink",
     "idle-notebook": "R27_allocated_but_idle",                  # waits for its user
     "psu-power-brake": "R21_hw_slowdown_power_brake",           # bursts: one finding
+    # every CUDA start fails while the NVLink fabric is not up: idle GPUs, failing ranks
+    "fabric-manager-down-after-driver-update": "R45_fabric_not_up",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
-         "checkpoint-dips")
+         "checkpoint-dips", "node-boot-fabric-training")
 
 
 def invoke(tmp_path, *args):

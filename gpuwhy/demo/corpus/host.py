@@ -44,7 +44,7 @@ from gpuwhy.events import (
     ProcessSeen,
     SchedStats,
 )
-from gpuwhy.gpufields import THROTTLE_BITS
+from gpuwhy.gpufields import FABRIC_NOT_SUPPORTED, FABRIC_SUCCESS, THROTTLE_BITS
 from gpuwhy.identity import ProcessKey
 from gpuwhy.nvioctl import iowr
 from gpuwhy.reset import BIF_RESET, RESET_CONTROLS
@@ -83,6 +83,10 @@ class Board:
     tau_s: float = 45.0
     t_slow: float = 87.0
     t_hw: float = 92.0
+    # An NVSwitch fabric the GPU reports (HGX H100: Success once Fabric Manager set it up);
+    # False: NotSupported, as a PCIe card reports, and an HGX A100 (NVML's fabric probe and
+    # DCGM's field 170 from it are Hopper's and later)
+    fabric: bool = False
 
     @property
     def pcie_Bps(self) -> float:
@@ -97,7 +101,7 @@ def pcie_link_Bps(gen: int, lanes: int) -> float:
 
 
 H100 = Board("NVIDIA H100 80GB HBM3", 132, 1980, 345, 2619, 700, 70, 115, 843, 81559, 5,
-             450e9, 0.061)
+             450e9, 0.061, fabric=True)
 A100 = Board("NVIDIA A100-SXM4-80GB", 108, 1410, 210, 1593, 400, 55, 85, 454, 81920, 4,
              300e9, 0.095, t_slow=85.0, t_hw=90.0)
 L40S = Board("NVIDIA L40S", 142, 2520, 210, 9001, 350, 35, 80, 389, 46068, 4, 0.0, 0.137,
@@ -383,6 +387,10 @@ class GpuCondition:
     nvlink_crc_per_s: Callable[[float], float] = lambda t: 0.0     # all links, flit + data
     nvlink_replay_per_s: Callable[[float], float] = lambda t: 0.0
     nvlink_recovery_at: list[float] = field(default_factory=list)  # a link retrained
+    # the NVLink fabric's state (gpufields.FABRIC_STATES) by second; None: the board's.
+    # Its health summary only where given: the corpus hosts' R550 driver reports none.
+    fabric_state: Callable[[float], int] | None = None
+    fabric_health: Callable[[float], int] | None = None
 
 
 # --- the host -----------------------------------------------------------------------------
@@ -716,7 +724,11 @@ class Host:
                     "pcie_link_gen": float(gen if active or load["contexts"] else 1),
                     "pcie_link_width": float(lanes),
                     "pcie_link_gen_max": float(b.pcie_gen), "pcie_link_width_max": 16.0,
+                    "fabric_state": float(cond.fabric_state(t) if cond.fabric_state else
+                                          FABRIC_SUCCESS if b.fabric else FABRIC_NOT_SUPPORTED),
                 }
+                if cond.fabric_health is not None:
+                    fields["fabric_health"] = float(cond.fabric_health(t))
                 if b.nvlink_Bps:
                     for name in ("nvlink_crc_flit_errors", "nvlink_crc_data_errors",
                                  "nvlink_replay_errors", "nvlink_recovery_errors"):
@@ -1191,3 +1203,29 @@ def gpu_state(host: Host, t: float, gpu: int, state: str, detail: str = "") -> N
 def pci(host: Host, gpu: int) -> str:
     """The GPU's PCI address as the kernel log writes it (``0000:18:00``)."""
     return host.pcis[gpu][:-2]
+
+def cuda_start_fails(host: Host, t: float, cmdline: str, opened: list[int], lasts_s: float,
+                     ppid: int = 1, uid: int = 1000, exit_code: int = 1) -> ProcessKey:
+    """A GPU process whose CUDA start fails (cuInit returns cudaErrorSystemNotReady while the
+    NVLink fabric is not up): it starts at ``t``, imports its libraries on a CPU, and in its
+    last half second cuInit opens the control node, UVM and the device nodes of ``opened``;
+    it gets no context (no memory, no NVML process row, no GPU work) and exits ``exit_code``
+    at ``t + lasts_s``, its fds closed. It holds them too briefly for the sched probe, which
+    follows processes holding NVIDIA fds, to have a second of it to report."""
+    key = ProcessKey(host.pid(), int((host.uptime_s + t) * TICKS))
+    exe = "/usr/bin/python3"
+    end = t + lasts_s
+    opens = max(t + 0.05, end - 0.5)
+    host.extra += [(t, "probes", ProcessSeen(ts=0, process=key, comm="python3",
+                                             cmdline=cmdline, exe=exe, ppid=ppid, uid=uid)),
+                   (t + 0.001, "probes", ProcessExec(ts=0, process=key, filename=exe,
+                                                     ppid=ppid))]
+    fds = [("/dev/nvidiactl", "nvidiactl", None), ("/dev/nvidia-uvm", "nvidia-uvm", None)]
+    fds += [(f"/dev/nvidia{m}", "nvidiaN", m) for m in opened]
+    for fd, (path, device, minor) in enumerate(fds, 3):
+        host.extra += [(opens + 0.002 * fd, "probes", DeviceOpened(
+                            ts=0, process=key, fd=fd, path=path, device=device, minor=minor)),
+                       (end, "probes", DeviceClosed(ts=0, process=key, fd=fd, path=path))]
+    host.extra.append((end + 0.001, "probes", ProcessExited(ts=0, process=key,
+                                                            exit_code=exit_code)))
+    return key

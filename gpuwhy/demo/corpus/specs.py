@@ -12,6 +12,7 @@ use, though each computes on one.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 
 from gpuwhy.demo.corpus import Scenario
@@ -30,11 +31,13 @@ from gpuwhy.demo.corpus.host import (
     Mix,
     Steady,
     Training,
+    cuda_start_fails,
     gpu_xid,
     pci,
     power_speed,
     thermal_speed,
 )
+from gpuwhy.gpufields import FABRIC_IN_PROGRESS, FABRIC_NOT_STARTED, FABRIC_SUCCESS
 
 CORPUS: list[Scenario] = []
 MINUTES = 12
@@ -140,6 +143,23 @@ def _(seed: int) -> Host:
 @scenario("idle-host", 106, "none: 4 H100 with nothing running, monitors only")
 def _(seed: int) -> Host:
     return node(seed, H100, 4)
+
+
+@scenario("node-boot-fabric-training", 113,
+          "none: an HGX H100 node just booted, Fabric Manager still training the NVLink "
+          "fabric; a Slurm health check that ran before it was done failed at CUDA init "
+          "(802), the fabric is up at 45 s and the node waits for work",
+          notes="the capture opens 75 s after boot, as gpuwhy starts with the node")
+def _(seed: int) -> Host:
+    host = Host(seed, H100, 8, MINUTES * 60)
+    host.uptime_s = 75.0
+    host.monitors()
+    for g in range(8):   # the GPUs finish registering with the fabric a little apart
+        host.conditions[g].fabric_state = lambda t, up=44.0 + 0.4 * g: \
+            FABRIC_IN_PROGRESS if t < up else FABRIC_SUCCESS
+    cuda_start_fails(host, 21.0, "/usr/bin/python3 /etc/slurm/healthcheck.d/gpu_cuda.py",
+                     list(range(8)), 2.2, uid=0)
+    return host
 
 
 @scenario("job-ends-normally", 107,
@@ -694,6 +714,34 @@ def _(seed: int) -> Host:
     host.conditions[5].nvlink_replay_per_s = lambda t: 0.01
     host.conditions[5].nvlink_recovery_at = [420.0]
     host.add(llm_fsdp(list(range(8))))
+    return host
+
+
+@scenario("fabric-manager-down-after-driver-update", 813,
+          "NVLink fabric never set up: the node was rebooted into driver 550.90.07 with "
+          "nvidia-fabricmanager still at 550.54.15, which refuses to run against another "
+          "driver version; every H100 of the HGX board stays NotStarted, and each attempt "
+          "of the 8-rank training job fails at CUDA init (802, system not yet initialized) "
+          "and is started again by its retry loop ~40 s later",
+          ("R45_fabric_not_up",), "failures",
+          notes="the capture opens 75 s after the reboot; no CUDA context ever forms")
+def _(seed: int) -> Host:
+    host = Host(seed, H100, 8, MINUTES * 60)
+    host.uptime_s = 75.0          # gpuwhy starts with the node
+    host.monitors()
+    for g in range(8):
+        host.conditions[g].fabric_state = lambda t: FABRIC_NOT_STARTED
+    rng = random.Random(f"retries:{seed}")
+    t = rng.uniform(15.0, 30.0)   # the batch job, requeued by the reboot, starts again
+    while t < host.n - 15:
+        imports = rng.uniform(5.5, 8.0)   # python, torch and the model code load first
+        agent = host.command(t, "torchrun --nproc-per-node 8 train.py --config "
+                                "configs/llama2_7b_fsdp.yaml", uid=1000, exit_code=1,
+                             lasts_s=imports + 2.0)
+        for rank in range(8):     # each rank's cuInit opens every GPU: all fail
+            cuda_start_fails(host, t + 0.6 + 0.03 * rank, LLAMA, list(range(8)),
+                             imports * rng.uniform(0.95, 1.05), ppid=agent.pid)
+        t += imports + 2.0 + 30.0 + rng.uniform(0.0, 2.0)   # `sleep 30` in the retry loop
     return host
 
 
