@@ -48,6 +48,8 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds between reads of the in-kernel ioctl counters"),
     Setting("probes.proc_root", "/proc", "GPUWHY_PROC_ROOT",
             "where procfs is mounted (containers mount the host's elsewhere)"),
+    Setting("probes.sys_root", "/sys", "GPUWHY_SYS_ROOT",
+            "where sysfs is mounted: the NUMA nodes of CPUs and of GPUs"),
     Setting("correlator.batch_size", 500, "GPUWHY_BATCH_SIZE",
             "events written to the store in one transaction at most"),
     Setting("correlator.flush_interval", 0.5, "GPUWHY_FLUSH_INTERVAL",

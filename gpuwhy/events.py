@@ -198,7 +198,9 @@ class SchedStats(Event):
     its child processes (DataLoader workers) and their threads. Each holds nanoseconds
     ``on_cpu_ns``, ``runqueue_ns`` (runnable, waiting for a CPU), ``sleep_ns`` (interruptible),
     ``blocked_ns`` (uninterruptible, usually I/O) and counts ``voluntary_switches``,
-    ``involuntary_switches``, ``migrations``, ``threads``."""
+    ``involuntary_switches``, ``migrations``, ``threads``. ``node_on_cpu_ns``: on a host with
+    several NUMA nodes, the on-CPU ns of its threads and its workers' per node (index = node);
+    empty on a single-node host."""
 
     topic = "sched"
     kind = "sched_stats"
@@ -208,6 +210,7 @@ class SchedStats(Event):
     own: dict[str, int]
     workers: dict[str, int]
     worker_processes: int = 0
+    node_on_cpu_ns: list[int] = field(default_factory=list)
 
 # --- cuda uprobes events ---
 CUDA_COPY_DIRECTIONS = ("htod", "dtoh", "dtod", "htoh", "unknown")
@@ -314,7 +317,9 @@ class CudaLibrary(Event):
 class GpuSeen(Event):
     """Event name: ``gpu_seen`` (topic ``gpu``). Everything a GPU source knows a GPU by.
     ``gpu_id`` is :attr:`GpuIdentity.id`; ``source`` is ``dcgm``, ``nvml``,
-    ``dcgm-exporter`` or ``sim``; ``simulated`` is true for the simulator, always."""
+    ``dcgm-exporter`` or ``sim``; ``simulated`` is true for the simulator, always.
+    ``numa_node``: the NUMA node the GPU's PCIe link is attached to (sysfs), None when the
+    firmware does not say."""
 
     topic = "gpu"
     kind = "gpu_seen"
@@ -328,6 +333,7 @@ class GpuSeen(Event):
     minor: int | None = None
     model: str = ""
     driver_version: str = ""
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,12 @@
 // (interruptible) and blocked (uninterruptible, usually I/O), voluntary and involuntary
 // context switches and migrations. New threads and children of a watched thread are
 // watched from their birth. Any other thread costs an array lookup per event.
+// On a host with several NUMA nodes, on-CPU time is also added up per GPU process and node
+// (one hash update per switch-out of a watched thread): which socket its threads ran on.
 #include <uapi/linux/ptrace.h>
 
-// ST_* (ThreadState), HINT_SLOTS, MAX_WATCHED: generated from probes/sched.py
-// (bpf_defines()), compiled in as -D flags.
+// ST_* (ThreadState), HINT_SLOTS, MAX_WATCHED, NUMA_NODES, MAX_CPUS, MAX_NODE_KEYS:
+// generated from probes/sched.py (bpf_defines()), compiled in as -D flags.
 #define HINT_MASK (HINT_SLOTS - 1)
 // sched_switch's prev_state as the tracepoint reports it (__trace_sched_switch_state):
 #define REPORT_UNINTERRUPTIBLE 0x2
@@ -27,13 +29,43 @@ struct thread_t {
     u64 involuntary;
     u64 migrations;
     u32 seeded;              // added by user space, its state read from /proc: see settle()
-    u32 pad;
+    u32 cpu;                 // where it last went on a CPU: user space credits the running
+                             // slice not yet settled to that CPU's node
 };
 
 BPF_HASH(watched, u32, struct thread_t, MAX_WATCHED);
 BPF_ARRAY(watch_hint, s32, HINT_SLOTS);        // kernel's own additions (births)
 BPF_ARRAY(watch_hint_user, s32, HINT_SLOTS);   // user space's additions and removals
 BPF_PERCPU_ARRAY(drops, u64, 1);
+
+#if NUMA_NODES > 1
+struct node_key_t {
+    u32 owner;
+    u32 node;
+};
+BPF_ARRAY(cpu_node, u32, MAX_CPUS);                         // filled by user space
+BPF_HASH(node_time, struct node_key_t, u64, MAX_NODE_KEYS);  // on-CPU ns per (owner, node)
+
+// Credit a slice the thread just ran, on this CPU, to this CPU's node.
+static __always_inline void credit_node(u32 owner, u64 delta)
+{
+    u32 cpu = bpf_get_smp_processor_id();
+    u32 *node = cpu_node.lookup(&cpu);
+    if (!node)
+        return;
+    struct node_key_t key = {.owner = owner, .node = *node};
+    u64 *ns = node_time.lookup(&key);
+    if (ns) {
+        __sync_fetch_and_add(ns, delta);
+        return;
+    }
+    if (node_time.insert(&key, &delta) != 0) {    // full, or another CPU inserted it first
+        ns = node_time.lookup(&key);
+        if (ns)
+            __sync_fetch_and_add(ns, delta);
+    }
+}
+#endif
 
 static __always_inline struct thread_t *find(u32 tid)
 {
@@ -55,9 +87,12 @@ static __always_inline void settle(struct thread_t *t, u64 now, u32 proven)
 {
     u64 delta = now - t->last_ns;
     u32 state = t->seeded ? proven : t->state;
-    if (state == ST_RUNNING)
+    if (state == ST_RUNNING) {
         t->on_cpu_ns += delta;
-    else if (state == ST_RUNNABLE)
+#if NUMA_NODES > 1
+        credit_node(t->owner, delta);
+#endif
+    } else if (state == ST_RUNNABLE)
         t->runqueue_ns += delta;
     else if (state == ST_SLEEPING)
         t->sleep_ns += delta;
@@ -86,6 +121,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (next && next->state != ST_DEAD) {
         settle(next, now, ST_RUNNABLE);
         next->state = ST_RUNNING;
+        next->cpu = bpf_get_smp_processor_id();
     }
     return 0;
 }

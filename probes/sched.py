@@ -3,7 +3,8 @@
 Loads ``sched.bpf.c`` and keeps its ``watched`` map filled: every thread of a process
 that holds NVIDIA fds, and every thread of the processes it forked (the kernel adds
 threads and children born after that itself). Each flush turns the per-thread counters
-into one SchedStats event per GPU process: its own threads, and its workers.
+into one SchedStats event per GPU process: its own threads, and its workers; on a host with
+several NUMA nodes, also its on-CPU time per node (which socket it ran on).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
 from gpuwhy.probes.fdtrack import load_bpf
 from gpuwhy.proc import read_tgid
+from gpuwhy.topology import cpu_nodes
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,8 @@ NAME = "sched"
 BPF_SOURCE = Path(__file__).with_name("sched.bpf.c")
 HINT_SLOTS = 1 << 16       # a power of two: the C masks
 MAX_WATCHED = 65536
+MAX_CPUS = 4096            # CPUs the node map holds (a CPU above it counts as node 0)
+MAX_NODE_KEYS = 8192       # (GPU process, node) pairs
 
 
 class ThreadState(enum.IntEnum):
@@ -42,9 +46,11 @@ class ThreadState(enum.IntEnum):
     DEAD = 4
 
 
-def bpf_defines() -> dict[str, Define]:
-    """Every constant sched.bpf.c shares with Python, by its C name."""
-    return {"HINT_SLOTS": HINT_SLOTS, "MAX_WATCHED": MAX_WATCHED,
+def bpf_defines(numa_nodes: int = 1) -> dict[str, Define]:
+    """Every constant sched.bpf.c shares with Python, by its C name; ``numa_nodes`` is the
+    host's (the per-node accounting is compiled in only where there are several)."""
+    return {"HINT_SLOTS": HINT_SLOTS, "MAX_WATCHED": MAX_WATCHED, "NUMA_NODES": numa_nodes,
+            "MAX_CPUS": MAX_CPUS, "MAX_NODE_KEYS": MAX_NODE_KEYS,
             **enum_defines("ST_", ThreadState)}
 
 
@@ -109,6 +115,10 @@ class SchedProbe:
 
     def __init__(self, config: Config, publish: Callable[[Event], object]):
         self.proc_root: str = config["probes.proc_root"]
+        self.cpu_nodes = cpu_nodes(config["probes.sys_root"])
+        self.numa_nodes = max(self.cpu_nodes.values(), default=0) + 1
+        self._node_last: dict[tuple[int, int], int] = {}  # (owner, node) -> ns at last flush
+        self._running_last: dict[int, list[int]] = {}      # owner -> unsettled ns per node
         self._publish = publish
         self._bpf = None
         self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
@@ -117,10 +127,17 @@ class SchedProbe:
         self._last_flush = time.monotonic_ns()
 
     def load(self) -> None:
-        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, cflags(bpf_defines(self.numa_nodes)))
         self._watched = bpf[b"watched"]
         self._hint_user = bpf[b"watch_hint_user"]
         self._drops = bpf[b"drops"]
+        self._node_time = None
+        if self.numa_nodes > 1:
+            nodes = bpf[b"cpu_node"]
+            for cpu, node in self.cpu_nodes.items():
+                if cpu < MAX_CPUS:
+                    nodes[ctypes.c_int(cpu)] = ctypes.c_uint32(node)
+            self._node_time = bpf[b"node_time"]
 
     def _hint(self, tid: int, delta: int) -> None:
         slot = ctypes.c_int(tid % HINT_SLOTS)
@@ -169,6 +186,11 @@ class SchedProbe:
             self.flush(only_owner=pid)
             self._forget(lambda owner: owner == pid)
             del self.owners[pid]
+            self._running_last.pop(pid, None)
+            if self._node_time is not None:
+                for key in [k for k in self._node_time.keys() if k.owner == pid]:
+                    del self._node_time[key]
+                    self._node_last.pop((pid, key.node), None)
 
     def _forget(self, which: Callable[[int], bool]) -> None:
         for key, thread in list(self._watched.items()):
@@ -184,12 +206,18 @@ class SchedProbe:
         now_ktime = time.monotonic_ns()
         interval = now_ktime - self._last_flush
         per_owner: dict[int, dict[str, dict]] = {}
+        running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
         for key, thread in self._watched.items():
             tid, owner = key.value, thread.owner
             if only_owner is not None and owner != only_owner:
                 continue
             totals = thread_totals(thread, now_ktime)
+            if self._node_time is not None and thread.state == ThreadState.RUNNING and \
+                    not thread.seeded and now_ktime > thread.last_ns:
+                node = self.cpu_nodes.get(thread.cpu, 0)
+                running.setdefault(owner, [0] * self.numa_nodes)[node] += \
+                    now_ktime - thread.last_ns
             previous = self._last.get(tid, (0,) * len(FIELDS))
             self._last[tid] = totals
             tgid = self._tgid.get(tid) or read_tgid(tid, self.proc_root) or tid
@@ -215,6 +243,7 @@ class SchedProbe:
         if only_owner is None:
             self._last_flush = now_ktime
         ts = now_ns()
+        by_node = self._node_deltas(only_owner, running)
         for owner, group in per_owner.items():
             process = self.owners.get(owner)
             if process is None:
@@ -223,7 +252,36 @@ class SchedProbe:
             workers = {**group["workers"], "threads": group["threads"]["workers"]}
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
                                      workers=workers,
-                                     worker_processes=len(group["worker_pids"])))
+                                     worker_processes=len(group["worker_pids"]),
+                                     node_on_cpu_ns=by_node.get(owner, [])))
+
+    def _node_deltas(self, only_owner: int | None,
+                     running: dict[int, list[int]]) -> dict[int, list[int]]:
+        """Per GPU process, its on-CPU ns per NUMA node since the last flush: what the
+        kernel settled at switches, plus the slices running now (a thread alone on a CPU
+        may not switch for seconds) less those counted at the last flush. Nothing on a
+        single-node host."""
+        if self._node_time is None:
+            return {}
+        out: dict[int, list[int]] = {}
+        for key, value in self._node_time.items():
+            owner, node = key.owner, key.node
+            if (only_owner is not None and owner != only_owner) or node >= self.numa_nodes:
+                continue
+            before = self._node_last.get((owner, node), 0)
+            self._node_last[(owner, node)] = value.value
+            out.setdefault(owner, [0] * self.numa_nodes)[node] = value.value - before
+        for owner in set(running) | set(self._running_last):
+            if only_owner is not None and owner != only_owner:
+                continue
+            now = running.get(owner, [0] * self.numa_nodes)
+            before = self._running_last.pop(owner, [0] * self.numa_nodes)
+            if owner in running:
+                self._running_last[owner] = now
+            figures = out.setdefault(owner, [0] * self.numa_nodes)
+            for node in range(self.numa_nodes):
+                figures[node] = max(0, figures[node] + now[node] - before[node])
+        return out
 
     def counters(self) -> dict[str, int]:
         return {"watched_processes": len(self.owners), "watched_threads": len(self._last),

@@ -544,3 +544,12 @@ def m113_process_started_at(db: Database) -> None:
     A rule's warm-up reads a process's age from it: a job that ran for an hour before
     gpuwhy first saw it is no young process. Rows already there have NULL (not known)."""
     db["processes"].add_column("started_at", int)
+
+
+@migrations()
+def m114_numa_nodes(db: Database) -> None:
+    """``gpus.numa_node``: the NUMA node a GPU's PCIe link is attached to (NULL: not known);
+    ``sched_stats.node_on_cpu_ns``: a GPU process's on-CPU time (its threads and its
+    workers') per NUMA node, a JSON list indexed by node (NULL on a single-node host)."""
+    db["gpus"].add_column("numa_node", int)
+    db["sched_stats"].add_column("node_on_cpu_ns", str)

@@ -23,9 +23,9 @@ def recent_gpus(db: Database, since: int) -> list[dict]:
 
 
 def gpu_row(db: Database, gpu_id: str) -> list[dict]:
-    """The GPU's id, model and pci_bus_id (no rows when it is unknown)."""
+    """The GPU's id, model, pci_bus_id and NUMA node (no rows when it is unknown)."""
     return db.execute_returning_dicts(
-        "select id, model, pci_bus_id from gpus where id = ?", [gpu_id])
+        "select id, model, pci_bus_id, numa_node from gpus where id = ?", [gpu_id])
 
 
 def live_processes_on(db: Database, gpu_id: str, nvml_since: int) -> list[dict]:

@@ -303,7 +303,9 @@ class StoreWriter:
     def _on_sched_stats(self, envelope: Envelope, event: SchedStats) -> None:
         row = {"pid": event.process.pid, "start_time": event.process.start_time,
                "ts": event.ts, "interval_ns": event.interval_ns,
-               "worker_processes": event.worker_processes}
+               "worker_processes": event.worker_processes,
+               "node_on_cpu_ns": json_text(event.node_on_cpu_ns) if event.node_on_cpu_ns
+               else None}
         for side, figures in (("own", event.own), ("workers", event.workers)):
             row.update({f"{side}_{name}": value for name, value in figures.items()})
         self._upsert("sched_stats", row, pk=("pid", "start_time", "ts"))
@@ -368,9 +370,11 @@ class StoreWriter:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         self.db.execute(
             "update gpus set uuid = ?, pci_bus_id = ?, gpu_index = ?, minor = coalesce(?, minor),"
-            " model = ?, driver_version = ?, simulated = ?, source = ? where id = ?",
+            " model = ?, driver_version = ?, simulated = ?, source = ?,"
+            " numa_node = coalesce(?, numa_node) where id = ?",
             [event.uuid, event.pci_bus_id, event.index, event.minor, event.model,
-             event.driver_version, int(event.simulated), event.source, event.gpu_id])
+             event.driver_version, int(event.simulated), event.source, event.numa_node,
+             event.gpu_id])
 
     def _on_gpu_sample(self, envelope: Envelope, event: GpuSample) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)

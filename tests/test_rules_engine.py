@@ -3,6 +3,8 @@ clearing, shadow mode and overrides; and the RuleFinding event on the wire."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
@@ -187,3 +189,19 @@ def test_corr_is_pearsons_correlation_over_the_window_and_unknown_when_flat():
     flat = Synthetic(duration_s=200, gpu={"pcie_rx_bytes_per_s": 5e9, "sm_active": 0.7})
     _, engine = run(flat, _corr_rule("<= 1"))
     assert statuses(engine, "X_corr") == {"not_evaluable"}
+
+
+@pytest.mark.parametrize("when, status", [
+    # Kleene logic: a false item decides an 'and', a true one an 'or', unknowns or not;
+    # gpu.fp64 is never reported here (unknown), gpu.util always
+    ("gpu.util < 0 and mean(gpu.fp64, 30s) > 0", "ok"),
+    ("mean(gpu.fp64, 30s) > 0 and gpu.util < 0", "ok"),
+    ("mean(gpu.fp64, 30s) > 0 and gpu.util >= 0", "not_evaluable"),
+    ("gpu.util >= 0 or mean(gpu.fp64, 30s) > 0", "pending"),
+    ("mean(gpu.fp64, 30s) > 0 or gpu.util < 0", "not_evaluable"),
+])
+def test_and_or_decide_on_the_first_deciding_item_and_stay_unknown_otherwise(when, status):
+    [rule] = parse_rules(f'rule X_logic {{ title: "t" window: 30s\n  when: {when} for: 1h }}',
+                         "t.rules")
+    _, engine = run(Synthetic(duration_s=60, gpu={"fp64_active": None}), [rule])
+    assert statuses(engine, "X_logic") == {status}

@@ -208,6 +208,11 @@ CASES = {
     "R45_fabric_not_up": (
         Synthetic(gpu=FABRIC_DOWN),
         Synthetic(gpu=lambda t: {**FABRIC_DOWN, "fabric_state": 2.0 if t < 90 else 3.0})),
+    # bound to the other socket while its GPU waits a fifth of the time; the near miss, the
+    # same process not bound at all: the kernel runs it on both sockets about evenly
+    "R46_cpu_on_far_numa_node": (
+        Synthetic(gpu={"gr_engine_active": 0.8}, numa_node=1, cpu_nodes=(1.0, 0.0)),
+        Synthetic(gpu={"gr_engine_active": 0.8}, numa_node=1, cpu_nodes=(0.55, 0.45))),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),

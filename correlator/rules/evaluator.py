@@ -174,7 +174,15 @@ class Evaluation:
                 return None
             return node.regex.search(str(text)[:MAX_TEXT]) is not None
         if isinstance(node, m.BoolOp):
-            return _logic(node.op, [self.value(item, env) for item in node.items])
+            # Kleene logic decides at the first false item of an 'and' (true of an 'or'),
+            # whatever the others are: they are not computed
+            decisive, unknown = node.op == "or", False
+            for item in node.items:
+                value = truth(self.value(item, env))
+                if value is decisive:
+                    return decisive
+                unknown = unknown or value is None
+            return None if unknown else not decisive
         if isinstance(node, m.Not):
             return _negation(self.value(node.item, env))
         if isinstance(node, m.Call):

@@ -132,6 +132,10 @@ class Signals:
     def gpu_model_name(self, gpu_id: str) -> str:
         raise NotImplementedError
 
+    def gpu_numa_node(self, gpu_id: str) -> int | None:
+        """The NUMA node the GPU is attached to, None when not known."""
+        return None
+
     def processes(self, gpu_id: str) -> list[ProcessKey]:
         """Compute processes on the GPU (bound to it or listed by NVML), monitors included."""
         raise NotImplementedError
@@ -163,6 +167,7 @@ class Signals:
     def begin(self, now: int) -> None:
         """Start one evaluation round at ``now``: derived series nobody read for KEEP_NS
         (a process or GPU gone) are dropped."""
+        self._round = now
         derived = getattr(self, "_derived", None)
         if derived:
             for key in [k for k, held in derived.items() if held[1] < now - KEEP_NS]:
@@ -179,27 +184,39 @@ class Signals:
         owner = scope.gpu_id if signal.source == "gpu" else scope.process
         if owner is None:
             return []
+        if signal.per_gpu:
+            owner = (scope.process, scope.gpu_id)
         derived = getattr(self, "_derived", None)
         if derived is None:
             derived = self._derived = {}
         held = derived.get((owner, name))
         if held is None:
-            held = derived[(owner, name)] = [start, start - 1, []]
-        low, high, values = held
+            held = derived[(owner, name)] = [start, start - 1, [], None]
+        low, high, values, extended_in = held
         if start < low:
             values[:0] = self._derive(signal.source, owner, name, start, low - 1)
             held[0] = low = start
-        if end > high - LATE_NS:
+        # rows come late by LATE_NS at most: derived again once a round, not at every
+        # rule that reads the signal in it (nothing arrives within a round)
+        round_now = getattr(self, "_round", None)
+        if end > high or (end > high - LATE_NS and (extended_in != round_now
+                                                     or round_now is None)):
             redo = max(low, high - LATE_NS + 1)
             del values[bisect.bisect_left(values, redo, key=_ts):]
             values += self._derive(signal.source, owner, name, redo, end)
             held[1] = high = end
+            held[3] = round_now
         if low < end - KEEP_NS:   # forget what no window reaches any more
             del values[:bisect.bisect_left(values, end - KEEP_NS, key=_ts)]
             held[0] = end - KEEP_NS
         return _slice(values, start, end)
 
     def _derive(self, source: str, owner: object, name: str, start: int, end: int) -> Series:
+        if isinstance(owner, tuple):     # a per-GPU signal of a process: (process, gpu_id)
+            process, gpu_id = owner
+            home = self.gpu_numa_node(gpu_id)
+            return derive_series(name, [(ts, {**row, "gpu_numa_node": home})
+                                        for ts, row in self.sched_rows(process, start, end)])
         if source == "gpu":
             return derive_series(name, self.gpu_rows(owner, start, end))
         if source == "sched":
@@ -247,6 +264,7 @@ class MemorySignals(Signals):
         self.clock = 0
         self.environ = dict(environ or {})
         self.models: dict[str, str] = {}
+        self.numa_nodes: dict[str, int] = {}
         self.minors: dict[int, str] = {}
         self.pcis: dict[tuple[int, ...] | None, str] = {}
         self.bindings: dict[str, dict[ProcessKey, int]] = defaultdict(dict)
@@ -268,6 +286,9 @@ class MemorySignals(Signals):
 
     def gpu_model_name(self, gpu_id: str) -> str:
         return self.models.get(gpu_id, "")
+
+    def gpu_numa_node(self, gpu_id: str) -> int | None:
+        return self.numa_nodes.get(gpu_id)
 
     def processes(self, gpu_id: str) -> list[ProcessKey]:
         found = {p for p in self.bindings.get(gpu_id, {}) if p not in self.exited}
@@ -329,6 +350,8 @@ class MemorySignals(Signals):
         ts = event.ts
         if isinstance(event, GpuSeen):
             self.models[event.gpu_id] = event.model
+            if event.numa_node is not None:
+                self.numa_nodes[event.gpu_id] = event.numa_node
             if event.pci_bus_id:
                 self.pcis[pci_key(event.pci_bus_id)] = event.gpu_id
             if event.minor is not None:
@@ -369,7 +392,8 @@ class MemorySignals(Signals):
                                           "comm": facts.comm if facts else "",
                                           "gpu_action": action, "reset": action_kind(action)})
         elif isinstance(event, SchedStats):
-            row = {"interval_ns": event.interval_ns, "worker_processes": event.worker_processes}
+            row = {"interval_ns": event.interval_ns, "worker_processes": event.worker_processes,
+                   "node_on_cpu_ns": event.node_on_cpu_ns}
             for side, figures in (("own", event.own), ("workers", event.workers)):
                 row.update({f"{side}_{k}": v for k, v in figures.items()})
             self._append(self._sched[event.process], ts, row)

@@ -94,6 +94,9 @@ class StoreSignals(Signals):
     def gpu_model_name(self, gpu_id: str) -> str:
         return self._gpu(gpu_id).get("model") or ""
 
+    def gpu_numa_node(self, gpu_id: str) -> int | None:
+        return self._gpu(gpu_id).get("numa_node")
+
     def processes(self, gpu_id: str) -> list[ProcessKey]:
         now = self.now()
         rows = streams.live_processes_on(self.db, gpu_id, now - NVML_RECENT_NS)

@@ -10,7 +10,7 @@ engine the way the service would.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,9 @@ class Synthetic:
     second ``t``); GPU counters in COUNTERS are given as rates per second and accumulated.
     ``cuda`` None: the CUDA uprobes are off (no CudaStats).
     ``extra`` holds (second, event) pairs whose ts is set to that second. ``started_s``: when
-    the processes started, in seconds from the start (negative: before it); None: not known."""
+    the processes started, in seconds from the start (negative: before it); None: not known.
+    ``numa_node``: the GPUs' NUMA node (None: not known); ``cpu_nodes``: the share of the
+    processes' on-CPU time on each node (None: a host of one node)."""
 
     duration_s: int = 400
     step_s: int = 1
@@ -91,6 +93,8 @@ class Synthetic:
     env: Mapping[str, str] | None = None
     sched: bool = True
     started_s: float | None = None
+    numa_node: int | None = None
+    cpu_nodes: Sequence[float] | None = None
     extra: list[tuple[float, Event]] = field(default_factory=list)
 
     def gpu_id(self, index: int) -> str:
@@ -112,7 +116,8 @@ class Synthetic:
             gpu_id = self.gpu_id(g)
             out.append(GpuSeen(ts=BASE_TS, gpu_id=gpu_id, source="sim", simulated=True,
                                uuid=gpu_id, index=g, minor=g, model=self.model,
-                               pci_bus_id=f"0000:{0x18 + g:02x}:00.0", driver_version="sim"))
+                               pci_bus_id=f"0000:{0x18 + g:02x}:00.0", driver_version="sim",
+                               numa_node=self.numa_node))
             for n in range(self.processes):
                 key = self.process(g, n)
                 out.append(ProcessSeen(
@@ -159,8 +164,11 @@ class Synthetic:
         workers = int({**HEALTHY_WORKERS, **_at(self.workers, t)}["processes"])
         if workers == 0:
             sides["workers"] = dict.fromkeys(sides["workers"], 0)
+        on_cpu = sides["own"]["on_cpu_ns"] + sides["workers"]["on_cpu_ns"]
+        nodes = [int(on_cpu * share) for share in self.cpu_nodes or ()]
         return SchedStats(ts=ts, process=key, interval_ns=interval, own=sides["own"],
-                          workers=sides["workers"], worker_processes=workers)
+                          workers=sides["workers"], worker_processes=workers,
+                          node_on_cpu_ns=nodes)
 
     def _calls(self, key: ProcessKey, t: float, ts: int, totals: dict) -> DriverCallStats:
         rates = {**HEALTHY_CALLS, **_at(self.calls, t)}

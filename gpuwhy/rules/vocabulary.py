@@ -7,6 +7,7 @@ Every signal is defined once here, with how it is derived from what the sources 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ class Signal:
     help: str
     derive: Callable[[Row], float | None]
     counter: bool = False
+    # derived for one GPU of the process: its rows carry that GPU's ``gpu_numa_node``
+    per_gpu: bool = False
 
 
 def _column(column: str, scale: float = 1.0) -> Callable[[Row], float | None]:
@@ -182,6 +185,24 @@ for _side, _prefix, _who in (("own", "proc", "the GPU process's own threads"),
             + {"runq": " (runnable, waiting for a CPU)", "sleep": " (interruptible sleep, S)",
                "blocked": " (uninterruptible, D: usually I/O)", "oncpu": ""}[_what],
             _share(_side, _state))
+
+
+def _remote_share(row: Row) -> float | None:
+    """Share of the on-CPU time spent on nodes other than the GPU's; unknown on a host of
+    one node, when the GPU's node is not known, or in a second without CPU time."""
+    nodes, home = row.get("node_on_cpu_ns"), row.get("gpu_numa_node")
+    if isinstance(nodes, str):          # as the store keeps it: a JSON list
+        nodes = json.loads(nodes)
+    if not nodes or len(nodes) < 2 or home is None or not 0 <= home < len(nodes):
+        return None
+    total = sum(nodes)
+    return None if not total else 1.0 - nodes[int(home)] / total
+
+
+SIGNALS["proc.cpu_remote_frac"] = Signal(
+    "proc.cpu_remote_frac", "sched", "ratio",
+    "share of the on-CPU time of the process and its workers spent on CPUs of another NUMA "
+    "node than its GPU's (unknown on a one-node host)", _remote_share, per_gpu=True)
 SIGNALS["proc.threads"] = Signal("proc.threads", "sched", "count", "threads of the process",
                                  _column("own_threads"))
 SIGNALS["workers.count"] = Signal("workers.count", "sched", "count",

@@ -30,6 +30,7 @@ from gpuwhy.probes.gpu.select import open_source
 from gpuwhy.probes.gpu.source import GpuSource, SourceUnavailable
 from gpuwhy.stalls import HEALTH_PERIOD_S, STALL_FACTOR, STALLED
 from gpuwhy.threads import Thread
+from gpuwhy.topology import pci_numa_node
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class GpuRunner:
     """Reads ``source`` every ``interval`` s and publishes through ``publisher``."""
 
     def __init__(self, source: GpuSource, steps: list[str], publisher: Publisher,
-                 interval: float):
+                 interval: float, sys_root: str = "/sys"):
         self.source, self.steps, self.publisher = source, steps, publisher
+        self.sys_root = sys_root
         self.interval = interval
         self.stall_after = STALL_FACTOR * interval
         self.counters: Counter[str] = Counter()
@@ -75,8 +77,12 @@ class GpuRunner:
 
     def publish_gpus(self) -> None:
         ts = now_ns()
-        self.publish([gpu.seen(ts, self.source.name, self.source.simulated)
-                      for gpu in list(self.source.gpus)])   # a copy: the reader may add one
+        gpus = list(self.source.gpus)   # a copy: the reader may add one
+        for gpu in gpus:
+            # this host's sysfs knows where a real GPU sits; a simulated one says itself
+            if gpu.numa_node is None and not self.source.simulated:
+                gpu.numa_node = pci_numa_node(gpu.identity.pci_bus_id, self.sys_root)
+        self.publish([gpu.seen(ts, self.source.name, self.source.simulated) for gpu in gpus])
 
     def stalled(self, now: float) -> str | None:
         """Why the source counts as stalled at ``now`` (monotonic), or None."""
@@ -206,7 +212,8 @@ def run_gpu_source(config: Config, stop: threading.Event) -> None:
         else:
             log.info("GPU source: %s", "; ".join(steps))
         publisher.wait_for_subscriber(1.0)
-        runner = GpuRunner(source, steps, publisher, config["gpu.interval"])
+        runner = GpuRunner(source, steps, publisher, config["gpu.interval"],
+                           config["probes.sys_root"])
         try:
             runner.run(stop)
         finally:

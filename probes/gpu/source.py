@@ -29,6 +29,7 @@ class GpuInfo:
     identity: GpuIdentity
     model: str = ""
     driver_version: str = ""
+    numa_node: int | None = None
     handle: object = field(default=None, repr=False, compare=False)   # the source's own key
 
     @property
@@ -39,7 +40,8 @@ class GpuInfo:
         i = self.identity
         return GpuSeen(ts=ts, gpu_id=self.id, source=source, simulated=simulated, uuid=i.uuid,
                        pci_bus_id=i.pci_bus_id, index=i.index, minor=i.minor,
-                       model=self.model, driver_version=self.driver_version)
+                       model=self.model, driver_version=self.driver_version,
+                       numa_node=self.numa_node)
 
 
 class GpuSource(Protocol):

@@ -213,6 +213,16 @@ class Trace:
         self.fb_mib: Callable[[float], float] = lambda t: 0.0
 
 
+# --- NUMA placement -----------------------------------------------------------------------
+# Where a job's threads run on a host of several NUMA nodes: "local", bound to its GPU's
+# node (a topology-aware scheduler, numactl); "spread", not bound, the kernel runs it on
+# every node about evenly and its pinned buffers land where first touched; "remote", bound
+# to another node. Off its GPU's node, a pinned copy crosses the inter-socket link (UPI or
+# Infinity Fabric: the GPU's DMA reads remote memory at roughly 60-70 % of the local rate
+# on two-socket servers) and host work reads remote memory: (DMA rate, host time) factors.
+PLACEMENTS = {"local": (1.0, 1.0), "spread": (0.82, 1.06), "remote": (0.62, 1.15)}
+
+
 # --- processes ----------------------------------------------------------------------------
 @dataclass
 class Proc:
@@ -238,6 +248,7 @@ class Proc:
     ppid: int = 1
     uid: int = 1000
     cgroup: str = ""
+    placement: str = "local"
 
 
 # --- jobs ---------------------------------------------------------------------------------
@@ -297,6 +308,7 @@ class Training:
     rm_control: float = 0.4
     comm: str = "python3"
     exe: str = "/usr/bin/python3"
+    placement: str = "local"          # NUMA (several nodes): see PLACEMENTS
 
 
 @dataclass
@@ -399,8 +411,9 @@ class Host:
     source (``dcgm``: profiling fields; ``nvml``: basic fields and compute processes)."""
 
     def __init__(self, seed: int, board: Board, gpus: int, duration_s: int,
-                 source: str = "dcgm", hostname: str = "gpu-node-07"):
+                 source: str = "dcgm", hostname: str = "gpu-node-07", numa_nodes: int = 1):
         self.seed = seed
+        self.numa_nodes = numa_nodes     # GPUs split evenly over them, in bus order
         self.board = board
         self.count = gpus
         self.n = duration_s
@@ -496,6 +509,14 @@ class Host:
         link = self.conditions[gpu].pcie_link
         return self.board.pcie_Bps if link is None else pcie_link_Bps(*link)
 
+    def gpu_node(self, gpu: int) -> int | None:
+        """The NUMA node GPU ``gpu`` is attached to (None on a host of one node)."""
+        return gpu * self.numa_nodes // self.count if self.numa_nodes > 1 else None
+
+    def placed(self, placement: str) -> tuple[float, float]:
+        """(DMA rate, host time) factors of a job's placement (PLACEMENTS) on this host."""
+        return PLACEMENTS[placement] if self.numa_nodes > 1 else (1.0, 1.0)
+
     def add(self, job: Training | Inference | Holder | Steady, age_s: float = 3600.0,
             seed: str = "") -> list[Proc]:
         rng = random.Random(f"job:{self.seed}:{len(self.procs)}:{seed}")
@@ -523,7 +544,8 @@ class Host:
                         worker_threads=getattr(job, "worker_threads", 1), exe=job.exe,
                         ppid=launcher, uprobes=getattr(job, "uprobes", False),
                         rm_control=getattr(job, "rm_control", 0.4),
-                        cgroup=f"/system.slice/job-{self.seed}-{rank}.scope")
+                        cgroup=f"/system.slice/job-{self.seed}-{rank}.scope",
+                        placement=getattr(job, "placement", "local"))
             proc.worker_keys = [self.key(age_s - 5) for _ in range(workers)]
             self.procs.append(proc)
             made.append(proc)
@@ -544,7 +566,7 @@ class Host:
             emit(0.0, "gpu", GpuSeen(ts=0, gpu_id=self.uuids[g], source=self.source,
                                      simulated=False, uuid=self.uuids[g], index=g, minor=g,
                                      pci_bus_id=self.pcis[g], model=self.board.model,
-                                     driver_version=self.driver))
+                                     driver_version=self.driver, numa_node=self.gpu_node(g)))
         for proc in self.procs:
             self._process_start(proc, emit)
         self._samples(emit)
@@ -846,7 +868,27 @@ class Host:
             workers = _state_ns(tr.w_on.v[k], tr.w_runq.v[k] + 0.002 * count,
                                 tr.w_blocked.v[k], w_threads, rng)
         return SchedStats(ts=0, process=proc.key, interval_ns=NS, own=own, workers=workers,
-                          worker_processes=count)
+                          worker_processes=count,
+                          node_on_cpu_ns=self._nodes(proc, k, own["on_cpu_ns"]
+                                                     + workers["on_cpu_ns"]))
+
+    def _nodes(self, proc: Proc, k: int, on_cpu_ns: int) -> list[int]:
+        """The second's on-CPU ns per NUMA node as the placement puts them (a monitor is
+        not bound: it runs where the kernel puts it)."""
+        if self.numa_nodes < 2:
+            return []
+        home = self.gpu_node(proc.gpus[0]) if proc.gpus else None
+        placement = proc.placement if home is not None else "spread"
+        nodes = [0] * self.numa_nodes
+        if placement == "spread":
+            rng = random.Random(f"numa:{self.seed}:{proc.key.pid}:{k}")
+            shares = [rng.uniform(0.6, 1.4) for _ in nodes]
+            for node, share in enumerate(shares):
+                nodes[node] = int(on_cpu_ns * share / sum(shares))
+        else:
+            node = home if placement == "local" else (home + 1) % self.numa_nodes
+            nodes[node] = on_cpu_ns
+        return nodes
 
     def _cuda(self, proc: Proc, k: int, rng: random.Random) -> CudaStats | None:
         tr = proc.trace
@@ -1019,14 +1061,15 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
                     t += dt
                     copied = t
                 else:
-                    dt = job.h2d_bytes / host.pcie_Bps_of(job.gpus[r])
+                    dt = job.h2d_bytes / (host.pcie_Bps_of(job.gpus[r])
+                                          * host.placed(job.placement)[0])
                     tr.rx.span(t, t + dt, job.h2d_bytes / dt)
                     tr.aux_on.span(t - job.h2d_bytes / 8e9, t)   # the pin-memory thread
                     copied = t + dt   # the step's kernels follow the copy on its stream
             speed = job.speed(r, t)
             jitter = rng.lognormvariate(0, job.step_jitter)
             c = job.gpu_s * jitter / speed
-            h = job.host_s * rng.lognormvariate(0, job.step_jitter)
+            h = job.host_s * host.placed(job.placement)[1] * rng.lognormvariate(0, job.step_jitter)
             g0 = max(t + 0.0015, copied, gpu_free[r])
             serial = job.serial_s * rng.lognormvariate(0, job.step_jitter) if job.serial_s \
                 else 0.0
@@ -1203,6 +1246,7 @@ def gpu_state(host: Host, t: float, gpu: int, state: str, detail: str = "") -> N
 def pci(host: Host, gpu: int) -> str:
     """The GPU's PCI address as the kernel log writes it (``0000:18:00``)."""
     return host.pcis[gpu][:-2]
+
 
 def cuda_start_fails(host: Host, t: float, cmdline: str, opened: list[int], lasts_s: float,
                      ppid: int = 1, uid: int = 1000, exit_code: int = 1) -> ProcessKey:

@@ -58,8 +58,8 @@ def scenario(name: str, seed: int, cause: str, expected: tuple[str, ...] = (),
 
 
 def node(seed: int, board: Board, gpus: int, minutes: float = MINUTES,
-         source: str = "dcgm") -> Host:
-    host = Host(seed, board, gpus, int(minutes * 60), source)
+         source: str = "dcgm", numa_nodes: int = 1) -> Host:
+    host = Host(seed, board, gpus, int(minutes * 60), source, numa_nodes=numa_nodes)
     host.monitors()
     return host
 
@@ -212,7 +212,40 @@ def _(seed: int) -> Host:
     return host
 
 
+@scenario("healthy-two-socket-unpinned", 112,
+          "none: Llama-2 7B FSDP on a two-socket HGX H100, ranks not bound to a NUMA node: "
+          "the kernel runs each on both sockets about evenly, as it does on most hosts")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8, numa_nodes=2)
+    host.add(llm_fsdp(list(range(8)), placement="spread"))
+    return host
+
+
+def recsys_pod(gpu: int, placement: str = "local") -> Training:
+    """A DLRM-style recommender, one Kubernetes pod a GPU: each step moves 65,536 samples'
+    dense features and the embedding rows looked up on the host (~350 MB, pinned) and
+    computes ~45 ms on an H100 (embedding gathers read HBM hard, the MLPs use the tensor
+    cores); the CPU manager gives each pod 8 exclusive cores."""
+    return Training(gpus=[gpu], gpu_s=0.045, host_s=0.010, workers=4, worker_cpu_s=0.15,
+                    mix=Mix(0.85, 0.40, 0.30, 0.55, 0.10, 0.05), h2d_bytes=350e6, kernels=400,
+                    fb_mib=52000, threads=30, cores=8, placement=placement,
+                    cmdline="/usr/bin/python3 recsys_train.py --batch-size 65536 "
+                            "--pin-memory")
+
+
 # === A. host starvation =======================================================================
+@scenario("numa-pod-wrong-socket", 217,
+          "a pod bound to the other socket: on a two-socket HGX H100 with the kubelet's "
+          "Topology Manager off, the CPU manager gave the recommender pod on GPU 6 cores of "
+          "node 0 while GPU 6 hangs off node 1; its pinned copies cross the inter-socket "
+          "link at ~60 % of the local rate and its GPU waits", ("R46_cpu_on_far_numa_node",),
+          "host_starvation")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 8, numa_nodes=2)
+    for gpu in range(8):
+        host.add(recsys_pod(gpu, "remote" if gpu == 6 else "local"))
+    return host
+
 @scenario("resnet50-cpu-starved", 201,
           "DataLoader workers cannot keep up: RandAugment decoding on a 48-vCPU VM with 4 "
           "A100 (10 workers a GPU at ~14 ms an image)",
