@@ -42,10 +42,12 @@ HITS = {
     "psu-power-brake": "R21_hw_slowdown_power_brake",           # bursts: one finding
     # every CUDA start fails while the NVLink fabric is not up: idle GPUs, failing ranks
     "fabric-manager-down-after-driver-update": "R45_fabric_not_up",
+    # a pod bound to the other socket's CPUs: its pinned copies cross the socket link
+    "numa-pod-wrong-socket": "R46_cpu_on_far_numa_node",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
-         "checkpoint-dips", "node-boot-fabric-training")
+         "checkpoint-dips", "node-boot-fabric-training", "healthy-two-socket-unpinned")
 
 
 def invoke(tmp_path, *args):
