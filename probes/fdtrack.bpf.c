@@ -645,7 +645,12 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
                                     call->size < PATH_LEN ? call->size & (PATH_LEN - 1)
                                                           : PATH_LEN,
                                     (void *)call->ptr);
-            events.ringbuf_submit(event, 0);
+            // A notable call (a reset, a drain) wakes user space at once; a slow, failed or
+            // big one waits for its next look (a flush a second at most): a process whose
+            // calls fail many times a second (NVML polling unsupported fields) must not
+            // wake the probes and the correlator at each of them.
+            events.ringbuf_submit(event, (cfg->emit_all || (flags & F_NOTABLE))
+                                         ? 0 : BPF_RB_NO_WAKEUP);
         }
     }
 done:

@@ -552,7 +552,12 @@ class FdTrackProbe:
         return self._bpf
 
     def poll(self, timeout_ms: int = 100) -> None:
-        self._bpf.ring_buffer_poll(timeout_ms)
+        """Take the ring buffer's records, waiting up to ``timeout_ms`` for one that wakes
+        us; those sent without a wake-up (BPF_RB_NO_WAKEUP: slow and failed calls) are
+        taken too, whatever woke us (epoll never reports them)."""
+        if timeout_ms:
+            self._bpf.ring_buffer_poll(timeout_ms)
+        self._bpf.ring_buffer_consume()
 
     def run(self, stop: threading.Event, on_tick: Callable[[], None] | None = None) -> None:
         """Poll records until ``stop`` is set; flush statistics every ``poll_interval`` s."""

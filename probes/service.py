@@ -126,12 +126,15 @@ class Probes:
                                                 detail=reason))
 
     def poll(self, timeout_ms: int = 100) -> None:
-        """Handle every ring buffer's records, waiting up to ``timeout_ms`` on fdtrack's."""
-        self.fdtrack.poll(timeout_ms)
-        if self.lifecycle is not None:
-            self.lifecycle.poll(0)
-        if self.cuda is not None:
-            self.cuda.poll(0)
+        """Handle every ring buffer's records, waiting up to ``timeout_ms`` on fdtrack's.
+        What one poll finds goes out in batch messages as it ends (microseconds later): a
+        busy process's driver calls sent one message each cost the bus more than they say."""
+        with self.publisher.batched():
+            self.fdtrack.poll(timeout_ms)
+            if self.lifecycle is not None:
+                self.lifecycle.poll(0)
+            if self.cuda is not None:
+                self.cuda.poll(0)
 
     def ring_fds(self) -> list[int] | None:
         """The fds to sleep on until some probe has records (probes/ringwait.py), or None

@@ -13,9 +13,11 @@ from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.runner import env_keys, run_rules
+from gpuwhy.correlator.rules.signals import Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals, read_environ
 from gpuwhy.events import (
     DeviceOpened,
+    DriverCall,
     DriverCallStats,
     Envelope,
     ProcessSeen,
@@ -304,3 +306,36 @@ def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
     for t in range(10, 301, 10):
         findings += engine.evaluate(BASE_TS + t * NS)
     assert [f.rule_id for f in findings if f.state == "firing"] == ["R05b_cuda_sync_bound"]
+
+
+
+def _call(ts: int) -> Envelope:
+    return Envelope("probes", ts, DriverCall(
+        ts=ts, process=TRAINER, tid=TRAINER.pid, fd=7, path="/dev/nvidia0",
+        device="nvidiaN", cmd=0xC020462A, nr=0x2A, size=32, op="NV_ESC_RM_CONTROL",
+        latency_ns=20_000_000, ret=0, sub_name="NV2080_CTRL_CMD_GPU_GET_INFO",
+        reasons=["slow"]))
+
+
+def test_a_busy_stream_is_read_once_then_only_what_is_new_late_rows_included(tmp_path):
+    db = open_store(tmp_path / "s.db")
+    writer = StoreWriter(db)
+    t0 = now_ns() - 600 * NS
+    writer.write_batch([_call(t0 + s * NS) for s in range(10, 21)])
+    signals = StoreSignals(db)
+    scope = Scope("GPU-0", TRAINER)
+
+    def seen(reader: StoreSignals, now_s: int, window_s: int = 60) -> list[int]:
+        reader.begin(t0 + now_s * NS)
+        rows = reader.event_rows("driver.call", scope, t0 + (now_s - window_s) * NS,
+                                 t0 + now_s * NS)
+        return [(ts - t0) // NS for ts, _ in rows]
+
+    assert seen(signals, 30) == list(range(10, 21))
+    # written after that round: one from 3 s before it (late, as a batch can be), two after
+    writer.write_batch([_call(t0 + 27 * NS), _call(t0 + 33 * NS), _call(t0 + 38 * NS)])
+    assert seen(signals, 40) == [*range(10, 21), 27, 33, 38]
+    assert seen(signals, 40, window_s=15) == [27, 33, 38]     # another rule's shorter window
+    assert seen(signals, 90) == [33, 38]                       # the window moved on
+    for now_s in (40, 90):      # what a fresh reader of the whole window reads, round by round
+        assert seen(StoreSignals(db), now_s) == seen(signals, now_s)

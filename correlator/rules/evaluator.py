@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Series, Signals
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.rules import model as m
+from gpuwhy.rules.model import children
+from gpuwhy.rules.vocabulary import STREAMS
 from gpuwhy.stats import increase, percentile
 
 Value = float | bool | str | None
@@ -192,7 +194,9 @@ class Evaluation:
             structure = self._keys.get(memo)
             if structure is None:
                 structure = self._keys[memo] = self._key(node)
-            key = (self.scope, self.min_coverage, structure)
+            # a count over host-wide events that does not ask which process is the scope's
+            # is the same for every GPU of the round: computed once
+            key = (None if _host_wide(node) else self.scope, self.min_coverage, structure)
             if key not in self.shared:
                 missing_before = set(self.missing)
                 value = self._call(node, env)
@@ -456,19 +460,18 @@ def _compare(op: str, a: Value, b: Value) -> bool | None:
             "!=": a != b}[op]
 
 
-def children(node: m.Node) -> tuple[m.Node, ...]:
-    if isinstance(node, m.Unary):
-        return (node.operand,)
-    if isinstance(node, (m.Bin, m.Cmp)):
-        return (node.left, node.right)
-    if isinstance(node, m.Between):
-        return (node.term, node.low, node.high)
-    if isinstance(node, m.Match):
-        return (node.term,)
-    if isinstance(node, m.BoolOp):
-        return node.items
-    if isinstance(node, m.Not):
-        return (node.item,)
-    if isinstance(node, m.Call):
-        return tuple(a for a in node.args if not isinstance(a, (m.Dur, m.StreamRef)))
-    return ()
+def _host_wide(node: m.Call) -> bool:
+    """``count(stream where ...)`` over a stream of the whole host (``scope: host``) whose
+    filter reads no ``own``: its value does not depend on the GPU or process evaluated."""
+    if node.func != "count":
+        return False
+    stream = next((a for a in node.args if isinstance(a, m.StreamRef)), None)
+    if stream is None or STREAMS[stream.name].scope != "host":
+        return False
+    pending = [stream.where] if stream.where is not None else []
+    while pending:
+        item = pending.pop()
+        if isinstance(item, m.Ref) and item.name == "own":
+            return False
+        pending.extend(children(item))
+    return True

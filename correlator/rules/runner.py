@@ -32,8 +32,8 @@ SHOWN_PROBLEMS = 3   # rule-file problems named in the health detail (all are co
 
 def env_keys(rules: list) -> frozenset[str]:
     """The environment variables the rules read with env("NAME")."""
-    from gpuwhy.correlator.rules.evaluator import children
     from gpuwhy.rules import model as m
+    from gpuwhy.rules.model import children
 
     found: set[str] = set()
 

@@ -13,6 +13,7 @@ variables rules name), and only while the pid still has the same start time.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import defaultdict, deque
 from pathlib import Path
@@ -20,7 +21,15 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns
-from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, _slice, pci_key
+from gpuwhy.correlator.rules.signals import (
+    KEEP_NS,
+    LATE_NS,
+    ProcessFacts,
+    Scope,
+    Signals,
+    _slice,
+    pci_key,
+)
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
@@ -33,6 +42,10 @@ MAX_ENVIRON = 1 << 20
 GPU_RECENT_NS = 3600 * 10**9
 NVML_RECENT_NS = 60 * 10**9
 SNAPSHOTS_KEPT = 400
+# Streams the probes send as they happen (seconds late at most), the busiest ones: read
+# incrementally. The kernel log and cron come from journald, whose backlog is read at
+# start, hours late: those are read whole each round (a few rows).
+LIVE_STREAMS = frozenset({"driver.call", "proc.exec", "proc.exit"})
 _NOT_FIELDS = {"gpu_id", "ts", "instance", "time", "uuid", "gpu_index", "gpu"}
 
 
@@ -69,6 +82,9 @@ class StoreSignals(Signals):
         self._snapshots: dict[ProcessKey, deque] = defaultdict(
             lambda: deque(maxlen=SNAPSHOTS_KEPT))
         self._environ: dict[ProcessKey, dict[str, str] | None] = {}
+        # per stream: [low, high, rows, round]: rows read from the store in [low, high],
+        # kept between rounds and extended with what arrived since (EventWindow)
+        self._events: dict[str, list] = {}
 
     def begin(self, now: int) -> None:
         super().begin(now)
@@ -162,10 +178,31 @@ class StoreSignals(Signals):
                     snapshots.append((ts, call_class_totals(ops)))
         return _slice(snapshots, start, end)
 
+    def _stream(self, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
+        """The stream's rows in [start, end]: read once, then only what is new each round
+        (and the last LATE_NS again: rows reach the store that late), not every window
+        again at every rule and round."""
+        held = self._events.get(stream)
+        if held is None or end - KEEP_NS > held[1]:
+            held = self._events[stream] = [start, start - 1, [], None]
+        low, high, rows, extended_in = held
+        if start < low:
+            rows[:0] = self._load_events(stream, start, low - 1)
+            held[0] = low = start
+        if end > high or (end > high - LATE_NS and extended_in != self._now):
+            redo = max(low, high - LATE_NS + 1)
+            del rows[bisect.bisect_left(rows, redo, key=_first):]
+            rows += self._load_events(stream, redo, end)
+            held[1], held[3] = end, self._now
+        if low < end - KEEP_NS:
+            del rows[:bisect.bisect_left(rows, end - KEEP_NS, key=_first)]
+            held[0] = end - KEEP_NS
+        return _slice(rows, start, end)
+
     def event_rows(self, stream: str, scope: Scope, start: int,
                    end: int) -> list[tuple[int, dict]]:
-        rows = self._cached(("events", stream, start, end), lambda: self._load_events(
-            stream, start, end))
+        load = self._stream if stream in LIVE_STREAMS else self._load_events
+        rows = self._cached(("events", stream, start, end), lambda: load(stream, start, end))
         if stream not in ("journal.xid", "journal.nvrm", "gpu.xid", "gpu.state"):
             return rows
         gpu = self._gpu(scope.gpu_id)
@@ -224,3 +261,7 @@ class StoreSignals(Signals):
                                "reset": reset_kind(r["sub_name"])})
                     for r in streams.driver_calls_between(self.db, start, end)]
         raise KeyError(stream)
+
+
+def _first(row: tuple) -> int:
+    return row[0]

@@ -202,3 +202,35 @@ class Override:
     enabled: bool = True
     shadow: bool = False
     params: Mapping[str, float] = field(default_factory=dict)
+
+
+def children(node: Node) -> tuple[Node, ...]:
+    """The sub-expressions of a node (a window or a stream is not one)."""
+    if isinstance(node, Unary):
+        return (node.operand,)
+    if isinstance(node, (Bin, Cmp)):
+        return (node.left, node.right)
+    if isinstance(node, Between):
+        return (node.term, node.low, node.high)
+    if isinstance(node, Match):
+        return (node.term,)
+    if isinstance(node, BoolOp):
+        return node.items
+    if isinstance(node, Not):
+        return (node.item,)
+    if isinstance(node, Call):
+        return tuple(a for a in node.args if not isinstance(a, (Dur, StreamRef)))
+    return ()
+
+
+def cost(node: Node) -> int:
+    """A rough relative cost of evaluating a node: a regex search per text, then an event
+    stream read (count, within), then a window aggregate; what reads a value is ~free."""
+    own = 0
+    if isinstance(node, Match):
+        own = 100
+    elif isinstance(node, Call):
+        own = 50 if any(isinstance(a, StreamRef) for a in node.args) else 1
+    return own + sum(cost(child) for child in children(node)) + sum(
+        cost(a.where) for a in getattr(node, "args", ()) if isinstance(a, StreamRef)
+        and a.where is not None)

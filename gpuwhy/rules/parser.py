@@ -400,7 +400,10 @@ class _Checker:
         if isinstance(node, m.Match):
             return m.Match(r(node.term), node.pattern, node.regex, node.line, node.column)
         if isinstance(node, m.BoolOp):
-            return m.BoolOp(node.op, tuple(r(i) for i in node.items), node.line, node.column)
+            # 'and' and 'or' are commutative in the evaluator's logic: the cheap items first,
+            # so that a deciding one spares the costly ones (a regex on every event row)
+            items = sorted((r(i) for i in node.items), key=m.cost)
+            return m.BoolOp(node.op, tuple(items), node.line, node.column)
         if isinstance(node, m.Not):
             return m.Not(r(node.item), node.line, node.column)
         if isinstance(node, m.StreamRef):
