@@ -484,58 +484,39 @@ def m110_incident_feed(db: Database) -> None:
         defaults={"fired": 0, "resolved_left": 0})
 
 
-@migrations()
-def m111_pcie_link_nvlink_errors_remap_pending(db: Database) -> None:
-    """Sample columns for the PCIe link (generation and width, now and at most), the NVLink
-    error counters and the pending row remap (store/samples.py ``STORAGE_M111``), in
-    ``gpu_sample_data`` and ``gpu_rollup_data``; rows already there keep their values and
-    have NULL (not reported) in the new columns. The views ``gpu_samples`` and
-    ``gpu_rollups`` are re-created with them."""
-    from gpuwhy.store.samples import (
-        STORAGE_M111,
-        STORAGE_V1,
-        rollup_columns,
-        rollups_view_sql,
-        samples_view_sql,
-    )
+def _add_sample_columns(db: Database, added: tuple, columns: tuple) -> None:
+    """Add ``added`` (Stored columns of store/samples.py) to ``gpu_sample_data`` and
+    ``gpu_rollup_data`` (rows already there keep their values, NULL in the new columns:
+    not reported) and re-create the views ``gpu_samples`` and ``gpu_rollups`` over
+    ``columns``, the columns as of the calling migration (frozen: a later one adds its own)."""
+    from gpuwhy.store.samples import rollup_columns, rollups_view_sql, samples_view_sql
 
-    for stored in STORAGE_M111:
+    for stored in added:
         db.execute(f"ALTER TABLE gpu_sample_data ADD COLUMN {stored.column} INTEGER")
         for column in rollup_columns(stored):
             db.execute(f"ALTER TABLE gpu_rollup_data ADD COLUMN {column} INTEGER")
-    # the columns as of this migration, frozen: a later one adds its own
-    columns = STORAGE_V1 + STORAGE_M111
     for name, sql in (("gpu_samples", samples_view_sql("gpu_samples", columns)),
                       ("gpu_rollups", rollups_view_sql("gpu_rollups", columns))):
         db.execute(f"DROP VIEW IF EXISTS {name}")
         db.execute(sql)
+
+
+@migrations()
+def m111_pcie_link_nvlink_errors_remap_pending(db: Database) -> None:
+    """Sample columns for the PCIe link (generation and width, now and at most), the NVLink
+    error counters and the pending row remap (store/samples.py ``STORAGE_M111``)."""
+    from gpuwhy.store.samples import STORAGE_M111, STORAGE_V1
+
+    _add_sample_columns(db, STORAGE_M111, STORAGE_V1 + STORAGE_M111)
 
 
 @migrations()
 def m112_fabric_state_health(db: Database) -> None:
     """Sample columns for the NVLink fabric's state and health summary (store/samples.py
-    ``STORAGE_M112``), in ``gpu_sample_data`` and ``gpu_rollup_data``; rows already there
-    keep their values and have NULL (not reported) in the new columns. The views
-    ``gpu_samples`` and ``gpu_rollups`` are re-created with them."""
-    from gpuwhy.store.samples import (
-        STORAGE_M111,
-        STORAGE_M112,
-        STORAGE_V1,
-        rollup_columns,
-        rollups_view_sql,
-        samples_view_sql,
-    )
+    ``STORAGE_M112``)."""
+    from gpuwhy.store.samples import STORAGE_M111, STORAGE_M112, STORAGE_V1
 
-    for stored in STORAGE_M112:
-        db.execute(f"ALTER TABLE gpu_sample_data ADD COLUMN {stored.column} INTEGER")
-        for column in rollup_columns(stored):
-            db.execute(f"ALTER TABLE gpu_rollup_data ADD COLUMN {column} INTEGER")
-    # the columns as of this migration, frozen: a later one adds its own
-    columns = STORAGE_V1 + STORAGE_M111 + STORAGE_M112
-    for name, sql in (("gpu_samples", samples_view_sql("gpu_samples", columns)),
-                      ("gpu_rollups", rollups_view_sql("gpu_rollups", columns))):
-        db.execute(f"DROP VIEW IF EXISTS {name}")
-        db.execute(sql)
+    _add_sample_columns(db, STORAGE_M112, STORAGE_V1 + STORAGE_M111 + STORAGE_M112)
 
 
 @migrations()

@@ -22,16 +22,21 @@ pytestmark = pytest.mark.root
 SPIN = "import time\nend = time.perf_counter() + 3.0\nwhile time.perf_counter() < end: pass\n"
 
 
-def two_nodes(root):
-    for node, cpus in ((0, "0"), (1, "1")):
+def sysfs(root, nodes: dict[int, str]) -> str:
+    for node, cpus in nodes.items():
         path = root / "devices" / "system" / "node" / f"node{node}"
         path.mkdir(parents=True)
         (path / "cpulist").write_text(cpus + "\n")
     return str(root)
 
 
-def spin_on(probe, cpu):
-    """A process spinning on ``cpu`` for 3 s, watched; its stats of one flush a second."""
+def spin_on(config, nodes: int, cpu: int) -> list[SchedStats]:
+    """A process spinning on ``cpu`` for 3 s, watched by a probe that sees ``nodes``
+    nodes; its stats, the first flush after the watch being the baseline."""
+    published = []
+    probe = SchedProbe(config, published.append)
+    assert probe.numa_nodes == nodes
+    probe.load()
     spinner = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", SPIN])
     try:
         time.sleep(0.2)
@@ -42,21 +47,14 @@ def spin_on(probe, cpu):
         probe.flush()
     finally:
         spinner.wait(10)
-    return key
+        probe.close()
+    return [e for e in published if isinstance(e, SchedStats) and e.process == key]
 
 
 @pytest.mark.parametrize("cpu", [0, 1])
 def test_on_cpu_time_is_credited_to_the_node_of_the_cpu_it_ran_on(tmp_config, tmp_path, cpu):
-    published = []
-    probe = SchedProbe(tmp_config.replace({"probes.sys_root": two_nodes(tmp_path / "sys")}),
-                       published.append)
-    assert probe.numa_nodes == 2
-    probe.load()
-    try:
-        key = spin_on(probe, cpu)
-    finally:
-        probe.close()
-    [last] = [e for e in published if isinstance(e, SchedStats) and e.process == key][-1:]
+    root = sysfs(tmp_path / "sys", {0: "0", 1: "1"})
+    last = spin_on(tmp_config.replace({"probes.sys_root": root}), 2, cpu)[-1]
     assert len(last.node_on_cpu_ns) == 2
     ran = last.node_on_cpu_ns[cpu]
     assert ran >= 0.5 * last.interval_ns                 # it spun on that node's CPU
@@ -66,18 +64,7 @@ def test_on_cpu_time_is_credited_to_the_node_of_the_cpu_it_ran_on(tmp_config, tm
 
 
 def test_a_host_of_one_node_reports_nothing_per_node(tmp_config, tmp_path):
-    root = tmp_path / "sys" / "devices" / "system" / "node" / "node0"
-    root.mkdir(parents=True)
-    (root / "cpulist").write_text(f"0-{os.cpu_count() - 1}\n")
-    published = []
-    probe = SchedProbe(tmp_config.replace({"probes.sys_root": str(tmp_path / "sys")}),
-                       published.append)
-    assert probe.numa_nodes == 1
-    probe.load()
-    try:
-        key = spin_on(probe, 0)
-    finally:
-        probe.close()
-    stats = [e for e in published if isinstance(e, SchedStats) and e.process == key]
+    root = sysfs(tmp_path / "sys", {0: f"0-{os.cpu_count() - 1}"})
+    stats = spin_on(tmp_config.replace({"probes.sys_root": root}), 1, 0)
     assert stats and all(e.node_on_cpu_ns == [] for e in stats)
     assert stats[-1].own["on_cpu_ns"] >= 0.5 * stats[-1].interval_ns
