@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,87 @@ def test_range_picker_and_zoom_refetch_finer_data(browser, server, scenario, tmp
         assert watched.problems == []
     finally:
         watched.close()
+
+
+def x_range(page, chart: str = "chart-util") -> list[float]:
+    """The time axis of a chart as drawn (ms)."""
+    return page.evaluate("id => { const x = echarts.getInstanceByDom("
+                         "document.getElementById(id)).getOption().xAxis[0];"
+                         " return [x.min, x.max]; }", chart)
+
+
+def redrawn(page, before: list[float], timeout: float = 10.0) -> list[float]:
+    """The util chart's time axis once it differs from ``before`` (polled from here: the
+    page's CSP refuses the string wait_for_function would evaluate)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = x_range(page)
+        if any(abs(a - b) > 1 for a, b in zip(now, before, strict=True)):   # ms, not rounding
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"the chart kept its time axis {before}")
+
+
+def test_the_url_keeps_range_and_zoom_and_reproduces_the_view(browser, server, scenario):
+    watched = Watched(browser, {"Authorization": f"Bearer {TOKEN}"})
+    page = watched.page
+    try:
+        page.goto(f"{server.url}/gpus/{scenario.gpu_ids[0]}", wait_until="networkidle")
+        page.wait_for_selector("#gpu-page[data-loaded='true']")
+        with page.expect_response(lambda r: "range=5m" in r.url):
+            page.click("#range-picker button[data-range='5m']")
+        page.locator("#range-info", has_text="1 s each").wait_for()
+        assert "range=5m" in page.url and "from=" not in page.url
+        five_minutes = x_range(page)        # drawn: #range-info is written after the charts
+        box = page.locator("#chart-util").bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        with page.expect_response(lambda r: "/series" in r.url and "from=" in r.url):
+            for _ in range(4):
+                page.mouse.wheel(0, -300)                             # zoom in
+        zoomed = redrawn(page, five_minutes)
+        shared = page.url
+        assert "from=" in shared and "to=" in shared and "range=5m" in shared
+        assert zoomed[1] - zoomed[0] < 5 * 60 * 1000                  # narrower than 5 min
+        # the copied link, opened elsewhere, draws the same window
+        other = Watched(browser, {"Authorization": f"Bearer {TOKEN}"})
+        try:
+            other.page.goto(shared, wait_until="networkidle")
+            other.page.wait_for_selector("#gpu-page[data-loaded='true']")
+            again = x_range(other.page)
+            assert abs(again[0] - zoomed[0]) <= 1 and abs(again[1] - zoomed[1]) <= 1
+            assert x_range(other.page, "chart-bw") == again          # one axis on the page
+            assert other.problems == []
+        finally:
+            other.close()
+        time.sleep(1.0)                  # a late zoom event's fetch ends before the check
+        assert watched.problems == []
+    finally:
+        watched.close()
+    # an absolute range written by hand, in ISO 8601, on a page of its own (leaving a page
+    # while a fetch runs counts as a failed request)
+    third = Watched(browser, {"Authorization": f"Bearer {TOKEN}"})
+    page = third.page
+    try:
+        start, end = (int(v) for v in zoomed)
+        iso = lambda ms: page.evaluate("ms => new Date(ms).toISOString()", ms)  # noqa: E731
+        with page.expect_response(lambda r: "/series" in r.url and "from=" in r.url):
+            page.goto(f"{server.url}/gpus/{scenario.gpu_ids[0]}?range=1h&from={iso(start)}"
+                      f"&to={iso(end)}")
+        page.wait_for_selector("#gpu-page[data-loaded='true']")
+        assert [round(v) for v in x_range(page)] == [start, end]
+        # the same window in the range inputs, in the browser's zone; one a minute shorter
+        local = ("ms => { const d = new Date(ms), p = (n) => String(n).padStart(2, '0');"
+                 " return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T`"
+                 " + `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`; }")
+        assert page.input_value("#range-from") == page.evaluate(local, start)
+        page.fill("#range-from", page.evaluate(local, start + 60_000))
+        with page.expect_response(lambda r: "/series" in r.url and "from=" in r.url):
+            page.click("#range-apply")
+        assert abs(redrawn(page, [start, end])[0] - (start // 1000 * 1000 + 60_000)) <= 1
+        time.sleep(1.0)
+        assert third.problems == []
+    finally:
+        third.close()
 
 
 def test_html_from_processes_and_the_kernel_log_is_only_text(browser, server, scenario):

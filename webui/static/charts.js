@@ -94,20 +94,77 @@
     return { symbol: "none", silent: true, data: lines };
   };
 
-  // Range buttons and zoom: calls load(params) with {range} or {from, to} (ns).
+  // A time in the page's URL: ISO 8601 (what a person writes and reads) or ns since the
+  // epoch (what the API takes); ns, or null when it is neither.
+  G.urlTime = function (text) {
+    if (!text) return null;
+    if (/^\d+$/.test(text)) return text;
+    const ms = Date.parse(text);
+    return Number.isNaN(ms) ? null : String(Math.round(ms * 1e6));
+  };
+
+  // The view in the URL (range, and from/to of an absolute range or a zoom, in UTC ISO),
+  // replaced at each load so that a copied link reproduces what is on the screen.
+  G.keepInUrl = function (params) {
+    const u = new URL(window.location.href);
+    u.searchParams.set("range", params.range);
+    for (const name of ["from", "to"]) {
+      if (params[name]) {
+        u.searchParams.set(name, new Date(Number(params[name]) / 1e6).toISOString());
+      } else {
+        u.searchParams.delete(name);
+      }
+    }
+    if (!params.at) u.searchParams.delete("at");
+    window.history.replaceState(null, "", u.pathname + u.search + u.hash);
+  };
+
+  // Range buttons and zoom: calls load(params) with {range} or {from, to} (ns); the first
+  // load takes them from the URL.
   G.rangeControl = function (load) {
     G.showZone();
     const picker = document.getElementById("range-picker");
-    let current = { range: new URL(window.location.href).searchParams.get("range") || "1h" };
-    const at = new URL(window.location.href).searchParams.get("at");
+    const url = new URL(window.location.href).searchParams;
+    let current = { range: url.get("range") || "1h" };
+    const from = G.urlTime(url.get("from")), to = G.urlTime(url.get("to"));
+    if (from && to) Object.assign(current, { from, to });
+    const at = url.get("at");
     if (at) current.at = at;
+    // An absolute range, in the browser's time zone (as the axes), to the second.
+    const fromInput = document.getElementById("range-from");
+    const toInput = document.getElementById("range-to");
+    const local = (ns) => {
+      const d = new Date(Number(ns) / 1e6);
+      return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())}T` +
+        `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+    };
+    const show = (params) => {
+      G.keepInUrl(params);
+      if (fromInput && params.from && params.to) {
+        fromInput.value = local(params.from);
+        toInput.value = local(params.to);
+      }
+      return load(params);
+    };
     for (const button of picker.querySelectorAll("button[data-range]")) {
       button.classList.toggle("active", button.dataset.range === current.range);
       button.addEventListener("click", () => {
         picker.querySelectorAll("button").forEach((b) => b.classList.remove("active"));
         button.classList.add("active");
         current = { range: button.dataset.range, picked: 1 };
-        load(current);
+        show(current);
+      });
+    }
+    const apply = document.getElementById("range-apply");
+    if (apply) {
+      apply.addEventListener("click", () => {
+        const f = Date.parse(fromInput.value), t = Date.parse(toInput.value);
+        if (Number.isNaN(f) || Number.isNaN(t) || t <= f) {
+          G.showError("Give a start and an end after it.");
+          return;
+        }
+        current = { range: current.range, from: String(f * 1e6), to: String(t * 1e6) };
+        show(current);
       });
     }
     let timer = null;
@@ -121,11 +178,11 @@
           const to = Math.ceil(zoom.endValue * 1e6);
           if (to - from < 2e9) return;
           current = { range: current.range, from, to };
-          load(current);
+          show(current);
         }, 500);
       });
     };
-    load(current);
+    show(current);
   };
 
   G.updateCsvLinks = function (params) {
