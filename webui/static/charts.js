@@ -13,11 +13,16 @@
   // that zone is named once on each chart page (#chart-zone).
   G.zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "the browser's local time";
   const two = (n) => String(n).padStart(2, "0");
-  G.clock = function (ms) {
-    const d = new Date(ms);
-    return `${two(d.getMonth() + 1)}-${two(d.getDate())} ` +
+  // A time (ns) as a datetime-local input takes it, in the browser's zone, to the second;
+  // the charts' labels are its month-to-second part, and the URL's times are UTC ISO 8601
+  // (what a person writes and reads, the same in every zone).
+  G.inputTime = function (ns) {
+    const d = new Date(Number(ns) / 1e6);
+    return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())}T` +
       `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
   };
+  G.clock = (ms) => G.inputTime(ms * 1e6).slice(5).replace("T", " ");
+  G.isoTime = (ns) => new Date(Number(ns) / 1e6).toISOString();
   G.showZone = function () {
     const note = document.getElementById("chart-zone");
     if (note) note.textContent = `· times in ${G.zone}`;
@@ -110,7 +115,7 @@
     u.searchParams.set("range", params.range);
     for (const name of ["from", "to"]) {
       if (params[name]) {
-        u.searchParams.set(name, new Date(Number(params[name]) / 1e6).toISOString());
+        u.searchParams.set(name, G.isoTime(params[name]));
       } else {
         u.searchParams.delete(name);
       }
@@ -133,16 +138,11 @@
     // An absolute range, in the browser's time zone (as the axes), to the second.
     const fromInput = document.getElementById("range-from");
     const toInput = document.getElementById("range-to");
-    const local = (ns) => {
-      const d = new Date(Number(ns) / 1e6);
-      return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())}T` +
-        `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
-    };
     const show = (params) => {
       G.keepInUrl(params);
       if (fromInput && params.from && params.to) {
-        fromInput.value = local(params.from);
-        toInput.value = local(params.to);
+        fromInput.value = G.inputTime(params.from);
+        toInput.value = G.inputTime(params.to);
       }
       return load(params);
     };
