@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuwhy.events import (
@@ -170,7 +170,7 @@ class Signals:
         self._round = now
         derived = getattr(self, "_derived", None)
         if derived:
-            for key in [k for k, held in derived.items() if held[1] < now - KEEP_NS]:
+            for key in [k for k, held in derived.items() if held.high < now - KEEP_NS]:
                 del derived[key]
 
     # The interface rules use.
@@ -191,25 +191,9 @@ class Signals:
             derived = self._derived = {}
         held = derived.get((owner, name))
         if held is None:
-            held = derived[(owner, name)] = [start, start - 1, [], None]
-        low, high, values, extended_in = held
-        if start < low:
-            values[:0] = self._derive(signal.source, owner, name, start, low - 1)
-            held[0] = low = start
-        # rows come late by LATE_NS at most: derived again once a round, not at every
-        # rule that reads the signal in it (nothing arrives within a round)
-        round_now = getattr(self, "_round", None)
-        if end > high or (end > high - LATE_NS and (extended_in != round_now
-                                                     or round_now is None)):
-            redo = max(low, high - LATE_NS + 1)
-            del values[bisect.bisect_left(values, redo, key=_ts):]
-            values += self._derive(signal.source, owner, name, redo, end)
-            held[1] = high = end
-            held[3] = round_now
-        if low < end - KEEP_NS:   # forget what no window reaches any more
-            del values[:bisect.bisect_left(values, end - KEEP_NS, key=_ts)]
-            held[0] = end - KEEP_NS
-        return _slice(values, start, end)
+            held = derived[(owner, name)] = RowWindow(start)
+        return held.rows_in(start, end, getattr(self, "_round", None),
+                            lambda s, e: self._derive(signal.source, owner, name, s, e))
 
     def _derive(self, source: str, owner: object, name: str, start: int, end: int) -> Series:
         if isinstance(owner, tuple):     # a per-GPU signal of a process: (process, gpu_id)
@@ -250,6 +234,35 @@ def _slice(rows: deque | list, start: int, end: int) -> list:
     if isinstance(rows, list):
         return rows[low:high]
     return [rows[i] for i in range(low, high)]
+
+
+class RowWindow:
+    """Rows of one source, (ts, ...) in time order, read for [low, high] and kept between
+    rounds: extended with what arrived since, the last LATE_NS read again (rows reach the
+    store that late) once a round, not at every rule that reads them in it (nothing
+    arrives within a round); what no window reaches (KEEP_NS) forgotten."""
+
+    def __init__(self, start: int):
+        self.low, self.high = start, start - 1
+        self.rows: list = []
+        self.round: int | None = None
+
+    def rows_in(self, start: int, end: int, round_now: int | None,
+                load: Callable[[int, int], list]) -> list:
+        """The rows in [start, end]; ``load(start, end)`` reads those of a span."""
+        if start < self.low:
+            self.rows[:0] = load(start, self.low - 1)
+            self.low = start
+        if end > self.high or (end > self.high - LATE_NS
+                               and (self.round != round_now or round_now is None)):
+            redo = max(self.low, self.high - LATE_NS + 1)
+            del self.rows[bisect.bisect_left(self.rows, redo, key=_ts):]
+            self.rows += load(redo, end)
+            self.high, self.round = end, round_now
+        if self.low < end - KEEP_NS:
+            del self.rows[:bisect.bisect_left(self.rows, end - KEEP_NS, key=_ts)]
+            self.low = end - KEEP_NS
+        return _slice(self.rows, start, end)
 
 
 class MemorySignals(Signals):

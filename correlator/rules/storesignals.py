@@ -13,7 +13,6 @@ variables rules name), and only while the pid still has the same start time.
 
 from __future__ import annotations
 
-import bisect
 import json
 from collections import defaultdict, deque
 from pathlib import Path
@@ -23,8 +22,8 @@ from sqlite_utils import Database
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.signals import (
     KEEP_NS,
-    LATE_NS,
     ProcessFacts,
+    RowWindow,
     Scope,
     Signals,
     _slice,
@@ -82,9 +81,7 @@ class StoreSignals(Signals):
         self._snapshots: dict[ProcessKey, deque] = defaultdict(
             lambda: deque(maxlen=SNAPSHOTS_KEPT))
         self._environ: dict[ProcessKey, dict[str, str] | None] = {}
-        # per stream: [low, high, rows, round]: rows read from the store in [low, high],
-        # kept between rounds and extended with what arrived since (EventWindow)
-        self._events: dict[str, list] = {}
+        self._events: dict[str, RowWindow] = {}   # per live stream, kept between rounds
 
     def begin(self, now: int) -> None:
         super().begin(now)
@@ -179,25 +176,13 @@ class StoreSignals(Signals):
         return _slice(snapshots, start, end)
 
     def _stream(self, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
-        """The stream's rows in [start, end]: read once, then only what is new each round
-        (and the last LATE_NS again: rows reach the store that late), not every window
-        again at every rule and round."""
+        """The stream's rows in [start, end]: read once, then only what is new each round,
+        not every window again at every rule and round."""
         held = self._events.get(stream)
-        if held is None or end - KEEP_NS > held[1]:
-            held = self._events[stream] = [start, start - 1, [], None]
-        low, high, rows, extended_in = held
-        if start < low:
-            rows[:0] = self._load_events(stream, start, low - 1)
-            held[0] = low = start
-        if end > high or (end > high - LATE_NS and extended_in != self._now):
-            redo = max(low, high - LATE_NS + 1)
-            del rows[bisect.bisect_left(rows, redo, key=_first):]
-            rows += self._load_events(stream, redo, end)
-            held[1], held[3] = end, self._now
-        if low < end - KEEP_NS:
-            del rows[:bisect.bisect_left(rows, end - KEEP_NS, key=_first)]
-            held[0] = end - KEEP_NS
-        return _slice(rows, start, end)
+        if held is None or end - KEEP_NS > held.high:
+            held = self._events[stream] = RowWindow(start)
+        return held.rows_in(start, end, self._now,
+                            lambda s, e: self._load_events(stream, s, e))
 
     def event_rows(self, stream: str, scope: Scope, start: int,
                    end: int) -> list[tuple[int, dict]]:
@@ -261,7 +246,3 @@ class StoreSignals(Signals):
                                "reset": reset_kind(r["sub_name"])})
                     for r in streams.driver_calls_between(self.db, start, end)]
         raise KeyError(stream)
-
-
-def _first(row: tuple) -> int:
-    return row[0]
