@@ -36,7 +36,7 @@ from gpuwhy.correlator import bindings, chains, timeline
 from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
-from gpuwhy.identity import GpuIdentity, ProcessKey
+from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.rules.model import CAUSE, SYMPTOM
 from gpuwhy.store import lifecycle as store_lifecycle
@@ -482,7 +482,7 @@ class IncidentBuilder:
             return []
         since = event.since or event.ts
         gpu_id = event.gpu_id or None
-        wanted = Opened("rule_finding", event.severity, since, event.title,
+        wanted = Opened("rule_finding", event.severity, since, _finding_title(event),
                         _finding_summary(event), dedup_key, gpu_id, event.process,
                         _finding_details(event, since))
         wanted.cause_id = self._cause_of(db, gpu_id, since, process=event.process)
@@ -626,16 +626,27 @@ def _finding_details(event: RuleFinding, since: int) -> dict[str, Any]:
             "fixes": list(event.fixes), "verify": event.verify, "group": event.group,
             "rule_kind": event.rule_kind or CAUSE, "explains": list(event.explains),
             "unexplained": list(event.unexplained),
-            "processes": [{"pid": p.pid, "start_time": p.start_time} for p in processes]}
+            "processes": [{"pid": p.pid, "start_time": p.start_time} for p in processes],
+            **({"instance": event.instance, "mig_profile": event.mig_profile}
+               if event.instance else {})}
+
+
+def _finding_title(event: RuleFinding) -> str:
+    """The rule's title; a MIG instance's finding names the instance (and its profile)."""
+    if not event.instance:
+        return event.title
+    return f"{event.title}: {mig_instance_name(event.instance, event.mig_profile)}"
 
 
 def _finding_summary(event: RuleFinding) -> str:
     """A cause's summary is its root cause; a symptom's says the cause is not established
     and what each cause that could explain it lacks."""
+    where = f"On {mig_instance_name(event.instance, event.mig_profile)} of GPU " \
+        f"{event.gpu_id}: " if event.instance else ""
     if event.rule_kind != SYMPTOM:
-        return event.root_cause
+        return where + event.root_cause
     lacking = "; ".join(event.unexplained[:4])
-    return (f"Symptom, cause not established{': ' + lacking if lacking else ''}. "
+    return (f"{where}Symptom, cause not established{': ' + lacking if lacking else ''}. "
             f"{event.root_cause}").strip()
 
 

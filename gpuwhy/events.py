@@ -198,9 +198,11 @@ class SchedStats(Event):
     its child processes (DataLoader workers) and their threads. Each holds nanoseconds
     ``on_cpu_ns``, ``runqueue_ns`` (runnable, waiting for a CPU), ``sleep_ns`` (interruptible),
     ``blocked_ns`` (uninterruptible, usually I/O) and counts ``voluntary_switches``,
-    ``involuntary_switches``, ``migrations``, ``threads``. ``node_on_cpu_ns``: on a host with
-    several NUMA nodes, the on-CPU ns of its threads and its workers' per node (index = node);
-    empty on a single-node host."""
+    ``involuntary_switches``, ``migrations``, ``threads``; ``net_rx_bytes`` (received from
+    TCP/IP sockets) and ``net_wait_ns`` (the sleep that ended in such a receive: waiting for
+    the network), both absent where the kernel offers no hook to count them.
+    ``node_on_cpu_ns``: on a host with several NUMA nodes, the on-CPU ns of its threads and
+    its workers' per node (index = node); empty on a single-node host."""
 
     topic = "sched"
     kind = "sched_stats"
@@ -524,7 +526,10 @@ class RuleFinding(Event):
     onset's, kept to the clearing. ``rule_kind`` says whether the rule names a cause or a
     symptom (gpuwhy/rules/model.py); a cause ``explains`` the symptom rules it lists; a
     symptom's ``unexplained`` says, per cause rule that could explain it, why it is not
-    established (what it lacks)."""
+    established (what it lacks). ``instance`` names the MIG GPU instance of a ``scope:
+    instance`` rule's finding, as :class:`GpuSample` does ("" for the whole GPU), and
+    ``mig_profile`` its profile where the source tells it (dcgm-exporter's GPU_I_PROFILE,
+    e.g. ``1g.10gb``; "" when not known)."""
 
     topic = "rule"
     kind = "rule_finding"
@@ -549,6 +554,8 @@ class RuleFinding(Event):
     rule_kind: str = ""                 # the rule's kind (cause, symptom); "" from older senders
     explains: list[str] = field(default_factory=list)   # symptom rule ids a cause explains
     unexplained: list[str] = field(default_factory=list)  # a symptom's causes, not established
+    instance: str = ""                  # MIG GPU instance ("" = the whole GPU)
+    mig_profile: str = ""               # that instance's profile, "" when not known
 
     def __post_init__(self) -> None:
         if isinstance(self.process, dict):   # decoded from the wire

@@ -75,6 +75,12 @@ class GpuIdentity:
         return [i for i in ids if i != self.id]
 
 
+def mig_instance_name(instance: str, profile: str = "") -> str:
+    """A MIG GPU instance as answers name it: ``MIG instance 9 (1g.10gb)``; the instance is
+    the GPU instance id the GPU source reports (DCGM's GPU_I_ID), the profile where known."""
+    return f"MIG instance {instance}" + (f" ({profile})" if profile else "")
+
+
 def normalize_pci(address: str) -> str:
     """A PCI address as ``dddd:bb:dd`` lowercase, whatever the source wrote.
 

@@ -8,10 +8,16 @@
 // watched from their birth. Any other thread costs an array lookup per event.
 // On a host with several NUMA nodes, on-CPU time is also added up per GPU process and node
 // (one hash update per switch-out of a watched thread): which socket its threads ran on.
+// Bytes a watched thread receives from TCP/IP sockets are counted too, at
+// sock:sock_recv_length (Linux 6.4+) or else a kprobe on tcp_cleanup_rbuf, and so is the
+// interruptible sleep that ended right before such a receive: an S3 or HTTP loader waiting
+// for the network sleeps like an idle one, and only this tells them apart. Every receive on
+// the host costs the same array lookup as any other event.
 #include <uapi/linux/ptrace.h>
 
-// ST_* (ThreadState), HINT_SLOTS, MAX_WATCHED, NUMA_NODES, MAX_CPUS, MAX_NODE_KEYS:
-// generated from probes/sched.py (bpf_defines()), compiled in as -D flags.
+// ST_* (ThreadState), HINT_SLOTS, MAX_WATCHED, NUMA_NODES, MAX_CPUS, MAX_NODE_KEYS,
+// NET_RX_* (NetRx), NET_RX, FAMILY_INET, FAMILY_INET6, FLAG_PEEK: generated from
+// probes/sched.py (bpf_defines()), compiled in as -D flags.
 #define HINT_MASK (HINT_SLOTS - 1)
 // sched_switch's prev_state as the tracepoint reports it (__trace_sched_switch_state):
 #define REPORT_UNINTERRUPTIBLE 0x2
@@ -31,6 +37,9 @@ struct thread_t {
     u32 seeded;              // added by user space, its state read from /proc: see settle()
     u32 cpu;                 // where it last went on a CPU: user space credits the running
                              // slice not yet settled to that CPU's node
+    u64 net_rx_bytes;        // received from TCP/IP sockets
+    u64 net_wait_ns;         // asleep (interruptible) right before receiving from one
+    u64 slept_ns;            // its last sleep, until it switches out again or receives
 };
 
 BPF_HASH(watched, u32, struct thread_t, MAX_WATCHED);
@@ -108,6 +117,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     struct thread_t *prev = find(args->prev_pid);
     if (prev && prev->state != ST_DEAD) {
         settle(prev, now, ST_RUNNING);
+        prev->slept_ns = 0;      // it ran without receiving: that sleep was not for data
         long state = args->prev_state;
         if (state == 0 || (state & REPORT_PREEMPTED)) {
             prev->state = ST_RUNNABLE;
@@ -130,7 +140,9 @@ static __always_inline int on_wakeup(u32 tid)
 {
     struct thread_t *t = find(tid);
     if (t && (t->seeded || t->state == ST_SLEEPING || t->state == ST_BLOCKED)) {
-        settle(t, bpf_ktime_get_ns(), t->state == ST_BLOCKED ? ST_BLOCKED : ST_SLEEPING);
+        u64 now = bpf_ktime_get_ns();
+        t->slept_ns = (!t->seeded && t->state == ST_SLEEPING) ? now - t->last_ns : 0;
+        settle(t, now, t->state == ST_BLOCKED ? ST_BLOCKED : ST_SLEEPING);
         t->state = ST_RUNNABLE;
     }
     return 0;
@@ -178,3 +190,41 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     }
     return 0;
 }
+
+#if NET_RX != NET_RX_NONE
+// The current thread received `copied` bytes from a socket (`ip`: a TCP/IP one), if it is
+// watched. The sleep it woke from was a wait for these bytes if this is its first receive
+// since, within NET_WAIT_WINDOW_NS of going on a CPU (a thread that woke for something
+// else, or ran a while, and then found data waiting did not wait for it).
+static __always_inline void count_rx(int copied, int ip)
+{
+    struct thread_t *t = find((u32)bpf_get_current_pid_tgid());
+    if (!t)
+        return;
+    u64 slept = t->slept_ns;
+    t->slept_ns = 0;             // only this thread writes its own: it is running here
+    if (!ip || copied <= 0)
+        return;
+    __sync_fetch_and_add(&t->net_rx_bytes, copied);
+    if (slept && bpf_ktime_get_ns() - t->last_ns <= NET_WAIT_WINDOW_NS)
+        t->net_wait_ns += slept;
+}
+#endif
+
+#if NET_RX == NET_RX_TRACEPOINT
+TRACEPOINT_PROBE(sock, sock_recv_length)
+{
+    // As the tracepoint prints its length: IP families only (not UNIX sockets: the queues
+    // between a loader and its workers), and a peek is no receive.
+    if (!(args->flags & FLAG_PEEK))
+        count_rx(args->ret, args->family == FAMILY_INET || args->family == FAMILY_INET6);
+    return 0;
+}
+#elif NET_RX == NET_RX_KPROBE
+// Attached by user space: tcp_recvmsg reports what it copied to the reader here.
+int on_tcp_cleanup_rbuf(struct pt_regs *ctx, void *sk, int copied)
+{
+    count_rx(copied, 1);
+    return 0;
+}
+#endif

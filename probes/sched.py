@@ -4,7 +4,9 @@ Loads ``sched.bpf.c`` and keeps its ``watched`` map filled: every thread of a pr
 that holds NVIDIA fds, and every thread of the processes it forked (the kernel adds
 threads and children born after that itself). Each flush turns the per-thread counters
 into one SchedStats event per GPU process: its own threads, and its workers; on a host with
-several NUMA nodes, also its on-CPU time per node (which socket it ran on).
+several NUMA nodes, also its on-CPU time per node (which socket it ran on). Bytes received
+from TCP/IP sockets, and the sleep that ended right before a receive (waiting for the
+network), are counted where the kernel lets us (:func:`net_rx_hook`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ctypes
 import enum
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +25,7 @@ from gpuwhy.config import Config
 from gpuwhy.events import Event, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
-from gpuwhy.probes.fdtrack import load_bpf
+from gpuwhy.probes.fdtrack import TRACEFS, load_bpf
 from gpuwhy.proc import read_tgid
 from gpuwhy.topology import cpu_nodes
 
@@ -46,17 +49,47 @@ class ThreadState(enum.IntEnum):
     DEAD = 4
 
 
-def bpf_defines(numa_nodes: int = 1) -> dict[str, Define]:
+class NetRx(enum.IntEnum):
+    """Where sched.bpf.c counts received socket bytes (NET_RX_<NAME>)."""
+
+    NONE = 0            # nowhere: the figures are unknown, not 0
+    TRACEPOINT = 1      # sock:sock_recv_length (Linux 6.4+): every socket family, filtered
+    KPROBE = 2          # tcp_cleanup_rbuf (what bcc's tcptop reads): TCP only
+
+
+NET_RX_TRACEPOINT = ("sock", "sock_recv_length")
+# A sleep counts as a wait for the network when the thread receives from a TCP/IP socket
+# within this long of going on a CPU: a Python loader returns from poll() to recv() in tens
+# of microseconds; a thread that ran longer was doing something else first.
+NET_WAIT_WINDOW_NS = 1_000_000
+NET_RX_KPROBE = "tcp_cleanup_rbuf"
+
+
+def net_rx_hook(tracefs: tuple[str, ...] = TRACEFS) -> NetRx:
+    """Where this kernel lets the probe count received bytes: its tracepoint where there is
+    one, else the kprobe (whether tcp_cleanup_rbuf can be probed shows only at attach)."""
+    group, name = NET_RX_TRACEPOINT
+    if any(os.path.isdir(f"{root}/{group}/{name}") for root in tracefs):
+        return NetRx.TRACEPOINT
+    return NetRx.KPROBE
+
+
+def bpf_defines(numa_nodes: int = 1, net_rx: NetRx = NetRx.TRACEPOINT) -> dict[str, Define]:
     """Every constant sched.bpf.c shares with Python, by its C name; ``numa_nodes`` is the
-    host's (the per-node accounting is compiled in only where there are several)."""
+    host's (the per-node accounting is compiled in only where there are several), ``net_rx``
+    the hook the kernel offers for received bytes."""
     return {"HINT_SLOTS": HINT_SLOTS, "MAX_WATCHED": MAX_WATCHED, "NUMA_NODES": numa_nodes,
             "MAX_CPUS": MAX_CPUS, "MAX_NODE_KEYS": MAX_NODE_KEYS,
-            **enum_defines("ST_", ThreadState)}
+            **enum_defines("ST_", ThreadState), **enum_defines("NET_RX_", NetRx),
+            "NET_RX": net_rx, "NET_WAIT_WINDOW_NS": NET_WAIT_WINDOW_NS,
+            "FAMILY_INET": socket.AF_INET, "FAMILY_INET6": socket.AF_INET6,
+            "FLAG_PEEK": socket.MSG_PEEK}
 
 
 CFLAGS = cflags(bpf_defines())
 FIELDS = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns", "voluntary_switches",
-          "involuntary_switches", "migrations")
+          "involuntary_switches", "migrations", "net_rx_bytes", "net_wait_ns")
+NET_FIELDS = ("net_rx_bytes", "net_wait_ns")       # absent where nothing counts them
 _STATE_FIELD = {ThreadState.RUNNING: 0, ThreadState.RUNNABLE: 1, ThreadState.SLEEPING: 2,
                 ThreadState.BLOCKED: 3}
 
@@ -67,7 +100,8 @@ def thread_totals(thread: object, now_ktime: int) -> tuple[int, ...]:
     still the one read from /proc: until the kernel's first event on it proves the state
     (sched.bpf.c's settle()), crediting it could be undone, a negative interval."""
     values = [thread.on_cpu_ns, thread.runqueue_ns, thread.sleep_ns, thread.blocked_ns,
-              thread.voluntary, thread.involuntary, thread.migrations]
+              thread.voluntary, thread.involuntary, thread.migrations, thread.net_rx_bytes,
+              thread.net_wait_ns]
     index = _STATE_FIELD.get(thread.state)
     if index is not None and not thread.seeded and now_ktime > thread.last_ns:
         values[index] += now_ktime - thread.last_ns
@@ -125,9 +159,19 @@ class SchedProbe:
         self._last: dict[int, tuple[int, ...]] = {}      # tid -> totals at the last flush
         self._tgid: dict[int, int] = {}                  # tid -> its process
         self._last_flush = time.monotonic_ns()
+        self.net_rx = NetRx.NONE
 
     def load(self) -> None:
-        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, cflags(bpf_defines(self.numa_nodes)))
+        hook = net_rx_hook()
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, cflags(bpf_defines(self.numa_nodes, hook)))
+        if hook == NetRx.KPROBE:
+            try:
+                bpf.attach_kprobe(event=NET_RX_KPROBE.encode(), fn_name=b"on_tcp_cleanup_rbuf")
+            except Exception as exc:  # bcc raises bare Exception: inlined, or not traceable
+                log.warning("sched: received bytes not counted (%s cannot be probed: %s)",
+                            NET_RX_KPROBE, exc)
+                hook = NetRx.NONE
+        self.net_rx = hook
         self._watched = bpf[b"watched"]
         self._hint_user = bpf[b"watch_hint_user"]
         self._drops = bpf[b"drops"]
@@ -250,6 +294,9 @@ class SchedProbe:
                 continue
             own = {**group["own"], "threads": group["threads"]["own"]}
             workers = {**group["workers"], "threads": group["threads"]["workers"]}
+            if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
+                for name in NET_FIELDS:
+                    del own[name], workers[name]
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
                                      workers=workers,
                                      worker_processes=len(group["worker_pids"]),

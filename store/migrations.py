@@ -534,3 +534,29 @@ def m114_numa_nodes(db: Database) -> None:
     workers') per NUMA node, a JSON list indexed by node (NULL on a single-node host)."""
     db["gpus"].add_column("numa_node", int)
     db["sched_stats"].add_column("node_on_cpu_ns", str)
+
+
+@migrations()
+def m115_sched_net_rx(db: Database) -> None:
+    """``sched_stats.{own,workers}_net_rx_bytes``: bytes the process's threads (its
+    workers') received from TCP/IP sockets in the interval, and ``_net_wait_ns``: their
+    sleep that ended in such a receive (waiting for the network). NULL where the kernel
+    offers neither the sock:sock_recv_length tracepoint nor tcp_cleanup_rbuf."""
+    for side in ("own", "workers"):
+        db["sched_stats"].add_column(f"{side}_net_rx_bytes", int)
+        db["sched_stats"].add_column(f"{side}_net_wait_ns", int)
+
+
+@migrations()
+def m116_mig_instances(db: Database) -> None:
+    """MIG GPU instances: ``gpu_instances`` holds each (GPU, instance) a source sent samples
+    of, with its profile where the source tells it (dcgm-exporter's GPU_I_PROFILE) and
+    when it was first and last seen (the writer raises ``last_seen`` about once a minute);
+    a few rows a GPU, so the rules find a GPU's instances without scanning samples.
+    ``rule_findings.instance`` / ``mig_profile``: the MIG instance a ``scope: instance``
+    rule's finding is about ('' for the whole GPU; NULL in rows stored before)."""
+    db.execute("CREATE TABLE gpu_instances (gpu_id TEXT NOT NULL, instance TEXT NOT NULL, "
+               "profile TEXT NOT NULL DEFAULT '', first_seen INTEGER, last_seen INTEGER, "
+               "PRIMARY KEY (gpu_id, instance)) WITHOUT ROWID")
+    db["rule_findings"].add_column("instance", str)
+    db["rule_findings"].add_column("mig_profile", str)

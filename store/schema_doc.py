@@ -112,6 +112,10 @@ DESCRIPTIONS = {
     "gpu_aliases": "Every name a GPU is known by (`uuid:`, `pci:`, `minor:`, `index:`), "
                    "pointing at its `gpus.id`.",
     "gpu_pci_uuids": "PCI bus id ↔ UUID pairs as the kernel log and GPU sources told them.",
+    "gpu_instances": "The MIG GPU instances each GPU's source sent samples of (their rows "
+                     "in `gpu_sample_data` carry the `instance`): the profile where the "
+                     "source tells it (dcgm-exporter's GPU_I_PROFILE, e.g. `1g.10gb`; '' "
+                     "unknown), first and last seen (ns; raised once a writer batch).",
     "gpu_processes": "Compute processes per GPU as NVML/DCGM lists them, per sample: memory "
                      "and utilisation of each.",
     "incident_links": "The root-cause chain of each incident, one link per row in order "
@@ -128,7 +132,9 @@ DESCRIPTIONS = {
                      "(it starts the rule's window before the onset). `pid`/`start_time` is "
                      "the main process; `processes` (JSON: `[{pid, start_time}]`) every "
                      "process the finding names: for a GPU rule each compute process on the "
-                     "GPU when the condition began to hold.",
+                     "GPU when the condition began to hold. `instance` is the MIG GPU instance "
+                     "a `scope: instance` rule's finding is about ('' the whole GPU; NULL: "
+                     "stored by an older version), `mig_profile` its profile ('' unknown).",
     "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
                       "threshold parameters (JSON).",
     "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "

@@ -63,11 +63,24 @@ def process_row(db: Database, key: ProcessKey) -> list[dict]:
         "where pid = ? and start_time = ?", [key.pid, key.start_time])
 
 
-def gpu_samples_between(db: Database, gpu_id: str, start: int, end: int) -> list[dict]:
-    """The GPU's whole-device samples (not per-instance ones) in the window."""
+def gpu_samples_between(db: Database, gpu_id: str, start: int, end: int,
+                        instance: str = "") -> list[dict]:
+    """The GPU's whole-device samples in the window, or with ``instance`` those of that MIG
+    GPU instance (never the one for the other)."""
     return db.execute_returning_dicts(
         "select * from gpu_samples where gpu_id = ? and ts >= ? "
-        "and ts <= ? and instance = '' order by ts", [gpu_id, start, end])
+        "and ts <= ? and instance = ? order by ts", [gpu_id, start, end, instance])
+
+
+def gpu_instances_on(db: Database, gpu_id: str, since: int) -> list[dict]:
+    """The GPU's MIG instances sampled at or after ``since``: instance and profile ('' when
+    the source did not tell it). No rows for a GPU not in MIG mode (or a store before
+    migration m116)."""
+    if not db["gpu_instances"].exists():
+        return []
+    return db.execute_returning_dicts(
+        "select instance, profile from gpu_instances where gpu_id = ? and last_seen >= ? "
+        "order by instance", [gpu_id, since])
 
 
 def process_stats_between(db: Database, table: str, key: ProcessKey, start: int,

@@ -113,6 +113,9 @@ class StoreWriter:
         # gpus.gpu_key of the GPUs touched this batch (the sample rows' key); per batch only:
         # the decide stage may delete a GPU's row (bindings.learn) and a new one gets a new key
         self._gpu_keys: dict[str, int] = {}
+        # MIG instances sampled this batch: (gpu_id, instance) -> (profile, first ts, latest
+        # ts), one gpu_instances statement at the end of the batch, as for _gpus_seen
+        self._instances_seen: dict[tuple[str, str], tuple[str, int, int]] = {}
         self._held = HeldRows()
         self._handlers = methods_by_kind(self, "_on_")
 
@@ -159,11 +162,21 @@ class StoreWriter:
     def _forget_gpus(self) -> None:
         self._gpus_seen.clear()
         self._gpu_keys.clear()
+        self._instances_seen.clear()
 
     def _record_gpus_seen(self) -> None:
         self.db.conn.executemany("update gpus set last_seen = max(last_seen, ?) where id = ?",
                                  [(ts, gpu_id) for gpu_id, ts in self._gpus_seen.items()])
         self._gpus_seen.clear()
+        if self._instances_seen:
+            self.db.conn.executemany(
+                "insert into gpu_instances (gpu_id, instance, profile, first_seen, last_seen) "
+                "values (?, ?, ?, ?, ?) on conflict(gpu_id, instance) do update set "
+                "last_seen = max(last_seen, excluded.last_seen), profile = case when "
+                "excluded.profile != '' then excluded.profile else profile end",
+                [(gpu_id, instance, profile, first, last) for (gpu_id, instance),
+                 (profile, first, last) in self._instances_seen.items()])
+            self._instances_seen.clear()
 
     def _write_one_by_one(self, envelopes: list[Envelope]) -> int:
         applied = 0
@@ -383,6 +396,11 @@ class StoreWriter:
                        _statement("gpu_sample_data", ("gpu", "ts", "instance", *row),
                                   "insert or replace"),
                        [self._gpu_key(event.gpu_id), event.ts, event.instance, *row.values()])
+        if event.instance:
+            key = (event.gpu_id, event.instance)
+            profile, first, last = self._instances_seen.get(key, ("", event.ts, event.ts))
+            self._instances_seen[key] = (event.labels.get("mig_profile") or profile,
+                                         min(first, event.ts), max(last, event.ts))
 
     def _gpu_key(self, gpu_id: str) -> int | None:
         """The GPU's gpus.gpu_key (its row is written by _touch_gpu before this is asked)."""
@@ -509,7 +527,8 @@ class StoreWriter:
         row = {"finding_id": event.finding_id, "rule_id": event.rule_id, "title": event.title,
                # on the one scale even from an older rules process (warn/high mapped)
                "severity": sev.worst([event.severity]), "state": event.state,
-               "gpu_id": event.gpu_id,
+               "gpu_id": event.gpu_id, "instance": event.instance,
+               "mig_profile": event.mig_profile,
                "pid": process.pid if process else None,
                "start_time": process.start_time if process else None,
                "window_start": event.window_start, "window_end": event.window_end,

@@ -79,7 +79,7 @@ INVALID = [
      '(e.g. 60s), a name, a number'),
     ('rule X { title "t" }', "t.rules:1:16: unexpected '\"t\"'; expected \":\""),
     ('rule X { title: "t" scope: node when: gpu.util > 1 }',
-     "t.rules:1:28: expected a scope: gpu, process"),
+     "t.rules:1:28: expected a scope: gpu, process, instance"),
     ('rule X { title: "t" severity: urgent when: gpu.util > 1 }',
      "t.rules:1:31: expected a severity: info, warning, error, critical; "
      "older names: warn (= warning), high (= error)"),

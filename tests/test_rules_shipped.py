@@ -64,6 +64,7 @@ CASES = {
     "R02_input_io_bound": (
         Synthetic(gpu=IDLE, own={"on_cpu": 0.2, "sleep": 0.5, "blocked": 2.0}),
         Synthetic(gpu=IDLE, own={"on_cpu": 0.2, "sleep": 0.5, "blocked": 0.6})),
+
     "R03_dataloader_synchronous": (
         Synthetic(gpu={"gr_engine_active": 0.2}, workers={"processes": 0}),
         Synthetic(gpu={"gr_engine_active": 0.2}, workers={"processes": 1})),
@@ -158,6 +159,16 @@ CASES = {
     "R27_allocated_but_idle": (
         Synthetic(duration_s=1300, step_s=5, gpu={"gpu_util": 0, "gr_engine_active": 0.005}),
         Synthetic(duration_s=1300, step_s=5, gpu={"gpu_util": 0, "gr_engine_active": 0.05})),
+    # MIG instance 9 holds 8 GiB and does nothing, instance 10 is busy; the near miss, the
+    # same instance at 5 % (a notebook between cells that still runs something)
+    "R47_mig_instance_allocated_but_idle": (
+        Synthetic(duration_s=1300, step_s=5, instances={
+            "9": ("1g.10gb", {"gr_engine_active": 0.0, "sm_active": 0.0, "dram_active": 0.0,
+                              "fb_used_mib": 8210.0}),
+            "10": ("1g.10gb", {})}),
+        Synthetic(duration_s=1300, step_s=5, instances={
+            "9": ("1g.10gb", {"gr_engine_active": 0.05, "fb_used_mib": 8210.0}),
+            "10": ("1g.10gb", {})})),
     "R31_pcie_replays": (Synthetic(gpu={"pcie_replays": 0.5}),
                          Synthetic(gpu={"pcie_replays": 0.1})),
     "R32_xid79_fallen_off_bus": (Synthetic(extra=xid(79)), Synthetic(extra=xid(45))),
@@ -289,6 +300,31 @@ def test_tf32_advice_only_where_the_gpu_has_tf32():
     assert any("set_float32_matmul_precision" in fix for fix in hopper.fixes)
     assert not any("set_float32_matmul_precision" in fix for fix in volta.fixes)
     assert len(volta.fixes) == len(hopper.fixes) - 1
+
+
+@pytest.mark.parametrize("net_wait, fires", [(2.8, True), (0.4, False), (0.0, False)])
+def test_workers_waiting_on_sockets_starve_the_loader_as_reads_do(net_wait, fires):
+    """Workers streaming from an object store sleep (S), not block (D): R02 reads the sleep
+    that ended in a socket receive. Waits shorter than the workers' computing are theirs to
+    have; sleep alone (idle workers) is no evidence."""
+    spec = Synthetic(gpu=IDLE, workers={"on_cpu": 0.6, "sleep": 3.4, "blocked": 0.0,
+                                        "net_rx": 30e6, "net_wait": net_wait})
+    firing, _ = fired("R02_input_io_bound", spec)
+    assert bool(firing) == fires
+    if fires:
+        assert firing[0].evidence["workers_network_wait"] == pytest.approx(0.7, abs=0.01)
+        assert firing[0].evidence["workers_received_Bps"] == pytest.approx(30e6, rel=0.01)
+
+
+def test_socket_figures_a_kernel_could_not_count_are_unknown_not_zero():
+    from gpuwhy.rules.vocabulary import SIGNALS
+    row = {"interval_ns": 10**9, "workers_on_cpu_ns": 1, "workers_runqueue_ns": 0,
+           "workers_sleep_ns": 5, "workers_blocked_ns": 0}
+    assert SIGNALS["workers.netwait_frac"].derive(row) is None
+    assert SIGNALS["workers.net_rx_Bps"].derive(row) is None
+    row.update(workers_net_wait_ns=3, workers_net_rx_bytes=500)
+    assert SIGNALS["workers.netwait_frac"].derive(row) == pytest.approx(0.5)
+    assert SIGNALS["workers.net_rx_Bps"].derive(row) == pytest.approx(500)
 
 
 def test_escalation_raises_the_severity():

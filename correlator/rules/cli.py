@@ -351,6 +351,7 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
       gpuwhy rules test my.rules --replay capture.jsonl
       gpuwhy rules test --builtin --replay capture.jsonl --json
     """
+    from gpuwhy.identity import mig_instance_name
     from gpuwhy.rules.loader import load_rules
 
     if not files and not builtin:
@@ -371,7 +372,8 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
             click.echo(json.dumps({**vars(f), "process": str(f.process) if f.process else None,
                                    "processes": [str(p) for p in f.processes]}))
             continue
-        who = f" process {f.process}" if f.process else ""
+        who = f" process {f.process}" if f.process else \
+            f" {mig_instance_name(f.instance, f.mig_profile)}" if f.instance else ""
         click.echo(f"+{(f.ts - start) / NS:7.0f}s {f.state:<8} {f.severity:<8} {f.rule_id} "
                    f"on {f.gpu_id}{who}: {f.title}")
         if f.state == "firing":

@@ -1,6 +1,7 @@
-"""The rules engine: every enabled rule, per GPU or per process, on a schedule.
+"""The rules engine: every enabled rule, per GPU, per process or per MIG instance, on a
+schedule.
 
-Each (rule, GPU[, process]) instance walks a small state machine at every evaluation:
+Each (rule, GPU[, process | MIG instance]) instance walks a small state machine at every evaluation:
 ``disabled``, ``warming_up`` (G-WARMUP, or too little history), ``not_evaluable`` (a
 required input is missing: never "ok"), ``suppressed`` (a guard holds, G-SHARED says skip,
 or G-JOB-END: the GPU's job ended cleanly), ``ok``, ``pending`` (true, not yet for the
@@ -19,7 +20,13 @@ from dataclasses import dataclass
 
 from gpuwhy import severity as sev
 from gpuwhy.correlator.rules.evaluator import Evaluation, truth
-from gpuwhy.correlator.rules.signals import ProcessFacts, Scope, Signals, is_monitor
+from gpuwhy.correlator.rules.signals import (
+    ProcessFacts,
+    Scope,
+    Signals,
+    is_monitor,
+    mig_order,
+)
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.reset import BACK_STATES, RESET_STATES
@@ -45,6 +52,7 @@ class InstanceState:
     onset: int | None = None
     last_eval: int | None = None
     process: ProcessKey | None = None
+    mig_profile: str = ""        # an instance rule's MIG instance's profile, "" unknown
     # The processes the instance looked at when the condition began to hold (true_since),
     # then the firing finding's: kept from onset to clearing, with its ``since``.
     true_processes: tuple[ProcessKey, ...] = ()
@@ -71,7 +79,8 @@ class Engine:
         self.overrides = dict(overrides or {})
         self.shadow_all = shadow_all
         self.interval_ns = interval_ns
-        self.states: dict[tuple[str, str, ProcessKey | None], InstanceState] = {}
+        # (rule id, GPU, process of a process rule, MIG instance of an instance rule)
+        self.states: dict[tuple[str, str, ProcessKey | None, str], InstanceState] = {}
         # G-JOB-END: the compute processes seen on each GPU, with the last round they were
         # seen in; kept a little longer than the longest window (an exit is looked up there).
         self._seen_on: dict[str, dict[ProcessKey, int]] = {}
@@ -92,6 +101,7 @@ class Engine:
     def _instances(self, now: int | None = None) -> list[tuple[m.Rule, Scope, tuple]]:
         out = []
         self._procs: dict[str, list[ProcessKey]] = {}
+        self._profiles: dict[str, dict[str, str]] = {}
         self._facts: dict[ProcessKey, ProcessFacts | None] = {}
         for gpu in self.signals.gpus():
             compute = []
@@ -108,13 +118,20 @@ class Engine:
                 for process in [p for p, last in seen.items()
                                 if last < now - self._seen_keep_ns]:
                     del seen[process]
+            slices = self.signals.instances(gpu) if any(
+                r.scope == m.INSTANCE for r in self.rules) else {}
+            self._profiles[gpu] = slices
             for rule in self.rules:
                 if rule.scope == "gpu":
                     main = compute[0] if compute else None
-                    out.append((rule, Scope(gpu, main), (rule.id, gpu, None)))
+                    out.append((rule, Scope(gpu, main), (rule.id, gpu, None, "")))
+                elif rule.scope == m.INSTANCE:   # one per MIG instance with samples
+                    for instance in slices:
+                        out.append((rule, Scope(gpu, None, instance),
+                                    (rule.id, gpu, None, instance)))
                 else:
                     for process in compute:
-                        out.append((rule, Scope(gpu, process), (rule.id, gpu, process)))
+                        out.append((rule, Scope(gpu, process), (rule.id, gpu, process, "")))
         return out
 
     def _contexts(self, gpu_id: str) -> float:
@@ -156,6 +173,9 @@ class Engine:
                 continue
             state.last_eval = now
             state.process = scope.process
+            if scope.instance:
+                state.mig_profile = self._profiles.get(scope.gpu_id, {}).get(
+                    scope.instance) or state.mig_profile
             self.evaluations += 1
             finding = self._step(rule, scope, state, now)
             if finding is not None:
@@ -164,7 +184,7 @@ class Engine:
             state = self.states.pop(key)
             rule = next((r for r in self.rules if r.id == key[0]), None)
             if state.status == "firing" and rule is not None:
-                scope = Scope(key[1], key[2] or state.process)
+                scope = Scope(key[1], key[2] or state.process, key[3])
                 findings.append(self._finding(rule, scope, state, now, "cleared", {}, [],
                                               self.overrides.get(rule.id, Override())))
         return findings
@@ -181,8 +201,11 @@ class Engine:
             params = self._params[rule.id] = {
                 **rule.params, **{k: v for k, v in override.params.items() if k in rule.params}}
         facts = self._facts.get(scope.process) if scope.process else None
-        instance = {"gpu.procs": float(len(self._procs.get(scope.gpu_id, []))),
-                    "gpu.contexts": self._contexts(scope.gpu_id)}
+        # The GPU's process counts; not a MIG instance's (which process runs in which
+        # instance is not known here): an instance rule reading them is not evaluable.
+        instance = {} if scope.instance else {
+            "gpu.procs": float(len(self._procs.get(scope.gpu_id, []))),
+            "gpu.contexts": self._contexts(scope.gpu_id)}
         if facts is not None and facts.born is not None:
             instance["proc.age_s"] = (now - facts.born) / 1e9
         ev = Evaluation(self.signals, scope, now, params, rule.window_ns, facts, instance,
@@ -192,7 +215,7 @@ class Engine:
             cleared = self._clear_now(rule, scope, state, now, override)
             state.status, state.detail, state.true_since = "suppressed", ended, None
             return cleared
-        if rule.shared == "skip" and instance["gpu.contexts"] >= 2:
+        if rule.shared == "skip" and instance.get("gpu.contexts", 0) >= 2:
             state.status, state.detail = "suppressed", "G-SHARED: several compute processes"
             state.true_since = None
             return None
@@ -230,7 +253,8 @@ class Engine:
             state.status, state.detail = "firing", ""
             if state.finding_id is None:
                 state.onset = state.true_since
-                process = f"{scope.process}" if scope.process else "-"
+                process = f"{scope.process}" if scope.process else \
+                    f"mig{scope.instance}" if scope.instance else "-"
                 state.finding_id = f"{rule.id}:{scope.gpu_id}:{process}:{state.onset}"
                 state.processes = state.true_processes
                 if scope.process is not None and scope.process not in state.processes:
@@ -267,7 +291,8 @@ class Engine:
 
     def _named(self, rule: m.Rule, scope: Scope) -> tuple[ProcessKey, ...]:
         """The processes a finding names: a GPU rule's every compute process on the GPU (the
-        round's list, monitors left out), a process rule's own process."""
+        round's list, monitors left out), a process rule's own process, none for an
+        instance rule (which of the GPU's processes runs in the instance is not known)."""
         if rule.scope == "gpu":
             return tuple(self._procs.get(scope.gpu_id, ()))
         return (scope.process,) if scope.process is not None else ()
@@ -343,7 +368,7 @@ class Engine:
         # built in code may still carry a legacy name: worst() maps it).
         severity = sev.worst([rule.severity] + [level for condition, level in rule.escalations
                                                 if truth(ev.value(condition))])
-        if rule.shared == "info" and instance["gpu.contexts"] >= 2:
+        if rule.shared == "info" and instance.get("gpu.contexts", 0) >= 2:
             severity = "info"   # G-SHARED: device counters cannot be pinned on one process
         return severity
 
@@ -367,7 +392,8 @@ class Engine:
             since=state.since if state.since is not None else onset,
             processes=list(state.processes), rule_kind=rule.kind,
             explains=list(rule.explains),
-            unexplained=self._unexplained(rule, scope) if rule.kind == m.SYMPTOM else [])
+            unexplained=self._unexplained(rule, scope) if rule.kind == m.SYMPTOM else [],
+            instance=scope.instance, mig_profile=state.mig_profile)
 
     def _unexplained(self, symptom: m.Rule, scope: Scope) -> list[str]:
         """Why each cause rule that could explain ``symptom`` is not established here: what
@@ -376,7 +402,8 @@ class Engine:
         for cause in self.explained_by.get(symptom.id, []):
             states = [s for k, s in self.states.items()
                       if k[0] == cause.id and k[1] == scope.gpu_id and
-                      (scope.process is None or k[2] in (None, scope.process))]
+                      (scope.process is None or k[2] in (None, scope.process)) and
+                      k[3] in ("", scope.instance)]
             if any(s.status == "firing" for s in states):
                 continue
             detail = next((s.detail for s in states if s.detail), "")
@@ -386,6 +413,6 @@ class Engine:
     def status(self) -> list[dict]:
         """Every instance's last state, for ``rules test`` and the runner's health."""
         return [{"rule_id": k[0], "gpu_id": k[1], "process": str(s.process or ""),
-                 "status": s.status, "detail": s.detail}
-                for k, s in sorted(self.states.items(), key=lambda kv: (kv[0][0], kv[0][1],
-                                                                        str(kv[0][2])))]
+                 "instance": k[3], "status": s.status, "detail": s.detail}
+                for k, s in sorted(self.states.items(), key=lambda kv: (
+                    kv[0][0], kv[0][1], str(kv[0][2]), mig_order(kv[0][3])))]

@@ -1,9 +1,10 @@
 """What rules read: the Signals interface, its shared derivations, and the in-memory source.
 
 A signal source answers four questions for a window ``[start, end]`` (realtime ns):
-the series of a signal for a GPU or a process, the events of a stream, the facts of a
-process, and which GPUs and processes there are. :class:`MemorySignals` is fed with bus
-events (``rules test --replay``, tests); ``StoreSignals`` (storesignals.py) reads the store.
+the series of a signal for a GPU (or one of its MIG instances) or a process, the events of
+a stream, the facts of a process, and which GPUs, MIG instances and processes there are.
+:class:`MemorySignals` is fed with bus events (``rules test --replay``, tests);
+``StoreSignals`` (storesignals.py) reads the store.
 Both turn raw rows into signals through :mod:`vocabulary`, so they agree by construction.
 """
 
@@ -41,6 +42,7 @@ from gpuwhy.rules.vocabulary import (
     SIGNALS,
     STREAMS,
     Row,
+    Signal,
     call_class_totals,
     gpu_model,
 )
@@ -57,10 +59,13 @@ PROCESS_LIST_RECENT_NS = 60 * 10**9
 
 @dataclass(frozen=True)
 class Scope:
-    """What one rule instance looks at: a GPU and, for process rules, one process on it."""
+    """What one rule instance looks at: a GPU and, for process rules, one process on it;
+    for instance rules one MIG GPU instance of it (``instance``, as :class:`GpuSample`
+    names it; "" for the whole GPU), whose samples its ``gpu.*`` signals then read."""
 
     gpu_id: str
     process: ProcessKey | None = None
+    instance: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,11 @@ def pci_key(pci: str) -> tuple[int, ...] | None:
         return None
 
 
+def mig_order(instance: str) -> tuple:
+    """MIG instance ids in number order (they are numbers as sources report them)."""
+    return (0, int(instance), "") if instance.isdigit() else (1, 0, instance)
+
+
 def derive_series(name: str, rows: Iterable[tuple[int, Row]]) -> Series:
     signal = SIGNALS[name]
     out = []
@@ -140,6 +150,11 @@ class Signals:
         """Compute processes on the GPU (bound to it or listed by NVML), monitors included."""
         raise NotImplementedError
 
+    def instances(self, gpu_id: str) -> dict[str, str]:
+        """The GPU's MIG GPU instances that have samples, each with its profile ("" when the
+        source does not tell it); empty for a GPU not in MIG mode."""
+        return {}
+
     def process_list(self, gpu_id: str) -> list[ProcessKey] | None:
         """The living processes of the GPU's latest compute-process list (NVML's: those
         holding a context there), None when no list is recent (DCGM-only, no permission)."""
@@ -148,7 +163,9 @@ class Signals:
     def facts(self, process: ProcessKey) -> ProcessFacts | None:
         raise NotImplementedError
 
-    def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
+    def gpu_rows(self, gpu_id: str, start: int, end: int,
+                 instance: str = "") -> list[tuple[int, Row]]:
+        """The GPU's samples in the window: the whole GPU's, or one MIG instance's."""
         raise NotImplementedError
 
     def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
@@ -181,11 +198,13 @@ class Signals:
         last LATE_NS again, for rows that arrived late), so a round costs what arrived
         since the last one, not the length of the windows."""
         signal = SIGNALS[name]
-        owner = scope.gpu_id if signal.source == "gpu" else scope.process
+        owner: object = scope.process
+        if signal.per_gpu:
+            owner = None if scope.process is None else (scope.process, scope.gpu_id)
+        elif signal.source == "gpu":   # a MIG instance's series apart from the whole GPU's
+            owner = (scope.gpu_id, scope.instance) if scope.instance else scope.gpu_id
         if owner is None:
             return []
-        if signal.per_gpu:
-            owner = (scope.process, scope.gpu_id)
         derived = getattr(self, "_derived", None)
         if derived is None:
             derived = self._derived = {}
@@ -193,16 +212,18 @@ class Signals:
         if held is None:
             held = derived[(owner, name)] = RowWindow(start)
         return held.rows_in(start, end, getattr(self, "_round", None),
-                            lambda s, e: self._derive(signal.source, owner, name, s, e))
+                            lambda s, e: self._derive(signal, owner, s, e))
 
-    def _derive(self, source: str, owner: object, name: str, start: int, end: int) -> Series:
-        if isinstance(owner, tuple):     # a per-GPU signal of a process: (process, gpu_id)
+    def _derive(self, signal: Signal, owner: object, start: int, end: int) -> Series:
+        name, source = signal.name, signal.source
+        if signal.per_gpu:               # a per-GPU signal of a process: (process, gpu_id)
             process, gpu_id = owner
             home = self.gpu_numa_node(gpu_id)
             return derive_series(name, [(ts, {**row, "gpu_numa_node": home})
                                         for ts, row in self.sched_rows(process, start, end)])
-        if source == "gpu":
-            return derive_series(name, self.gpu_rows(owner, start, end))
+        if source == "gpu":              # gpu_id, or (gpu_id, instance) of a MIG instance
+            gpu_id, instance = owner if isinstance(owner, tuple) else (owner, "")
+            return derive_series(name, self.gpu_rows(gpu_id, start, end, instance))
         if source == "sched":
             return derive_series(name, self.sched_rows(owner, start, end))
         if source == "cuda":
@@ -285,6 +306,9 @@ class MemorySignals(Signals):
         self.process_facts: dict[ProcessKey, ProcessFacts] = {}
         self.exited: set[ProcessKey] = set()
         self._gpu: dict[str, list] = defaultdict(list)
+        # MIG instances: their samples by (gpu, instance), their profiles by GPU
+        self._gpu_instance: dict[tuple[str, str], list] = defaultdict(list)
+        self.profiles: dict[str, dict[str, str]] = defaultdict(dict)
         self._sched: dict[ProcessKey, list] = defaultdict(list)
         self._calls: dict[ProcessKey, list] = defaultdict(list)
         self._cuda: dict[ProcessKey, list] = defaultdict(list)
@@ -295,7 +319,12 @@ class MemorySignals(Signals):
         return self.clock
 
     def gpus(self) -> list[str]:
-        return sorted(set(self.models) | set(self._gpu))
+        return sorted(set(self.models) | set(self._gpu) | set(self.profiles))
+
+    def instances(self, gpu_id: str) -> dict[str, str]:
+        return {instance: profile for instance, profile in
+                sorted(self.profiles.get(gpu_id, {}).items(), key=lambda kv: mig_order(kv[0]))
+                if self._gpu_instance.get((gpu_id, instance))}
 
     def gpu_model_name(self, gpu_id: str) -> str:
         return self.models.get(gpu_id, "")
@@ -322,8 +351,11 @@ class MemorySignals(Signals):
             facts = ProcessFacts(**{**(vars(facts) if facts else {}), "env": dict(env)})
         return facts
 
-    def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
-        return _slice(self._gpu.get(gpu_id, ()), start, end)
+    def gpu_rows(self, gpu_id: str, start: int, end: int,
+                 instance: str = "") -> list[tuple[int, Row]]:
+        rows = self._gpu_instance.get((gpu_id, instance), ()) if instance else \
+            self._gpu.get(gpu_id, ())
+        return _slice(rows, start, end)
 
     def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         return _slice(self._sched.get(process, ()), start, end)
@@ -372,6 +404,12 @@ class MemorySignals(Signals):
         elif isinstance(event, GpuSample):
             if not event.instance:
                 self._append(self._gpu[event.gpu_id], ts, dict(event.fields))
+            else:          # a MIG instance's: its own series, never the whole GPU's
+                self._append(self._gpu_instance[(event.gpu_id, event.instance)], ts,
+                             dict(event.fields))
+                known = self.profiles[event.gpu_id]
+                known[event.instance] = event.labels.get("mig_profile") or \
+                    known.get(event.instance, "")
         elif isinstance(event, GpuProcesses):
             keys = [ProcessKey(p["pid"], p["start_time"]) for p in event.processes
                     if p.get("start_time") is not None]

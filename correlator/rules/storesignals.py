@@ -2,8 +2,10 @@
 
 The SQL lives in ``gpuwhy.store.streams``; this class caches, widens windows and shapes
 the rows it returns into signal rows. Tables read: ``gpu_samples`` (one row per GPU and
-instant), ``sched_stats``, ``cuda_stats``, ``driver_call_stats`` (cumulative: this class
-keeps one snapshot per evaluation round, so call rates need two rounds), ``driver_calls``,
+instant, and one per MIG instance and instant: their own series), ``gpu_instances`` (a
+GPU's MIG instances and their profiles), ``sched_stats``, ``cuda_stats``,
+``driver_call_stats`` (cumulative: this class keeps one snapshot per evaluation round, so
+call rates need two rounds), ``driver_calls``,
 ``kernel_log``, ``cron_runs``, ``events`` (gpu_xid, gpu_state, process_exec,
 process_exited), ``processes``, ``gpu_bindings``, ``gpu_processes``, ``gpus``.
 Everything read in a round is cached for that round: the same window is read once for all
@@ -27,6 +29,7 @@ from gpuwhy.correlator.rules.signals import (
     Scope,
     Signals,
     _slice,
+    mig_order,
     pci_key,
 )
 from gpuwhy.errors import NoSuchProcess
@@ -136,10 +139,17 @@ class StoreSignals(Signals):
                             first_seen=row["first_seen"], env=env,
                             started_at=row["started_at"])
 
-    def gpu_rows(self, gpu_id: str, start: int, end: int) -> list[tuple[int, Row]]:
-        rows = self._window_rows(("gpu_rows", gpu_id), start, end, lambda s, e: [
+    def instances(self, gpu_id: str) -> dict[str, str]:
+        rows = self._cached(("instances", gpu_id), lambda: streams.gpu_instances_on(
+            self.db, gpu_id, self.now() - GPU_RECENT_NS))
+        return {r["instance"]: r["profile"] or "" for r in
+                sorted(rows, key=lambda r: mig_order(r["instance"]))}
+
+    def gpu_rows(self, gpu_id: str, start: int, end: int,
+                 instance: str = "") -> list[tuple[int, Row]]:
+        rows = self._window_rows(("gpu_rows", gpu_id, instance), start, end, lambda s, e: [
             (r["ts"], {k: v for k, v in r.items() if k not in _NOT_FIELDS})
-            for r in streams.gpu_samples_between(self.db, gpu_id, s, e)])
+            for r in streams.gpu_samples_between(self.db, gpu_id, s, e, instance)])
         return _slice(rows, start, end)
 
     def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:

@@ -47,16 +47,21 @@ HEALTHY_GPU: dict[str, float] = {
     "retired_pages_sbe": 0.0, "retired_pages_dbe": 0.0, "power_violation_ns": 0.0,
     "thermal_violation_ns": 0.0,
 }
-# Per side, CPU time per second of wall time (cores) in each scheduler state, and threads.
-HEALTHY_OWN = {"on_cpu": 1.0, "runqueue": 0.02, "sleep": 2.0, "blocked": 0.0, "threads": 3}
+# Per side, CPU time per second of wall time (cores) in each scheduler state, and threads;
+# net_wait: the part of sleep that ended in a receive from a TCP/IP socket, net_rx: bytes/s.
+HEALTHY_OWN = {"on_cpu": 1.0, "runqueue": 0.02, "sleep": 2.0, "blocked": 0.0, "threads": 3,
+               "net_wait": 0.0, "net_rx": 0.0}
 HEALTHY_WORKERS = {"on_cpu": 2.0, "runqueue": 0.05, "sleep": 1.9, "blocked": 0.05,
-                   "threads": 4, "processes": 4}
+                   "threads": 4, "processes": 4, "net_wait": 0.0, "net_rx": 0.0}
 HEALTHY_CALLS = {"rm_alloc": 2.0, "rm_free": 2.0, "rm_control": 20.0, "rm_map": 1.0,
                  "uvm_migrate": 0.0, "uvm_advise": 0.0}
 # CUDA API per second (the uprobes): calls, bytes, and the shares pinned / blocked.
 HEALTHY_CUDA = {"launches": 400.0, "graph_launches": 0.0, "syncs": 2.0, "sync_frac": 0.05,
                 "htod_bytes": 1.5e9, "dtoh_bytes": 0.1e9, "pageable_frac": 0.0,
                 "allocs": 0.5, "frees": 0.5}
+# One busy MIG instance (a 1g.10gb slice of an 80 GB board) as DCGM reports it per instance.
+HEALTHY_INSTANCE = {"gr_engine_active": 0.92, "sm_active": 0.81, "dram_active": 0.35,
+                    "fb_used_mib": 7400.0, "fb_total_mib": 9984.0}
 COUNTERS = ("pcie_replays", "ecc_sbe_volatile", "ecc_dbe_volatile", "power_violation_ns",
             "thermal_violation_ns")
 
@@ -76,7 +81,9 @@ class Synthetic:
     ``extra`` holds (second, event) pairs whose ts is set to that second. ``started_s``: when
     the processes started, in seconds from the start (negative: before it); None: not known.
     ``numa_node``: the GPUs' NUMA node (None: not known); ``cpu_nodes``: the share of the
-    processes' on-CPU time on each node (None: a host of one node)."""
+    processes' on-CPU time on each node (None: a host of one node). ``instances``: MIG GPU
+    instances of every GPU, ``{id: (profile, changes to HEALTHY_INSTANCE)}``, each sampled
+    on its own as dcgm-exporter labels them (GPU_I_ID, GPU_I_PROFILE)."""
 
     duration_s: int = 400
     step_s: int = 1
@@ -96,6 +103,7 @@ class Synthetic:
     numa_node: int | None = None
     cpu_nodes: Sequence[float] | None = None
     extra: list[tuple[float, Event]] = field(default_factory=list)
+    instances: Mapping[str, tuple[str, Varying]] = field(default_factory=dict)
 
     def gpu_id(self, index: int) -> str:
         return f"GPU-{index:08x}-0000-4000-8000-000000000000"
@@ -132,6 +140,12 @@ class Synthetic:
             ts = BASE_TS + int(t * NS)
             for g in range(self.gpus):
                 out.append(self._sample(g, t, ts, totals))
+                for instance, (profile, changes) in self.instances.items():
+                    out.append(GpuSample(
+                        ts=ts, gpu_id=self.gpu_id(g), source="sim", simulated=True,
+                        fields={k: float(v) for k, v in {**HEALTHY_INSTANCE,
+                                                         **_at(changes, t)}.items()},
+                        instance=instance, labels={"mig_profile": profile}))
                 for n in range(self.processes):
                     key = self.process(g, n)
                     if self.sched:
@@ -161,6 +175,8 @@ class Synthetic:
             sides[side] = {f"{state}_ns": int(values[state] * interval)
                            for state in ("on_cpu", "runqueue", "sleep", "blocked")}
             sides[side]["threads"] = int(values["threads"])
+            sides[side]["net_wait_ns"] = int(values["net_wait"] * interval)
+            sides[side]["net_rx_bytes"] = int(values["net_rx"] * self.step_s)
         workers = int({**HEALTHY_WORKERS, **_at(self.workers, t)}["processes"])
         if workers == 0:
             sides["workers"] = dict.fromkeys(sides["workers"], 0)

@@ -111,11 +111,14 @@ def _group(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
 
 
 def _same_work(cause: RuleFinding, symptom: RuleFinding, rules: Mapping[str, Rule]) -> bool:
-    """Same GPU, and the same process unless either finding is about the whole GPU; or a
-    failure on one GPU and a wait in a collective on another (the waiting GPU's peer is
-    the failed one: one host, one job in the cases that matter)."""
+    """Same GPU, and the same process unless either finding is about the whole GPU, and the
+    same MIG instance when both are about one; or a failure on one GPU and a wait in a
+    collective on another (the waiting GPU's peer is the failed one: one host, one job in
+    the cases that matter)."""
     if cause.gpu_id != symptom.gpu_id:
         return _group(cause, rules) == FAILURES and _group(symptom, rules) == WAITS_ON_PEERS
+    if cause.instance and symptom.instance and cause.instance != symptom.instance:
+        return False    # slices of one GPU are separate GPUs to their tenants
     if "gpu" in (_scope(cause, rules), _scope(symptom, rules)):
         return True
     return cause.process is None or symptom.process is None or cause.process == symptom.process

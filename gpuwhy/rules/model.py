@@ -8,7 +8,10 @@ from typing import Any
 
 from gpuwhy import severity as sev
 
-SCOPES = ("gpu", "process")
+# gpu: one instance per GPU; process: per compute process on a GPU; instance: per MIG GPU
+# instance of a GPU (its gpu.* signals read that instance's samples).
+INSTANCE = "instance"
+SCOPES = ("gpu", "process", INSTANCE)
 SHARED_POLICIES = ("keep", "info", "skip")
 # What a rule's finding is: a CAUSE names why (the workers cannot keep up, the power limit),
 # a SYMPTOM only what is seen (bursty or low utilisation); a cause ``explains`` the symptom

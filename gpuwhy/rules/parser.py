@@ -433,6 +433,11 @@ class _Checker:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             what = "event field or name" if fields is not None else "name"
             raise _Problem(node, f"unknown {what} {name!r}{hint}")
+        if self.rule.scope == m.INSTANCE and (
+                kind in ("instance", "text") or
+                (kind == "signal" and SIGNALS[name].source not in ("gpu", "fact"))):
+            raise _Problem(node, f"{name!r} is not known per MIG instance (a 'scope: "
+                                 f"instance' rule reads its instance's gpu.* signals)")
         return m.Ref(name, kind, node.line, node.column)
 
     def _window(self, call: m.Call, index: int) -> None:
@@ -535,8 +540,10 @@ def _build_rule(tree: tuple, path: str, source: str) -> m.Rule:
                   text=source[meta.start_pos:meta.end_pos])
     seen: dict[str, object] = {}
     explains_at: object = meta
-    # Params first: expressions anywhere in the rule may use them.
+    # Params (and the scope) first: expressions anywhere in the rule may use them.
     for clause, items, _meta in clauses:
+        if clause == "scope" and str(items[0]) in m.SCOPES:
+            rule.scope = str(items[0])
         if clause == "params":
             for pname, value in items:
                 if str(pname) in rule.params:

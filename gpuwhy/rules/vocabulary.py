@@ -3,6 +3,9 @@
 Every signal is defined once here, with how it is derived from what the sources report
 (``gpu_samples`` columns / ``gpu_sample`` fields, ``sched_stats``, cumulative
 ``driver_call_stats``), so the store-backed and the in-memory signal sources agree.
+A ``gpu`` signal is derived from one series of rows: the whole GPU's, or in a ``scope:
+instance`` rule one MIG GPU instance's (``gpu_samples.instance``); the same names, never a
+mix of the two.
 """
 
 from __future__ import annotations
@@ -153,10 +156,10 @@ def _share(side: str, state: str) -> Callable[[Row], float | None]:
     states = [f"{side}_{s}" for s in ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns")]
 
     def derive(row: Row) -> float | None:
-        values = [row.get(s) for s in states]
-        if any(v is None for v in values) or not sum(values):
+        values, part = [row.get(s) for s in states], row.get(f"{side}_{state}")
+        if part is None or any(v is None for v in values) or not sum(values):
             return None
-        return row[f"{side}_{state}"] / sum(values)
+        return part / sum(values)
     return derive
 
 
@@ -164,6 +167,13 @@ def _cores(side: str, *states: str) -> Callable[[Row], float | None]:
     def derive(row: Row) -> float | None:
         values, interval = [row.get(f"{side}_{s}") for s in states], row.get("interval_ns")
         return None if None in values or not interval else sum(values) / interval
+    return derive
+
+
+def _per_second(side: str, figure: str) -> Callable[[Row], float | None]:
+    def derive(row: Row) -> float | None:
+        value, interval = row.get(f"{side}_{figure}"), row.get("interval_ns")
+        return None if value is None or not interval else value * 1e9 / interval
     return derive
 
 
@@ -177,13 +187,22 @@ for _side, _prefix, _who in (("own", "proc", "the GPU process's own threads"),
         f"{_prefix}.cpu_demand", "sched", "cores",
         f"CPU wanted by {_who}: on a CPU or waiting in the run queue",
         _cores(_side, "on_cpu_ns", "runqueue_ns"))
+    SIGNALS[f"{_prefix}.net_rx_Bps"] = Signal(
+        f"{_prefix}.net_rx_Bps", "sched", "B/s",
+        f"bytes/s {_who} received from TCP/IP sockets (object stores, HTTP, gRPC; not NFS, "
+        "whose reads are the kernel's; unknown where the kernel offers no hook)",
+        _per_second(_side, "net_rx_bytes"))
     for _state, _what in (("on_cpu_ns", "oncpu"), ("runqueue_ns", "runq"),
-                          ("sleep_ns", "sleep"), ("blocked_ns", "blocked")):
+                          ("sleep_ns", "sleep"), ("blocked_ns", "blocked"),
+                          ("net_wait_ns", "netwait")):
         SIGNALS[f"{_prefix}.{_what}_frac"] = Signal(
             f"{_prefix}.{_what}_frac", "sched", "ratio",
             f"share of the thread time of {_who} spent {_what.replace('_', ' ')}"
             + {"runq": " (runnable, waiting for a CPU)", "sleep": " (interruptible sleep, S)",
-               "blocked": " (uninterruptible, D: usually I/O)", "oncpu": ""}[_what],
+               "blocked": " (uninterruptible, D: usually I/O)", "oncpu": "",
+               "netwait": " (asleep until data came on a TCP/IP socket: waiting for the "
+                          "network; part of sleep; unknown where the kernel offers no "
+                          "hook)"}[_what],
             _share(_side, _state))
 
 

@@ -118,3 +118,35 @@ def test_every_process_says_when_it_started_as_its_key_does(hosts):
     trainer = next(e for _, e in host.events() if isinstance(e, ProcessSeen)
                    and e.comm.startswith("python"))
     assert host.t0 - trainer.started_at >= 600 * NS     # a job that ran before the capture
+
+
+def test_a_mig_gpu_reports_per_instance_as_dcgm_exporter_does(hosts):
+    """GPU 0 in MIG mode (7 x 1g.10gb): no whole-GPU row, one row per instance and second
+    labelled with its profile, no GPU_UTIL; the device's clock on every instance's row; each
+    instance's activity and memory its own; the other GPUs as before."""
+    scenario, host = hosts["mig-idle-notebook"]
+    samples = [e for _, e in host.events() if isinstance(e, GpuSample)]
+    mig = [s for s in samples if s.gpu_id == host.uuids[0]]
+    assert mig and all(s.instance for s in mig)
+    assert {s.instance for s in mig} == {str(gi) for gi in range(7, 14)}
+    assert {s.labels["mig_profile"] for s in mig} == {"1g.10gb"}
+    assert not any("gpu_util" in s.fields or "nvlink_tx_bytes_per_s" in s.fields for s in mig)
+    by_instance: dict[str, list] = {}
+    for s in mig:
+        by_instance.setdefault(s.instance, []).append(s.fields)
+        assert 0.0 <= s.fields["gr_engine_active"] <= 1.0
+        assert s.fields["fb_used_mib"] <= s.fields["fb_total_mib"] == 9728.0
+    clocks = {}
+    for s in mig:
+        clocks.setdefault(s.ts // NS, set()).add(s.fields["sm_clock_mhz"])
+    assert all(len(c) == 1 for c in clocks.values())        # one device, one clock
+
+    def mean(gi: str, name: str) -> float:
+        values = [f[name] for f in by_instance[gi]]
+        return sum(values) / len(values)
+
+    assert mean("12", "gr_engine_active") == 0.0 and mean("12", "fb_used_mib") > 8000
+    assert mean("13", "gr_engine_active") == 0.0 and mean("13", "fb_used_mib") < 16
+    assert all(mean(gi, "gr_engine_active") > 0.3 for gi in ("7", "8", "9", "10", "11"))
+    others = [s for s in samples if s.gpu_id != host.uuids[0]]
+    assert others and all(s.instance == "" and "gpu_util" in s.fields for s in others)

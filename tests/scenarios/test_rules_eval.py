@@ -27,6 +27,8 @@ HITS = {
     # ranks: utilisation high, few SMs), and workers in D state reading many small files
     "resnet50-cpu-starved": "R01_input_cpu_bound",
     "nfs-small-files-starved": "R02_input_io_bound",
+    # workers asleep on sockets (an object store), not idle: the sleep ended in a receive
+    "s3-streaming-starved": "R02_input_io_bound",
     # two pods time-slice GPU 2: two contexts there, one on the others
     "two-pods-time-slicing": "R26_multi_process_contention",
     # the failed GPU, not its peers hung in the all-reduce
@@ -39,15 +41,19 @@ HITS = {
     "bert-batch1-serving": "R09_small_grid_low_sm",             # busy GPU: not launch-bound
     "nccl-p2p-disabled": "R15_collectives_off_nvlink",
     "idle-notebook": "R27_allocated_but_idle",                  # waits for its user
+    "sbe-storm": "R38_sbe_storm_xid92",
     "psu-power-brake": "R21_hw_slowdown_power_brake",           # bursts: one finding
     # every CUDA start fails while the NVLink fabric is not up: idle GPUs, failing ranks
     "fabric-manager-down-after-driver-update": "R45_fabric_not_up",
     # a pod bound to the other socket's CPUs: its pinned copies cross the socket link
     "numa-pod-wrong-socket": "R46_cpu_on_far_numa_node",
+    # GPU 0 in MIG mode: a notebook holds a 1g.10gb instance idle among busy tenants
+    "mig-idle-notebook": "R47_mig_instance_allocated_but_idle",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
-         "checkpoint-dips", "node-boot-fabric-training", "healthy-two-socket-unpinned")
+         "checkpoint-dips", "node-boot-fabric-training", "healthy-two-socket-unpinned",
+         "healthy-s3-streaming", "healthy-mig-tenants")
 
 
 def invoke(tmp_path, *args):
@@ -68,7 +74,8 @@ def test_the_top_answer_of_a_scenario_that_hits(written, name):
     outcome = evaluate_case(written[name], RULES, rank)
     assert outcome.top == HITS[name] and outcome.hit
     assert outcome.time_to_answer_s is not None
-    assert written[name].onset_s <= outcome.time_to_answer_s <= 720
+    # the goal: the right answer within 5 minutes of the fault (capture time, not wall time)
+    assert written[name].onset_s <= outcome.time_to_answer_s <= written[name].onset_s + 300
     assert outcome.timeline[-1][1] == HITS[name]
 
 

@@ -197,6 +197,10 @@ class Trace:
         self.w_on = Bins(n)
         self.w_blocked = Bins(n)
         self.w_runq = Bins(n)
+        self.main_net = Bins(n)              # bytes received from sockets
+        self.w_net = Bins(n)
+        self.main_net_wait = Bins(n)         # thread-seconds asleep until those came
+        self.w_net_wait = Bins(n)
         self.launches = Bins(n)
         self.syncs = Bins(n)
         self.sync_wait = Bins(n)
@@ -249,6 +253,7 @@ class Proc:
     uid: int = 1000
     cgroup: str = ""
     placement: str = "local"
+    instance: str = ""                # the MIG GPU instance it runs in ("" the whole GPU)
 
 
 # --- jobs ---------------------------------------------------------------------------------
@@ -276,6 +281,7 @@ class Training:
     worker_cpu_s: float = 0.5
     worker_io_s: float = 0.0
     io_wait: str = "disk"             # disk: D state; net: interruptible sleep on sockets
+    batch_bytes: float = 0.0          # what a batch's reading fetches (received, when net)
     worker_threads: int = 1
     cores: float | Callable[[float], float] = 0.0   # CPUs a rank's workers get (0: enough)
     prefetch: int = 2
@@ -373,6 +379,22 @@ class Steady:
     rm_alloc: float = 0.0
 
 
+# --- MIG ----------------------------------------------------------------------------------
+MIG_SLICES = 7   # compute slices of an A100 or H100 in MIG mode
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG GPU instance: its id as DCGM reports it (GPU_I_ID), its profile, its share of
+    the GPU's compute slices and its memory. Its jobs run on ``slices`` of 7 of the SMs;
+    DCGM's profiling ratios are the instance's own (of its SMs, its time)."""
+
+    gi: str
+    profile: str
+    slices: int
+    fb_mib: float
+
+
 # --- conditions on GPUs -------------------------------------------------------------------
 @dataclass
 class GpuCondition:
@@ -436,6 +458,10 @@ class Host:
         self.pcis = [f"0000:{buses[i % 8] + 0x100 * (i // 8):02x}:00.0" for i in range(gpus)]
         self.inlet = [self.rng.uniform(24.0, 29.0) for _ in range(gpus)]
         self.driver = "550.90.07"
+        # GPUs in MIG mode: their instances. Such a GPU reports no whole-GPU rows (DCGM has
+        # no GPU_UTIL there): every field comes on each instance's row, the device's
+        # (clocks, power, temperature) repeated, activity and memory the instance's own.
+        self.mig: dict[int, list[MigInstance]] = {}
 
     # Identities.
     def pid(self) -> int:
@@ -518,7 +544,9 @@ class Host:
         return PLACEMENTS[placement] if self.numa_nodes > 1 else (1.0, 1.0)
 
     def add(self, job: Training | Inference | Holder | Steady, age_s: float = 3600.0,
-            seed: str = "") -> list[Proc]:
+            seed: str = "", instance: str = "") -> list[Proc]:
+        """Start ``job`` ``age_s`` before the capture; ``instance``: the MIG instance of its
+        GPU it runs in."""
         rng = random.Random(f"job:{self.seed}:{len(self.procs)}:{seed}")
         if isinstance(job, Training):
             traces = simulate_training(job, self, rng)
@@ -545,7 +573,7 @@ class Host:
                         ppid=launcher, uprobes=getattr(job, "uprobes", False),
                         rm_control=getattr(job, "rm_control", 0.4),
                         cgroup=f"/system.slice/job-{self.seed}-{rank}.scope",
-                        placement=getattr(job, "placement", "local"))
+                        placement=getattr(job, "placement", "local"), instance=instance)
             proc.worker_keys = [self.key(age_s - 5) for _ in range(workers)]
             self.procs.append(proc)
             made.append(proc)
@@ -603,14 +631,16 @@ class Host:
                 emit(t, "probes", DeviceOpened(ts=0, process=worker, fd=fd, path=path,
                                                device=device, minor=minor, how="fork"))
 
-    def _gpu_load(self, g: int, k: int) -> dict:
-        """What ran on GPU ``g`` in second ``k``: busy shares, pipe activity, traffic, memory."""
+    def _gpu_load(self, g: int, k: int, instance: str | None = None) -> dict:
+        """What ran on GPU ``g`` in second ``k``: busy shares, pipe activity, traffic, memory
+        (with ``instance``: what ran in that MIG instance, as shares of its own SMs)."""
         load = {"busy": 0.0, "util": 0.0, "sm": 0.0, "occ": 0.0, "tensor": 0.0, "dram": 0.0,
                 "fp32": 0.0, "fp16": 0.0, "fp64": 0.0, "rx": 0.0, "tx": 0.0, "nvl": 0.0,
                 "fb": 0.0, "contexts": 0, "demand": 0.0}
         for proc in self.procs:
             tr = proc.trace
-            if tr is None or g not in proc.gpus or k >= tr.n:
+            if tr is None or g not in proc.gpus or k >= tr.n or \
+                    (instance is not None and proc.instance != instance):
                 continue
             if k < tr.end:
                 load["contexts"] += 1
@@ -639,6 +669,7 @@ class Host:
         for g in range(self.count):
             rng = random.Random(f"gpu:{self.seed}:{g}")
             links = random.Random(f"links:{self.seed}:{g}")   # apart: the rest stays as seeded
+            mig_rng = random.Random(f"mig:{self.seed}:{g}")
             cond = self.conditions[g]
             inlet = cond.inlet_c if cond.inlet_c is not None else self.inlet[g]
             first = self._gpu_load(g, 0)
@@ -661,7 +692,8 @@ class Host:
                             ts=0, gpu_id=self.uuids[g], state="lost", source=self.source,
                             simulated=False, detail="NVML: GPU is lost"))
                     continue
-                load = self._gpu_load(g, k)
+                parts = {i.gi: self._gpu_load(g, k, i.gi) for i in self.mig.get(g, ())}
+                load = _mig_whole(parts, self.mig[g]) if parts else self._gpu_load(g, k)
                 busy = load["busy"]
                 active = busy > 0.004
                 limit = cond.power_limit(t) if cond.power_limit else b.tdp_w
@@ -781,6 +813,13 @@ class Host:
                     fields["power_violation_ns"] = counters["power_violation_ns"]
                     fields["thermal_violation_ns"] = counters["thermal_violation_ns"]
                 ts = t + rng.uniform(0.001, 0.004)
+                if parts:
+                    for inst in self.mig[g]:
+                        emit(ts, "gpu", GpuSample(
+                            ts=0, gpu_id=self.uuids[g], source=self.source, simulated=False,
+                            fields=_instance_fields(fields, parts[inst.gi], inst, mig_rng),
+                            instance=inst.gi, labels={"mig_profile": inst.profile}))
+                    continue
                 emit(ts, "gpu", GpuSample(ts=0, gpu_id=self.uuids[g], source=self.source,
                                           simulated=False, fields=fields))
                 if self.source == "nvml":
@@ -859,14 +898,17 @@ class Host:
             blocked = tr.main_blocked.v[k]
             runq = jitter(0.004 + 0.01 * on)
         threads = proc.threads
-        own = _state_ns(on, runq, blocked, threads, rng)
+        own = _state_ns(on, runq, blocked, threads, rng,
+                        *((tr.main_net.v[k], tr.main_net_wait.v[k]) if tr is not None
+                          else ()))
         workers = dict.fromkeys(own, 0)
         count = 0
         if tr is not None and proc.workers and k < tr.end:
             count = proc.workers
             w_threads = proc.workers * proc.worker_threads
             workers = _state_ns(tr.w_on.v[k], tr.w_runq.v[k] + 0.002 * count,
-                                tr.w_blocked.v[k], w_threads, rng)
+                                tr.w_blocked.v[k], w_threads, rng, tr.w_net.v[k],
+                                tr.w_net_wait.v[k])
         return SchedStats(ts=0, process=proc.key, interval_ns=NS, own=own, workers=workers,
                           worker_processes=count,
                           node_on_cpu_ns=self._nodes(proc, k, own["on_cpu_ns"]
@@ -917,6 +959,47 @@ class Host:
                          overhead_ns=int(launches * 180 * rng.uniform(0.9, 1.1)))
 
 
+def _mig_whole(parts: dict[str, dict], instances: list[MigInstance]) -> dict:
+    """The whole GPU's load from its MIG instances': activity weighted by each instance's
+    share of the compute slices, traffic, memory and contexts added up."""
+    whole = dict.fromkeys(next(iter(parts.values())), 0.0)
+    for inst in instances:
+        part, weight = parts[inst.gi], inst.slices / MIG_SLICES
+        for name, value in part.items():
+            whole[name] += value * weight if name in _ACTIVITY else value
+    whole["contexts"] = int(whole["contexts"])
+    return whole
+
+
+_ACTIVITY = ("busy", "util", "sm", "occ", "tensor", "dram", "fp32", "fp16", "fp64", "demand")
+# What DCGM does not report per MIG instance or in MIG mode at all: the whole-GPU
+# utilisations, and NVLink (no P2P between instances).
+_NOT_IN_MIG = ("gpu_util", "mem_util", "enc_util", "dec_util", "nvlink_rx_bytes_per_s",
+               "nvlink_tx_bytes_per_s")
+
+
+def _instance_fields(device: dict, part: dict, inst: MigInstance,
+                     rng: random.Random) -> dict:
+    """One MIG instance's row: the device's fields (clocks, power, temperature, link)
+    repeated, its own activity ratios and memory."""
+    fields = {k: v for k, v in device.items() if k not in _NOT_IN_MIG}
+    if "gr_engine_active" in device:   # profiling on
+        fields.update({
+            "gr_engine_active": round(_noisy(rng, min(1.0, part["busy"]), 0.004), 4),
+            "sm_active": round(_noisy(rng, part["sm"]), 4),
+            "sm_occupancy": round(_noisy(rng, part["occ"]), 4),
+            "tensor_active": round(_noisy(rng, part["tensor"]), 4),
+            "dram_active": round(_noisy(rng, part["dram"]), 4),
+            "fp64_active": round(_noisy(rng, part["fp64"]), 4),
+            "fp32_active": round(_noisy(rng, part["fp32"]), 4),
+            "fp16_active": round(_noisy(rng, part["fp16"]), 4)})
+    # an instance nobody uses holds a few MiB of the driver's
+    fields["fb_used_mib"] = float(round(min(inst.fb_mib, part["fb"])) if part["contexts"]
+                                  else rng.randrange(0, 14))
+    fields["fb_total_mib"] = inst.fb_mib
+    return fields
+
+
 def _noisy(rng: random.Random, x: float, s: float = 0.012) -> float:
     """A DCGM ratio with its second-to-second noise, kept in [0, 1]."""
     return min(1.0, max(0.0, x * rng.uniform(1 - s, 1 + s) + rng.gauss(0, 0.003) * (x > 0)))
@@ -951,15 +1034,18 @@ def _op(cls: str, count: int, rng: random.Random) -> dict:
 
 
 def _state_ns(on: float, runq: float, blocked: float, threads: int,
-              rng: random.Random) -> dict[str, int]:
-    """A side's thread time in one second: every thread is in one state all the time."""
+              rng: random.Random, net_rx: float = 0.0, net_wait: float = 0.0
+              ) -> dict[str, int]:
+    """A side's thread time in one second (every thread is in one state all the time), the
+    bytes it received from sockets and the sleep it spent waiting for them."""
     total = max(float(threads), on + runq + blocked)
     sleep = total - on - runq - blocked
     return {"on_cpu_ns": int(on * NS), "runqueue_ns": int(runq * NS),
             "sleep_ns": int(sleep * NS), "blocked_ns": int(blocked * NS),
             "voluntary_switches": int(sleep * 180 + on * 40 + rng.randrange(20)),
             "involuntary_switches": int(runq * 900 + on * 8 + rng.randrange(4)),
-            "migrations": int(on * 6 + rng.randrange(3)), "threads": threads}
+            "migrations": int(on * 6 + rng.randrange(3)), "threads": threads,
+            "net_rx_bytes": int(net_rx), "net_wait_ns": int(min(net_wait, sleep) * NS)}
 
 
 # --- the simulators -----------------------------------------------------------------------
@@ -992,6 +1078,9 @@ class _Loader:
             cpu = job.worker_cpu_s * self.rng.lognormvariate(0, 0.12)
             if job.io_wait == "disk":
                 tr.w_blocked.span(start, start + io)
+            elif io and job.batch_bytes:       # the bytes arrive while the worker waits
+                tr.w_net.span(start, start + io, job.batch_bytes / io)
+                tr.w_net_wait.span(start, start + io)
             # the batch's CPU work runs on the worker's threads, each getting `share` of a core
             threads, share = job.worker_threads, self.share(start + io)
             wall = cpu / (threads * share)
@@ -1049,6 +1138,9 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
                 cpu = job.worker_cpu_s * rng.lognormvariate(0, 0.12)
                 if job.io_wait == "disk":
                     tr.main_blocked.span(t, t + io)
+                elif io and job.batch_bytes:
+                    tr.main_net.span(t, t + io, job.batch_bytes / io)
+                    tr.main_net_wait.span(t, t + io)
                 tr.main_on.span(t + io, t + io + cpu)
                 t += io + cpu
             copied = t

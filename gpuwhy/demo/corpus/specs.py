@@ -28,6 +28,7 @@ from gpuwhy.demo.corpus.host import (
     Holder,
     Host,
     Inference,
+    MigInstance,
     Mix,
     Steady,
     Training,
@@ -221,6 +222,21 @@ def _(seed: int) -> Host:
     return host
 
 
+@scenario("healthy-s3-streaming", 119,
+          "none: ViT-B streams WebDataset shards from an object store in the same region "
+          "(~30 MB/s a connection): 12 workers a rank fetch and decode faster than the GPUs "
+          "take batches, so they wait on their sockets and on a full queue by turns")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 4)
+    host.add(Training(gpus=[0, 1, 2, 3], gpu_s=0.12, host_s=0.025, mix=CNN_TRAIN,
+                      workers=12, worker_cpu_s=128 * 0.005, worker_io_s=0.45, io_wait="net",
+                      batch_bytes=128 * 110e3, cores=16, h2d_bytes=19e6, comm_bytes=1.3e9,
+                      overlap=0.9, kernels=1200, fb_mib=38000, threads=46,
+                      cmdline=VIT.replace("/mnt/nfs/imagenet", "pipe:aws s3 cp s3://ds/in1k/"
+                                          "{000000..001281}.tar -")))
+    return host
+
+
 def recsys_pod(gpu: int, placement: str = "local") -> Training:
     """A DLRM-style recommender, one Kubernetes pod a GPU: each step moves 65,536 samples'
     dense features and the embedding rows looked up on the host (~350 MB, pinned) and
@@ -290,7 +306,8 @@ def _(seed: int) -> Host:
     host = node(seed, H100, 4)
     host.add(Training(gpus=[0, 1, 2, 3], gpu_s=0.12, host_s=0.025, mix=CNN_TRAIN,
                       workers=8, worker_cpu_s=128 * 0.005, worker_io_s=2.4, io_wait="net",
-                      cores=16, h2d_bytes=19e6, comm_bytes=1.3e9, overlap=0.9,
+                      batch_bytes=128 * 110e3, cores=16, h2d_bytes=19e6, comm_bytes=1.3e9,
+                      overlap=0.9,
                       kernels=1200, fb_mib=38000, threads=46,
                       cmdline=VIT.replace("/mnt/nfs/imagenet", "pipe:aws s3 cp s3://ds/in1k/"
                                           "{000000..001281}.tar -")))
@@ -683,6 +700,65 @@ def _(seed: int) -> Host:
     for g in (0, 2, 3):
         host.add(resnet50([g], comm_bytes=0.0, cores=28))
     host.add(Holder(gpu=1, fb_mib=31500), age_s=7200)
+    return host
+
+
+# --- MIG: one A100 split in seven 1g.10gb instances for small tenants -------------------------
+def mig_tenants(host: Host, gpu: int, notebook_idle: bool) -> None:
+    """GPU ``gpu`` in MIG mode, all-1g.10gb (GPU instances 7-13, as nvidia-smi mig -cgi 19
+    x7 numbers them on an A100-80GB: 14 of 98 SMs and 9728 MiB each). Tenants: two small
+    vLLM servers (a 0.5B model: its weights read at the slice's ~1/8 of the HBM bandwidth,
+    ~12 ms a decode step), a BERT-base fine-tuning, a GROMACS run, a notebook training a
+    small CNN; the last slice is free. ``notebook_idle``: another user's Jupyter kernel
+    holds instance 12 (a model loaded, ~8 GiB) and has run nothing for hours."""
+    host.mig[gpu] = [MigInstance(str(gi), "1g.10gb", 1, 9728.0) for gi in range(7, 14)]
+    small_llm = "/usr/bin/python3 -m vllm.entrypoints.openai.api_server --model " \
+                "/models/qwen2.5-0.5b-instruct --gpu-memory-utilization 0.85"
+    for gi, rate in (("7", 0.6), ("10", 0.25)):
+        host.add(Inference(gpus=[gpu], rate=lambda t, r=rate: r, tokens=180, iter_s=0.012,
+                           per_seq_s=0.0004, fb_mib=7800, threads=40, cmdline=small_llm),
+                 age_s=86400, seed=gi, instance=gi)
+    host.add(Training(gpus=[gpu], gpu_s=0.42, host_s=0.03, mix=LLM_TRAIN, workers=2,
+                      worker_cpu_s=0.04, h2d_bytes=2e6, kernels=900, fb_mib=6900,
+                      threads=28, cmdline="/usr/bin/python3 finetune.py --model bert-base-"
+                      "uncased --task mnli -b 32 --fp16"), age_s=5400, instance="8")
+    host.add(Steady(gpu=gpu, mix=Mix(0.82, 0.38, 0.0, 0.28, fp32=0.46), busy=0.91,
+                    fb_mib=1700, threads=10, cmdline="gmx mdrun -deffnm npt -nb gpu -pme gpu "
+                    "-ntomp 8", comm="gmx", exe="/usr/local/gromacs/bin/gmx", rx_Bps=4e6,
+                    tx_Bps=4e6, launches_per_s=2400), age_s=20000, instance="9")
+    host.add(Training(gpus=[gpu], gpu_s=0.09, host_s=0.01, mix=CNN_TRAIN, workers=4,
+                      worker_cpu_s=0.12, h2d_bytes=6.3e6, kernels=400, fb_mib=4200,
+                      threads=30, cmdline="/opt/conda/bin/python -m ipykernel_launcher -f "
+                      "/home/li/.local/share/jupyter/runtime/kernel-81fa.json",
+                      comm="python", exe="/opt/conda/bin/python"), age_s=2400, instance="11")
+    if notebook_idle:
+        host.add(Holder(gpu=gpu, fb_mib=7700, cmdline="/opt/conda/bin/python -m "
+                        "ipykernel_launcher -f /home/sam/.local/share/jupyter/runtime/"
+                        "kernel-0c2e.json"), age_s=3 * 3600, instance="12")
+
+
+@scenario("healthy-mig-tenants", 114,
+          "none: an A100 node, GPU 0 in MIG mode (7 x 1g.10gb) with five busy tenants and two "
+          "free instances, the other GPUs training",
+          notes="dcgm-exporter in MIG mode: no whole-GPU rows for GPU 0, a row per instance")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4, minutes=20)
+    mig_tenants(host, 0, notebook_idle=False)
+    for g in (1, 2, 3):
+        host.add(resnet50([g], comm_bytes=0.0, cores=28))
+    return host
+
+
+@scenario("mig-idle-notebook", 706,
+          "a MIG instance holds memory but does nothing: on GPU 0 (7 x 1g.10gb) a Jupyter kernel "
+          "keeps ~8 GiB of instance 12 and has run nothing for hours, the other tenants busy",
+          ("R47_mig_instance_allocated_but_idle",), "sharing_config",
+          notes="dcgm-exporter in MIG mode: no whole-GPU rows for GPU 0, a row per instance")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4, minutes=20)
+    mig_tenants(host, 0, notebook_idle=True)
+    for g in (1, 2, 3):
+        host.add(resnet50([g], comm_bytes=0.0, cores=28))
     return host
 
 
