@@ -426,6 +426,14 @@ def bench_webui(quick: bool) -> tuple[Figures, dict]:
                            [call["p95_ms"]], goal="p95 ≤ 250", goal_value=250.0,
                            note=f"{call['points']} points; median {call['median_ms']:.1f} ms; "
                                 f"raw rows {r['raw_rows']:,}"))
+    for name in ("7d", "1h"):
+        page, live = r["calls"][f"page {name}"], r["calls"][f"live {name}"]
+        rows.append(figure("W", f"GPU page load, range {name} (HTML + series + events), "
+                           f"{days:g} days stored", "ms", [page["p95_ms"]], goal="p95 ≤ 300",
+                           goal_value=300.0, note=f"median {page['median_ms']:.1f} ms"))
+        rows.append(figure("W", f"GPU page live update, range {name} (new buckets + events)",
+                           "ms", [live["p95_ms"]], goal="p95 ≤ 50", goal_value=50.0,
+                           note=f"median {live['median_ms']:.1f} ms"))
     m = r["metrics"] = bench_webui.metrics_scrape(runs=20 if quick else 50)
     rows.append(figure("W", f"GET /metrics, {m['gpus']} GPUs × {m['processes']} processes",
                        "ms", [m["p95_ms"]], goal="p95 ≤ 20", goal_value=20.0,

@@ -77,9 +77,35 @@ def run(gpus: int = 2, days: float = 7.0, keep: str | None = None, runs: int = 2
         median, p95, points, size = timed(client, url, runs)
         calls[url.replace(gpu, "<gpu>")] = {"median_ms": median, "p95_ms": p95,
                                             "points": points, "bytes": size}
+    for name in ("7d", "1h"):
+        # a live GPU page's update: its series after the last bucket drawn, and its events
+        drawn = client.get(f"/api/gpus/{gpu}/series?range={name}").get_json()
+        tail = (f"/api/gpus/{gpu}/series?after={drawn['rows'][-1][0]}&grid={drawn['from']}"
+                f"&bucket={drawn['bucket_ns']}")
+        calls[f"live {name}"] = _together(client, [tail, f"/api/gpus/{gpu}/events?range={name}"],
+                                          runs)
+        # the GPU page's load: its HTML, then the two calls its script makes
+        calls[f"page {name}"] = _together(client, [
+            f"/gpus/{gpu}?range={name}", f"/api/gpus/{gpu}/series?range={name}",
+            f"/api/gpus/{gpu}/events?range={name}"], runs)
     if not keep:
         shutil.rmtree(folder, ignore_errors=True)
     return {"raw_rows": raw_rows, "calls": calls}
+
+
+def _together(client: FlaskClient, urls: list[str], runs: int) -> dict:
+    """The server time of a group of calls made one after the other (a page's load, a live
+    update): median and p95 of their sum."""
+    totals = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        for url in urls:
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.data[:200])
+        totals.append((time.perf_counter() - started) * 1000)
+    totals.sort()
+    return {"median_ms": statistics.median(totals),
+            "p95_ms": totals[int(0.95 * (len(totals) - 1))], "points": 0, "bytes": 0}
 
 
 def _busy_host(db: Database, gpus: int, processes: int, ts: int) -> None:

@@ -68,7 +68,7 @@ def _raw_gpu(db: Database, gpu_id: str, w: Window, since: int) -> list[list]:
     return [list(row) for row in cursor.fetchall()]
 
 
-def _rolled_gpu(db: Database, gpu_id: str, w: Window, until: int) -> list[list]:
+def _rolled_gpu(db: Database, gpu_id: str, w: Window, until: int, since: int) -> list[list]:
     def mean(name: str, scale: float) -> str:
         if name in _ROLLUP_SINGLE:
             return f"max({name}) * {scale}"
@@ -79,19 +79,27 @@ def _rolled_gpu(db: Database, gpu_id: str, w: Window, until: int) -> list[list]:
         f"select (minute - ?) / ? as b, min(minute), {columns}, "
         f"group_concat(distinct clocks_event_reasons) from gpu_rollups where gpu_id = ? and "
         f"instance = '' and minute >= ? and minute < ? group by b order by b",
-        [w.since, w.bucket_ns, gpu_id, w.since, until])
+        [w.since, w.bucket_ns, gpu_id, since, until])
     return [list(row) for row in cursor.fetchall()]
 
 
-def gpu_series(db: Database, gpu_id: str, w: Window) -> dict:
+def tail_start(w: Window, after: int) -> int:
+    """The start of the bucket of ``w`` that holds ``after``: a live chart's last bucket
+    (perhaps not complete when it was drawn) and those after it are what it asks again."""
+    return w.since + max(0, after - w.since) // w.bucket_ns * w.bucket_ns
+
+
+def gpu_series(db: Database, gpu_id: str, w: Window, after: int | None = None) -> dict:
     """``{"fields": [...], "rows": [[ts, value, ...], ...], "bucket_s", "from_rollups"}``;
-    ``ts`` is the first sample's time in the bucket (ns)."""
+    ``ts`` is the first sample's time in the bucket (ns). ``after``: only the buckets from
+    the one holding that time on (a live chart's new data, on the grid it was drawn on)."""
     rolled: list[list] = []
-    raw_since = w.since
+    start = w.since if after is None else tail_start(w, after)
+    raw_since = start
     if w.bucket_ns >= MINUTE_NS:
         done = get_mark(db, DONE_MARK) or 0
-        if done > w.since:
-            rolled = _rolled_gpu(db, gpu_id, w, min(done, w.until))
+        if done > start:
+            rolled = _rolled_gpu(db, gpu_id, w, min(done, w.until), start)
             raw_since = min(done, w.until)
     raw = _raw_gpu(db, gpu_id, w, raw_since)
     buckets: dict[int, list] = {row[0]: row for row in rolled}
@@ -103,7 +111,7 @@ def gpu_series(db: Database, gpu_id: str, w: Window) -> dict:
         values = [None if v is None else round(v, 3) for v in row[2:-1]]
         out.append([row[1], *values, _or(row[-1])])
     return {"fields": [name for name, _ in GPU_FIELDS] + ["clocks_event_reasons"],
-            "rows": out, "bucket_s": w.bucket_ns / NS_PER_SECOND,
+            "rows": out, "bucket_s": w.bucket_ns / NS_PER_SECOND, "bucket_ns": w.bucket_ns,
             "from_rollups": len(rolled)}
 
 

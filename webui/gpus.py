@@ -10,7 +10,7 @@ from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.store import queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
-from gpuwhy.webui.window import requested_window
+from gpuwhy.webui.window import requested_tail, requested_window
 
 bp = Blueprint("gpus", __name__)
 
@@ -45,6 +45,8 @@ def api_overview() -> ResponseReturnValue:
 def show(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
     return render_template("gpu.html", gpu=gpu, ranges=list(series.RANGES),
+                           ranges_seconds=series.RANGES,
+                           refresh_seconds=current_app.config["REFRESH_SECONDS"],
                            processes=queries.bound_processes(get_db(), gpu["id"]),
                            incidents=queries.open_incidents(get_db(), gpu["id"]),
                            sample=queries.latest_sample(get_db(), gpu["id"]),
@@ -53,10 +55,17 @@ def show(gpu_id: str) -> ResponseReturnValue:
 
 @bp.get("/api/gpus/<gpu_id>/series")
 def api_series(gpu_id: str) -> ResponseReturnValue:
+    """The GPU's chart series for a window; with ``after``/``grid``/``bucket`` only what a
+    live chart drawn on that grid lacks (its last bucket again, and the newer ones)."""
     gpu = _gpu_or_404(gpu_id)
-    w = _window(gpu["id"])
+    try:
+        tail = requested_tail(request.args, series.last_sample_ts(get_db(), gpu["id"]))
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    w, after = tail if tail else (_window(gpu["id"]), None)
     return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
-                    "throttle_bits": THROTTLE_BITS, **series.gpu_series(get_db(), gpu["id"], w)})
+                    "throttle_bits": THROTTLE_BITS,
+                    **series.gpu_series(get_db(), gpu["id"], w, after)})
 
 
 @bp.get("/api/gpus/<gpu_id>/events")

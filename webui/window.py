@@ -28,3 +28,21 @@ def requested_window(args: dict | object, until_default: int | None, points: int
     if start is not None and start >= end:
         raise ValueError("from must be before to")
     return window(end, seconds, points, since=start)
+
+
+def requested_tail(args: dict | object, until_default: int | None) -> tuple[Window, int] | None:
+    """A live chart's request for what is new: ``after`` (ns, its last bucket's time) on
+    the grid it was drawn on (``grid``: its window's start, ``bucket``: its bucket width,
+    both ns), up to the latest data; None when the request has no ``after``. Raises
+    ValueError when bad."""
+    get = args.get   # type: ignore[attr-defined]
+    if not get("after"):
+        return None
+    try:
+        after, grid, bucket = (int(get(name) or "x") for name in ("after", "grid", "bucket"))
+    except ValueError:
+        raise ValueError("after, grid and bucket are integers (ns)") from None
+    if bucket < NS_PER_SECOND or grid > after:
+        raise ValueError("bucket is at least 1 s (in ns), and grid is not after after")
+    until = max((until_default or 0) + NS_PER_SECOND, after + 1)
+    return Window(grid, until, bucket), after

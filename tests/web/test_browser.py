@@ -54,10 +54,24 @@ class Watched:
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(
             f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"pageerror: {e}"))
-        self.page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url}"))
+        self._asked_from: dict = {}       # request -> the page's URL when it was made
+        self.page.on("request", self._asked)
+        self.page.on("requestfinished", lambda r: self._asked_from.pop(r, None))
+        self.page.on("requestfailed", self._failed)
         self.page.on("response", lambda r: r.status >= 400 and self.problems.append(
             f"HTTP {r.status}: {r.url}"))
         self.page.on("dialog", self._dialog)
+
+    def _asked(self, request) -> None:
+        self._asked_from[request] = request.frame.url
+
+    def _failed(self, request) -> None:
+        # A live page's poll cut short because the page was left is no failure (a server's
+        # failure is an HTTP status, kept above); any other failed request is.
+        asked_from = self._asked_from.pop(request, None)
+        if request.failure == "net::ERR_ABORTED" and asked_from not in (None, request.frame.url):
+            return
+        self.problems.append(f"failed: {request.url} ({request.failure})")
 
     def _dialog(self, dialog) -> None:
         self.dialogs.append(dialog.message)

@@ -63,9 +63,20 @@
     window.addEventListener("resize", () => charts.forEach((c) => c.resize()));
   };
 
+  // A field's points (ms, value); where no sample came for more than two buckets (the
+  // source stopped, gpuwhy was down) a null breaks the line instead of bridging the gap.
   G.column = function (data, field, scale) {
     const i = data.fields.indexOf(field) + 1;
-    return data.rows.map((r) => [G.ms(r[0]), r[i] === null ? null : r[i] * (scale || 1)]);
+    const gap = 2 * (data.bucket_s || 1) * 1e3;
+    const out = [];
+    let last = null;
+    for (const r of data.rows) {
+      const t = G.ms(r[0]);
+      if (last !== null && t - last > gap) out.push([(last + t) / 2, null]);
+      out.push([t, r[i] === null ? null : r[i] * (scale || 1)]);
+      last = t;
+    }
+    return out;
   };
 
   G.timeAxis = (range) => ({ type: "time", min: G.ms(range.from), max: G.ms(range.to) });

@@ -1,5 +1,9 @@
 // The GPU detail page: engine utilisation, bandwidth, power/clocks, heatmap, scatter and
 // process lanes, all from /api/gpus/<id>/series and /events, re-fetched on range or zoom.
+// Live on a relative range (5m … 7d): every refresh asks only for the buckets after the
+// last one drawn (on the grid it was drawn on), appends them and slides the window; the
+// marks, the lanes and the server-rendered lists follow new processes and incidents. A zoom
+// or an absolute range holds the view still; a range button goes back to following.
 (function () {
   "use strict";
   const G = window.GpuwhyCharts;
@@ -141,28 +145,124 @@
     };
   }
 
+  // What is drawn: its request, its data (rows on a grid of buckets), its events.
+  let view = null;
+  let generation = 0;                  // a newer load makes an older live answer stale
+
+  function draw(data, events, fresh) {
+    const range = { from: data.from, to: data.to };
+    chart.util.setOption(utilisation(data, events, range), fresh);
+    chart.lanes.setOption(lanes(events, range), fresh);
+    chart.bw.setOption(bandwidth(data, range), fresh);
+    chart.power.setOption(power(data, range), fresh);
+    chart.thermal.setOption(thermal(data, range), fresh);
+    chart.heatmap.setOption(heatmap(data), true);
+    chart.scatter.setOption(scatter(data), true);
+    document.getElementById("range-info").textContent =
+      `${data.rows.length} points, ${data.bucket_s} s each` +
+      (data.from_rollups ? ", from one-minute rollups" : "");
+  }
+
+  // Processes and incidents as the events give them: when these change, the lists under
+  // the charts are taken again from the page as the server renders it.
+  const people = (events) => JSON.stringify([(events.lanes || []).map((l) => [l.pid, l.until]),
+    (events.incidents || []).map((i) => [i.id, i.state])]);
+
   async function load(params) {
+    const mine = ++generation;
     try {
       const [data, events] = await Promise.all([
         G.fetchJson(G.withParams(page.dataset.series, params)),
         G.fetchJson(G.withParams(page.dataset.events, params))]);
-      const range = { from: data.from, to: data.to };
-      chart.util.setOption(utilisation(data, events, range), true);
-      chart.lanes.setOption(lanes(events, range), true);
-      chart.bw.setOption(bandwidth(data, range), true);
-      chart.power.setOption(power(data, range), true);
-      chart.thermal.setOption(thermal(data, range), true);
-      chart.heatmap.setOption(heatmap(data), true);
-      chart.scatter.setOption(scatter(data), true);
-      document.getElementById("range-info").textContent =
-        `${data.rows.length} points, ${data.bucket_s} s each` +
-        (data.from_rollups ? ", from one-minute rollups" : "");
+      if (mine !== generation) return;
+      view = { params, data, events, following: !(params.from && params.to) };
+      draw(data, events, true);
       G.updateCsvLinks(params);
+      liveShow();
       page.dataset.loaded = "true";
     } catch (err) {
       G.showError(`Could not load the data: ${err.message}`);
     }
   }
+
+  // --- live ----------------------------------------------------------------------------
+  const live = document.getElementById("live");
+  const liveState = document.getElementById("live-state");
+  const liveSeen = document.getElementById("live-seen");
+  const toggle = document.getElementById("live-toggle");
+  let paused = false;
+
+  function liveShow() {
+    if (!view) return;
+    liveState.textContent = !view.following ? "Holding this time range" :
+      paused ? "Paused" : "Live";
+    toggle.textContent = !view.following ? "follow live" : paused ? "resume" : "pause";
+    live.classList.remove("stale");
+  }
+
+  // The fresh buckets replace the drawn ones they overlap (the last drawn one was perhaps
+  // not complete) and come after them; the window slides to end at the newest data.
+  function merge(data, fresh, seconds) {
+    const grid = data.from, bucket = data.bucket_ns;
+    // ns arrive as doubles (±256 ns): the epsilon keeps a bucket's first sample in it
+    const index = (row) => Math.floor((row[0] - grid) / bucket + 1e-6);
+    const first = fresh.rows.length ? index(fresh.rows[0]) : Infinity;
+    const to = Math.max(data.to, fresh.to);
+    const from = to - seconds * 1e9;
+    const rows = data.rows.filter((r) => index(r) < first && r[0] >= from).concat(fresh.rows);
+    return Object.assign({}, data, { rows, from, to });
+  }
+
+  async function follow() {
+    if (!view || !view.following || paused) return;
+    const mine = generation, before = view;
+    const last = before.data.rows.length ? before.data.rows[before.data.rows.length - 1][0]
+      : before.data.from;
+    try {
+      const [fresh, events] = await Promise.all([
+        G.fetchJson(G.withParams(page.dataset.series, { after: String(last),
+          grid: String(before.data.from), bucket: String(before.data.bucket_ns) })),
+        G.fetchJson(G.withParams(page.dataset.events, { range: before.params.range }))]);
+      if (mine !== generation || view !== before || paused) return;
+      const data = merge(before.data, fresh, RANGE_SECONDS[before.params.range] || 3600);
+      const changed = people(events) !== people(before.events);
+      view = Object.assign({}, before, { data, events });
+      draw(data, events, false);
+      liveSeen.textContent = `; updated ${G.clock(Date.now())}`;
+      liveShow();
+      if (changed) await takeLists();
+    } catch (err) {
+      liveState.textContent = "Not updating (retrying)";
+      live.classList.add("stale");
+      console.warn("gpuwhy: live update failed", err);
+    }
+  }
+
+  // The bound processes and open incidents, from this page as the server renders it now
+  // (its escaping and time formatter; DOMParser makes an inert document).
+  async function takeLists() {
+    const response = await fetch(window.location.pathname, { headers: { Accept: "text/html" } });
+    if (!response.ok) throw new Error(`GPU page: HTTP ${response.status}`);
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const selector of ["#bound tbody", "#open-incidents"]) {
+      const mine = document.querySelector(selector), theirs = fresh.querySelector(selector);
+      if (mine && theirs) mine.replaceWith(document.adoptNode(theirs));
+    }
+  }
+
+  const RANGE_SECONDS = JSON.parse(live.dataset.ranges || "{}");
+  toggle.addEventListener("click", () => {
+    if (view && !view.following) {          // back to the range, following it
+      const button = document.querySelector(
+        `#range-picker button[data-range="${CSS.escape(view.params.range)}"]`);
+      if (button) button.click();
+      return;
+    }
+    paused = !paused;
+    liveShow();
+    if (!paused) follow();
+  });
+  setInterval(follow, Number(live.dataset.refreshMs) || 2000);
 
   G.rangeControl(load);
   for (const id of ["util", "bw", "power", "thermal", "lanes"]) G.onZoom(chart[id]);

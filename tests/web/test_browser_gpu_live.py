@@ -1,0 +1,120 @@
+"""The GPU page left open in a real browser: new samples are appended to its charts and a
+newly bound process shows up without a reload; paused, or holding a zoomed range, it stays
+still; the live request asks only for what is new."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwhy.clock import now_ns
+from gpuwhy.events import DeviceOpened, GpuSample, ProcessSeen
+from gpuwhy.identity import ProcessKey
+from gpuwhy.store import open_store
+from gpuwhy.store.series import last_sample_ts
+
+from .test_browser import LiveServer, Watched, shoot
+from .test_browser_incidents import _arrive, _own_copy, _until
+
+pytestmark = pytest.mark.browser
+S = 10**9
+
+
+def _tail(page) -> dict:
+    """The utilisation chart as drawn: its points, its last point's time and its axis (ms)."""
+    return page.evaluate(
+        "() => { const o = echarts.getInstanceByDom(document.getElementById('chart-util'))"
+        ".getOption(); const d = o.series[0].data;"
+        " return {n: d.length, last: d[d.length - 1][0], value: d[d.length - 1][1],"
+        " max: o.xAxis[0].max}; }")
+
+
+def _samples(config, tmp_path, gpu_id: str, start: int, seconds: int, util: float) -> None:
+    _arrive(config, tmp_path, *[
+        GpuSample(ts=start + k * S, gpu_id=gpu_id, source="sim", simulated=True,
+                  fields={"gpu_util": util, "power_w": 250.0}) for k in range(seconds)])
+
+
+def test_an_open_gpu_page_appends_new_samples_and_takes_a_new_process(browser, scenario,
+                                                                       tmp_path):
+    path, config = _own_copy(scenario, tmp_path)
+    gpu = scenario.gpu_ids[1]
+    db = open_store(path)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    page = watched.page
+    asked: list[str] = []
+    page.on("request", lambda r: "/series" in r.url and asked.append(r.url))
+    try:
+        page.goto(f"{live.url}/gpus/{gpu}?range=15m", wait_until="load")
+        _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+               "the charts drawn")
+        assert page.inner_text("#live-state") == "Live"
+        before = _tail(page)
+        # samples arrive: a minute and a half later than the page's last one, at 77 %
+        start = now_ns()
+        _samples(config, tmp_path, gpu, start, 5, 77.0)
+        _until(page, lambda: _tail(page)["last"] >= (start + 4 * S) / 1e6 - 10_000,
+               "the new samples on the chart")
+        after = _tail(page)
+        assert after["value"] == pytest.approx(77.0)
+        assert after["max"] > before["max"]                       # the window slid
+        assert after["n"] >= before["n"]                          # appended, not reset
+        assert "updated" in page.inner_text("#live")
+        # the live requests ask for what comes after the last bucket drawn, on its grid
+        tails = [u for u in asked if "after=" in u]
+        assert tails and all("grid=" in u and "bucket=" in u and "range=" not in u
+                             for u in tails)
+        # a process binds to the GPU: the list under the charts takes it
+        newcomer = ProcessKey(7878, 4321)
+        _arrive(config, tmp_path,
+                ProcessSeen(ts=now_ns(), process=newcomer, comm="<b>vllm</b>",
+                            cmdline="vllm serve"),
+                DeviceOpened(ts=now_ns(), process=newcomer, fd=9, path="/dev/nvidia1",
+                             device="nvidiaN", minor=1))
+        _until(page, lambda: "7878" in page.inner_text("#bound"), "the new process listed")
+        assert "<b>vllm</b>" in page.inner_text("#bound")           # as text
+        shoot(page, tmp_path, "gpu-live")
+        # paused: new samples stay off the chart until it resumes
+        page.click("#live-toggle")
+        assert page.inner_text("#live-state") == "Paused"
+        held = _tail(page)
+        # later than the 77 % ones by more than a bucket (1.25 s at 15m): none mixes them
+        _samples(config, tmp_path, gpu, max(now_ns(), start + 10 * S), 3, 12.0)
+        page.wait_for_timeout(2500)
+        assert _tail(page) == held
+        page.click("#live-toggle")
+        _until(page, lambda: _tail(page)["value"] == pytest.approx(12.0), "resumed")
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()
+        db.close()
+
+
+def test_a_zoomed_gpu_page_holds_its_range_until_asked_to_follow(browser, scenario, tmp_path):
+    path, config = _own_copy(scenario, tmp_path)
+    gpu = scenario.gpu_ids[1]
+    db = open_store(path)
+    latest = last_sample_ts(db, gpu)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    page = watched.page
+    try:
+        page.goto(f"{live.url}/gpus/{gpu}?range=15m&from={latest - 300 * S}&to={latest}",
+                  wait_until="load")
+        _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+               "the charts drawn")
+        assert page.inner_text("#live-state") == "Holding this time range"
+        held = _tail(page)
+        _samples(config, tmp_path, gpu, now_ns(), 3, 55.0)
+        page.wait_for_timeout(2500)
+        assert _tail(page) == held
+        page.click("#live-toggle")                  # "follow live": the range, following
+        _until(page, lambda: _tail(page)["value"] == pytest.approx(55.0), "following again")
+        assert page.inner_text("#live-state") == "Live"
+        assert "from=" not in page.url
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()
+        db.close()
