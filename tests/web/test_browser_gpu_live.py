@@ -118,3 +118,60 @@ def test_a_zoomed_gpu_page_holds_its_range_until_asked_to_follow(browser, scenar
         watched.close()
         live.close()
         db.close()
+
+
+def _labels(page) -> list[dict]:
+    return page.eval_on_selector_all(
+        "#marks-util .mark", "els => els.map(e => { const r = e.getBoundingClientRect();"
+        " return {text: e.textContent, href: e.getAttribute('href'), title: e.title,"
+        " more: e.classList.contains('more'), left: r.left, right: r.right, top: r.top,"
+        " bottom: r.bottom}; })")
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and \
+        a["top"] < b["bottom"] and b["top"] < a["bottom"]
+
+
+@pytest.mark.parametrize("span", ["7d", "15m"])
+def test_incident_and_reset_labels_never_overlap_and_link_to_them(browser, scenario, span,
+                                                                  tmp_path):
+    """On a week the marks fall within pixels of each other: their labels stack in rows,
+    then collapse into "+N" (the rest in its title); none covers another."""
+    gpu = scenario.gpu_ids[0]
+    _, config = _own_copy(scenario, tmp_path)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    page = watched.page
+    try:
+        page.goto(f"{live.url}/gpus/{gpu}?range={span}", wait_until="load")
+        _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+               "the charts drawn")
+        events = page.evaluate(f"() => fetch('/api/gpus/{gpu}/events?range={span}')"
+                               ".then(r => r.json())")
+        marks = len(events["incidents"]) + len(events["resets"])
+        assert marks >= 3, events                   # the scenario's incidents and its reset
+        labels = _labels(page)
+        assert labels
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                assert not _overlap(a, b), (a, b)
+        shown = [label for label in labels if not label["more"]]
+        folded = sum(int(label["text"][1:]) for label in labels if label["more"])
+        assert len(shown) + folded == marks
+        box = page.locator("#chart-util").bounding_box()
+        assert all(box["x"] <= label["left"] and label["right"] <= box["x"] + box["width"]
+                   for label in labels)
+        ids = {str(i["id"]) for i in events["incidents"]}
+        for label in shown:
+            if label["href"].startswith("/incidents/"):
+                assert label["href"].rsplit("/", 1)[1] in ids
+                assert label["text"].startswith("#")
+        if folded:
+            assert any(label["more"] and "\n" in label["title"] or label["text"] == "+1"
+                       for label in labels)
+        shoot(page, tmp_path, f"gpu-marks-{span}")
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()

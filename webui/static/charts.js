@@ -81,11 +81,12 @@
 
   G.timeAxis = (range) => ({ type: "time", min: G.ms(range.from), max: G.ms(range.to) });
 
+  const GRID_SIDE_PX = 70;      // the plot's left and right margins (axis names, numbers)
   G.base = function (range) {
     return {
       animation: false,
       useUTC: false,
-      grid: { left: 70, right: 70, top: 30, bottom: 30 },
+      grid: { left: GRID_SIDE_PX, right: GRID_SIDE_PX, top: 30, bottom: 30 },
       legend: { top: 0, type: "scroll" },
       tooltip: { trigger: "axis", renderMode: "richText" },
       dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
@@ -96,18 +97,75 @@
   G.line = (name, data, extra) =>
     Object.assign({ name, type: "line", showSymbol: false, connectNulls: false, data }, extra || {});
 
-  // Marks on the time axis: incidents (red) and resets (orange), labelled on the canvas.
+  // Marks on the time axis: incidents (red) and resets (orange); their labels are links
+  // laid over the chart by G.markLabels, so that none covers another.
   G.marks = function (events) {
     const lines = [];
     for (const i of events.incidents || []) {
-      lines.push({ xAxis: G.ms(i.opened_at), lineStyle: { color: "#d62728" },
-        label: { formatter: `#${i.id} ${i.kind}`, color: "#d62728" } });
+      lines.push({ xAxis: G.ms(i.opened_at), lineStyle: { color: "#d62728" } });
     }
     for (const r of events.resets || []) {
-      lines.push({ xAxis: G.ms(r.ts), lineStyle: { color: "#ff7f0e", type: "dashed" },
-        label: { formatter: r.what, color: "#ff7f0e", position: "insideEndBottom" } });
+      lines.push({ xAxis: G.ms(r.ts), lineStyle: { color: "#ff7f0e", type: "dashed" } });
     }
-    return { symbol: "none", silent: true, data: lines };
+    return { symbol: "none", silent: true, label: { show: false }, data: lines };
+  };
+
+  // The marks' labels, as links to the incident or the resets, in rows at the top of the
+  // plot: each takes the first row where it starts after the last label ends; past
+  // MARK_ROWS rows a crowded stretch becomes one "+N" label listing the rest (its title).
+  const MARK_ROWS = 3, ROW_PX = 18, GAP_PX = 4, TOP_PX = 32;
+  // a label's width, rounded up (offsetWidth rounds, and a label may then overrun)
+  const wide = (el) => Math.ceil(el.getBoundingClientRect().width);
+  G.markLabels = function (chart, holder, events) {
+    const marks = [];
+    for (const i of events.incidents || []) {
+      marks.push({ ms: G.ms(i.opened_at), text: `#${i.id} ${i.kind}`, kind: "incident",
+        href: `/incidents/${encodeURIComponent(i.id)}`, title: `#${i.id} ${i.title || i.kind}` });
+    }
+    for (const r of events.resets || []) {
+      marks.push({ ms: G.ms(r.ts), text: "reset", kind: "reset", href: "/resets",
+        title: `reset: ${r.what}${r.comm ? ` (${r.comm})` : ""}` });
+    }
+    marks.sort((a, b) => a.ms - b.ms);
+    holder.replaceChildren();
+    const width = holder.clientWidth, ends = [];
+    let more = null;
+    for (const m of marks) {       // only those in the plot as zoomed now
+      const x = chart.convertToPixel({ xAxisIndex: 0 }, m.ms);
+      if (!Number.isFinite(x) || x < GRID_SIDE_PX || x > chart.getWidth() - GRID_SIDE_PX) continue;
+      const label = document.createElement("a");
+      label.className = `mark ${m.kind}`;
+      label.href = m.href;
+      label.textContent = m.text;
+      label.title = m.title;
+      holder.appendChild(label);
+      const left = Math.max(0, Math.min(x, width - wide(label)));
+      const row = ends.findIndex((end) => end + GAP_PX <= left);
+      const at = row !== -1 ? row : ends.length < MARK_ROWS ? ends.length : -1;
+      if (at === -1) {                 // no room: into the "+N" label of this stretch
+        label.remove();
+        if (more && more.end + GAP_PX > left) {
+          more.count += 1;
+          more.el.textContent = `+${more.count}`;
+          more.el.title += `\n${m.title}`;
+          more.end = Math.max(more.end, more.left + wide(more.el));
+          continue;
+        }
+        const el = document.createElement("span");
+        el.className = "mark more";
+        el.textContent = "+1";
+        el.title = m.title;
+        holder.appendChild(el);
+        const start = Math.max(more ? more.end + GAP_PX : 0, Math.min(x, width - wide(el)));
+        el.style.left = `${start}px`;
+        el.style.top = `${TOP_PX + MARK_ROWS * ROW_PX}px`;
+        more = { el, count: 1, left: start, end: start + wide(el) };
+        continue;
+      }
+      label.style.left = `${left}px`;
+      label.style.top = `${TOP_PX + at * ROW_PX}px`;
+      ends[at] = left + wide(label);
+    }
   };
 
   // A time in the page's URL: ISO 8601 (what a person writes and reads) or ns since the

@@ -147,6 +147,11 @@
 
   // What is drawn: its request, its data (rows on a grid of buckets), its events.
   let view = null;
+  const markHolder = document.getElementById("marks-util");
+  // The incident and reset labels, where the marks are now (after a zoom, a resize).
+  const labelMarks = () => view && G.markLabels(chart.util, markHolder, view.events);
+  chart.util.on("datazoom", () => requestAnimationFrame(labelMarks));
+  window.addEventListener("resize", () => requestAnimationFrame(labelMarks));
   let generation = 0;                  // a newer load makes an older live answer stale
 
   function draw(data, events, fresh) {
@@ -158,6 +163,7 @@
     chart.thermal.setOption(thermal(data, range), fresh);
     chart.heatmap.setOption(heatmap(data), true);
     chart.scatter.setOption(scatter(data), true);
+    labelMarks();
     document.getElementById("range-info").textContent =
       `${data.rows.length} points, ${data.bucket_s} s each` +
       (data.from_rollups ? ", from one-minute rollups" : "");
@@ -166,7 +172,7 @@
   // Processes and incidents as the events give them: when these change, the lists under
   // the charts are taken again from the page as the server renders it.
   const people = (events) => JSON.stringify([(events.lanes || []).map((l) => [l.pid, l.until]),
-    (events.incidents || []).map((i) => [i.id, i.state])]);
+    (events.incidents || []).map((i) => [i.id, i.closed_at])]);
 
   async function load(params) {
     const mine = ++generation;
