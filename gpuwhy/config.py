@@ -109,8 +109,8 @@ SETTINGS: tuple[Setting, ...] = (
             "model name of the simulated GPUs (H100, A100 and L4 have their own limits)"),
     Setting("gpu.sim_scenario", "healthy-training", "GPUWHY_SIM_SCENARIO",
             "simulator scenario: healthy-training, input-starved, pageable-h2d, "
-            "pcie-allreduce, power-cap, thermal-throttle, xid-79, gpu-reset or "
-            "fabric-manager-down"),
+            "pcie-allreduce, power-cap, thermal-throttle, xid-79, gpu-reset, "
+            "fabric-manager-down or mig-idle-instance (80 GB models only)"),
     Setting("gpu.sim_seed", 0, "GPUWHY_SIM_SEED", "seed of the simulator (same seed, same data)"),
     Setting("gpu.sim_event_after", 30.0, "GPUWHY_SIM_EVENT_AFTER",
             "scenario seconds before the simulated Xid 79, GPU reset or thermal slowdown"),

@@ -399,8 +399,11 @@ class GpuState(Event):
 class GpuProcesses(Event):
     """Event name: ``gpu_processes`` (topic ``gpu``). Compute processes on a GPU (NVML), each
     a dict with ``pid``, ``start_time`` (clock ticks since boot, None when /proc could not
-    tell), ``used_memory_mib`` and the per-process utilisation ``sm_util``, ``mem_util``,
-    ``enc_util``, ``dec_util`` in % (None when the driver had no sample for it)."""
+    tell), ``used_memory_mib``, the per-process utilisation ``sm_util``, ``mem_util``,
+    ``enc_util``, ``dec_util`` in % (None when the driver had no sample for it), and
+    ``gpu_instance``: the MIG GPU instance id the process runs in (the ``instance`` of that
+    instance's ``gpu_sample`` events, as an int), None on a GPU not in MIG mode or when the
+    driver does not say."""
 
     topic = "gpu"
     kind = "gpu_processes"

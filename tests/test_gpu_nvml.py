@@ -130,10 +130,15 @@ class FakeNvml:
             "nvmlGpmSampleGet": self.gpm_sample,
             "nvmlGpmMetricsGet": self.gpm_metrics,
             "nvmlGpmSampleFree": self.gpm_free,
+            "nvmlDeviceGetMigMode": self.no_mig,       # an L4 has no MIG
         }
         for name, fn in calls.items():
             assert hasattr(pynvml, name), name   # same names as the real binding
             monkeypatch.setattr(pynvml, name, self.breakable(name, fn))
+
+    @staticmethod
+    def no_mig(handle):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def breakable(self, name, fn):
         def call(*args, **kwargs):
@@ -440,7 +445,7 @@ def test_gpus_without_gpm_have_no_gpm_fields_and_are_noted_once(nvml, clock, cap
     assert nvml.gpm_allocated == [] and nvml.gpm_samples == 0
     gpm_logs = [r.getMessage() for r in caplog.records if "GPM" in r.getMessage()]
     assert len(gpm_logs) == 2 and all("Hopper" in m for m in gpm_logs)
-    assert ("GPM metrics (sm_active, tensor_active, dram_active) not available on 2 GPU(s)"
+    assert (f"{nvml_module.GPM_NOTE} not available on 2 GPU(s)"
             in source.notes())
     source.close()
 
@@ -462,7 +467,7 @@ def test_gpm_refused_by_driver_or_library_leaves_the_rest(nvml, clock, caplog, c
     assert {e.gpu_id for e in reads[-1] if isinstance(e, GpuSample)} == {"GPU-00", "GPU-11"}
     assert next(e for e in reads[-1] if e.gpu_id == "GPU-00").fields["power_w"] == 70.5
     assert len([r for r in caplog.records if r.getMessage().startswith("GPU-00: no GPM")]) == 1
-    assert "GPM metrics (sm_active, tensor_active, dram_active) not available on 1 GPU(s)" in (
+    assert f"{nvml_module.GPM_NOTE} not available on 1 GPU(s)" in (
         source.notes())
     gpu0_buffers = [a for a in nvml.gpm_allocated if a not in nvml.gpm_buffers]
     assert len(gpu0_buffers) == (2 if where == "nvmlGpmSampleGet" else 0)   # freed at once
@@ -535,7 +540,7 @@ def test_two_gpus_only_one_with_gpm(nvml, clock):
     assert {gpu for gpu, _, _ in nvml.gpm_pairs} == {1}
     assert {owner[0] for owner in nvml.gpm_buffers.values()} == {1}
     assert len(nvml.gpm_allocated) == 2
-    assert ("GPM metrics (sm_active, tensor_active, dram_active) not available on 1 GPU(s)"
+    assert (f"{nvml_module.GPM_NOTE} not available on 1 GPU(s)"
             in source.notes())
     source.close()
     assert sorted(nvml.gpm_freed) == sorted(nvml.gpm_allocated)

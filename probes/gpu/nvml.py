@@ -4,10 +4,15 @@ Per GPU and read: identity, utilisation, memory, clocks, clock-event reasons, po
 energy, temperature, PCIe throughput and link (generation and width, now and at most), ECC
 and row remapping, the NVLink error counters summed over the active links (none on a GPU
 without NVLink), the NVLink fabric's state and health on NVSwitch boards, the running
-compute processes with their memory, and per-process utilisation samples. On Hopper and
-later, GPM (GPU Performance Monitoring) adds ``sm_active``, ``tensor_active`` and
-``dram_active``: each read takes one GPM sample and computes the metrics since the
-previous read's, so a GPU's first read has none of them; before Hopper there are none.
+compute processes with their memory (and, in MIG mode, their GPU instance), and
+per-process utilisation samples. On Hopper and later, GPM (GPU Performance Monitoring) adds
+``gr_engine_active``, ``sm_active``, ``tensor_active`` and ``dram_active``: each read takes
+one GPM sample and computes the metrics since the previous read's, so a GPU's first read
+has none of them; before Hopper there are none.
+A GPU in MIG mode also gets one sample per GPU instance (``instance`` its GPU instance id,
+``labels["mig_profile"]`` its profile, e.g. ``1g.10gb``): the instance's memory, and on
+Hopper and later its GPM metrics (``nvmlGpmMigSampleGet``). The whole GPU's sample keeps
+what the device reports (in MIG mode NVML gives it no utilisation).
 A thread waits for Xid events (NVML event sets are not thread safe: only that thread
 touches its set). ``GPU_IS_LOST`` and ``RESET_REQUIRED`` become ``gpu_state`` events;
 that GPU is then left alone. Anything NOT_SUPPORTED or NO_PERMISSION is missing, noted
@@ -20,6 +25,7 @@ import ctypes
 import importlib
 import logging
 import queue
+import re
 import threading
 from collections.abc import Callable
 from time import monotonic_ns
@@ -61,14 +67,36 @@ _INIT_REASONS = {
 
 
 # Our profiling field <- the GPM metric that measures it (GPM: percent, 0-100; ours: 0-1).
-# Each is the nearest GPM metric to the DCGM field, not the same counter (docs/gpu-fields.md).
-GPM_METRICS = (("sm_active", "NVML_GPM_METRIC_SM_UTIL"),
+# Each is the nearest GPM metric to the DCGM field, not the same counter (docs/gpu-fields.md);
+# GRAPHICS_UTIL is the one DCGM itself reads for GR_ENGINE_ACTIVE on Hopper and later
+# (DcgmFieldIdToNvmlGpmMetricId in dcgmlib/src/dcgm_fields.cpp).
+GPM_METRICS = (("gr_engine_active", "NVML_GPM_METRIC_GRAPHICS_UTIL"),
+               ("sm_active", "NVML_GPM_METRIC_SM_UTIL"),
                ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
                ("dram_active", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
 GPM_NOTE = f"GPM metrics ({', '.join(name for name, _ in GPM_METRICS)})"
 # NVML's GPM counters refresh about every 100 ms: two samples closer than that measure
 # nothing ("the interval between two nvmlGpmSampleGet() calls should be greater than 100ms").
 GPM_MIN_GAP_NS = 100_000_000
+MIG_NOTE = "MIG instances"
+MIG_GPM_NOTE = f"{GPM_NOTE} per MIG instance"
+MIG_MEMORY_NOTE = "memory per MIG instance"
+# NVML's "no such id" in a process's gpuInstanceId (NVML_VALUE_NOT_AVAILABLE as a c_uint):
+# the process runs on a GPU that is not in MIG mode
+NO_INSTANCE_ID = 0xFFFFFFFF
+# "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG 1g.10gb+me", or a compute instance's
+# "MIG 1c.3g.40gb" (one compute slice of a 3g.40gb GPU instance)
+_MIG_NAME = re.compile(r"(?:^|\s)(?:MIG\s+)?(?:\d+c\.)?(\d+g\.\d+gb\S*)\s*$")
+
+
+def mig_profile(name: str | bytes | None) -> str | None:
+    """The GPU instance profile (``1g.10gb``) in a MIG device's or GPU instance's name, or
+    None when the name has none. A compute instance's name (``MIG 1c.3g.40gb``) gives its
+    GPU instance's profile (``3g.40gb``): samples are per GPU instance."""
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    match = _MIG_NAME.search((name or "").strip())
+    return match.group(1) if match else None
 
 
 def _load() -> ModuleType:
@@ -153,15 +181,17 @@ def _missing(nv: ModuleType) -> tuple[type[Exception], ...]:
 
 
 class _GpmPair:
-    """One GPU's two GPM sample buffers: the latest sample, and the one the next read fills.
+    """One GPU's (or MIG GPU instance's) two GPM sample buffers: the latest sample, and the
+    one the next read fills.
 
     Allocated once per GPU and swapped on each read, so that a read is one
-    ``nvmlGpmSampleGet`` and one ``nvmlGpmMetricsGet``, and the metrics always span the
-    real time since the previous read, however long that was.
+    ``nvmlGpmSampleGet`` (``take``; ``nvmlGpmMigSampleGet`` for a GPU instance) and one
+    ``nvmlGpmMetricsGet``, and the metrics always span the real time since the previous
+    read, however long that was.
     """
 
-    def __init__(self, nv: ModuleType, handle: object):
-        self.nv, self.handle = nv, handle
+    def __init__(self, nv: ModuleType, take: Callable[[object], object]):
+        self.nv, self.take = nv, take
         self.latest = nv.nvmlGpmSampleAlloc()
         try:
             self.spare = nv.nvmlGpmSampleAlloc()
@@ -177,7 +207,7 @@ class _GpmPair:
         nv, now = self.nv, monotonic_ns()
         if self.latest_ns is not None and now - self.latest_ns <= GPM_MIN_GAP_NS:
             return None   # keep the older sample as the base: the next read spans both gaps
-        nv.nvmlGpmSampleGet(self.handle, self.spare)
+        self.take(self.spare)
         had_base = self.latest_ns is not None
         self.latest, self.spare = self.spare, self.latest
         self.latest_ns = now
@@ -217,6 +247,11 @@ class NvmlSource:
         self._gone: dict[str, str] = {}
         self._last_util_ts: dict[str, int] = {}
         self._gpm: dict[str, _GpmPair | None] = {}   # None: no GPM on that GPU
+        self._gpm_device: dict[str, bool] = {}         # whether the GPU has GPM at all
+        # MIG: GPUs that cannot be in MIG mode (asked once), and each GPU instance's GPM pair
+        # by (GPU, GPU instance id, profile); None: no GPM for that instance
+        self._no_mig: set[str] = set()
+        self._mig_gpm: dict[tuple[str, int, str | None], _GpmPair | None] = {}
         # The NVLink links each GPU has (asked once: a link's existence does not change while
         # the driver runs); an empty tuple: no NVLink on that GPU.
         self._nvlinks: dict[str, tuple[int, ...]] = {}
@@ -296,6 +331,7 @@ class NvmlSource:
             fields.update(self._fabric_fields(gpu))
             fields.update(self._gpm_fields(gpu))
             processes = self._processes(gpu)
+            instances = self._mig_samples(gpu, ts)
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
             state = "lost" if isinstance(exc, nv.NVMLError_GpuIsLost) else "reset_required"
             self._gone[gpu.id] = f"{state} ({exc})"
@@ -306,7 +342,7 @@ class NvmlSource:
             self._unsupported.setdefault(f"read ({exc})", set()).add(gpu.id)
             return []
         events: list[Event] = [GpuSample(ts=ts, gpu_id=gpu.id, source="nvml", simulated=False,
-                                         fields=fields)]
+                                         fields=fields), *instances]
         if processes is not None:
             events.append(GpuProcesses(ts=ts, gpu_id=gpu.id, source="nvml",
                                        processes=processes))
@@ -420,14 +456,13 @@ class NvmlSource:
     def rates_pending(self) -> bool:
         """Whether a GPU's GPM fields wait for a second read (``gpu sample --once`` then
         reads again rather than print a Hopper GPU without SM activity)."""
-        return any(pair is not None and not pair.measured for pair in self._gpm.values())
+        pairs = [*self._gpm.values(), *self._mig_gpm.values()]
+        return any(pair is not None and not pair.measured for pair in pairs)
 
     def _gpm_fields(self, gpu: GpuInfo) -> dict[str, float]:
-        """GPM's SM, tensor and DRAM activity since the previous read, as 0-1 ratios.
-
-        Only whole GPUs are read here (handles from ``nvmlDeviceGetHandleByIndex``). A MIG
-        GPU instance would need ``nvmlGpmMigSampleGet`` per instance, which this source
-        does not do: the source has no per-instance rows to put such values in.
+        """GPM's graphics-engine, SM, tensor and DRAM activity since the previous read, as
+        0-1 ratios, for the whole GPU (``nvmlGpmSampleGet`` on its handle). Its MIG GPU
+        instances are read apart, each with ``nvmlGpmMigSampleGet`` (:meth:`_instance_gpm`).
         """
         nv = self._nv
         if gpu.id not in self._gpm:
@@ -449,14 +484,17 @@ class NvmlSource:
             # fields, and the next read compares with the last sample that was taken.
             self._read_failed(gpu, GPM_NOTE, "GPM", exc)
             return {}
-        if got is None:
-            return {}
-        fields = {}
+        return {} if got is None else self._gpm_values(gpu, got, "GPM")
+
+    def _gpm_values(self, gpu: GpuInfo, got: object, where: str) -> dict[str, float]:
+        """Our fields from one ``nvmlGpmMetricsGet``; a metric NVML could not give is
+        missing, noted under ``where``."""
+        nv, fields = self._nv, {}
         for i, (name, _) in enumerate(GPM_METRICS):
             metric = got.metrics[i]
             if metric.nvmlReturn != nv.NVML_SUCCESS:
                 code = type(nv.NVMLError(metric.nvmlReturn)).__name__
-                self._unsupported.setdefault(f"{name} (GPM: {code})", set()).add(gpu.id)
+                self._unsupported.setdefault(f"{name} ({where}: {code})", set()).add(gpu.id)
                 continue
             value = metric.value / 100
             if plausible(BY_NAME[name], value):
@@ -465,11 +503,14 @@ class NvmlSource:
 
     def _gpm_open(self, gpu: GpuInfo) -> _GpmPair | None:
         nv = self._nv
+        self._gpm_device[gpu.id] = False
         try:
             if not nv.nvmlGpmQueryDeviceSupport(gpu.handle).isSupportedDevice:
                 self._gpm_off(gpu, "not a GPM GPU (GPM needs Hopper or later)")
                 return None
-            return _GpmPair(nv, gpu.handle)
+            self._gpm_device[gpu.id] = True
+            handle = gpu.handle
+            return _GpmPair(nv, lambda sample: nv.nvmlGpmSampleGet(handle, sample))
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
             raise
         except _missing(nv) as exc:
@@ -481,6 +522,145 @@ class NvmlSource:
     def _gpm_off(self, gpu: GpuInfo, reason: str) -> None:
         self._unsupported.setdefault(GPM_NOTE, set()).add(gpu.id)
         log.info("%s: no %s: %s", gpu.id, GPM_NOTE, reason)
+
+    # --- MIG: one sample per GPU instance -------------------------------------------------
+
+    def _mig_samples(self, gpu: GpuInfo, ts: int) -> list[GpuSample]:
+        """One sample per GPU instance of a GPU whose current MIG mode is on; none otherwise.
+
+        The instances are walked afresh at every read (MIG devices are at most 7 or 8 per
+        GPU), so a reconfiguration between two reads is seen at the next: an instance gone
+        stops (its GPM buffers freed), a new one starts. An instance destroyed during the
+        walk (NOT_FOUND, INVALID_ARGUMENT) is skipped; any other error costs that instance
+        or that field this read, never the GPU's other samples.
+        """
+        nv = self._nv
+        if gpu.id in self._no_mig:
+            return []
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(gpu.handle)
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except _missing(nv):
+            self._no_mig.add(gpu.id)   # not MIG-capable, or a driver without MIG: not asked again
+            return []
+        except nv.NVMLError as exc:
+            self._read_failed(gpu, MIG_NOTE, "MIG mode", exc)
+            return []
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            self._forget_instances(gpu, set())
+            return []
+        samples = []
+        kept = set()
+        for gi, mig, profile in self._mig_devices(gpu):
+            fields = self._instance_fields(gpu, gi, mig, profile)
+            if fields is None:
+                continue   # destroyed since the walk
+            kept.add((gpu.id, gi, profile))
+            samples.append(GpuSample(ts=ts, gpu_id=gpu.id, source="nvml", simulated=False,
+                                     fields=fields, instance=str(gi),
+                                     labels={"mig_profile": profile} if profile else {}))
+        self._forget_instances(gpu, kept)
+        return samples
+
+    def _mig_devices(self, gpu: GpuInfo) -> list[tuple[int, object, str | None]]:
+        """(GPU instance id, a MIG device handle in it, its profile) per GPU instance.
+
+        A MIG device is a compute instance: a GPU instance split into several compute
+        instances has several MIG devices, all with its memory; the first one stands for it.
+        """
+        nv, found = self._nv, {}
+        try:
+            slots = nv.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except nv.NVMLError as exc:
+            self._read_failed(gpu, MIG_NOTE, "MIG device count", exc)
+            return []
+        for index in range(slots):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, index)
+                gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+                if gi in found:
+                    continue
+                found[gi] = (mig, mig_profile(nv.nvmlDeviceGetName(mig)))
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+                raise
+            except (nv.NVMLError_NotFound, nv.NVMLError_InvalidArgument):
+                continue   # an empty slot, or an instance destroyed since the count
+            except nv.NVMLError as exc:
+                self._read_failed(gpu, MIG_NOTE, f"MIG device {index}", exc)
+        return [(gi, mig, profile) for gi, (mig, profile) in sorted(found.items())]
+
+    def _instance_fields(self, gpu: GpuInfo, gi: int, mig: object,
+                         profile: str | None) -> dict[str, float] | None:
+        """A GPU instance's memory (MiB, as the whole GPU's) and GPM metrics; None when the
+        instance is gone."""
+        nv, fields = self._nv, {}
+        try:
+            memory = nv.nvmlDeviceGetMemoryInfo(mig)
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except (nv.NVMLError_NotFound, nv.NVMLError_InvalidArgument):
+            return None
+        except _missing(nv):
+            self._unsupported.setdefault(MIG_MEMORY_NOTE, set()).add(gpu.id)
+        except nv.NVMLError as exc:
+            self._read_failed(gpu, MIG_MEMORY_NOTE, f"MIG instance {gi} memory", exc)
+        else:
+            for name, value in (("fb_total_mib", memory.total / MIB),
+                                ("fb_used_mib", memory.used / MIB)):
+                if plausible(BY_NAME[name], value):
+                    fields[name] = value
+        gpm = self._instance_gpm(gpu, gi, profile)
+        return None if gpm is None else fields | gpm
+
+    def _instance_gpm(self, gpu: GpuInfo, gi: int, profile: str | None) -> dict | None:
+        """The GPU instance's GPM metrics since the previous read (``nvmlGpmMigSampleGet``
+        on the parent GPU, as the whole GPU's); {} without them, None when the instance is
+        gone."""
+        nv, key = self._nv, (gpu.id, gi, profile)
+        if not self._gpm_device.get(gpu.id):
+            return {}
+        if key not in self._mig_gpm:
+            handle = gpu.handle
+            try:
+                self._mig_gpm[key] = _GpmPair(
+                    nv, lambda sample: nv.nvmlGpmMigSampleGet(handle, gi, sample))
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+                raise
+            except nv.NVMLError as exc:
+                self._mig_gpm[key] = None
+                self._read_failed(gpu, MIG_GPM_NOTE, f"GPM set-up of MIG instance {gi}", exc)
+        pair = self._mig_gpm[key]
+        if pair is None:
+            return {}
+        try:
+            got = pair.advance()
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
+            raise
+        except (nv.NVMLError_NotFound, nv.NVMLError_InvalidArgument):
+            pair.free()
+            del self._mig_gpm[key]
+            return None
+        except _missing(nv) as exc:
+            pair.free()
+            self._mig_gpm[key] = None
+            self._unsupported.setdefault(MIG_GPM_NOTE, set()).add(gpu.id)
+            log.info("%s: no %s for instance %d: %s", gpu.id, MIG_GPM_NOTE, gi,
+                     type(exc).__name__)
+            return {}
+        except nv.NVMLError as exc:
+            self._read_failed(gpu, MIG_GPM_NOTE, f"GPM of MIG instance {gi}", exc)
+            return {}
+        return {} if got is None else self._gpm_values(gpu, got, "GPM per MIG instance")
+
+    def _forget_instances(self, gpu: GpuInfo, kept: set) -> None:
+        """Free the GPM buffers of this GPU's instances that are no longer there."""
+        for key in [k for k in self._mig_gpm if k[0] == gpu.id and k not in kept]:
+            pair = self._mig_gpm.pop(key)
+            if pair is not None:
+                pair.free()
 
     def _processes(self, gpu: GpuInfo) -> list[dict] | None:
         nv = self._nv
@@ -509,11 +689,14 @@ class NvmlSource:
             except NoSuchProcess:   # gone already, or in a pid namespace we cannot see
                 start_time = None
             u = utils.get(p.pid)
+            instance = getattr(p, "gpuInstanceId", None)
             rows.append({"pid": p.pid, "start_time": start_time,
                          "used_memory_mib": None if p.usedGpuMemory is None
                          else p.usedGpuMemory / MIB,
                          "sm_util": u and u.smUtil, "mem_util": u and u.memUtil,
-                         "enc_util": u and u.encUtil, "dec_util": u and u.decUtil})
+                         "enc_util": u and u.encUtil, "dec_util": u and u.decUtil,
+                         "gpu_instance": None if instance in (None, NO_INSTANCE_ID)
+                         else int(instance)})
         return rows
 
     def _wait_for_xids(self) -> None:
@@ -560,10 +743,10 @@ class NvmlSource:
         self._stop.set()
         if self._xid_thread is not None:
             self._xid_thread.join(XID_WAIT_MS / 1000 + 1)
-        for pair in self._gpm.values():
+        for pair in [*self._gpm.values(), *self._mig_gpm.values()]:
             if pair is not None:
                 pair.free()   # before nvmlShutdown, which would make the frees fail
-        self._gpm = {}
+        self._gpm, self._mig_gpm = {}, {}
         if self._nv is not None:
             try:
                 self._nv.nvmlShutdown()

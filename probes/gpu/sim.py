@@ -8,7 +8,11 @@ scenario's event comes ``event_after`` scenario seconds in, or at the first read
 ``event_file`` appears (so that a played incident, e.g. `gpuwhy demo`'s stand-in reset,
 strikes the simulated GPU when it happens on the host). ``fabric-manager-down`` is an HGX
 board whose Fabric Manager never started: the NVLink fabric stays NotStarted, the links
-untrained, and no CUDA work can run.
+untrained, and no CUDA work can run. ``mig-idle-instance`` puts every GPU (80 GB models only)
+in MIG mode as 7 × 1g.10gb GPU instances, each with its own samples (``instance`` its GPU
+instance id, ``labels["mig_profile"]``) as the real sources give them; the whole GPU reports
+no utilisation or profiling activity, as in MIG mode. All instances train, except GPU 0's
+last one, which holds about 8 GiB and does nothing (a forgotten notebook).
 Every event it makes carries ``simulated=True`` and every GPU's model says SIMULATED.
 """
 
@@ -34,7 +38,8 @@ from gpuwhy.probes.gpu.source import GpuInfo, SourceUnavailable
 from gpuwhy.reset import BACK_STATES, RESET_STATES
 
 SCENARIOS = ("healthy-training", "input-starved", "pageable-h2d", "pcie-allreduce",
-             "power-cap", "thermal-throttle", "xid-79", "gpu-reset", "fabric-manager-down")
+             "power-cap", "thermal-throttle", "xid-79", "gpu-reset", "fabric-manager-down",
+             "mig-idle-instance")
 RESET_SECONDS = 5.0
 SW_POWER_CAP, SW_THERMAL, HW_THERMAL, GPU_IDLE = (THROTTLE_BITS[name] for name in (
     "SW_POWER_CAP", "SW_THERMAL", "HW_THERMAL", "IDLE"))
@@ -61,6 +66,19 @@ SPECS = {"H100": Spec(1980, 2619, 700, 81559, 52e9, 5, True, True),
 PCIE_IDLE_GEN = 1   # an idle GPU trains its link down to Gen1 to save power
 NVLINK_ERRORS = ("nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
                  "nvlink_recovery_errors")
+# MIG (mig-idle-instance): seven 1g.10gb GPU instances per GPU, with the GPU instance ids a
+# driver gives seven 1g instances made one after another on an A100/H100 (7 to 13)
+MIG_PROFILE = "1g.10gb"
+MIG_INSTANCES = tuple(range(7, 14))
+MIG_INSTANCE_MIB = 9984.0       # about what a 1g.10gb instance's memory totals
+MIG_IDLE_INSTANCE = (0, 13)     # (GPU index, GPU instance id) of the idle one
+MIG_IDLE_USED_MIB = 8210.0
+MIG_MIN_FB_MIB = 80000.0        # 1g.10gb × 7 exists on the 80 GB A100 and H100
+# what a GPU in MIG mode does not report for the whole GPU: utilisation and the activity
+# ratios, which exist per GPU instance only
+MIG_WHOLE_GPU_ABSENT = ("gpu_util", "mem_util", "sm_active", "sm_occupancy", "tensor_active",
+                        "dram_active", "gr_engine_active", "fp16_active", "fp32_active",
+                        "fp64_active")
 
 
 def spec_for(model: str) -> Spec:
@@ -81,6 +99,9 @@ class SimulatedGpus:
                                     + ", ".join(SCENARIOS))
         if count < 1:
             raise SourceUnavailable("sim", f"needs at least one GPU, got {count}")
+        if scenario == "mig-idle-instance" and spec_for(model).fb_total < MIG_MIN_FB_MIB:
+            raise SourceUnavailable("sim", f"scenario {scenario} needs an 80 GB A100 or H100 "
+                                           f"(7 × {MIG_PROFILE}), not {model}")
         self.count, self.model, self.scenario, self.seed = count, model, scenario, seed
         self.interval, self.event_after = interval, event_after
         self.event_file = event_file
@@ -131,7 +152,22 @@ class SimulatedGpus:
             return self._struck_events(gpu, t, ts, mark)
         rng = random.Random(f"{self.seed}:{self.scenario}:{index}:{self.tick}")
         fields = self._fields(index, t, rng)
+        if self.scenario == "mig-idle-instance":
+            return self._mig_events(index, fields, ts, mark)
         return [GpuSample(ts=ts, fields=fields, **mark)]
+
+    def _mig_events(self, index: int, whole: dict, ts: int, mark: dict) -> list[Event]:
+        """A GPU in MIG mode: its own sample without utilisation, and one per GPU instance."""
+        samples = []
+        for gi in MIG_INSTANCES:
+            rng = random.Random(f"{self.seed}:{self.scenario}:{index}:{gi}:{self.tick}")
+            fields = _mig_instance(rng, idle=(index, gi) == MIG_IDLE_INSTANCE)
+            samples.append(GpuSample(ts=ts, fields=fields, instance=str(gi),
+                                     labels={"mig_profile": MIG_PROFILE}, **mark))
+        for name in MIG_WHOLE_GPU_ABSENT:
+            whole.pop(name, None)
+        whole["fb_used_mib"] = round(sum(s.fields["fb_used_mib"] for s in samples), 4)
+        return [GpuSample(ts=ts, fields=whole, **mark), *samples]
 
     def _struck_events(self, gpu: GpuInfo, t: float, ts: int, mark: dict) -> list[Event]:
         first = t - self.interval < self.event_after
@@ -207,6 +243,25 @@ def _healthy(f: dict, s: Spec, t: float, rng: random.Random, at: float) -> None:
     pass
 
 
+def _mig_instance(rng: random.Random, idle: bool) -> dict[str, float]:
+    """One 1g.10gb GPU instance's fields: a training job's, or an idle tenant's that holds
+    its memory; activity as DCGM's profiling ratios give it per instance."""
+    if idle:
+        f = dict.fromkeys(("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active",
+                           "dram_active", "fp16_active", "fp32_active", "fp64_active"), 0.0)
+        f["fb_used_mib"] = MIG_IDLE_USED_MIB
+    else:
+        def ratio(mean: float, spread: float) -> float:
+            return min(1.0, max(0.0, mean + rng.uniform(-spread, spread)))
+        f = {"gr_engine_active": ratio(0.9, 0.06), "sm_active": ratio(0.78, 0.06),
+             "sm_occupancy": ratio(0.45, 0.05), "tensor_active": ratio(0.5, 0.08),
+             "dram_active": ratio(0.35, 0.06), "fp16_active": ratio(0.07, 0.02),
+             "fp32_active": ratio(0.1, 0.03), "fp64_active": 0.0,
+             "fb_used_mib": 7100.0 + rng.uniform(-150.0, 150.0)}
+    f["fb_total_mib"] = MIG_INSTANCE_MIB
+    return {name: round(float(value), 4) for name, value in f.items()}
+
+
 def _idle(f: dict, s: Spec, t: float, rng: random.Random, at: float) -> None:
     f.update(gpu_util=0.0, mem_util=0.0, sm_active=0.0, sm_occupancy=0.0, tensor_active=0.0,
              dram_active=0.0, gr_engine_active=0.0, fp16_active=0.0, fp32_active=0.0,
@@ -269,5 +324,7 @@ _SHAPES = {"healthy-training": _healthy, "idle": _idle, "input-starved": _input_
            "power-cap": _power_cap, "thermal-throttle": _thermal_throttle,
            "xid-79": _after_xid, "gpu-reset": _healthy,
            # every CUDA start fails (cudaErrorSystemNotReady): the GPUs stay idle
-           "fabric-manager-down": _idle}
+           "fabric-manager-down": _idle,
+           # the instances' own activity: _mig_instance
+           "mig-idle-instance": _healthy}
 
