@@ -205,3 +205,17 @@ def test_and_or_decide_on_the_first_deciding_item_and_stay_unknown_otherwise(whe
                          "t.rules")
     _, engine = run(Synthetic(duration_s=60, gpu={"fp64_active": None}), [rule])
     assert statuses(engine, "X_logic") == {status}
+
+
+@pytest.mark.parametrize("aggregate, known", [("last", True), ("max", False), ("mean", False)])
+def test_the_latest_value_needs_no_history_an_aggregate_needs_half_its_window(aggregate,
+                                                                             known):
+    """A state (a remap-failure flag) is known from its first sample; a mean or a max over
+    10 minutes is unknown until 5 minutes of samples cover it."""
+    [rule] = parse_rules(f'rule X_state {{ title: "t" window: 10m every 10s\n'
+                         f'  when: {aggregate}(gpu.rr_failure, 10m) >= 1 }}', "t.rules")
+    findings, engine = run(Synthetic(duration_s=40, gpu={"row_remap_failed": 1.0}), [rule])
+    assert bool(findings) == known
+    if not known:
+        assert statuses(engine, "X_state") == {"not_evaluable"}
+        assert "warming up" in engine.status()[0]["detail"]

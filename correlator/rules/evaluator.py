@@ -274,6 +274,14 @@ class Evaluation:
         if f == "corr":
             return self._corr(args[0], args[1], args[2].ns)
         window = args[1].ns
+        if f == "last" and isinstance(args[0], m.Ref) and args[0].kind == "signal":
+            # The latest value needs no history (no coverage): a state (a flag, a link's
+            # width, the fabric's state) is known from its first sample.
+            series = self.series(args[0].name, window)
+            if not series:
+                self.missing.add(args[0].name)
+                return None
+            return series[-1][1]
         if f == "frac":
             samples = self.samples(args[0], window)
             if samples is None:

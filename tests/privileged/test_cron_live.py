@@ -70,6 +70,12 @@ def cron_job():
     path.write_text(f"# written by gpuwhy's test suite; removed when the test ends\n"
                     f"* * * * * root sleep 40; : {marker}\n")
     path.chmod(0o644)
+    # cron reloads /etc/cron.d when its mtime differs from the one it read last, to the
+    # second: a daemon started in the same second as this write would never see the job
+    # (CI found that). An mtime no earlier read can have had makes the change certain.
+    later = time.time() + 2
+    for changed in (path, path.parent):
+        os.utime(changed, (later, later))
     yield marker
     path.unlink(missing_ok=True)
     # Stop what cron started for the job (its own session) and cron's child waiting on it.
