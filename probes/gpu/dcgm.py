@@ -400,20 +400,9 @@ class DcgmSource:
             self.mig_note = "MIG instance fields not watched: " + ", ".join(refused)
 
     def _unwatch_instances(self) -> None:
-        for group in self._mig_groups.values():
-            try:
-                self._mig_group.samples.UnwatchFields(group)
-                group.Delete()
-            except Exception:  # noqa: BLE001 - best effort on a hostengine that may be gone
-                pass
-        self._mig_groups.clear()
+        _drop_groups(self._mig_group, self._mig_groups)
         self._mig_cursors.clear()
-        if self._mig_group is not None:
-            try:
-                self._mig_group.Delete()
-            except Exception:  # noqa: BLE001
-                pass
-            self._mig_group = None
+        self._mig_group = None
         self._instances = {}
 
     def _read_instances(self) -> list[Event]:
@@ -462,19 +451,25 @@ class DcgmSource:
     def close(self) -> None:
         if self._handle is not None:
             self._unwatch_instances()
-        for group in self._groups.values():
-            try:
-                self._group.samples.UnwatchFields(group)
-                group.Delete()
-            except Exception:  # noqa: BLE001 - best effort on a hostengine that may be gone
-                pass
-        self._groups.clear()
-        if self._group is not None:
-            try:
-                self._group.Delete()
-            except Exception:  # noqa: BLE001
-                pass
-            self._group = None
+        _drop_groups(self._group, self._groups)
+        self._group = None
         if self._handle is not None:
             self._handle.Shutdown()
             self._handle = None
+
+
+def _drop_groups(entities: object | None, fields: dict) -> None:
+    """Unwatch and delete the field groups watched on an entity group, then the entity
+    group itself; best effort (the hostengine may be gone) and ``fields`` emptied."""
+    for group in fields.values():
+        try:
+            entities.samples.UnwatchFields(group)
+            group.Delete()
+        except Exception:  # noqa: BLE001 - best effort on a hostengine that may be gone
+            pass
+    fields.clear()
+    if entities is not None:
+        try:
+            entities.Delete()
+        except Exception:  # noqa: BLE001
+            pass
