@@ -115,18 +115,21 @@ def gpu_series(db: Database, gpu_id: str, w: Window, after: int | None = None) -
             "from_rollups": len(rolled)}
 
 
-def process_series(db: Database, key: ProcessKey, w: Window) -> dict:
-    """The process's seconds (correlator's ``process_seconds``), averaged per bucket."""
+def process_series(db: Database, key: ProcessKey, w: Window, after: int | None = None) -> dict:
+    """The process's seconds (correlator's ``process_seconds``), averaged per bucket;
+    ``after`` as for :func:`gpu_series` (a live chart's new buckets)."""
     bucket_s = max(1, w.bucket_ns // NS_PER_SECOND)
+    start = w.since if after is None else tail_start(w, after)
     averages = ", ".join(f"avg({name})" for name in PROCESS_FIELDS)
     cursor = db.execute(
         f"select (second - ?) / ? as b, min(second), {averages} from process_seconds "
         f"where pid = ? and start_time = ? and second >= ? and second < ? group by b "
         f"order by b", [w.since // NS_PER_SECOND, bucket_s, key.pid, key.start_time,
-                        w.since // NS_PER_SECOND, w.until // NS_PER_SECOND])
+                        start // NS_PER_SECOND, w.until // NS_PER_SECOND])
     out = [[row[1] * NS_PER_SECOND, *(None if v is None else round(v, 3) for v in row[2:])]
            for row in cursor.fetchall()]
-    return {"fields": list(PROCESS_FIELDS), "rows": out, "bucket_s": bucket_s}
+    return {"fields": list(PROCESS_FIELDS), "rows": out, "bucket_s": bucket_s,
+            "bucket_ns": bucket_s * NS_PER_SECOND}
 
 
 def last_sample_ts(db: Database, gpu_id: str) -> int | None:

@@ -11,7 +11,7 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.store import queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
-from gpuwhy.webui.window import requested_window
+from gpuwhy.webui.window import requested_tail, requested_window
 
 bp = Blueprint("processes", __name__)
 
@@ -82,7 +82,8 @@ def _detail(key: ProcessKey, process: dict) -> dict:
 def show(key: str) -> ResponseReturnValue:
     process_key, process = _process_or_404(key)
     return render_template("process.html", **_detail(process_key, process),
-                           ranges=list(series.RANGES))
+                           ranges=list(series.RANGES), ranges_seconds=series.RANGES,
+                           refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 
 @bp.get("/api/processes/<key>")
@@ -92,10 +93,16 @@ def api_show(key: str) -> ResponseReturnValue:
 
 @bp.get("/api/processes/<key>/series")
 def api_series(key: str) -> ResponseReturnValue:
+    """The process's timeline for a window; with ``after``/``grid``/``bucket`` only what a
+    live chart drawn on that grid lacks."""
     process_key, process = _process_or_404(key)
-    w = _window(process)
+    try:
+        tail = requested_tail(request.args, queries.process_end(get_db(), process_key))
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    w, after = tail if tail else (_window(process), None)
     return jsonify({"key": str(process_key), "from": w.since, "to": w.until,
-                    **series.process_series(get_db(), process_key, w)})
+                    **series.process_series(get_db(), process_key, w, after)})
 
 
 @bp.get("/processes/<key>/series.csv")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuwhy.clock import now_ns
-from gpuwhy.events import DeviceOpened, GpuSample, ProcessSeen
+from gpuwhy.events import DeviceOpened, GpuSample, ProcessExited, ProcessSeen, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import open_store
 from gpuwhy.store.series import last_sample_ts
@@ -171,6 +171,61 @@ def test_incident_and_reset_labels_never_overlap_and_link_to_them(browser, scena
             assert any(label["more"] and "\n" in label["title"] or label["text"] == "+1"
                        for label in labels)
         shoot(page, tmp_path, f"gpu-marks-{span}")
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()
+
+
+def _cpu_tail(page) -> dict:
+    """The process page's on-CPU line as drawn: its last point (ms, ms/s)."""
+    return page.evaluate(
+        "() => { const d = echarts.getInstanceByDom(document.getElementById('chart-cpu'))"
+        ".getOption().series[0].data; return {last: d[d.length - 1][0],"
+        " value: d[d.length - 1][1]}; }")
+
+
+def test_a_running_process_page_follows_its_timeline(browser, scenario, tmp_path):
+    _, config = _own_copy(scenario, tmp_path)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    page = watched.page
+    train = ProcessKey(4242, 1000)           # the scenario's training process, running
+    try:
+        page.goto(f"{live.url}/processes/{train.pid}-{train.start_time}", wait_until="load")
+        _until(page, lambda: page.get_attribute("#process-page", "data-loaded") == "true",
+               "the timeline drawn")
+        assert page.inner_text("#live-state") == "Live"
+        start = now_ns()
+        _arrive(config, tmp_path, *[
+            SchedStats(ts=start + k * S, process=train, interval_ns=S, worker_processes=4,
+                       own={"on_cpu_ns": 777_000_000, "runqueue_ns": 0, "sleep_ns": 0,
+                            "blocked_ns": 0}, workers={"on_cpu_ns": 0})
+            for k in range(4)])
+        _until(page, lambda: _cpu_tail(page)["last"] >= (start + 3 * S) / 1e6 - 60_000,
+               "the new seconds on the timeline", timeout_ms=4000)
+        assert _cpu_tail(page)["value"] == pytest.approx(777, rel=0.01)
+        page.click("#live-toggle")
+        assert page.inner_text("#live-state") == "Paused"
+        assert watched.problems == []
+    finally:
+        watched.close()
+        live.close()
+
+
+def test_an_exited_process_page_says_its_timeline_is_complete(browser, scenario, tmp_path):
+    _, config = _own_copy(scenario, tmp_path)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    page = watched.page
+    gone = ProcessKey(301, 2001)             # the cron job's nvidia-smi, long exited
+    try:
+        _arrive(config, tmp_path, ProcessExited(ts=now_ns(), process=gone, exit_code=0))
+        page.goto(f"{live.url}/processes/{gone.pid}-{gone.start_time}", wait_until="load")
+        _until(page, lambda: page.get_attribute("#process-page", "data-loaded") == "true",
+               "the timeline drawn")
+        assert page.locator("#live").count() == 0
+        assert "complete" in page.inner_text("#live-ended")
         assert watched.problems == []
     finally:
         watched.close()

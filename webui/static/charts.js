@@ -254,6 +254,27 @@
     show(current);
   };
 
+  // --- live charts: what a chart drawn on a grid of buckets asks for, and how it merges ---
+  // The request for what is new: the buckets from the last one drawn (perhaps not complete
+  // then) on, on the grid the chart was drawn on.
+  G.tailParams = function (data) {
+    const last = data.rows.length ? data.rows[data.rows.length - 1][0] : data.from;
+    return { after: String(last), grid: String(data.from), bucket: String(data.bucket_ns) };
+  };
+
+  // The fresh buckets replace the drawn ones they overlap and come after them; the view
+  // ends at the newest data and keeps ``seconds`` before it (null: keeps its start).
+  G.mergeTail = function (data, fresh, seconds) {
+    const grid = data.from, bucket = data.bucket_ns;
+    // ns arrive as doubles (±256 ns): the epsilon keeps a bucket's first sample in it
+    const index = (row) => Math.floor((row[0] - grid) / bucket + 1e-6);
+    const first = fresh.rows.length ? index(fresh.rows[0]) : Infinity;
+    const to = Math.max(data.to, fresh.to);
+    const from = seconds ? to - seconds * 1e9 : data.from;
+    const rows = data.rows.filter((r) => index(r) < first && r[0] >= from).concat(fresh.rows);
+    return Object.assign({}, data, { rows, from, to });
+  };
+
   G.updateCsvLinks = function (params) {
     for (const a of document.querySelectorAll("a[id^='csv-']")) {
       a.href = G.withParams(a.href.split("?")[0], params);

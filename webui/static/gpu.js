@@ -206,31 +206,16 @@
     live.classList.remove("stale");
   }
 
-  // The fresh buckets replace the drawn ones they overlap (the last drawn one was perhaps
-  // not complete) and come after them; the window slides to end at the newest data.
-  function merge(data, fresh, seconds) {
-    const grid = data.from, bucket = data.bucket_ns;
-    // ns arrive as doubles (±256 ns): the epsilon keeps a bucket's first sample in it
-    const index = (row) => Math.floor((row[0] - grid) / bucket + 1e-6);
-    const first = fresh.rows.length ? index(fresh.rows[0]) : Infinity;
-    const to = Math.max(data.to, fresh.to);
-    const from = to - seconds * 1e9;
-    const rows = data.rows.filter((r) => index(r) < first && r[0] >= from).concat(fresh.rows);
-    return Object.assign({}, data, { rows, from, to });
-  }
-
   async function follow() {
     if (!view || !view.following || paused) return;
     const mine = generation, before = view;
-    const last = before.data.rows.length ? before.data.rows[before.data.rows.length - 1][0]
-      : before.data.from;
     try {
       const [fresh, events] = await Promise.all([
-        G.fetchJson(G.withParams(page.dataset.series, { after: String(last),
-          grid: String(before.data.from), bucket: String(before.data.bucket_ns) })),
+        G.fetchJson(G.withParams(page.dataset.series, G.tailParams(before.data))),
         G.fetchJson(G.withParams(page.dataset.events, { range: before.params.range }))]);
       if (mine !== generation || view !== before || paused) return;
-      const data = merge(before.data, fresh, RANGE_SECONDS[before.params.range] || 3600);
+      const data = G.mergeTail(before.data, fresh,
+        RANGE_SECONDS[before.params.range] || 3600);
       const changed = people(events) !== people(before.events);
       view = Object.assign({}, before, { data, events });
       draw(data, events, false);

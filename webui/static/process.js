@@ -1,6 +1,7 @@
 // The process page: its per-second timeline (GPU use, driver calls, CUDA launches and sync
 // time where the CUDA uprobes are on, on/off CPU of the process and its workers) from
-// /api/processes/<key>/series, re-fetched on range or zoom.
+// /api/processes/<key>/series, re-fetched on range or zoom; live while the process runs
+// (new buckets appended, as on the GPU page), held still by pause or a zoom.
 (function () {
   "use strict";
   const G = window.GpuwhyCharts;
@@ -14,34 +15,93 @@
   const cpu = G.init("chart-cpu");
   G.connect();
 
+  // What is drawn: its request and data; following: a running process, not zoomed.
+  let view = null;
+  let generation = 0;
+  const live = document.getElementById("live");
+
+  function draw(data, fresh) {
+    const range = { from: data.from, to: data.to };
+    const a = G.base(range);
+    a.yAxis = [{ type: "value", name: "%" }, { type: "value", name: "calls/s" }];
+    a.series = [G.line("SM util (NVML, this process)", G.column(data, "sm_util"),
+      { connectNulls: true }),
+      { name: "driver calls", type: "bar", yAxisIndex: 1, data: G.column(data, "ioctls"),
+        barMaxWidth: 6 },
+      { name: "CUDA launches", type: "bar", yAxisIndex: 1,
+        data: G.column(data, "cuda_launches"), barMaxWidth: 6 }];
+    activity.setOption(a, fresh);
+    const c = G.base(range);
+    c.yAxis = { type: "value", name: "ms/s" };
+    c.series = ["on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms", "workers_on_cpu_ms",
+      "workers_runqueue_ms", "workers_blocked_ms", "cuda_sync_ms"].map((f) =>
+      G.line(f.replace(/_ms$/, "").replace(/_/g, " "), G.column(data, f)));
+    cpu.setOption(c, fresh);
+    document.getElementById("range-info").textContent =
+      `${data.rows.length} points, ${data.bucket_s} s each`;
+  }
+
   async function load(params) {
     // The whole life unless a range button or a zoom asked for less.
     const query = params.from || params.at || params.picked ? params : {};
+    const mine = ++generation;
     try {
       const data = await G.fetchJson(G.withParams(page.dataset.series, query));
-      const range = { from: data.from, to: data.to };
-      const a = G.base(range);
-      a.yAxis = [{ type: "value", name: "%" }, { type: "value", name: "calls/s" }];
-      a.series = [G.line("SM util (NVML, this process)", G.column(data, "sm_util"),
-        { connectNulls: true }),
-        { name: "driver calls", type: "bar", yAxisIndex: 1, data: G.column(data, "ioctls"),
-          barMaxWidth: 6 },
-        { name: "CUDA launches", type: "bar", yAxisIndex: 1,
-          data: G.column(data, "cuda_launches"), barMaxWidth: 6 }];
-      activity.setOption(a, true);
-      const c = G.base(range);
-      c.yAxis = { type: "value", name: "ms/s" };
-      c.series = ["on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms", "workers_on_cpu_ms",
-        "workers_runqueue_ms", "workers_blocked_ms", "cuda_sync_ms"].map((f) =>
-        G.line(f.replace(/_ms$/, "").replace(/_/g, " "), G.column(data, f)));
-      cpu.setOption(c, true);
-      document.getElementById("range-info").textContent =
-        `${data.rows.length} points, ${data.bucket_s} s each`;
+      if (mine !== generation) return;
+      view = { params: query, data, following: Boolean(live) && !(params.from && params.to) };
+      draw(data, true);
       G.updateCsvLinks(query);
+      liveShow();
       page.dataset.loaded = "true";
     } catch (err) {
       G.showError(`Could not load the timeline: ${err.message}`);
     }
+  }
+
+  // --- live, while the process runs: the buckets after the last one drawn -------------
+  let paused = false;
+  function liveShow() {
+    if (!live || !view) return;
+    document.getElementById("live-state").textContent = !view.following
+      ? "Holding this time range" : paused ? "Paused" : "Live";
+    document.getElementById("live-toggle").textContent = !view.following ? "follow live"
+      : paused ? "resume" : "pause";
+    live.classList.remove("stale");
+  }
+
+  async function follow() {
+    if (!view || !view.following || paused) return;
+    const mine = generation, before = view;
+    try {
+      const fresh = await G.fetchJson(G.withParams(page.dataset.series,
+        G.tailParams(before.data)));
+      if (mine !== generation || view !== before || paused) return;
+      // a picked range slides; the whole life keeps its start
+      const seconds = before.params.range ? RANGE_SECONDS[before.params.range] : null;
+      const data = G.mergeTail(before.data, fresh, seconds);
+      view = Object.assign({}, before, { data });
+      draw(data, false);
+      document.getElementById("live-seen").textContent = `; updated ${G.clock(Date.now())}`;
+      liveShow();
+    } catch (err) {
+      document.getElementById("live-state").textContent = "Not updating (retrying)";
+      live.classList.add("stale");
+      console.warn("gpuwhy: live update failed", err);
+    }
+  }
+
+  const RANGE_SECONDS = live ? JSON.parse(live.dataset.ranges || "{}") : {};
+  if (live) {
+    document.getElementById("live-toggle").addEventListener("click", () => {
+      if (view && !view.following) {        // back to the whole life, following it
+        window.location.assign(window.location.pathname);
+        return;
+      }
+      paused = !paused;
+      liveShow();
+      if (!paused) follow();
+    });
+    setInterval(follow, Number(live.dataset.refreshMs) || 2000);
   }
 
   G.rangeControl(load);
