@@ -1,8 +1,11 @@
-"""The GPU page left open in a real browser: new samples are appended to its charts and a
-newly bound process shows up without a reload; paused, or holding a zoomed range, it stays
-still; the live request asks only for what is new."""
+"""The GPU and process pages left open in a real browser: new samples are appended to the
+charts and a newly bound process shows up without a reload; paused, or holding a zoomed
+range, they stay still; the live request asks only for what is new; the incident and reset
+labels never overlap."""
 
 from __future__ import annotations
+
+import types
 
 import pytest
 
@@ -17,6 +20,21 @@ from .test_browser_incidents import _arrive, _own_copy, _until
 
 pytestmark = pytest.mark.browser
 S = 10**9
+
+
+@pytest.fixture
+def served(browser, scenario, tmp_path):
+    """A page in the browser and a server of this test's own copy of the scenario's store
+    (it changes it), refreshed each second."""
+    path, config = _own_copy(scenario, tmp_path)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    try:
+        yield types.SimpleNamespace(config=config, path=path, url=live.url, page=watched.page,
+                                    problems=watched.problems)
+    finally:
+        watched.close()
+        live.close()
 
 
 def _tail(page) -> dict:
@@ -34,90 +52,74 @@ def _samples(config, tmp_path, gpu_id: str, start: int, seconds: int, util: floa
                   fields={"gpu_util": util, "power_w": 250.0}) for k in range(seconds)])
 
 
-def test_an_open_gpu_page_appends_new_samples_and_takes_a_new_process(browser, scenario,
+def test_an_open_gpu_page_appends_new_samples_and_takes_a_new_process(served, scenario,
                                                                        tmp_path):
-    path, config = _own_copy(scenario, tmp_path)
+    config, page, url = served.config, served.page, served.url
     gpu = scenario.gpu_ids[1]
-    db = open_store(path)
-    live = LiveServer(config)
-    watched = Watched(browser)
-    page = watched.page
     asked: list[str] = []
     page.on("request", lambda r: "/series" in r.url and asked.append(r.url))
-    try:
-        page.goto(f"{live.url}/gpus/{gpu}?range=15m", wait_until="load")
-        _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
-               "the charts drawn")
-        assert page.inner_text("#live-state") == "Live"
-        before = _tail(page)
-        # samples arrive: a minute and a half later than the page's last one, at 77 %
-        start = now_ns()
-        _samples(config, tmp_path, gpu, start, 5, 77.0)
-        _until(page, lambda: _tail(page)["last"] >= (start + 4 * S) / 1e6 - 10_000,
-               "the new samples on the chart")
-        after = _tail(page)
-        assert after["value"] == pytest.approx(77.0)
-        assert after["max"] > before["max"]                       # the window slid
-        assert after["n"] >= before["n"]                          # appended, not reset
-        assert "updated" in page.inner_text("#live")
-        # the live requests ask for what comes after the last bucket drawn, on its grid
-        tails = [u for u in asked if "after=" in u]
-        assert tails and all("grid=" in u and "bucket=" in u and "range=" not in u
-                             for u in tails)
-        # a process binds to the GPU: the list under the charts takes it
-        newcomer = ProcessKey(7878, 4321)
-        _arrive(config, tmp_path,
-                ProcessSeen(ts=now_ns(), process=newcomer, comm="<b>vllm</b>",
-                            cmdline="vllm serve"),
-                DeviceOpened(ts=now_ns(), process=newcomer, fd=9, path="/dev/nvidia1",
-                             device="nvidiaN", minor=1))
-        _until(page, lambda: "7878" in page.inner_text("#bound"), "the new process listed")
-        assert "<b>vllm</b>" in page.inner_text("#bound")           # as text
-        shoot(page, tmp_path, "gpu-live")
-        # paused: new samples stay off the chart until it resumes
-        page.click("#live-toggle")
-        assert page.inner_text("#live-state") == "Paused"
-        held = _tail(page)
-        # later than the 77 % ones by more than a bucket (1.25 s at 15m): none mixes them
-        _samples(config, tmp_path, gpu, max(now_ns(), start + 10 * S), 3, 12.0)
-        page.wait_for_timeout(2500)
-        assert _tail(page) == held
-        page.click("#live-toggle")
-        _until(page, lambda: _tail(page)["value"] == pytest.approx(12.0), "resumed")
-        assert watched.problems == []
-    finally:
-        watched.close()
-        live.close()
-        db.close()
+    page.goto(f"{url}/gpus/{gpu}?range=15m", wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    assert page.inner_text("#live-state") == "Live"
+    before = _tail(page)
+    # samples arrive: a minute and a half later than the page's last one, at 77 %
+    start = now_ns()
+    _samples(config, tmp_path, gpu, start, 5, 77.0)
+    _until(page, lambda: _tail(page)["last"] >= (start + 4 * S) / 1e6 - 10_000,
+           "the new samples on the chart")
+    after = _tail(page)
+    assert after["value"] == pytest.approx(77.0)
+    assert after["max"] > before["max"]                       # the window slid
+    assert after["n"] >= before["n"]                          # appended, not reset
+    assert "updated" in page.inner_text("#live")
+    # the live requests ask for what comes after the last bucket drawn, on its grid
+    tails = [u for u in asked if "after=" in u]
+    assert tails and all("grid=" in u and "bucket=" in u and "range=" not in u
+                         for u in tails)
+    # a process binds to the GPU: the list under the charts takes it
+    newcomer = ProcessKey(7878, 4321)
+    _arrive(config, tmp_path,
+            ProcessSeen(ts=now_ns(), process=newcomer, comm="<b>vllm</b>",
+                        cmdline="vllm serve"),
+            DeviceOpened(ts=now_ns(), process=newcomer, fd=9, path="/dev/nvidia1",
+                         device="nvidiaN", minor=1))
+    _until(page, lambda: "7878" in page.inner_text("#bound"), "the new process listed")
+    assert "<b>vllm</b>" in page.inner_text("#bound")           # as text
+    shoot(page, tmp_path, "gpu-live")
+    # paused: new samples stay off the chart until it resumes
+    page.click("#live-toggle")
+    assert page.inner_text("#live-state") == "Paused"
+    held = _tail(page)
+    # later than the 77 % ones by more than a bucket (1.25 s at 15m): none mixes them
+    _samples(config, tmp_path, gpu, max(now_ns(), start + 10 * S), 3, 12.0)
+    page.wait_for_timeout(2500)
+    assert _tail(page) == held
+    page.click("#live-toggle")
+    _until(page, lambda: _tail(page)["value"] == pytest.approx(12.0), "resumed")
+    assert served.problems == []
 
 
-def test_a_zoomed_gpu_page_holds_its_range_until_asked_to_follow(browser, scenario, tmp_path):
-    path, config = _own_copy(scenario, tmp_path)
+def test_a_zoomed_gpu_page_holds_its_range_until_asked_to_follow(served, scenario, tmp_path):
+    config, page, url = served.config, served.page, served.url
     gpu = scenario.gpu_ids[1]
-    db = open_store(path)
+    db = open_store(served.path)
     latest = last_sample_ts(db, gpu)
-    live = LiveServer(config)
-    watched = Watched(browser)
-    page = watched.page
-    try:
-        page.goto(f"{live.url}/gpus/{gpu}?range=15m&from={latest - 300 * S}&to={latest}",
-                  wait_until="load")
-        _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
-               "the charts drawn")
-        assert page.inner_text("#live-state") == "Holding this time range"
-        held = _tail(page)
-        _samples(config, tmp_path, gpu, now_ns(), 3, 55.0)
-        page.wait_for_timeout(2500)
-        assert _tail(page) == held
-        page.click("#live-toggle")                  # "follow live": the range, following
-        _until(page, lambda: _tail(page)["value"] == pytest.approx(55.0), "following again")
-        assert page.inner_text("#live-state") == "Live"
-        assert "from=" not in page.url
-        assert watched.problems == []
-    finally:
-        watched.close()
-        live.close()
-        db.close()
+    db.close()
+    page.goto(f"{url}/gpus/{gpu}?range=15m&from={latest - 300 * S}&to={latest}",
+              wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    assert page.inner_text("#live-state") == "Holding this time range"
+    held = _tail(page)
+    _samples(config, tmp_path, gpu, now_ns(), 3, 55.0)
+    page.wait_for_timeout(2500)
+    assert _tail(page) == held
+    page.click("#live-toggle")                  # "follow live": the range, following
+    _until(page, lambda: _tail(page)["value"] == pytest.approx(55.0), "following again")
+    assert page.inner_text("#live-state") == "Live"
+    assert "from=" not in page.url
+    assert served.problems == []
 
 
 def _labels(page) -> list[dict]:
@@ -134,47 +136,40 @@ def _overlap(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("span", ["7d", "15m"])
-def test_incident_and_reset_labels_never_overlap_and_link_to_them(browser, scenario, span,
+def test_incident_and_reset_labels_never_overlap_and_link_to_them(served, scenario, span,
                                                                   tmp_path):
     """On a week the marks fall within pixels of each other: their labels stack in rows,
     then collapse into "+N" (the rest in its title); none covers another."""
+    page, url = served.page, served.url
     gpu = scenario.gpu_ids[0]
-    _, config = _own_copy(scenario, tmp_path)
-    live = LiveServer(config)
-    watched = Watched(browser)
-    page = watched.page
-    try:
-        page.goto(f"{live.url}/gpus/{gpu}?range={span}", wait_until="load")
-        _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
-               "the charts drawn")
-        events = page.evaluate(f"() => fetch('/api/gpus/{gpu}/events?range={span}')"
-                               ".then(r => r.json())")
-        marks = len(events["incidents"]) + len(events["resets"])
-        assert marks >= 3, events                   # the scenario's incidents and its reset
-        labels = _labels(page)
-        assert labels
-        for i, a in enumerate(labels):
-            for b in labels[i + 1:]:
-                assert not _overlap(a, b), (a, b)
-        shown = [label for label in labels if not label["more"]]
-        folded = sum(int(label["text"][1:]) for label in labels if label["more"])
-        assert len(shown) + folded == marks
-        box = page.locator("#chart-util").bounding_box()
-        assert all(box["x"] <= label["left"] and label["right"] <= box["x"] + box["width"]
+    page.goto(f"{url}/gpus/{gpu}?range={span}", wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    events = page.evaluate(f"() => fetch('/api/gpus/{gpu}/events?range={span}')"
+                           ".then(r => r.json())")
+    marks = len(events["incidents"]) + len(events["resets"])
+    assert marks >= 3, events                   # the scenario's incidents and its reset
+    labels = _labels(page)
+    assert labels
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            assert not _overlap(a, b), (a, b)
+    shown = [label for label in labels if not label["more"]]
+    folded = sum(int(label["text"][1:]) for label in labels if label["more"])
+    assert len(shown) + folded == marks
+    box = page.locator("#chart-util").bounding_box()
+    assert all(box["x"] <= label["left"] and label["right"] <= box["x"] + box["width"]
+               for label in labels)
+    ids = {str(i["id"]) for i in events["incidents"]}
+    for label in shown:
+        if label["href"].startswith("/incidents/"):
+            assert label["href"].rsplit("/", 1)[1] in ids
+            assert label["text"].startswith("#")
+    if folded:
+        assert any(label["more"] and "\n" in label["title"] or label["text"] == "+1"
                    for label in labels)
-        ids = {str(i["id"]) for i in events["incidents"]}
-        for label in shown:
-            if label["href"].startswith("/incidents/"):
-                assert label["href"].rsplit("/", 1)[1] in ids
-                assert label["text"].startswith("#")
-        if folded:
-            assert any(label["more"] and "\n" in label["title"] or label["text"] == "+1"
-                       for label in labels)
-        shoot(page, tmp_path, f"gpu-marks-{span}")
-        assert watched.problems == []
-    finally:
-        watched.close()
-        live.close()
+    shoot(page, tmp_path, f"gpu-marks-{span}")
+    assert served.problems == []
 
 
 def _cpu_tail(page) -> dict:
@@ -185,48 +180,34 @@ def _cpu_tail(page) -> dict:
         " value: d[d.length - 1][1]}; }")
 
 
-def test_a_running_process_page_follows_its_timeline(browser, scenario, tmp_path):
-    _, config = _own_copy(scenario, tmp_path)
-    live = LiveServer(config)
-    watched = Watched(browser)
-    page = watched.page
+def test_a_running_process_page_follows_its_timeline(served, scenario, tmp_path):
+    config, page, url = served.config, served.page, served.url
     train = ProcessKey(4242, 1000)           # the scenario's training process, running
-    try:
-        page.goto(f"{live.url}/processes/{train.pid}-{train.start_time}", wait_until="load")
-        _until(page, lambda: page.get_attribute("#process-page", "data-loaded") == "true",
-               "the timeline drawn")
-        assert page.inner_text("#live-state") == "Live"
-        start = now_ns()
-        _arrive(config, tmp_path, *[
-            SchedStats(ts=start + k * S, process=train, interval_ns=S, worker_processes=4,
-                       own={"on_cpu_ns": 777_000_000, "runqueue_ns": 0, "sleep_ns": 0,
-                            "blocked_ns": 0}, workers={"on_cpu_ns": 0})
-            for k in range(4)])
-        _until(page, lambda: _cpu_tail(page)["last"] >= (start + 3 * S) / 1e6 - 60_000,
-               "the new seconds on the timeline", timeout_ms=4000)
-        assert _cpu_tail(page)["value"] == pytest.approx(777, rel=0.01)
-        page.click("#live-toggle")
-        assert page.inner_text("#live-state") == "Paused"
-        assert watched.problems == []
-    finally:
-        watched.close()
-        live.close()
+    page.goto(f"{url}/processes/{train.pid}-{train.start_time}", wait_until="load")
+    _until(page, lambda: page.get_attribute("#process-page", "data-loaded") == "true",
+           "the timeline drawn")
+    assert page.inner_text("#live-state") == "Live"
+    start = now_ns()
+    _arrive(config, tmp_path, *[
+        SchedStats(ts=start + k * S, process=train, interval_ns=S, worker_processes=4,
+                   own={"on_cpu_ns": 777_000_000, "runqueue_ns": 0, "sleep_ns": 0,
+                        "blocked_ns": 0}, workers={"on_cpu_ns": 0})
+        for k in range(4)])
+    _until(page, lambda: _cpu_tail(page)["last"] >= (start + 3 * S) / 1e6 - 60_000,
+           "the new seconds on the timeline", timeout_ms=4000)
+    assert _cpu_tail(page)["value"] == pytest.approx(777, rel=0.01)
+    page.click("#live-toggle")
+    assert page.inner_text("#live-state") == "Paused"
+    assert served.problems == []
 
 
-def test_an_exited_process_page_says_its_timeline_is_complete(browser, scenario, tmp_path):
-    _, config = _own_copy(scenario, tmp_path)
-    live = LiveServer(config)
-    watched = Watched(browser)
-    page = watched.page
+def test_an_exited_process_page_says_its_timeline_is_complete(served, scenario, tmp_path):
+    config, page, url = served.config, served.page, served.url
     gone = ProcessKey(301, 2001)             # the cron job's nvidia-smi, long exited
-    try:
-        _arrive(config, tmp_path, ProcessExited(ts=now_ns(), process=gone, exit_code=0))
-        page.goto(f"{live.url}/processes/{gone.pid}-{gone.start_time}", wait_until="load")
-        _until(page, lambda: page.get_attribute("#process-page", "data-loaded") == "true",
-               "the timeline drawn")
-        assert page.locator("#live").count() == 0
-        assert "complete" in page.inner_text("#live-ended")
-        assert watched.problems == []
-    finally:
-        watched.close()
-        live.close()
+    _arrive(config, tmp_path, ProcessExited(ts=now_ns(), process=gone, exit_code=0))
+    page.goto(f"{url}/processes/{gone.pid}-{gone.start_time}", wait_until="load")
+    _until(page, lambda: page.get_attribute("#process-page", "data-loaded") == "true",
+           "the timeline drawn")
+    assert page.locator("#live").count() == 0
+    assert "complete" in page.inner_text("#live-ended")
+    assert served.problems == []

@@ -275,6 +275,46 @@
     return Object.assign({}, data, { rows, from, to });
   };
 
+  // A chart page's live indicator (#live): "Live", "Paused" or "Holding this time range",
+  // and its button (pause, resume, follow live). ``tick`` runs at each refresh while the
+  // view follows and is not paused; ``followAgain`` takes a held view back to following.
+  // None on a page without #live (an exited process's).
+  G.liveControl = function (tick, followAgain) {
+    const live = document.getElementById("live");
+    if (!live) return null;
+    const state = document.getElementById("live-state");
+    const seen = document.getElementById("live-seen");
+    const toggle = document.getElementById("live-toggle");
+    let paused = false, following = true;
+    const show = () => {
+      state.textContent = !following ? "Holding this time range" : paused ? "Paused" : "Live";
+      toggle.textContent = !following ? "follow live" : paused ? "resume" : "pause";
+      live.classList.remove("stale");
+    };
+    toggle.addEventListener("click", () => {
+      if (!following) {
+        followAgain();
+        return;
+      }
+      paused = !paused;
+      show();
+      if (!paused) tick();
+    });
+    setInterval(() => { if (following && !paused) tick(); },
+      Number(live.dataset.refreshMs) || 2000);
+    return {
+      ranges: JSON.parse(live.dataset.ranges || "{}"),   // range name -> seconds
+      paused: () => paused,
+      follows(yes) { following = yes; show(); },
+      updated() { seen.textContent = `; updated ${G.clock(Date.now())}`; show(); },
+      failed(err) {
+        state.textContent = "Not updating (retrying)";
+        live.classList.add("stale");
+        console.warn("gpuwhy: live update failed", err);
+      },
+    };
+  };
+
   G.updateCsvLinks = function (params) {
     for (const a of document.querySelectorAll("a[id^='csv-']")) {
       a.href = G.withParams(a.href.split("?")[0], params);

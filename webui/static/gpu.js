@@ -184,7 +184,7 @@
       view = { params, data, events, following: !(params.from && params.to) };
       draw(data, events, true);
       G.updateCsvLinks(params);
-      liveShow();
+      live.follows(view.following);
       page.dataset.loaded = "true";
     } catch (err) {
       G.showError(`Could not load the data: ${err.message}`);
@@ -192,40 +192,22 @@
   }
 
   // --- live ----------------------------------------------------------------------------
-  const live = document.getElementById("live");
-  const liveState = document.getElementById("live-state");
-  const liveSeen = document.getElementById("live-seen");
-  const toggle = document.getElementById("live-toggle");
-  let paused = false;
-
-  function liveShow() {
-    if (!view) return;
-    liveState.textContent = !view.following ? "Holding this time range" :
-      paused ? "Paused" : "Live";
-    toggle.textContent = !view.following ? "follow live" : paused ? "resume" : "pause";
-    live.classList.remove("stale");
-  }
-
   async function follow() {
-    if (!view || !view.following || paused) return;
+    if (!view || !view.following || live.paused()) return;
     const mine = generation, before = view;
     try {
       const [fresh, events] = await Promise.all([
         G.fetchJson(G.withParams(page.dataset.series, G.tailParams(before.data))),
         G.fetchJson(G.withParams(page.dataset.events, { range: before.params.range }))]);
-      if (mine !== generation || view !== before || paused) return;
-      const data = G.mergeTail(before.data, fresh,
-        RANGE_SECONDS[before.params.range] || 3600);
+      if (mine !== generation || view !== before || live.paused()) return;
+      const data = G.mergeTail(before.data, fresh, live.ranges[before.params.range] || 3600);
       const changed = people(events) !== people(before.events);
       view = Object.assign({}, before, { data, events });
       draw(data, events, false);
-      liveSeen.textContent = `; updated ${G.clock(Date.now())}`;
-      liveShow();
+      live.updated();
       if (changed) await takeLists();
     } catch (err) {
-      liveState.textContent = "Not updating (retrying)";
-      live.classList.add("stale");
-      console.warn("gpuwhy: live update failed", err);
+      live.failed(err);
     }
   }
 
@@ -241,19 +223,12 @@
     }
   }
 
-  const RANGE_SECONDS = JSON.parse(live.dataset.ranges || "{}");
-  toggle.addEventListener("click", () => {
-    if (view && !view.following) {          // back to the range, following it
-      const button = document.querySelector(
-        `#range-picker button[data-range="${CSS.escape(view.params.range)}"]`);
-      if (button) button.click();
-      return;
-    }
-    paused = !paused;
-    liveShow();
-    if (!paused) follow();
+  // Back from a zoom or an absolute range: the range, following it.
+  const live = G.liveControl(follow, () => {
+    const button = document.querySelector(
+      `#range-picker button[data-range="${CSS.escape(view.params.range)}"]`);
+    if (button) button.click();
   });
-  setInterval(follow, Number(live.dataset.refreshMs) || 2000);
 
   G.rangeControl(load);
   for (const id of ["util", "bw", "power", "thermal", "lanes"]) G.onZoom(chart[id]);

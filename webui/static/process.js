@@ -18,7 +18,6 @@
   // What is drawn: its request and data; following: a running process, not zoomed.
   let view = null;
   let generation = 0;
-  const live = document.getElementById("live");
 
   function draw(data, fresh) {
     const range = { from: data.from, to: data.to };
@@ -51,7 +50,7 @@
       view = { params: query, data, following: Boolean(live) && !(params.from && params.to) };
       draw(data, true);
       G.updateCsvLinks(query);
-      liveShow();
+      if (live) live.follows(view.following);
       page.dataset.loaded = "true";
     } catch (err) {
       G.showError(`Could not load the timeline: ${err.message}`);
@@ -59,50 +58,26 @@
   }
 
   // --- live, while the process runs: the buckets after the last one drawn -------------
-  let paused = false;
-  function liveShow() {
-    if (!live || !view) return;
-    document.getElementById("live-state").textContent = !view.following
-      ? "Holding this time range" : paused ? "Paused" : "Live";
-    document.getElementById("live-toggle").textContent = !view.following ? "follow live"
-      : paused ? "resume" : "pause";
-    live.classList.remove("stale");
-  }
-
   async function follow() {
-    if (!view || !view.following || paused) return;
+    if (!view || !view.following || live.paused()) return;
     const mine = generation, before = view;
     try {
       const fresh = await G.fetchJson(G.withParams(page.dataset.series,
         G.tailParams(before.data)));
-      if (mine !== generation || view !== before || paused) return;
+      if (mine !== generation || view !== before || live.paused()) return;
       // a picked range slides; the whole life keeps its start
-      const seconds = before.params.range ? RANGE_SECONDS[before.params.range] : null;
+      const seconds = before.params.range ? live.ranges[before.params.range] : null;
       const data = G.mergeTail(before.data, fresh, seconds);
       view = Object.assign({}, before, { data });
       draw(data, false);
-      document.getElementById("live-seen").textContent = `; updated ${G.clock(Date.now())}`;
-      liveShow();
+      live.updated();
     } catch (err) {
-      document.getElementById("live-state").textContent = "Not updating (retrying)";
-      live.classList.add("stale");
-      console.warn("gpuwhy: live update failed", err);
+      live.failed(err);
     }
   }
 
-  const RANGE_SECONDS = live ? JSON.parse(live.dataset.ranges || "{}") : {};
-  if (live) {
-    document.getElementById("live-toggle").addEventListener("click", () => {
-      if (view && !view.following) {        // back to the whole life, following it
-        window.location.assign(window.location.pathname);
-        return;
-      }
-      paused = !paused;
-      liveShow();
-      if (!paused) follow();
-    });
-    setInterval(follow, Number(live.dataset.refreshMs) || 2000);
-  }
+  // Back from a zoom or a picked range: the whole life, following it.
+  const live = G.liveControl(follow, () => window.location.assign(window.location.pathname));
 
   G.rangeControl(load);
   G.onZoom(activity);

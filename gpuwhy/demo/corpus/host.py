@@ -795,14 +795,7 @@ class Host:
                     fields["pcie_tx_bytes_per_s"] = round(tx * rng.uniform(0.7, 1.3), -3)
                 elif not cond.profiling_off(t):
                     fields.update({
-                        "gr_engine_active": round(_noisy(rng, busy, 0.004), 4),
-                        "sm_active": round(_noisy(rng, load["sm"]), 4),
-                        "sm_occupancy": round(_noisy(rng, load["occ"]), 4),
-                        "tensor_active": round(_noisy(rng, load["tensor"]), 4),
-                        "dram_active": round(_noisy(rng, load["dram"]), 4),
-                        "fp64_active": round(_noisy(rng, load["fp64"]), 4),
-                        "fp32_active": round(_noisy(rng, load["fp32"]), 4),
-                        "fp16_active": round(_noisy(rng, load["fp16"]), 4),
+                        **_profiling(rng, busy, load),
                         "pcie_rx_bytes_per_s": round(rx),
                         "pcie_tx_bytes_per_s": round(tx),
                         "nvlink_rx_bytes_per_s": round(load["nvl"] * rng.uniform(0.98, 1.02)),
@@ -984,15 +977,7 @@ def _instance_fields(device: dict, part: dict, inst: MigInstance,
     repeated, its own activity ratios and memory."""
     fields = {k: v for k, v in device.items() if k not in _NOT_IN_MIG}
     if "gr_engine_active" in device:   # profiling on
-        fields.update({
-            "gr_engine_active": round(_noisy(rng, min(1.0, part["busy"]), 0.004), 4),
-            "sm_active": round(_noisy(rng, part["sm"]), 4),
-            "sm_occupancy": round(_noisy(rng, part["occ"]), 4),
-            "tensor_active": round(_noisy(rng, part["tensor"]), 4),
-            "dram_active": round(_noisy(rng, part["dram"]), 4),
-            "fp64_active": round(_noisy(rng, part["fp64"]), 4),
-            "fp32_active": round(_noisy(rng, part["fp32"]), 4),
-            "fp16_active": round(_noisy(rng, part["fp16"]), 4)})
+        fields.update(_profiling(rng, min(1.0, part["busy"]), part))
     # an instance nobody uses holds a few MiB of the driver's
     fields["fb_used_mib"] = float(round(min(inst.fb_mib, part["fb"])) if part["contexts"]
                                   else rng.randrange(0, 14))
@@ -1003,6 +988,16 @@ def _instance_fields(device: dict, part: dict, inst: MigInstance,
 def _noisy(rng: random.Random, x: float, s: float = 0.012) -> float:
     """A DCGM ratio with its second-to-second noise, kept in [0, 1]."""
     return min(1.0, max(0.0, x * rng.uniform(1 - s, 1 + s) + rng.gauss(0, 0.003) * (x > 0)))
+
+
+def _profiling(rng: random.Random, busy: float, load: dict) -> dict[str, float]:
+    """DCGM's profiling ratios of a second (a whole GPU's, or a MIG instance's) with their
+    noise: the graphics engine busy ``busy``, the rest as ``load`` has them."""
+    return {"gr_engine_active": round(_noisy(rng, busy, 0.004), 4),
+            **{field: round(_noisy(rng, load[key]), 4) for field, key in (
+                ("sm_active", "sm"), ("sm_occupancy", "occ"), ("tensor_active", "tensor"),
+                ("dram_active", "dram"), ("fp64_active", "fp64"), ("fp32_active", "fp32"),
+                ("fp16_active", "fp16"))}}
 
 
 def _poisson(rng: random.Random, lam: float) -> int:
