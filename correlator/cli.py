@@ -62,7 +62,7 @@ def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: An
 
 
 @click.command()
-@click.option("--gpu", help="Only this GPU (id, UUID or PCI address).")
+@click.option("--gpu", help="Only this GPU (index, UUID, PCI address or id).")
 @click.option("--since", "since_text", help="Only incidents seen since (30s, 10m, 2h, 1d, ISO).")
 @click.option("--kind", type=click.Choice(["xid", "gpu_lost", "gpu_reset", "process_stall",
                                            "process_exit", "rule_finding"]))
@@ -300,7 +300,7 @@ def incident(ctx: click.Context, incident_id: int, change: str | None,
 
 
 @click.command()
-@click.option("--gpu", help="Only this GPU (id, UUID or PCI address).")
+@click.option("--gpu", help="Only this GPU (index, UUID, PCI address or id).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def resets(ctx: click.Context, gpu: str | None, as_json: bool) -> None:
@@ -309,6 +309,7 @@ def resets(ctx: click.Context, gpu: str | None, as_json: bool) -> None:
     \b
     Examples:
       gpuwhy resets
+      gpuwhy resets --gpu 0
       gpuwhy resets --gpu GPU-5f3c... --json
     """
     from gpuwhy.store.queries import reset_history

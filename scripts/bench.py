@@ -413,11 +413,11 @@ def bench_answers(quick: bool) -> tuple[Figures, dict]:
 
 
 def bench_webui(quick: bool) -> tuple[Figures, dict]:
-    """QUICK: 2 GPUs × 0.1 day, 10 calls each (full: 2 GPUs × 7 days, 20 calls)."""
+    """QUICK: 2 GPUs × 0.1 day, 10 calls each (full: 8 GPUs × 7 days, 20 calls)."""
     import bench_webui
 
     days = 0.1 if quick else 7.0
-    r = bench_webui.run(gpus=2, days=days, runs=10 if quick else 20)
+    r = bench_webui.run(gpus=2 if quick else 8, days=days, runs=10 if quick else 20)
     rows = []
     for url in ("/api/gpus/<gpu>/series?range=7d", "/api/gpus/<gpu>/series?range=24h",
                 "/api/gpus/<gpu>/series?range=1h"):
@@ -432,6 +432,15 @@ def bench_webui(quick: bool) -> tuple[Figures, dict]:
                            f"{days:g} days stored", "ms", [page["p95_ms"]], goal="p95 ≤ 300",
                            goal_value=300.0, note=f"median {page['median_ms']:.1f} ms"))
         rows.append(figure("W", f"GPU page live update, range {name} (new buckets + events)",
+                           "ms", [live["p95_ms"]], goal="p95 ≤ 50", goal_value=50.0,
+                           note=f"median {live['median_ms']:.1f} ms"))
+    for name in ("7d", "6h"):
+        page, live = r["calls"][f"overview {name}"], r["calls"][f"overview live {name}"]
+        rows.append(figure("W", f"overview load, heatmap range {name} (HTML + heatmap), "
+                           f"{r['gpus']} GPUs × {days:g} days stored", "ms", [page["p95_ms"]],
+                           goal="p95 ≤ 300", goal_value=300.0,
+                           note=f"median {page['median_ms']:.1f} ms"))
+        rows.append(figure("W", f"overview live update, range {name} (new minutes + cards)",
                            "ms", [live["p95_ms"]], goal="p95 ≤ 50", goal_value=50.0,
                            note=f"median {live['median_ms']:.1f} ms"))
     m = r["metrics"] = bench_webui.metrics_scrape(runs=20 if quick else 50)

@@ -88,9 +88,18 @@ def run(gpus: int = 2, days: float = 7.0, keep: str | None = None, runs: int = 2
         calls[f"page {name}"] = _together(client, [
             f"/gpus/{gpu}?range={name}", f"/api/gpus/{gpu}/series?range={name}",
             f"/api/gpus/{gpu}/events?range={name}"], runs)
+    for name in ("7d", "6h"):
+        # the overview: its HTML (cards) and its heatmap of every GPU; live, the heatmap's
+        # new minutes and the cards' numbers
+        drawn = client.get(f"/api/heatmap?range={name}").get_json()
+        last = max(row[0] for row in drawn["rows"])
+        calls[f"overview {name}"] = _together(client, ["/", f"/api/heatmap?range={name}"], runs)
+        calls[f"overview live {name}"] = _together(client, [
+            f"/api/heatmap?after={last}&grid={drawn['from']}&bucket={drawn['bucket_ns']}",
+            "/api/gpus"], runs)
     if not keep:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"raw_rows": raw_rows, "calls": calls}
+    return {"raw_rows": raw_rows, "gpus": gpus, "calls": calls}
 
 
 def _together(client: FlaskClient, urls: list[str], runs: int) -> dict:

@@ -131,10 +131,11 @@ def overview(db: Database) -> list[Row]:
              "incidents": open_incidents(db, g["id"])} for g in gpus(db)]
 
 
-def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
-    """What to mark on a GPU's time axis: its incidents, resets and bound processes. Resets
-    are the view's ``reset`` rows only (gpuwhy/reset.py): the ones ``/resets`` lists, not the
-    requests, the signs that one is needed or the GPU coming back."""
+def gpu_marks(db: Database, gpu_id: str, since: int, until: int) -> Row:
+    """What to mark on a GPU's time axis: its incidents (not the effects of another) and
+    resets. Resets are the view's ``reset`` rows only (gpuwhy/reset.py): the ones
+    ``/resets`` lists, not the requests, the signs that one is needed or the GPU coming
+    back."""
     incidents = db.execute_returning_dicts(
         "select id, kind, severity, title, opened_at, closed_at from "
         "incidents where gpu_id = ? and cause_id is null and opened_at < ? and "
@@ -145,7 +146,12 @@ def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
         "gpu_reset_history where gpu_id = ? and reset = 'reset' and ts between ? and ? "
         "order by ts",
         [gpu_id, since, until])
-    return {"incidents": incidents, "resets": resets,
+    return {"incidents": incidents, "resets": resets}
+
+
+def gpu_events(db: Database, gpu_id: str, since: int, until: int) -> Row:
+    """:func:`gpu_marks` and the processes bound to the GPU in the window (``lanes``)."""
+    return {**gpu_marks(db, gpu_id, since, until),
             "lanes": bound_processes(db, gpu_id, since, until)}
 
 
@@ -320,25 +326,40 @@ def process_calls(db: Database, key: ProcessKey) -> list[Row]:
     return calls
 
 
-def process_events(db: Database, key: ProcessKey, limit: int = 500) -> list[Row]:
-    """Lifecycle events, notable or failed driver calls and kernel-log lines naming the pid
-    during the process's life, oldest first."""
+def _process_event_union(db: Database, key: ProcessKey) -> tuple[str, list]:
+    """The select of every event :func:`process_events` lists, with ``src`` and ``id`` to
+    order ties, and its parameters."""
     life = process(db, key) or {}
     end = life.get("exited_at") or 2**62
-    events = db.execute_returning_dicts(
-        "select ts, kind as what, body as detail from events where pid = ? and "
-        "start_time = ? and topic in ('proc', 'fd') order by ts limit ?",
-        [key.pid, key.start_time, limit])
-    events += db.execute_returning_dicts(
-        "select ts, 'driver call ' || coalesce(sub_name, op) as what, "
-        "coalesce(status_name, '') || ' ' || coalesce(reasons, '') as detail "
-        "from driver_calls where pid = ? and start_time = ? order by ts limit ?",
-        [key.pid, key.start_time, limit])
-    events += db.execute_returning_dicts(
-        "select ts, 'kernel log ' || kind || coalesce(' ' || xid, '') as what, "
-        "message as detail from kernel_log where pid = ? and ts between ? and ? "
-        "order by ts limit ?", [key.pid, key.start_time, end, limit])
-    return sorted(events, key=lambda e: e["ts"])[:limit]
+    sql = ("select ts, kind as what, body as detail, 0 as src, id from events where pid = ? "
+           "and start_time = ? and topic in ('proc', 'fd') union all "
+           "select ts, 'driver call ' || coalesce(sub_name, op), coalesce(status_name, '') "
+           "|| ' ' || coalesce(reasons, ''), 1, id from driver_calls where pid = ? and "
+           "start_time = ? union all "
+           "select ts, 'kernel log ' || kind || coalesce(' ' || xid, ''), message, 2, rowid "
+           "from kernel_log where pid = ? and ts between ? and ?")
+    return sql, [key.pid, key.start_time, key.pid, key.start_time, key.pid, key.start_time,
+                 end]
+
+
+def process_events(db: Database, key: ProcessKey, limit: int = 500, offset: int = 0,
+                   newest_first: bool = False) -> list[Row]:
+    """Lifecycle events, notable or failed driver calls and kernel-log lines naming the pid
+    during the process's life (``ts``, ``what``, ``detail``), oldest first (newest first
+    with ``newest_first``): ``limit`` of them from the ``offset``-th on, for a page."""
+    sql, params = _process_event_union(db, key)
+    order = " desc" if newest_first else ""
+    return db.execute_returning_dicts(
+        f"select ts, what, detail from ({sql}) order by ts{order}, src{order}, id{order} "
+        f"limit ? offset ?", [*params, limit, offset])
+
+
+def process_event_count(db: Database, key: ProcessKey, after: int | None = None) -> int:
+    """How many events :func:`process_events` has for the process; with ``after`` (ns),
+    only those later than it (how many come before it, newest first: a page's start)."""
+    sql, params = _process_event_union(db, key)
+    where, more = ("", []) if after is None else (" where ts > ?", [after])
+    return db.execute(f"select count(*) from ({sql}){where}", [*params, *more]).fetchone()[0]
 
 
 def process_gpus(db: Database, key: ProcessKey) -> list[Row]:

@@ -27,6 +27,8 @@ GPU_FIELDS: tuple[tuple[str, float], ...] = (
     ("nvlink_rx_bytes_per_s", 1), ("power_w", 1), ("power_limit_w", 1), ("sm_clock_mhz", 1),
     ("mem_clock_mhz", 1), ("temp_c", 1), ("fb_used_mib", 1),
 )
+# The host heatmap's measures, SM active first (see host_heatmap).
+HOST_FIELDS: tuple[tuple[str, float], ...] = (("sm_active", 100), ("gpu_util", 1))
 # Fields the rollups keep as one column (largest value), not min/mean/max/p95.
 _ROLLUP_SINGLE = {"power_limit_w"}
 PROCESS_FIELDS = ("ioctls", "on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms",
@@ -58,28 +60,39 @@ def _or(values: str | None) -> int | None:
     return combined
 
 
-def _raw_gpu(db: Database, gpu_id: str, w: Window, since: int) -> list[list]:
-    averages = ", ".join(f"avg({name}) * {scale}" for name, scale in GPU_FIELDS)
+Fields = tuple[tuple[str, float], ...]
+
+
+def _raw(db: Database, w: Window, since: int, fields: Fields,
+         gpu_id: str | None) -> list[list]:
+    """``[gpu_id, bucket, first ts, mean per field..., reasons]`` of raw samples from
+    ``since``: one GPU's, or (None) every GPU's in one pass."""
+    averages = ", ".join(f"avg({name}) * {scale}" for name, scale in fields)
+    one = "gpu_id = ? and " if gpu_id else ""
     cursor = db.execute(
-        f"select (ts - ?) / ? as b, min(ts), {averages}, "
-        f"group_concat(distinct clocks_event_reasons) from gpu_samples where gpu_id = ? and "
-        f"instance = '' and ts >= ? and ts < ? group by b order by b",
-        [w.since, w.bucket_ns, gpu_id, since, w.until])
+        f"select gpu_id, (ts - ?) / ? as b, min(ts), {averages}, "
+        f"group_concat(distinct clocks_event_reasons) from gpu_samples where {one}"
+        f"instance = '' and ts >= ? and ts < ? group by gpu_id, b",
+        [w.since, w.bucket_ns, *([gpu_id] if gpu_id else []), since, w.until])
     return [list(row) for row in cursor.fetchall()]
 
 
-def _rolled_gpu(db: Database, gpu_id: str, w: Window, until: int, since: int) -> list[list]:
+def _rolled(db: Database, w: Window, until: int, since: int, fields: Fields,
+            gpu_id: str | None) -> list[list]:
+    """As :func:`_raw`, from the one-minute rollups in [since, until): their means
+    weighted by their sample counts."""
     def mean(name: str, scale: float) -> str:
         if name in _ROLLUP_SINGLE:
             return f"max({name}) * {scale}"
         return f"sum({name}_mean * samples) / sum(samples) * {scale}"
 
-    columns = ", ".join(mean(name, scale) for name, scale in GPU_FIELDS)
+    columns = ", ".join(mean(name, scale) for name, scale in fields)
+    one = "gpu_id = ? and " if gpu_id else ""
     cursor = db.execute(
-        f"select (minute - ?) / ? as b, min(minute), {columns}, "
-        f"group_concat(distinct clocks_event_reasons) from gpu_rollups where gpu_id = ? and "
-        f"instance = '' and minute >= ? and minute < ? group by b order by b",
-        [w.since, w.bucket_ns, gpu_id, since, until])
+        f"select gpu_id, (minute - ?) / ? as b, min(minute), {columns}, "
+        f"group_concat(distinct clocks_event_reasons) from gpu_rollups where {one}"
+        f"instance = '' and minute >= ? and minute < ? group by gpu_id, b",
+        [w.since, w.bucket_ns, *([gpu_id] if gpu_id else []), since, until])
     return [list(row) for row in cursor.fetchall()]
 
 
@@ -89,30 +102,61 @@ def tail_start(w: Window, after: int) -> int:
     return w.since + max(0, after - w.since) // w.bucket_ns * w.bucket_ns
 
 
-def gpu_series(db: Database, gpu_id: str, w: Window, after: int | None = None) -> dict:
-    """``{"fields": [...], "rows": [[ts, value, ...], ...], "bucket_s", "from_rollups"}``;
-    ``ts`` is the first sample's time in the bucket (ns). ``after``: only the buckets from
-    the one holding that time on (a live chart's new data, on the grid it was drawn on)."""
+def _buckets(db: Database, w: Window, after: int | None, fields: Fields,
+             gpu_id: str | None = None) -> tuple[list[list], int]:
+    """The buckets of ``w`` (from the one holding ``after`` on) in (GPU, time) order:
+    ``[gpu_id, bucket, first ts, value per field..., clocks_event_reasons]``, from the
+    rollups up to their mark and raw samples after it; and how many came from the
+    rollups. One GPU's, or (None) every GPU's in one pass."""
     rolled: list[list] = []
     start = w.since if after is None else tail_start(w, after)
     raw_since = start
     if w.bucket_ns >= MINUTE_NS:
         done = get_mark(db, DONE_MARK) or 0
         if done > start:
-            rolled = _rolled_gpu(db, gpu_id, w, min(done, w.until), start)
+            rolled = _rolled(db, w, min(done, w.until), start, fields, gpu_id)
             raw_since = min(done, w.until)
-    raw = _raw_gpu(db, gpu_id, w, raw_since)
-    buckets: dict[int, list] = {row[0]: row for row in rolled}
-    for row in raw:   # a bucket split across the mark: the raw part wins (it is newer)
-        buckets.setdefault(row[0], row)
+    buckets = {(row[0], row[1]): row for row in rolled}
+    for row in _raw(db, w, raw_since, fields, gpu_id):
+        buckets.setdefault((row[0], row[1]), row)  # split across the mark: raw is newer
     out = []
-    for b in sorted(buckets):
-        row = buckets[b]
-        values = [None if v is None else round(v, 3) for v in row[2:-1]]
-        out.append([row[1], *values, _or(row[-1])])
+    for key in sorted(buckets):
+        row = buckets[key]
+        out.append([*row[:3], *(None if v is None else round(v, 3) for v in row[3:-1]),
+                    _or(row[-1])])
+    return out, len(rolled)
+
+
+def gpu_series(db: Database, gpu_id: str, w: Window, after: int | None = None) -> dict:
+    """``{"fields": [...], "rows": [[ts, value, ...], ...], "bucket_s", "from_rollups"}``;
+    ``ts`` is the first sample's time in the bucket (ns). ``after``: only the buckets from
+    the one holding that time on (a live chart's new data, on the grid it was drawn on)."""
+    found, rolled = _buckets(db, w, after, GPU_FIELDS, gpu_id)
     return {"fields": [name for name, _ in GPU_FIELDS] + ["clocks_event_reasons"],
-            "rows": out, "bucket_s": w.bucket_ns / NS_PER_SECOND, "bucket_ns": w.bucket_ns,
-            "from_rollups": len(rolled)}
+            "rows": [row[2:] for row in found], "bucket_s": w.bucket_ns / NS_PER_SECOND,
+            "bucket_ns": w.bucket_ns, "from_rollups": rolled}
+
+
+def minute_grid(w: Window, points: int) -> Window:
+    """``w`` on whole minutes (the host heatmap's cells, the rollups' grain): its start on
+    a minute, its buckets one minute or a whole number of them, at most ``points``."""
+    start = w.since // MINUTE_NS * MINUTE_NS
+    minutes = max(1, -(-(w.until - start) // MINUTE_NS))
+    return Window(start, w.until, -(-minutes // max(points, 1)) * MINUTE_NS)
+
+
+def host_heatmap(db: Database, gpu_ids: list[str], w: Window,
+                 after: int | None = None) -> dict:
+    """Every GPU's activity on one grid (the host overview's heatmap): ``rows`` of
+    ``[ts, gpu position in gpu_ids, sm_active %, gpu_util %]``, ``ts`` the bucket's start
+    (ns). SM active is the better measure where the GPU gives it (DCGM, NVML's GPM);
+    utilisation only says a kernel ran. ``after`` as for :func:`gpu_series`."""
+    position = {gpu_id: k for k, gpu_id in enumerate(gpu_ids)}
+    found, _ = _buckets(db, w, after, HOST_FIELDS)
+    rows = [[w.since + row[1] * w.bucket_ns, position[row[0]], *row[3:-1]]
+            for row in found if row[0] in position]
+    return {"gpus": gpu_ids, "fields": [name for name, _ in HOST_FIELDS], "rows": rows,
+            "bucket_s": w.bucket_ns / NS_PER_SECOND, "bucket_ns": w.bucket_ns}
 
 
 def process_series(db: Database, key: ProcessKey, w: Window, after: int | None = None) -> dict:
@@ -137,3 +181,12 @@ def last_sample_ts(db: Database, gpu_id: str) -> int | None:
     row = db.execute("select ts from gpu_samples where gpu_id = ? order by ts desc limit 1",
                      [gpu_id]).fetchone()
     return row[0] if row else None
+
+
+def held_since(db: Database) -> int | None:
+    """The oldest GPU figure the store holds (ns): a raw sample or, once those are pruned,
+    a one-minute rollup; None in a store without any (an empty chart says since when)."""
+    found = [row[0] for row in (
+        db.execute("select ts from gpu_samples order by ts limit 1").fetchone(),
+        db.execute("select minute from gpu_rollups order by minute limit 1").fetchone()) if row]
+    return min(found) if found else None

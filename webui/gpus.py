@@ -13,6 +13,7 @@ from gpuwhy.webui.export import csv_response
 from gpuwhy.webui.window import requested_tail, requested_window
 
 bp = Blueprint("gpus", __name__)
+HEATMAP_COLUMNS = 730        # the host heatmap's cells a GPU: a minute up to 6 h, 2 for 24 h
 
 
 def _gpu_or_404(gpu_id: str) -> dict:
@@ -33,12 +34,38 @@ def _window(gpu_id: str) -> series.Window:
 @bp.get("/")
 def overview() -> ResponseReturnValue:
     return render_template("overview.html", gpus=queries.overview(get_db()),
+                           ranges=[r for r in series.RANGES if series.RANGES[r] >= 3600],
+                           ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 
 @bp.get("/api/gpus")
 def api_overview() -> ResponseReturnValue:
     return jsonify(queries.overview(get_db()))
+
+
+@bp.get("/api/heatmap")
+def api_heatmap() -> ResponseReturnValue:
+    """Every GPU × time on one grid of whole minutes (the overview's heatmap), and each
+    GPU's incidents and resets in it: ``range``/``from``/``to``/``at`` as a GPU's series;
+    with ``after``/``grid``/``bucket``, what a live heatmap drawn on that grid lacks."""
+    db = get_db()
+    gpus = queries.gpus(db)
+    latest = max((ts for ts in (series.last_sample_ts(db, g["id"]) for g in gpus) if ts),
+                 default=None)
+    try:
+        tail = requested_tail(request.args, latest)
+        w, after = tail if tail else (series.minute_grid(
+            requested_window(request.args, latest, HEATMAP_COLUMNS), HEATMAP_COLUMNS), None)
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    if w.bucket_ns % series.MINUTE_NS:
+        abort(400, description="bucket is a whole number of minutes (in ns)")
+    heat = series.host_heatmap(db, [g["id"] for g in gpus], w, after)
+    heat["gpus"] = [{"id": g["id"], "index": g["gpu_index"], "health": g["health"],
+                     "model": g["model"], "simulated": bool(g["simulated"]),
+                     **queries.gpu_marks(db, g["id"], w.since, w.until)} for g in gpus]
+    return jsonify({"from": w.since, "to": w.until, "held_since": series.held_since(db), **heat})
 
 
 @bp.get("/gpus/<gpu_id>")

@@ -3,7 +3,7 @@ timeline (``/processes/<pid>-<start_time>``), with their JSON and CSV."""
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, current_app, jsonify, render_template, request
+from flask import Blueprint, abort, current_app, jsonify, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from gpuwhy.clock import NS_PER_SECOND
@@ -69,19 +69,57 @@ def api_processes() -> ResponseReturnValue:
     return jsonify(_listed()[0])
 
 
-def _detail(key: ProcessKey, process: dict) -> dict:
+def _detail(key: ProcessKey, process: dict, events: bool = True) -> dict:
+    """The process's facts, driver calls, findings and GPUs; its first events too unless
+    ``events`` is false (the page reads them a page at a time: :func:`_events_page`)."""
     db = get_db()
     return {"process": process, "key": str(key), "calls": queries.process_calls(db, key),
             "last_heard": queries.process_end(db, key),
-            "events": queries.process_events(db, key),
+            **({"events": queries.process_events(db, key)} if events else {}),
             "findings": queries.findings(db, key=key),
             "gpus": queries.process_gpus(db, key)}
+
+
+EVENTS_PER_PAGE = 50
+
+
+def _events_page(key: ProcessKey) -> dict:
+    """The page of the process's events the URL asks for, newest first: ``?page=N`` (from
+    1), else the page holding the moment ``?at=`` (a chain's link opens at its step), else
+    the newest. ``rows``, ``first``/``last`` (1-based, of ``total``), and the URLs of the
+    ``newer`` and ``older`` pages (None at either end)."""
+    db = get_db()
+    total = queries.process_event_count(db, key)
+    pages = max(1, -(-total // EVENTS_PER_PAGE))
+    page = request.args.get("page", "")
+    if page:
+        if not page.isdigit() or int(page) < 1:
+            abort(400, description="page is a whole number from 1")
+        number = min(int(page), pages)
+    elif request.args.get("at", "").isdigit():
+        later = queries.process_event_count(db, key, after=int(request.args["at"]))
+        number = min(later // EVENTS_PER_PAGE + 1, pages)
+    else:
+        number = 1
+    offset = (number - 1) * EVENTS_PER_PAGE
+    rows = queries.process_events(db, key, EVENTS_PER_PAGE, offset, newest_first=True)
+
+    def url(n: int) -> str:
+        # the rest of the URL (range, zoom) kept: paging leaves the charts' view alone
+        args = {**request.args.to_dict(), "page": n}
+        return url_for("processes.show", **{**args, "key": str(key)}) + "#events"
+
+    return {"rows": rows, "total": total, "first": offset + 1 if rows else 0,
+            "last": offset + len(rows), "page": number, "pages": pages,
+            "newer": url(number - 1) if number > 1 else None,
+            "older": url(number + 1) if number < pages else None}
 
 
 @bp.get("/processes/<key>")
 def show(key: str) -> ResponseReturnValue:
     process_key, process = _process_or_404(key)
-    return render_template("process.html", **_detail(process_key, process),
+    return render_template("process.html", **_detail(process_key, process, events=False),
+                           events_page=_events_page(process_key),
                            ranges=list(series.RANGES), ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 

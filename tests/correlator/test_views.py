@@ -180,3 +180,8 @@ def test_gpu_is_accepted_by_index_uuid_pci_or_id(harness):
         assert {i["id"] for i in list_incidents(harness.db, gpu=name)} == everyone, name
     assert list_incidents(harness.db, gpu="7") == []
     assert gpu_named(harness.db, "7") == "index:7"       # the id GPU 7 would have
+    # the command line's --gpu, listing incidents and resets, by index
+    assert {i["id"] for i in json.loads(run_cli(harness, "incidents", "--gpu", "0",
+                                                "--json"))} == everyone
+    assert len(json.loads(run_cli(harness, "resets", "--gpu", "0", "--json"))) == 1
+    assert json.loads(run_cli(harness, "resets", "--gpu", "7", "--json")) == []

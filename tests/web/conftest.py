@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,43 @@ def build(directory: Path) -> Scenario:
         subscriber.close()
         db.close()
     return sc
+
+
+def arrive(config, events, endpoint: str, *, event_time: bool = False) -> None:
+    """Events through the real correlator, in one batch, into the store ``config`` names;
+    ``event_time``: decided on the events' own times only, like a replay."""
+    db = open_store(config["store.path"])
+    subscriber = Subscriber(endpoint)
+    try:
+        correlator = Correlator(config, db, subscriber,
+                                Alerter(config["correlator.url"], send=lambda *a, **k: None))
+        if event_time:
+            correlator.wall_clock = lambda: None
+        correlator.pending = [Envelope("test", n, e) for n, e in enumerate(events, 1)]
+        correlator._last_decide = 0.0
+        correlator.flush()
+        assert not correlator.store_error, correlator.store_error
+    finally:
+        subscriber.close()
+        db.close()
+
+
+@pytest.fixture
+def served(browser, scenario, tmp_path):
+    """A page in the browser and a server of this test's own copy of the scenario's store
+    (it changes it), refreshed each second."""
+    from .test_browser import LiveServer, Watched
+    from .test_browser_incidents import _own_copy
+
+    path, config = _own_copy(scenario, tmp_path)
+    live = LiveServer(config)
+    watched = Watched(browser)
+    try:
+        yield types.SimpleNamespace(config=config, path=path, url=live.url, page=watched.page,
+                                    problems=watched.problems)
+    finally:
+        watched.close()
+        live.close()
 
 
 @pytest.fixture(scope="session")

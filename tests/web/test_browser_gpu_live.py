@@ -5,8 +5,6 @@ labels never overlap."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from gpuwhy.clock import now_ns
@@ -15,26 +13,11 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.store import open_store
 from gpuwhy.store.series import last_sample_ts
 
-from .test_browser import LiveServer, Watched, shoot
-from .test_browser_incidents import _arrive, _own_copy, _until
+from .test_browser import shoot
+from .test_browser_incidents import _arrive, _until
 
 pytestmark = pytest.mark.browser
 S = 10**9
-
-
-@pytest.fixture
-def served(browser, scenario, tmp_path):
-    """A page in the browser and a server of this test's own copy of the scenario's store
-    (it changes it), refreshed each second."""
-    path, config = _own_copy(scenario, tmp_path)
-    live = LiveServer(config)
-    watched = Watched(browser)
-    try:
-        yield types.SimpleNamespace(config=config, path=path, url=live.url, page=watched.page,
-                                    problems=watched.problems)
-    finally:
-        watched.close()
-        live.close()
 
 
 def _tail(page) -> dict:

@@ -9,17 +9,15 @@ import shutil
 
 import pytest
 
-from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
-from gpuwhy.correlator.alerts import Alerter
-from gpuwhy.correlator.service import Correlator
-from gpuwhy.events import DeviceOpened, Envelope, KernelLogRecord, ProcessSeen
+from gpuwhy.events import DeviceOpened, KernelLogRecord, ProcessSeen
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store import open_store
 from gpuwhy.store.queries import list_incidents
 
+from .conftest import arrive
 from .test_browser import LiveServer, Watched, shoot
 
 pytestmark = pytest.mark.browser
@@ -28,18 +26,7 @@ NEW_XID = "Xid (PCI:0000:28:00): 31, pid=5151, name=python, MMU Fault: <i>ENGINE
 
 def _arrive(config, tmp_path, *events) -> None:
     """Events through the real correlator, into the store the page reads."""
-    db = open_store(config["store.path"])
-    subscriber = Subscriber(f"ipc://{tmp_path}/late-bus.sock")
-    try:
-        correlator = Correlator(config, db, subscriber,
-                                Alerter(config["correlator.url"], send=lambda *a, **k: None))
-        correlator.pending = [Envelope("test", n, e) for n, e in enumerate(events, 1)]
-        correlator._last_decide = 0.0
-        correlator.flush()
-        assert not correlator.store_error, correlator.store_error
-    finally:
-        subscriber.close()
-        db.close()
+    arrive(config, events, f"ipc://{tmp_path}/late-bus.sock")
 
 
 def _xid_arrives(config, tmp_path) -> None:

@@ -196,7 +196,9 @@ def test_incident_chain_steps_link_to_the_moment_and_say_what_to_do(client, scen
     assert "confidence 95%" in html and "Recommended actions" in html
     assert "reschedule the cron job" in html
     assert f"/gpus/{scenario.gpu_ids[0]}?at=" in html and "/processes/301-2001?at=" in html
-    assert "<script" not in html                          # the incident page runs no code
+    # its only code: the local times beside the UTC ones (charts.js's clock, times.js)
+    assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/charts.js">',
+                                                  '<script src="/static/times.js">']
     api = client.get(f"/api/incidents/{reset}").get_json()
     assert api["chain"][0]["kind"] == "cron_job" and api["actions"]
     assert client.get("/incidents/999").status_code == 404

@@ -23,9 +23,11 @@
   };
   G.clock = (ms) => G.inputTime(ms * 1e6).slice(5).replace("T", " ");
   G.isoTime = (ns) => new Date(Number(ns) / 1e6).toISOString();
+  // The note's lead-in is the page's (data-lead): "· times in …" beside a chart's range,
+  // "; local times in …" after a page's "Times are UTC" (static/times.js).
   G.showZone = function () {
     const note = document.getElementById("chart-zone");
-    if (note) note.textContent = `· times in ${G.zone}`;
+    if (note) note.textContent = `${note.dataset.lead || "·"} times in ${G.zone}`;
   };
 
   G.available = () => typeof window.echarts !== "undefined";
@@ -79,14 +81,23 @@
     return out;
   };
 
-  G.timeAxis = (range) => ({ type: "time", min: G.ms(range.from), max: G.ms(range.to) });
+  // Every time chart of a page has the same plot edges, so one moment is one x on all of
+  // them (the crosshair crosses them all at it): the left margin holds the row names of
+  // the lanes and heatmaps, the right one a second axis's numbers.
+  const LEFT_PX = 160, RIGHT_PX = 70;
+  G.grid = (extra) => Object.assign({ left: LEFT_PX, right: RIGHT_PX, top: 30, bottom: 30 },
+    extra || {});
+  G.timeAxis = (range) => ({ type: "time", min: G.ms(range.from), max: G.ms(range.to),
+    axisPointer: { show: true, snap: false, triggerTooltip: false, label: { show: false } } });
+  // Row names on a category axis, cut to the margin (the tooltip has them whole).
+  G.rowAxis = (names) => ({ type: "category", data: names, inverse: true,
+    axisLabel: { width: LEFT_PX - 12, overflow: "truncate" } });
 
-  const GRID_SIDE_PX = 70;      // the plot's left and right margins (axis names, numbers)
   G.base = function (range) {
     return {
       animation: false,
       useUTC: false,
-      grid: { left: GRID_SIDE_PX, right: GRID_SIDE_PX, top: 30, bottom: 30 },
+      grid: G.grid(),
       legend: { top: 0, type: "scroll" },
       tooltip: { trigger: "axis", renderMode: "richText" },
       dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
@@ -96,6 +107,26 @@
 
   G.line = (name, data, extra) =>
     Object.assign({ name, type: "line", showSymbol: false, connectNulls: false, data }, extra || {});
+
+  // Bars and cells on a time axis (lanes, heatmaps: their columns line up with the line
+  // charts'): items [fromMs, toMs, row, value, ...]; the colour from the chart's visualMap
+  // (on value) or ``style`` when given; ``fill`` is the share of a row's height drawn.
+  G.spans = function (data, options) {
+    const o = Object.assign({ fill: 1, minWidth: 1 }, options || {});
+    return {
+      type: "custom", data, encode: { x: [0, 1], y: 2 },
+      renderItem: (params, api) => {
+        const start = api.coord([api.value(0), api.value(2)]);
+        const end = api.coord([api.value(1), api.value(2)]);
+        const height = api.size([0, 1])[1] * o.fill;
+        const shape = window.echarts.graphic.clipRectByRect({ x: start[0],
+          y: start[1] - height / 2, width: Math.max(end[0] - start[0], o.minWidth), height },
+        params.coordSys);
+        return shape && { type: "rect", shape,
+          style: o.style ? api.style() : { fill: api.visual("color") } };
+      },
+    };
+  };
 
   // Marks on the time axis: incidents (red) and resets (orange); their labels are links
   // laid over the chart by G.markLabels, so that none covers another.
@@ -132,7 +163,7 @@
     let more = null;
     for (const m of marks) {       // only those in the plot as zoomed now
       const x = chart.convertToPixel({ xAxisIndex: 0 }, m.ms);
-      if (!Number.isFinite(x) || x < GRID_SIDE_PX || x > chart.getWidth() - GRID_SIDE_PX) continue;
+      if (!Number.isFinite(x) || x < LEFT_PX || x > chart.getWidth() - RIGHT_PX) continue;
       const label = document.createElement("a");
       label.className = `mark ${m.kind}`;
       label.href = m.href;
@@ -199,7 +230,7 @@
     G.showZone();
     const picker = document.getElementById("range-picker");
     const url = new URL(window.location.href).searchParams;
-    let current = { range: url.get("range") || "1h" };
+    let current = { range: url.get("range") || picker.dataset.default || "1h" };
     const from = G.urlTime(url.get("from")), to = G.urlTime(url.get("to"));
     if (from && to) Object.assign(current, { from, to });
     const at = url.get("at");
@@ -239,9 +270,10 @@
     let timer = null;
     G.onZoom = function (chart) {
       chart.on("datazoom", () => {
+        // read now: a live redraw of a chart before the timer fires resets its zoom
+        const zoom = chart.getOption().dataZoom[0];
         clearTimeout(timer);
         timer = setTimeout(() => {
-          const zoom = chart.getOption().dataZoom[0];
           if (zoom.startValue === undefined || zoom.endValue === undefined) return;
           const from = Math.floor(zoom.startValue * 1e6);
           const to = Math.ceil(zoom.endValue * 1e6);

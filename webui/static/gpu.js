@@ -73,36 +73,58 @@
     return option;
   }
 
-  function heatmap(data) {
-    const fields = data.fields.filter((f) => f !== "clocks_event_reasons");
-    const bits = Object.entries(data.throttle_bits || {});
-    const rows = fields.concat(bits.map(([name]) => `throttle ${name}`));
-    const times = data.rows.map((r) => G.clock(G.ms(r[0])));
-    const cells = [];
-    fields.forEach((field, y) => {
-      const i = data.fields.indexOf(field) + 1;
+  // Every counter as a row of cells on the page's time axis, each row coloured from its own
+  // lowest to its highest value in the range (the tooltip gives the value and its unit);
+  // a counter this GPU never gave, or a throttle reason never set, has no row.
+  const UNITS = { pcie_tx_bytes_per_s: "GB/s", pcie_rx_bytes_per_s: "GB/s",
+    nvlink_tx_bytes_per_s: "GB/s", nvlink_rx_bytes_per_s: "GB/s", power_w: "W",
+    power_limit_w: "W", sm_clock_mhz: "MHz", mem_clock_mhz: "MHz", temp_c: "°C",
+    fb_used_mib: "MiB" };
+  const SCALE = { pcie_tx_bytes_per_s: GB, pcie_rx_bytes_per_s: GB, nvlink_tx_bytes_per_s: GB,
+    nvlink_rx_bytes_per_s: GB };
+  const shown = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+
+  function heatmap(data, range) {
+    const bucket = G.ms(data.bucket_ns);
+    const start = (r) => G.ms(data.from) + Math.floor((G.ms(r[0]) - G.ms(data.from)) / bucket) * bucket;
+    const names = [], cells = [];
+    for (const field of data.fields.filter((f) => f !== "clocks_event_reasons")) {
+      const i = data.fields.indexOf(field) + 1, scale = SCALE[field] || 1;
       const values = data.rows.map((r) => r[i]).filter((v) => v !== null);
-      const lo = Math.min(...values), hi = Math.max(...values);
-      data.rows.forEach((r, x) => {
-        if (r[i] !== null) cells.push([x, y, hi > lo ? (r[i] - lo) / (hi - lo) : 0]);
-      });
-    });
+      if (!values.length) continue;
+      const lo = Math.min(...values), hi = Math.max(...values), y = names.length;
+      names.push(field.replace(/_bytes_per_s$/, "").replaceAll("_", " "));
+      for (const r of data.rows) {
+        if (r[i] === null) continue;
+        cells.push([start(r), start(r) + bucket, y, hi > lo ? (r[i] - lo) / (hi - lo) : 0,
+          `${shown.format(r[i] * scale)} ${UNITS[field] || "%"}`]);
+      }
+    }
     const reasons = data.fields.indexOf("clocks_event_reasons") + 1;
-    bits.forEach(([, bit], k) => {
-      data.rows.forEach((r, x) => {
-        if (r[reasons] !== null) cells.push([x, fields.length + k, r[reasons] & bit ? 1 : 0]);
-      });
-    });
-    return {
-      animation: false,
-      grid: { left: 190, right: 30, top: 10, bottom: 60 },
-      tooltip: { renderMode: "richText" },
-      xAxis: { type: "category", data: times },
-      yAxis: { type: "category", data: rows },
-      visualMap: { min: 0, max: 1, orient: "horizontal", left: "center", bottom: 0,
-        itemHeight: 120, inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
-      series: [{ type: "heatmap", data: cells, progressive: 0 }],
-    };
+    for (const [name, bit] of Object.entries(data.throttle_bits || {})) {
+      if (!data.rows.some((r) => r[reasons] !== null && (r[reasons] & bit))) continue;
+      const y = names.length;
+      names.push(`throttle ${name}`);
+      for (const r of data.rows) {
+        if (r[reasons] === null) continue;
+        const on = r[reasons] & bit ? 1 : 0;
+        cells.push([start(r), start(r) + bucket, y, on, on ? "set" : "not set"]);
+      }
+    }
+    const option = G.base(range);
+    delete option.legend;
+    option.grid = G.grid({ top: 10, bottom: 60 });
+    option.yAxis = G.rowAxis(names);
+    option.tooltip = { trigger: "item", renderMode: "richText",
+      formatter: (p) => `${names[p.value[2]]} at ${G.clock(p.value[0])}: ${p.value[4]}` };
+    option.visualMap = { type: "continuous", dimension: 3, min: 0, max: 1, seriesIndex: 0,
+      orient: "horizontal", left: "center", bottom: 0, itemHeight: 160,
+      text: ["the row's highest (or set)", "its lowest"], calculable: false,
+      inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } };
+    option.series = [G.spans(cells)];
+    option.graphic = names.length ? [] : [{ type: "text", left: "center", top: "middle",
+      style: { text: "no samples in this range", fill: "#666" } }];
+    return option;
   }
 
   function scatter(data) {
@@ -123,26 +145,19 @@
 
   function lanes(events, range) {
     const labels = events.lanes.map((l) => `${l.pid} ${l.comm || "?"}`);
-    const bars = events.lanes.map((l, i) => [i, G.ms(Math.max(l.since, range.from)),
-      G.ms(Math.min(l.until || range.to, range.to))]);
-    return {
-      animation: false,
-      grid: { left: 190, right: 70, top: 10, bottom: 30 },
-      tooltip: { renderMode: "richText" },
-      dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
-      xAxis: G.timeAxis(range),
-      yAxis: { type: "category", data: labels },
-      series: [{
-        type: "custom", encode: { x: [1, 2], y: 0 }, data: bars,
-        renderItem: (params, api) => {
-          const start = api.coord([api.value(1), api.value(0)]);
-          const end = api.coord([api.value(2), api.value(0)]);
-          const height = api.size([0, 1])[1] * 0.6;
-          return { type: "rect", shape: { x: start[0], y: start[1] - height / 2,
-            width: Math.max(end[0] - start[0], 2), height }, style: api.style() };
-        },
-      }],
-    };
+    const bars = events.lanes.map((l, i) => [G.ms(Math.max(l.since, range.from)),
+      G.ms(Math.min(l.until || range.to, range.to)), i]);
+    const option = G.base(range);
+    delete option.legend;
+    option.grid = G.grid({ top: 10 });
+    option.yAxis = G.rowAxis(labels);
+    option.tooltip = { trigger: "item", renderMode: "richText",
+      formatter: (p) => `${labels[p.value[2]]}: bound ${G.clock(p.value[0])} – ` +
+        `${events.lanes[p.value[2]].until ? G.clock(p.value[1]) : "now"}` };
+    option.series = [G.spans(bars, { fill: 0.6, minWidth: 2, style: true })];
+    option.graphic = labels.length ? [] : [{ type: "text", left: "center", top: "middle",
+      style: { text: "no process bound to this GPU in this range", fill: "#666" } }];
+    return option;
   }
 
   // What is drawn: its request, its data (rows on a grid of buckets), its events.
@@ -161,7 +176,7 @@
     chart.bw.setOption(bandwidth(data, range), fresh);
     chart.power.setOption(power(data, range), fresh);
     chart.thermal.setOption(thermal(data, range), fresh);
-    chart.heatmap.setOption(heatmap(data), true);
+    chart.heatmap.setOption(heatmap(data, range), true);
     chart.scatter.setOption(scatter(data), true);
     labelMarks();
     document.getElementById("range-info").textContent =
@@ -231,5 +246,5 @@
   });
 
   G.rangeControl(load);
-  for (const id of ["util", "bw", "power", "thermal", "lanes"]) G.onZoom(chart[id]);
+  for (const id of ["util", "bw", "power", "thermal", "lanes", "heatmap"]) G.onZoom(chart[id]);
 })();
