@@ -6,38 +6,25 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import re
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import click
 
-from gpuwhy.clock import NS_PER_SECOND, now_ns
+from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.lifecycle import OPERATOR_CHANGES
 from gpuwhy.text import format_ts as when
-from gpuwhy.text import printable, table
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])\Z")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+from gpuwhy.text import parse_ts, printable, table
 
 
 def parse_since(text: str) -> int:
     """``10m``/``2h``/``1d`` ago, or an ISO date-time (local time if no zone), as realtime ns."""
-    match = _DURATION.match(text.strip())
-    if match:
-        return now_ns() - int(float(match[1]) * _UNIT[match[2]] * NS_PER_SECOND)
     try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use 30s, 10m, 2h, 1d or an ISO date-time") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return int(when.timestamp() * NS_PER_SECOND)
-
-
+        return parse_ts(text, now_ns())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -64,6 +51,8 @@ def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: An
 @click.command()
 @click.option("--gpu", help="Only this GPU (index, UUID, PCI address or id).")
 @click.option("--since", "since_text", help="Only incidents seen since (30s, 10m, 2h, 1d, ISO).")
+@click.option("--until", "until_text",
+              help="Only incidents opened before (30s, 10m, 2h, 1d ago, ISO).")
 @click.option("--kind", type=click.Choice(["xid", "gpu_lost", "gpu_reset", "process_stall",
                                            "process_exit", "rule_finding"]))
 @click.option("--state", type=click.Choice(["open", "acknowledged", "resolved", "active"]),
@@ -75,13 +64,15 @@ def _read(ctx: click.Context, read: Callable[..., Any], *args: Any, **kwargs: An
 @click.option("--limit", default=200, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind: str | None,
-              state: str | None, after: int | None, limit: int, as_json: bool) -> None:
+def incidents(ctx: click.Context, gpu: str | None, since_text: str | None,
+              until_text: str | None, kind: str | None, state: str | None,
+              after: int | None, limit: int, as_json: bool) -> None:
     """Incidents, newest first: Xids, resets, lost GPUs, stalls, deaths, rule findings.
 
     \b
     Examples:
       gpuwhy incidents --since 1d
+      gpuwhy incidents --since 2026-12-03T01:00 --until 2026-12-03T03:00
       gpuwhy incidents --state active
       gpuwhy incidents --gpu 0000:18:00 --kind gpu_reset --json
       gpuwhy incidents --after 0 --json    # the feed (as /api/incidents?since=0)
@@ -89,14 +80,15 @@ def incidents(ctx: click.Context, gpu: str | None, since_text: str | None, kind:
     from gpuwhy.store.queries import list_incidents
 
     if after is not None:
-        if gpu or since_text or kind or state:
+        if gpu or since_text or until_text or kind or state:
             raise click.UsageError("--after reads the whole feed: it takes no --gpu, --since, "
-                                   "--kind or --state")
+                                   "--until, --kind or --state")
         _feed(ctx, after, limit, as_json)
         return
     since = parse_since(since_text) if since_text else None
-    rows = _read(ctx, list_incidents, gpu=gpu, since=since, kind=kind, state=state,
-                 limit=limit)
+    until = parse_since(until_text) if until_text else None
+    rows = _read(ctx, list_incidents, gpu=gpu, since=since, until=until, kind=kind,
+                 state=state, limit=limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -10,6 +10,7 @@ the browser's zone on the page.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -80,6 +81,31 @@ def rfc3339(ts: int) -> str:
     """
     moment = datetime.fromtimestamp(ts // NS_PER_SECOND, UTC)
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{ts % NS_PER_SECOND // 1_000_000:03d}Z"
+
+
+_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])\Z")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_ts(text: str, now: int, *, naive_utc: bool = False) -> int:
+    """A moment a person writes, as realtime ns: ``30s``/``10m``/``2h``/``1d`` before
+    ``now``, ns since the epoch, or an ISO 8601 date-time (one naming no zone is local
+    time, or UTC with ``naive_utc``: a web page's server is not in its reader's zone).
+    ValueError, saying what is accepted, for anything else."""
+    text = text.strip()
+    ago = _AGO.match(text)
+    if ago:
+        return now - int(float(ago[1]) * _UNIT_S[ago[2]] * NS_PER_SECOND)
+    if text.isascii() and text.isdigit() and len(text) <= 19:
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text[:60]!r}: use 30s, 10m, 2h, 1d, ns since the epoch or an "
+                         "ISO date-time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC) if naive_utc else moment.astimezone()
+    return int(moment.timestamp() * NS_PER_SECOND)
 
 
 def printable(text: str, limit: int | None = None) -> str:

@@ -380,11 +380,14 @@ def process_incident_ids(db: Database, key: ProcessKey) -> list[int]:
 # --- incidents and resets ----------------------------------------------------------------
 
 def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = None,
-                   kind: str | None = None, state: str | None = None,
-                   effects: bool = False, limit: int = 200) -> list[dict[str, Any]]:
-    """Incidents, newest first; ``gpu`` is any name of the GPU (:func:`gpu_named`). Effects (a
-    stall, a death, a finding, the reset a lost GPU needed, that a cause incident explains)
-    are that incident's links, listed only with ``effects`` (``cause_id`` names it)."""
+                   until: int | None = None, kind: str | None = None,
+                   state: str | None = None, effects: bool = False,
+                   limit: int = 200) -> list[dict[str, Any]]:
+    """Incidents, newest first; ``gpu`` is any name of the GPU (:func:`gpu_named`); those
+    seen in [``since``, ``until``) (last seen at or after the one, opened before the other).
+    Effects (a stall, a death, a finding, the reset a lost GPU needed, that a cause incident
+    explains) are that incident's links, listed only with ``effects`` (``cause_id`` names
+    it)."""
     where, params = ["1" if effects else "cause_id is null"], []
     if gpu:
         where.append("(gpu_id = ? or gpu_id = ?)")
@@ -392,6 +395,9 @@ def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = 
     if since is not None:
         where.append("last_seen >= ?")
         params.append(since)
+    if until is not None:
+        where.append("opened_at < ?")
+        params.append(until)
     if kind:
         where.append("kind = ?")
         params.append(kind)

@@ -196,8 +196,14 @@ def test_only_the_chart_helper_writes_times_in_the_browser():
 def test_every_chart_page_names_the_browser_zone():
     charts = (STATIC / "charts.js").read_text("utf-8")
     assert "resolvedOptions().timeZone" in charts and "times in ${G.zone}" in charts
+    # every page loads charts.js and times.js (base.html); the browser writes times on a
+    # page with charts (echarts) or with instants (<time> tags, beside which it writes the
+    # local time): such a page names the zone
+    base = (REPO / "webui" / "templates" / "base.html").read_text("utf-8")
+    assert "charts.js" in base and "times.js" in base
     pages = [p for p in sorted((REPO / "webui" / "templates").glob("*.html"))
-             if "charts.js" in p.read_text("utf-8")]
-    assert pages, "no page loads charts.js"
+             if "echarts" in p.read_text("utf-8") or "| instant" in p.read_text("utf-8")]
+    assert len(pages) >= 6, [p.name for p in pages]
     for page in pages:
-        assert 'id="chart-zone"' in page.read_text("utf-8"), page.name
+        if 'extends "base.html"' in page.read_text("utf-8"):
+            assert 'id="chart-zone"' in page.read_text("utf-8"), page.name

@@ -25,10 +25,12 @@ from flask.typing import ResponseReturnValue
 
 from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
+from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.store import feed, open_store
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
+from gpuwhy.text import parse_ts
 from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
 
@@ -51,17 +53,40 @@ ADVICE = {
 }
 
 
+WITHIN = ("1h", "6h", "24h", "7d")       # the list's "seen within" choices
+
+
 def _filters() -> dict:
     return {name: request.args.get(name) or None
-            for name in ("kind", "gpu", "severity", "state", "q")}
+            for name in ("kind", "gpu", "severity", "state", "q", "within", "from", "to")}
+
+
+def _period(filters: dict) -> tuple[int | None, int | None]:
+    """[since, until) ns of the list's time filter: ``within`` (a recent period) or
+    ``from``/``to`` (30m, 2h, 1d ago, ns, or ISO 8601, UTC when it names no zone); a 400
+    that says why for anything else."""
+    now = now_ns()
+    try:
+        if filters["within"]:
+            if filters["within"] not in WITHIN:
+                raise ValueError(f"within is one of {', '.join(WITHIN)}")
+            return parse_ts(filters["within"], now), None
+        since, until = (parse_ts(filters[name], now, naive_utc=True) if filters[name]
+                        else None for name in ("from", "to"))
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    if since is not None and until is not None and since >= until:
+        abort(400, description="from must be before to")
+    return since, until
 
 
 def filtered_incidents(filters: dict) -> list[dict]:
     state = filters["state"]
     if state == "closed":            # an old link: incidents were "closed", now resolved
         state = lc.RESOLVED
+    since, until = _period(filters)
     found = list_incidents(get_db(), gpu=filters["gpu"], kind=filters["kind"],
-                           state=state, limit=1000)
+                           state=state, since=since, until=until, limit=1000)
     if filters["severity"]:
         # An old link may name a legacy severity (warn, high): it means the scale's name.
         wanted = filters["severity"]
@@ -98,7 +123,7 @@ def index() -> ResponseReturnValue:
     return render_template("incidents.html", incidents=filtered_incidents(filters),
                            cursor=cursor,
                            filters=filters, kinds=kinds, severities=sev.DESCENDING,
-                           states=STATES,
+                           states=STATES, within=WITHIN,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 

@@ -93,6 +93,40 @@ def test_since_accepts_durations_and_dates():
     assert parse_since("2026-01-01T00:00:00+00:00") == 1767225600 * 10**9
 
 
+def test_a_written_moment_is_ago_ns_or_iso_and_says_what_it_takes(monkeypatch):
+    import time
+
+    from gpuwhy.text import parse_ts
+
+    now = 1_800_000_000 * 10**9
+    assert parse_ts("90s", now) == now - 90 * 10**9
+    assert parse_ts("1.5h", now) == now - 5400 * 10**9
+    assert parse_ts("1767225600000000000", now) == 1767225600 * 10**9
+    assert parse_ts("2026-01-01T00:00:00Z", now) == 1767225600 * 10**9
+    # no zone: the reader's local time on the command line, UTC on a web page
+    monkeypatch.setenv("TZ", "JST-9")
+    time.tzset()
+    try:
+        assert parse_ts("2026-01-01T09:00", now) == 1767225600 * 10**9
+        assert parse_ts("2026-01-01T00:00", now, naive_utc=True) == 1767225600 * 10**9
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    for bad in ("yesterday", "10 minutes", "-5m", "9" * 25, ""):
+        with pytest.raises(ValueError, match="use 30s, 10m, 2h, 1d"):
+            parse_ts(bad, now)
+
+
+def test_incidents_until_keeps_those_opened_before(harness):
+    reset_story(harness)
+    every = json.loads(run_cli(harness, "incidents", "--json"))
+    first = min(i["opened_at"] for i in every)
+    before = datetime.fromtimestamp(first / 1e9 + 0.0005, tz=UTC).isoformat()
+    early = json.loads(run_cli(harness, "incidents", "--until", before, "--json"))
+    assert [i["id"] for i in early] == [i["id"] for i in every if i["opened_at"] <= first]
+    assert "no incidents" in run_cli(harness, "incidents", "--until", "3650d")
+
+
 def test_metrics_read_the_store_at_scrape_time(harness):
     client = create_app(harness.config).test_client()
     before = {m.name for m in text_string_to_metric_families(

@@ -179,6 +179,13 @@ def test_a_running_process_page_follows_its_timeline(served, scenario, tmp_path)
     _until(page, lambda: _cpu_tail(page)["last"] >= (start + 3 * S) / 1e6 - 60_000,
            "the new seconds on the timeline", timeout_ms=4000)
     assert _cpu_tail(page)["value"] == pytest.approx(777, rel=0.01)
+    # it opens a second GPU: the event list under the charts takes it without a reload
+    assert "/dev/nvidia1" not in page.inner_text("#events")
+    _arrive(config, tmp_path, DeviceOpened(ts=now_ns(), process=train, fd=11,
+                                           path="/dev/nvidia1", device="nvidiaN", minor=1))
+    _until(page, lambda: "/dev/nvidia1" in page.inner_text("#events"),
+           "the new event in the list", timeout_ms=8000)
+    assert page.locator("#events time + .local-time").count() > 0     # local times again
     page.click("#live-toggle")
     assert page.inner_text("#live-state") == "Paused"
     assert served.problems == []

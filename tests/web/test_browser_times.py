@@ -79,3 +79,19 @@ def test_without_javascript_the_utc_times_stand_alone(browser, server):
         assert page.inner_text("#time-note") == "Times are UTC."
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("path, least", [("/", 2), ("/incidents", 3), ("/resets", 1),
+                                         ("/rules", 1), ("/gpus/{gpu}", 2)])
+def test_every_page_with_times_gives_the_local_one_beside_them(browser, server, scenario,
+                                                                path, least):
+    watched = Watched(browser, AUTH)
+    page = watched.page
+    try:
+        page.goto(server.url + path.format(gpu=scenario.gpu_ids[0]), wait_until="networkidle")
+        assert page.locator("main time[data-ns]").count() >= least
+        assert _unmatched(page, "main") == 0
+        assert BROWSER_ZONE in page.inner_text("#chart-zone")
+        assert watched.problems == []
+    finally:
+        watched.close()

@@ -188,6 +188,40 @@ def test_incident_list_filters(client):
     assert "Input pipeline starves the GPU &lt;i&gt;(test)&lt;/i&gt;" in page(client, "/incidents")
 
 
+def test_incident_list_filters_by_time(client):
+    from gpuwhy.text import rfc3339
+
+    every = client.get("/api/incidents").get_json()
+    ids = lambda query: {i["id"] for i in client.get(f"/api/incidents?{query}").get_json()}  # noqa: E731
+    assert ids("within=1h") == {i["id"] for i in every}               # the last ten minutes
+    # a period around the Xid alone: opened before its end, seen after its start
+    xid = next(i for i in every if i["kind"] == "xid")
+    around = (xid["opened_at"] - 10**6, xid["opened_at"] + 10**6)
+    others = {i["id"] for i in every if i["opened_at"] < around[0] and i["last_seen"] >= around[1]}
+    assert ids(f"from={around[0]}&to={around[1]}") == {xid["id"]} | others
+    # the same period in ISO 8601: with its zone, or naive (UTC on a page)
+    zoned = [rfc3339(t) for t in around]
+    assert ids(f"from={zoned[0]}&to={zoned[1]}") == ids(f"from={around[0]}&to={around[1]}")
+    assert ids(f"from={zoned[0].removesuffix('Z')}&to={zoned[1].removesuffix('Z')}") == \
+        ids(f"from={zoned[0]}&to={zoned[1]}")
+    assert ids("to=1d") == set()                           # opened more than a day ago: none
+    assert ids(f"from={max(i['last_seen'] for i in every) + 1}") == set()
+    html = page(client, "/incidents?within=6h")
+    assert '<option value="6h" selected>' in html
+
+
+@pytest.mark.parametrize("query, says", [
+    ("within=2h", "within is one of 1h, 6h, 24h, 7d"),
+    ("from=yesterday", "'yesterday': use 30s, 10m"),
+    ("from=2h&to=3h", "from must be before to"),
+])
+def test_a_bad_time_filter_is_a_400_that_says_why(client, query, says):
+    for url in (f"/incidents?{query}", f"/api/incidents?{query}"):
+        response = client.get(url)
+        text = response.get_data(as_text=True).replace("&#39;", "'")
+        assert response.status_code == 400 and says in text, url
+
+
 def test_incident_chain_steps_link_to_the_moment_and_say_what_to_do(client, scenario):
     reset = incident_id(client, "gpu_reset")
     html = page(client, f"/incidents/{reset}")

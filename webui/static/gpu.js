@@ -234,7 +234,9 @@
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
     for (const selector of ["#bound tbody", "#open-incidents"]) {
       const mine = document.querySelector(selector), theirs = fresh.querySelector(selector);
-      if (mine && theirs) mine.replaceWith(document.adoptNode(theirs));
+      if (!mine || !theirs) continue;
+      mine.replaceWith(document.adoptNode(theirs));
+      if (G.localTimes) G.localTimes(theirs);
     }
   }
 

@@ -30,7 +30,9 @@
     // DOMParser makes an inert document: its scripts never run
     const page = new DOMParser().parseFromString(await response.text(), "text/html");
     const rows = page.querySelector("#incidents tbody");
-    if (rows) table.tBodies[0].replaceWith(document.adoptNode(rows));
+    if (!rows) return;
+    table.tBodies[0].replaceWith(document.adoptNode(rows));
+    if (window.GpuwhyCharts.localTimes) window.GpuwhyCharts.localTimes(table);
   }
 
   async function refresh() {

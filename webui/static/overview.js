@@ -35,6 +35,7 @@
         const old = card.querySelector(selector);
         if (list && old) old.replaceWith(document.adoptNode(list));
       }
+      if (window.GpuwhyCharts.localTimes) window.GpuwhyCharts.localTimes(card);
       card.classList.toggle("has-incidents", fresh.classList.contains("has-incidents"));
       card.dataset.lists = fresh.dataset.lists;
     }

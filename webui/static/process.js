@@ -70,10 +70,29 @@
       const data = G.mergeTail(before.data, fresh, seconds);
       view = Object.assign({}, before, { data });
       draw(data, false);
+      if (Date.now() - tablesAt >= TABLES_EVERY_MS) await takeTables();
       live.updated();
     } catch (err) {
       live.failed(err);
     }
+  }
+
+  // The findings, driver calls and events under the charts, from this page as the server
+  // renders it now (its escaping, units and times; DOMParser makes an inert document), at
+  // most every TABLES_EVERY_MS: a whole page render costs more than the timeline's tail.
+  const TABLES_EVERY_MS = 5000;
+  let tablesAt = Date.now();
+  async function takeTables() {
+    tablesAt = Date.now();
+    const response = await fetch(window.location.pathname + window.location.search,
+      { headers: { Accept: "text/html" } });
+    if (!response.ok) throw new Error(`process page: HTTP ${response.status}`);
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    const mine = document.getElementById("process-tables");
+    const theirs = fresh.getElementById("process-tables");
+    if (!mine || !theirs) return;
+    mine.replaceWith(document.adoptNode(theirs));
+    if (G.localTimes) G.localTimes(theirs);
   }
 
   // Back from a zoom or a picked range: the whole life, following it.

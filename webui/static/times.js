@@ -22,6 +22,8 @@
     }
   }
 
+  // for the parts a live page takes again from the server (lists, tables)
+  G.localTimes = addLocalTimes;
   G.showZone();
   addLocalTimes(document);
 })();
