@@ -62,7 +62,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probes.big_alloc_bytes", 1 << 30, "GPUWHY_BIG_ALLOC_BYTES",
             "an allocation or mapping at least this large is reported on its own"),
     Setting("probes.error_events_per_second", 50, "GPUWHY_ERROR_EVENTS_PER_SECOND",
-            "failed or large calls reported one by one per CPU per second (the rest are counted)"),
+            "failed or large calls reported one by one a second, host-wide (the rest are counted)"),
     Setting("probes.sched", True, "GPUWHY_SCHED",
             "trace the scheduler for processes that use the GPU, their threads and workers"),
     # --- cuda settings ---

@@ -110,7 +110,7 @@ BPF_ARRAY(config, struct config_t, 1);
 BPF_ARRAY(next_open_seq, u64, 1);
 BPF_PERCPU_ARRAY(drops, u64, N_DROP_REASONS);
 BPF_PERCPU_ARRAY(scratch, struct open_t, 1);
-BPF_PERCPU_ARRAY(error_budget, struct budget_t, 1);
+BPF_ARRAY(error_budget, struct budget_t, 1);     // host-wide: see error_event_allowed()
 BPF_ARRAY(proc_hint, s32, HINT_SLOTS);        // kernel's own inserts minus removals
 BPF_ARRAY(proc_hint_user, s32, HINT_SLOTS);   // user space's (scan, fork, exec, exit)
 BPF_HASH(pending_open, u64, struct open_t, 4096);
@@ -551,6 +551,12 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
     return 0;
 }
 
+// Failed or large calls sent one by one, at most error_events_per_sec a second for the
+// whole host (more are counted in the aggregates only): a per-CPU budget would let a
+// 64-CPU host send 64 times as many, and the sidecar's cost grow with the host. Only these
+// calls touch the shared slot, so its atomic add is rare. The add returns nothing (an
+// add that fetches needs a newer kernel): CPUs that check at the same moment, or that both
+// see a new second, may let a few more through.
 static __always_inline int error_event_allowed(struct config_t *cfg, u64 now)
 {
     int zero = 0;
@@ -566,7 +572,7 @@ static __always_inline int error_event_allowed(struct config_t *cfg, u64 now)
         count_drop(DROP_RATE_LIMITED);
         return 0;
     }
-    budget->used++;
+    __sync_fetch_and_add(&budget->used, 1);
     return 1;
 }
 

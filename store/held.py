@@ -1,11 +1,11 @@
 """Rows of the hottest tables, held back during a batch and written at its end.
 
 A statement per row cost ~5 µs each on a small VM, more than building the row: most events
-of a batch (events, sched_stats, gpu_sample_data, driver_call_stats rows) are written with
-one ``executemany`` per run of the same statement instead. Rows of a table are written in
-the order they came (events' ids follow arrival order); tables are written one after the
-other, which is safe because none has a trigger and the writer reads none of them back
-within a batch.
+of a batch (events, sched_stats, driver_calls, gpu_sample_data, driver_call_stats rows) are
+written with one ``executemany`` per run of the same statement instead. Rows of a table
+are written in the order they came (events' ids follow arrival order); tables are written
+one after the other, which is safe because none has a trigger and the writer reads none of
+them back within a batch (the decide stage, which does, runs after).
 """
 
 from __future__ import annotations

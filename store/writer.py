@@ -81,7 +81,7 @@ ONCE_PER_PROCESS = ""      # process_forked (the child's row), process_exited
 
 log = logging.getLogger(__name__)
 # Tables whose rows _insert and _upsert hold until the end of the batch (store/held.py).
-_HELD_TABLES = frozenset({"events", "sched_stats"})
+_HELD_TABLES = frozenset({"events", "sched_stats", "driver_calls"})
 _DRIVER_CALL_STATS_PK = ("pid", "start_time", "path", "cmd", "sub")
 _JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
@@ -427,12 +427,12 @@ class StoreWriter:
         self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))
 
     def _on_gpu_processes(self, envelope: Envelope, event: GpuProcesses) -> None:
-        self.db["gpu_processes"].insert_all(
-            [{"gpu_id": event.gpu_id, "ts": event.ts, "pid": p.get("pid"),
-              "start_time": p.get("start_time"), "used_memory_mib": p.get("used_memory_mib"),
-              "sm_util": p.get("sm_util"), "mem_util": p.get("mem_util"),
-              "enc_util": p.get("enc_util"), "dec_util": p.get("dec_util")}
-             for p in event.processes], replace=True)
+        for p in event.processes:
+            self._insert("gpu_processes", {
+                "gpu_id": event.gpu_id, "ts": event.ts, "pid": p.get("pid"),
+                "start_time": p.get("start_time"), "used_memory_mib": p.get("used_memory_mib"),
+                "sm_util": p.get("sm_util"), "mem_util": p.get("mem_util"),
+                "enc_util": p.get("enc_util"), "dec_util": p.get("dec_util")}, replace=True)
 
     # --- kernel log and cron handlers ---
     # Kernel-log records that also go to the events timeline (the rest stay in kernel_log).
@@ -543,7 +543,7 @@ class StoreWriter:
             row.update(since=event.since or None, processes=json_text(
                 [{"pid": p.pid, "start_time": p.start_time} for p in event.processes])
                 if event.since else None)
-        self.db["rule_findings"].upsert(row, pk="finding_id")
+        self._upsert("rule_findings", row, pk="finding_id")
 
 
     def _on_source_health(self, envelope: Envelope, event: SourceHealth) -> None:
@@ -551,7 +551,7 @@ class StoreWriter:
 
     def record_health(self, source: str, state: str, detail: str,
                       counters: dict[str, int], ts: int) -> None:
-        self.db["source_health"].upsert({
+        self._upsert("source_health", {
             "source": source, "state": state, "detail": detail,
             "counters": json_text(counters, sort_keys=True), "last_seen": ts,
         }, pk="source")

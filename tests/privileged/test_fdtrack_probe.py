@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
@@ -228,3 +229,35 @@ def test_a_reused_pid_is_a_different_process(pipeline_for, probe_config, replay)
         assert rows == [(key_one.start_time, 0), (key_two.start_time, 1)]
     finally:
         second.communicate("\n", timeout=10)
+
+
+def test_failed_calls_are_sent_one_by_one_within_one_budget_for_the_host(
+        pipeline_for, tmp_config, replay):
+    """Every call of the replay fails (ENOTTY on look-alike files), from four threads on
+    every CPU: at most the budget a second is stored one by one, for the whole host (a
+    budget per CPU let each CPU send as many), and every call is still counted."""
+    budget = 10
+    pipe = pipeline_for(tmp_config.replace({"probes.error_events_per_second": budget}))
+    proc = replay.start(rounds=200, threads=4)
+    try:
+        report = json.loads(proc.stdout.readline())
+        key = process_key(report["pid"])
+        _wait_exact(pipe, key, report["expected"])
+        calls = sum(v["count"] for v in report["expected"].values())
+        assert sum(v["errors"] for v in report["expected"].values()) == calls > 100 * budget
+        # notable calls (the version check, attaching GPUs...) are always sent: not these
+        sent = pipe.wait_for("select ts from driver_calls where pid = ? and start_time = ? "
+                             "and reasons = 'error'", [key.pid, key.start_time],
+                             lambda r: len(r) >= budget)
+        # the budget's seconds are the probe's clock's (CLOCK_MONOTONIC), the stored times
+        # realtime: a constant apart
+        offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - \
+            time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        per_second = Counter((ts - offset) // 1_000_000_000 for (ts,) in sent)
+        assert sum(per_second.values()) >= budget
+        # a CPU that checks at the same moment as another may let one more through
+        assert max(per_second.values()) <= budget + 2, per_second
+        assert os.cpu_count() > 1, "one CPU cannot tell a host budget from a per-CPU one"
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
