@@ -183,10 +183,13 @@ def last_sample_ts(db: Database, gpu_id: str) -> int | None:
     return row[0] if row else None
 
 
-def held_since(db: Database) -> int | None:
-    """The oldest GPU figure the store holds (ns): a raw sample or, once those are pruned,
-    a one-minute rollup; None in a store without any (an empty chart says since when)."""
+def held_since(db: Database, gpu_id: str | None = None) -> int | None:
+    """The oldest figure the store holds (ns) of a GPU, or of any: a raw sample or, once
+    those are pruned, a one-minute rollup; None without any (an empty chart says since
+    when). Both tables lead with the time: the first rows read are the oldest."""
+    one, params = ("where gpu_id = ? ", [gpu_id]) if gpu_id else ("", [])
     found = [row[0] for row in (
-        db.execute("select ts from gpu_samples order by ts limit 1").fetchone(),
-        db.execute("select minute from gpu_rollups order by minute limit 1").fetchone()) if row]
+        db.execute(f"select ts from gpu_samples {one}order by ts limit 1", params).fetchone(),
+        db.execute(f"select minute from gpu_rollups {one}order by minute limit 1",
+                   params).fetchone()) if row]
     return min(found) if found else None

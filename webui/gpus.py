@@ -90,8 +90,9 @@ def api_series(gpu_id: str) -> ResponseReturnValue:
     except ValueError as exc:
         abort(400, description=str(exc))
     w, after = tail if tail else (_window(gpu["id"]), None)
+    held = {} if tail else {"held_since": series.held_since(get_db(), gpu["id"])}
     return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
-                    "throttle_bits": THROTTLE_BITS,
+                    "throttle_bits": THROTTLE_BITS, **held,
                     **series.gpu_series(get_db(), gpu["id"], w, after)})
 
 

@@ -108,3 +108,67 @@ def test_the_gpu_page_charts_share_one_time_axis(served, scenario):
         ".getOption(); return [o.yAxis[0].data, o.series[0].data.map(c => c[2])]; }")
     assert "gpu util" in rows and set(cells) == set(range(len(rows)))
     assert served.problems == []
+
+
+def _axis(page, chart: str = "chart-util") -> list[float]:
+    return page.evaluate("id => { const x = echarts.getInstanceByDom(document.getElementById"
+                         "(id)).getOption().xAxis[0]; return [x.min, x.max]; }", chart)
+
+
+def _empty_note(page, chart: str) -> dict | None:
+    """The chart's empty-state note as drawn: its text and whether it shows."""
+    return page.evaluate(
+        "id => { const g = echarts.getInstanceByDom(document.getElementById(id)).getOption()"
+        ".graphic; const e = g && g[0] && g[0].elements.find(x => x.id === 'empty-note');"
+        " return e ? {text: e.style.text, shown: !e.invisible} : null; }", chart)
+
+
+def test_dragging_across_a_chart_zooms_every_chart_to_that_span(served, scenario):
+    page, url = served.page, served.url
+    page.goto(f"{url}/gpus/{scenario.gpu_ids[1]}?range=15m", wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    low, high = _axis(page)
+    left, right = (page.evaluate(
+        "t => echarts.getInstanceByDom(document.getElementById('chart-util'))"
+        ".convertToPixel({xAxisIndex: 0}, t)", low + (high - low) * share)
+        for share in (0.4, 0.7))
+    box = page.locator("#chart-util").bounding_box()
+    y = box["y"] + box["height"] / 2
+    with page.expect_response(lambda r: "/series" in r.url and "from=" in r.url):
+        page.mouse.move(box["x"] + left, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + (left + right) / 2, y, steps=4)
+        page.mouse.move(box["x"] + right, y, steps=4)
+        page.mouse.up()
+    _until(page, lambda: _axis(page)[1] - _axis(page)[0] < (high - low) / 2, "the zoom drawn")
+    zoomed = _axis(page)
+    assert zoomed[0] == pytest.approx(low + (high - low) * 0.4, abs=(high - low) * 0.02)
+    assert zoomed[1] == pytest.approx(low + (high - low) * 0.7, abs=(high - low) * 0.02)
+    assert _axis(page, "chart-heatmap") == zoomed and _axis(page, "chart-lanes") == zoomed
+    assert "from=" in page.url and page.inner_text("#live-state") == "Holding this time range"
+    assert served.problems == []
+
+
+def test_a_range_without_samples_says_so_and_since_when_the_store_holds_them(served,
+                                                                             scenario):
+    page, url = served.page, served.url
+    gpu = scenario.gpu_ids[1]
+    held = page.request.get(f"{url}/api/gpus/{gpu}/series?range=15m").json()["held_since"]
+    day_before = held - 86_400 * S
+    page.goto(f"{url}/gpus/{gpu}?range=1h&from={day_before}&to={day_before + 3600 * S}",
+              wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    since = page.evaluate("ns => GpuwhyCharts.clock(ns / 1e6)", held)
+    for chart in ("chart-util", "chart-bw", "chart-power", "chart-thermal", "chart-heatmap"):
+        assert _empty_note(page, chart) == {
+            "text": f"no samples in this range; the store holds them since {since}",
+            "shown": True}, chart
+    assert _empty_note(page, "chart-lanes")["shown"]
+    # back to a range with samples: the notes go
+    page.goto(f"{url}/gpus/{gpu}?range=15m", wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    assert not _empty_note(page, "chart-util")["shown"]
+    assert served.problems == []

@@ -141,3 +141,17 @@ def test_a_store_without_gpus_has_no_heatmap_and_says_so(tmp_path):
     assert heat["gpus"] == [] and heat["rows"] == [] and heat["held_since"] is None
     html = client.get("/").get_data(as_text=True)
     assert 'id="host-page"' not in html and "No GPU seen yet" in html
+
+
+def test_a_gpus_series_says_since_when_the_store_holds_its_samples(client, scenario):
+    db = open_store(scenario.path)
+    try:
+        for gpu in scenario.gpu_ids:
+            first = db.execute("select min(ts) from gpu_samples where gpu_id = ?",
+                               [gpu]).fetchone()[0]
+            assert series.held_since(db, gpu) == first
+            assert _heat(client, "range=1h")["held_since"] <= first
+            data = client.get(f"/api/gpus/{gpu}/series?range=15m").get_json()
+            assert data["held_since"] == first
+    finally:
+        db.close()

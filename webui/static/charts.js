@@ -57,7 +57,23 @@
     const chart = window.echarts.init(document.getElementById(id), null, { renderer: "canvas" });
     chart.group = "gpuwhy";
     charts.push(chart);
+    // A chart with the zoom box (G.base's toolbox): dragging across it zooms, at once after
+    // each drawing (a new option turns the box off), without first clicking its button.
+    const setOption = chart.setOption.bind(chart);
+    chart.setOption = function (option, ...rest) {
+      setOption(option, ...rest);
+      if (option.toolbox) {
+        chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect",
+          dataZoomSelectActive: true });
+      }
+    };
     return chart;
+  };
+
+  // The time range a chart shows now (ms): its axis as zoomed, by the box or the wheel.
+  G.shown = function (chart) {
+    const axis = chart.getModel().getComponent("xAxis", 0).axis;
+    return axis.scale.getExtent();
   };
 
   G.connect = function () {
@@ -98,12 +114,29 @@
       animation: false,
       useUTC: false,
       grid: G.grid(),
-      legend: { top: 0, type: "scroll" },
+      legend: { top: 0, left: LEFT_PX + 20, right: RIGHT_PX, type: "scroll" },
       tooltip: { trigger: "axis", renderMode: "richText" },
-      dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
+      // zoom: drag across a time span (the box), or the wheel; the box's "back" undoes it
+      toolbox: { right: 6, top: 0, itemSize: 13, feature: { dataZoom: { yAxisIndex: "none",
+        title: { zoom: "drag across a span to zoom", back: "back to the range" } } } },
+      dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none",
+        moveOnMouseMove: false }],
       xAxis: G.timeAxis(range),
     };
   };
+
+  // What an empty chart says: nothing in this range, and since when the store holds what
+  // it shows (or that it holds none yet; undefined: not said). One element with an id, shown or hidden, so that
+  // a merged live redraw takes it away once data comes.
+  G.emptyNote = function (empty, what, heldSince) {
+    const since = heldSince === undefined ? "" : heldSince
+      ? `; the store holds them since ${G.clock(G.ms(heldSince))}` : "; none stored yet";
+    return [{ id: "empty-note", type: "text", left: "center", top: "middle", invisible: !empty,
+      silent: true, style: { text: `no ${what} in this range${since}`, fill: "#666",
+        fontSize: 13 } }];
+  };
+  G.hasPoints = (data, fields) => data.rows.some((r) =>
+    fields.some((f) => r[data.fields.indexOf(f) + 1] !== null));
 
   G.line = (name, data, extra) =>
     Object.assign({ name, type: "line", showSymbol: false, connectNulls: false, data }, extra || {});
@@ -271,12 +304,12 @@
     G.onZoom = function (chart) {
       chart.on("datazoom", () => {
         // read now: a live redraw of a chart before the timer fires resets its zoom
-        const zoom = chart.getOption().dataZoom[0];
+        const [low, high] = G.shown(chart);
         clearTimeout(timer);
         timer = setTimeout(() => {
-          if (zoom.startValue === undefined || zoom.endValue === undefined) return;
-          const from = Math.floor(zoom.startValue * 1e6);
-          const to = Math.ceil(zoom.endValue * 1e6);
+          if (!Number.isFinite(low) || !Number.isFinite(high)) return;
+          const from = Math.floor(low * 1e6);
+          const to = Math.ceil(high * 1e6);
           if (to - from < 2e9) return;
           current = { range: current.range, from, to };
           show(current);

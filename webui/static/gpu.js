@@ -122,8 +122,7 @@
       text: ["the row's highest (or set)", "its lowest"], calculable: false,
       inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } };
     option.series = [G.spans(cells)];
-    option.graphic = names.length ? [] : [{ type: "text", left: "center", top: "middle",
-      style: { text: "no samples in this range", fill: "#666" } }];
+    option.graphic = G.emptyNote(!names.length, "samples", data.held_since);
     return option;
   }
 
@@ -155,8 +154,7 @@
       formatter: (p) => `${labels[p.value[2]]}: bound ${G.clock(p.value[0])} – ` +
         `${events.lanes[p.value[2]].until ? G.clock(p.value[1]) : "now"}` };
     option.series = [G.spans(bars, { fill: 0.6, minWidth: 2, style: true })];
-    option.graphic = labels.length ? [] : [{ type: "text", left: "center", top: "middle",
-      style: { text: "no process bound to this GPU in this range", fill: "#666" } }];
+    option.graphic = G.emptyNote(!labels.length, "process bound to this GPU");
     return option;
   }
 
@@ -169,13 +167,25 @@
   window.addEventListener("resize", () => requestAnimationFrame(labelMarks));
   let generation = 0;                  // a newer load makes an older live answer stale
 
+  // A counter chart without a point in the range says so (G.emptyNote).
+  const SHOWN = {
+    util: ["gpu_util", "sm_active", "tensor_active", "dram_active", "gr_engine_active",
+      "mem_util", "enc_util", "dec_util"],
+    bw: ["pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
+      "nvlink_rx_bytes_per_s"],
+    power: ["power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz"],
+    thermal: ["temp_c", "fb_used_mib"],
+  };
+  const noted = (option, data, id) => Object.assign(option, {
+    graphic: G.emptyNote(!G.hasPoints(data, SHOWN[id]), "samples", data.held_since) });
+
   function draw(data, events, fresh) {
     const range = { from: data.from, to: data.to };
-    chart.util.setOption(utilisation(data, events, range), fresh);
+    chart.util.setOption(noted(utilisation(data, events, range), data, "util"), fresh);
     chart.lanes.setOption(lanes(events, range), fresh);
-    chart.bw.setOption(bandwidth(data, range), fresh);
-    chart.power.setOption(power(data, range), fresh);
-    chart.thermal.setOption(thermal(data, range), fresh);
+    chart.bw.setOption(noted(bandwidth(data, range), data, "bw"), fresh);
+    chart.power.setOption(noted(power(data, range), data, "power"), fresh);
+    chart.thermal.setOption(noted(thermal(data, range), data, "thermal"), fresh);
     chart.heatmap.setOption(heatmap(data, range), true);
     chart.scatter.setOption(scatter(data), true);
     labelMarks();

@@ -82,9 +82,7 @@
       data: [[{ xAxis: G.ms(data.from), name: "nothing stored yet" }, { xAxis: held }]] } });
     o.series = [spans,
       { type: "scatter", data: marks(data), symbolSize: 13, z: 5, cursor: "pointer" }];
-    const since = data.held_since ? `; the store holds samples since ${G.clock(G.ms(data.held_since))}` : "";
-    o.graphic = out.length ? [] : [{ type: "text", left: "center", top: "middle",
-      style: { text: `no samples in this range${since}`, fill: "#666" } }];
+    o.graphic = G.emptyNote(!out.length, "samples", data.held_since);
     return o;
   }
 

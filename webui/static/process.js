@@ -29,12 +29,16 @@
         barMaxWidth: 6 },
       { name: "CUDA launches", type: "bar", yAxisIndex: 1,
         data: G.column(data, "cuda_launches"), barMaxWidth: 6 }];
+    a.graphic = G.emptyNote(!G.hasPoints(data, ["sm_util", "ioctls", "cuda_launches"]),
+      "GPU activity or driver calls of this process");
     activity.setOption(a, fresh);
     const c = G.base(range);
     c.yAxis = { type: "value", name: "ms/s" };
     c.series = ["on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms", "workers_on_cpu_ms",
       "workers_runqueue_ms", "workers_blocked_ms", "cuda_sync_ms"].map((f) =>
       G.line(f.replace(/_ms$/, "").replace(/_/g, " "), G.column(data, f)));
+    c.graphic = G.emptyNote(!G.hasPoints(data, ["on_cpu_ms", "sleep_ms", "blocked_ms"]),
+      "scheduler figures of this process");
     cpu.setOption(c, fresh);
     document.getElementById("range-info").textContent =
       `${data.rows.length} points, ${data.bucket_s} s each`;
