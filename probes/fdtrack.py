@@ -50,6 +50,7 @@ from gpuwhy.probes.bpfdefs import (
     enum_defines,
     header,
 )
+from gpuwhy.probes.bpfmaps import MapReader
 from gpuwhy.probes.btf import BTFError, task_offsets
 from gpuwhy.probes.fdtable import LAT_BUCKETS, FdTable, OpStats
 from gpuwhy.probes.procscan import literal_prefix, scan_open_devices
@@ -264,6 +265,7 @@ class FdTrackProbe:
         self._tracked = bpf[b"tracked"]
         self._hint_user = bpf[b"proc_hint_user"]
         self._stats = bpf[b"op_stats"]
+        self._stats_reader = MapReader(self._stats)
         self._drops = bpf[b"drops"]
         self._configure(bpf)
         self._events.open_ring_buffer(self._on_record)
@@ -494,12 +496,13 @@ class FdTrackProbe:
     def read_stats(self) -> list[tuple[object, int, int, int, OpStats]]:
         """The stats map summed over CPUs: (key, open_seq, cmd, sub, stats)."""
         entries = []
-        for key, per_cpu in self._stats.items():
+        for key, per_cpu in self._stats_reader.items():
             total = OpStats()
             for cpu in per_cpu:
-                total.add(OpStats(cpu.count, cpu.errors, cpu.latency_sum_ns,
-                                  cpu.latency_max_ns, cpu.bytes,
-                                  list(cpu.latency_log2[:LAT_BUCKETS])))
+                if cpu.count:          # most CPUs of a big host never ran this call
+                    total.add(OpStats(cpu.count, cpu.errors, cpu.latency_sum_ns,
+                                      cpu.latency_max_ns, cpu.bytes,
+                                      list(cpu.latency_log2[:LAT_BUCKETS])))
             entries.append((key, key.open_seq, key.cmd, key.sub, total))
         return entries
 

@@ -1,0 +1,48 @@
+"""probes/bpfmaps.py against the kernel: a real per-CPU hash map, filled from user space
+with more entries than one chunk, read by batches (this kernel has BPF_MAP_LOOKUP_BATCH:
+5.6 and later) exactly as bcc's key-by-key walk reads it."""
+
+import ctypes
+import platform
+
+import pytest
+
+from gpuwhy.probes.bpfmaps import MapReader
+
+pytestmark = pytest.mark.root
+
+PROGRAM = """
+struct key_t { u32 a; u64 b; };
+struct value_t { u64 count; u64 sum; u32 most; u32 least; };
+BPF_PERCPU_HASH(stats, struct key_t, struct value_t, 4096);
+"""
+
+
+def test_a_per_cpu_hash_read_by_batches_equals_the_key_by_key_walk():
+    from bcc import BPF
+
+    bpf = BPF(text=PROGRAM)
+    try:
+        table = bpf[b"stats"]
+        for n in range(700):                   # three chunks of 256
+            leaf = table.Leaf()
+            for cpu in range(len(leaf)):
+                leaf[cpu].count, leaf[cpu].sum = n, n * 1000 + cpu
+                leaf[cpu].most, leaf[cpu].least = cpu + 7, n % 5
+            table[table.Key(a=n, b=n << 33)] = leaf
+
+        def plain(items):
+            return sorted(((k.a, k.b), tuple((v.count, v.sum, v.most, v.least) for v in cpus))
+                          for k, cpus in items)
+
+        reader = MapReader(table)
+        batched = plain(reader.items())
+        assert len(batched) == 700
+        assert batched == plain(table.items())
+        major, minor = (int(x) for x in platform.release().split(".")[:2])
+        assert reader.batched == ((major, minor) >= (5, 6))
+        del table[table.Key(a=5, b=5 << 33)]
+        assert len(reader.items()) == 699
+        assert ctypes.sizeof(table.Leaf) % 8 == 0
+    finally:
+        bpf.cleanup()
