@@ -221,16 +221,18 @@ def bench_correlator(quick: bool) -> tuple[Figures, dict]:
     floors = [bench_correlator.floor(total) for _ in range(repeats)]
     single_rate = statistics.median(r["rate"] for r in singles)
     rows = [
+        # issue #23: judged against the floor measured beside it, the same machine and load
+        figure("P4", "correlator's pace against the floor beside it (batch messages)",
+               "× floor", [r["rate"] / f["rate"] for r, f in zip(runs, floors, strict=True)],
+               goal=f"≥ {bench_correlator.GOAL_FLOOR_RATIO:g}",
+               goal_value=bench_correlator.GOAL_FLOOR_RATIO, higher_is_better=True,
+               note="run by run: events/s through the correlator ÷ the floor's"),
         figure("P4", "bus -> correlator -> store (probes' batch messages, 256 events)",
                "events/s", [r["rate"] for r in runs],
-               goal=f"≥ {bench_correlator.GOAL_EVENTS_PER_S:,}",
-               goal_value=bench_correlator.GOAL_EVENTS_PER_S, higher_is_better=True,
                reference="a message per event", reference_value=single_rate,
                note=f"{total:,} events a run; correlator thread busy "
                     f"{statistics.median(r['busy'] for r in runs):.0%}"),
-        figure("P4", "  same, a message per event", "events/s", [r["rate"] for r in singles],
-               goal=f"≥ {bench_correlator.GOAL_EVENTS_PER_S:,}",
-               goal_value=bench_correlator.GOAL_EVENTS_PER_S, higher_is_better=True),
+        figure("P4", "  same, a message per event", "events/s", [r["rate"] for r in singles]),
         figure("P4", "  floor: bus receive + decode + one executemany'd events row an "
                "event, no correlator", "events/s", [r["rate"] for r in floors],
                note="the least a correlator on this bus and Python's sqlite3 does; "
