@@ -71,6 +71,18 @@ def test_findings_come_with_their_fixes(scenario, incident_report):
     findings = html[html.index('id="findings"'):html.index('id="trends"')]
     assert "Input pipeline starves the GPU" in findings
     assert findings.index("Raise num_workers") < findings.index("Use pin_memory=True")
+    # its evidence as on the incident page: names and values with units, not JSON
+    assert re.search(r'<tr data-key="gpu_idle_share"><th>gpu_idle_share</th><td>55%</td>',
+                     findings)
+
+
+def test_the_chains_evidence_reads_as_on_the_incident_page_without_links(incident_report):
+    _, html = incident_report
+    first = html.index('id="incident-')
+    chain = html[first:html.index("</ol>", first)]
+    assert '<table class="evidence">' in chain and "cron runs" in chain
+    assert "[&#34;" not in chain and '{"' not in chain and "&#34;" not in chain
+    assert "<a " not in chain                      # the report leaves the server: no links
 
 
 def test_pdf_renders_with_the_chain(incident_report):

@@ -28,6 +28,8 @@ from gpuwhy.stats import percentile
 from gpuwhy.store import queries
 from gpuwhy.store.series import gpu_series, process_series, window
 from gpuwhy.text import format_ts
+from gpuwhy.webui.evidence import evidence_rows
+from gpuwhy.webui.filters import instant
 from gpuwhy.webui.reports.svg import line_chart
 
 MINUTE = 60 * NS_PER_SECOND
@@ -220,7 +222,9 @@ def render(data: dict) -> str:
     which svg.py escapes as it draws them."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("gpuwhy.webui"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
-    env.filters.update(when=_when, number=_number,
+    env.filters.update(when=_when, number=_number, instant=instant,
                        tojson=lambda v: json.dumps(v, default=str, ensure_ascii=False))
+    # evidence as on the incident page, without links: the report leaves the server
+    env.globals.update(evidence_rows=evidence_rows)
     css = resources.files("gpuwhy.webui").joinpath("static/report.css").read_text("utf-8")
     return env.get_template("report.html").render(**data, shared_css=Markup(css))
