@@ -551,7 +551,10 @@ class StoreWriter:
 
     def record_health(self, source: str, state: str, detail: str,
                       counters: dict[str, int], ts: int) -> None:
-        self._upsert("source_health", {
-            "source": source, "state": state, "detail": detail,
-            "counters": json_text(counters, sort_keys=True), "last_seen": ts,
-        }, pk="source")
+        row = {"source": source, "state": state, "detail": detail,
+               "counters": json_text(counters, sort_keys=True), "last_seen": ts}
+        if self.db.conn.in_transaction:      # a batch's, or the caller's: committed with it
+            self._upsert("source_health", row, pk="source")
+            return
+        with self.db.atomic():               # on its own: its own transaction
+            self._upsert("source_health", row, pk="source")
