@@ -19,8 +19,9 @@ from gpuwhy.store.rollups import DONE_MARK, MINUTE_NS, get_mark
 
 RANGES = {"5m": 300, "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800}
 
+Fields = tuple[tuple[str, float], ...]     # (field, multiplier) pairs a series reads
 # (field, multiplier): *_active ratios are shown as % like gpu_util.
-GPU_FIELDS: tuple[tuple[str, float], ...] = (
+GPU_FIELDS: Fields = (
     ("gpu_util", 1), ("sm_active", 100), ("tensor_active", 100), ("dram_active", 100),
     ("gr_engine_active", 100), ("mem_util", 1), ("enc_util", 1), ("dec_util", 1),
     ("pcie_tx_bytes_per_s", 1), ("pcie_rx_bytes_per_s", 1), ("nvlink_tx_bytes_per_s", 1),
@@ -28,7 +29,7 @@ GPU_FIELDS: tuple[tuple[str, float], ...] = (
     ("mem_clock_mhz", 1), ("temp_c", 1), ("fb_used_mib", 1),
 )
 # The host heatmap's measures, SM active first (see host_heatmap).
-HOST_FIELDS: tuple[tuple[str, float], ...] = (("sm_active", 100), ("gpu_util", 1))
+HOST_FIELDS: Fields = (("sm_active", 100), ("gpu_util", 1))
 # Fields the rollups keep as one column (largest value), not min/mean/max/p95.
 _ROLLUP_SINGLE = {"power_limit_w"}
 PROCESS_FIELDS = ("ioctls", "on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms",
@@ -58,9 +59,6 @@ def _or(values: str | None) -> int | None:
     for value in str(values).split(","):
         combined |= int(float(value))
     return combined
-
-
-Fields = tuple[tuple[str, float], ...]
 
 
 def _raw(db: Database, w: Window, since: int, fields: Fields,

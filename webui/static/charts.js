@@ -46,6 +46,27 @@
     return u.pathname + u.search;
   };
 
+  // A page as the server renders it now (its escaping, units and times; this page by
+  // default), inert: DOMParser runs no script. Live pages take their lists from it.
+  G.pageNow = async function (url) {
+    const where = url || window.location.pathname + window.location.search;
+    const response = await fetch(where, { headers: { Accept: "text/html" } });
+    if (!response.ok) throw new Error(`${where}: HTTP ${response.status}`);
+    return new DOMParser().parseFromString(await response.text(), "text/html");
+  };
+
+  // The parts of ``root`` (this page by default) named by ``selectors``, replaced by the
+  // same parts of ``fresh`` (from G.pageNow), with the local time beside their times.
+  G.takeParts = function (fresh, selectors, root) {
+    for (const selector of selectors) {
+      const mine = (root || document).querySelector(selector);
+      const theirs = fresh.querySelector(selector);
+      if (!mine || !theirs) continue;
+      mine.replaceWith(document.adoptNode(theirs));
+      if (G.localTimes) G.localTimes(theirs);
+    }
+  };
+
   G.showError = function (text) {
     const p = document.getElementById("chart-error");
     if (!p) return;
@@ -338,6 +359,13 @@
     const from = seconds ? to - seconds * 1e9 : data.from;
     const rows = data.rows.filter((r) => index(r) < first && r[0] >= from).concat(fresh.rows);
     return Object.assign({}, data, { rows, from, to });
+  };
+
+  // Back to following a named range, as a click on its button would (a held view's way).
+  G.pickRange = function (range) {
+    const button = document.querySelector(
+      `#range-picker button[data-range="${CSS.escape(range)}"]`);
+    if (button) button.click();
   };
 
   // A chart page's live indicator (#live): "Live", "Paused" or "Holding this time range",

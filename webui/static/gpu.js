@@ -236,26 +236,13 @@
     }
   }
 
-  // The bound processes and open incidents, from this page as the server renders it now
-  // (its escaping and time formatter; DOMParser makes an inert document).
+  // The bound processes and open incidents, from this page as the server renders it now.
   async function takeLists() {
-    const response = await fetch(window.location.pathname, { headers: { Accept: "text/html" } });
-    if (!response.ok) throw new Error(`GPU page: HTTP ${response.status}`);
-    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-    for (const selector of ["#bound tbody", "#open-incidents"]) {
-      const mine = document.querySelector(selector), theirs = fresh.querySelector(selector);
-      if (!mine || !theirs) continue;
-      mine.replaceWith(document.adoptNode(theirs));
-      if (G.localTimes) G.localTimes(theirs);
-    }
+    G.takeParts(await G.pageNow(window.location.pathname), ["#bound tbody", "#open-incidents"]);
   }
 
   // Back from a zoom or an absolute range: the range, following it.
-  const live = G.liveControl(follow, () => {
-    const button = document.querySelector(
-      `#range-picker button[data-range="${CSS.escape(view.params.range)}"]`);
-    if (button) button.click();
-  });
+  const live = G.liveControl(follow, () => G.pickRange(view.params.range));
 
   G.rangeControl(load);
   for (const id of ["util", "bw", "power", "thermal", "lanes", "heatmap"]) G.onZoom(chart[id]);

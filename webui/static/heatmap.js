@@ -137,11 +137,7 @@
     }
   }
 
-  const live = G.liveControl(follow, () => {
-    const button = document.querySelector(
-      `#range-picker button[data-range="${CSS.escape(view.params.range)}"]`);
-    if (button) button.click();
-  });
+  const live = G.liveControl(follow, () => G.pickRange(view.params.range));
 
   chart.on("click", (p) => {
     if (!view) return;

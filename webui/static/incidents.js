@@ -24,15 +24,8 @@
   }
 
   async function takeRows() {
-    const response = await fetch(window.location.pathname + window.location.search,
-                                 { headers: { Accept: "text/html" } });
-    if (!response.ok) throw new Error(`incident list: HTTP ${response.status}`);
-    // DOMParser makes an inert document: its scripts never run
-    const page = new DOMParser().parseFromString(await response.text(), "text/html");
-    const rows = page.querySelector("#incidents tbody");
-    if (!rows) return;
-    table.tBodies[0].replaceWith(document.adoptNode(rows));
-    if (window.GpuwhyCharts.localTimes) window.GpuwhyCharts.localTimes(table);
+    const G = window.GpuwhyCharts;
+    G.takeParts(await G.pageNow(), ["#incidents tbody"]);
   }
 
   async function refresh() {

@@ -24,18 +24,11 @@
   // A process bound or gone, an incident opened, changed or closed: the cards take their
   // lists from the page as the server renders it now (its escaping, its time formatter).
   async function takeLists() {
-    const response = await fetch("/", { headers: { Accept: "text/html" } });
-    if (!response.ok) throw new Error(`overview: HTTP ${response.status}`);
-    const page = new DOMParser().parseFromString(await response.text(), "text/html");
+    const page = await window.GpuwhyCharts.pageNow("/");
     for (const fresh of page.querySelectorAll("#gpu-cards section[data-gpu]")) {
       const card = cards.querySelector(`section[data-gpu="${CSS.escape(fresh.dataset.gpu)}"]`);
       if (!card) continue;
-      for (const selector of ["ul.procs", "ul.incidents"]) {
-        const list = fresh.querySelector(selector);
-        const old = card.querySelector(selector);
-        if (list && old) old.replaceWith(document.adoptNode(list));
-      }
-      if (window.GpuwhyCharts.localTimes) window.GpuwhyCharts.localTimes(card);
+      window.GpuwhyCharts.takeParts(fresh, ["ul.procs", "ul.incidents"], card);
       card.classList.toggle("has-incidents", fresh.classList.contains("has-incidents"));
       card.dataset.lists = fresh.dataset.lists;
     }

@@ -82,21 +82,13 @@
   }
 
   // The findings, driver calls and events under the charts, from this page as the server
-  // renders it now (its escaping, units and times; DOMParser makes an inert document), at
-  // most every TABLES_EVERY_MS: a whole page render costs more than the timeline's tail.
+  // renders it now, at most every TABLES_EVERY_MS: a whole page render costs more than the
+  // timeline's tail.
   const TABLES_EVERY_MS = 5000;
   let tablesAt = Date.now();
   async function takeTables() {
     tablesAt = Date.now();
-    const response = await fetch(window.location.pathname + window.location.search,
-      { headers: { Accept: "text/html" } });
-    if (!response.ok) throw new Error(`process page: HTTP ${response.status}`);
-    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-    const mine = document.getElementById("process-tables");
-    const theirs = fresh.getElementById("process-tables");
-    if (!mine || !theirs) return;
-    mine.replaceWith(document.adoptNode(theirs));
-    if (G.localTimes) G.localTimes(theirs);
+    G.takeParts(await G.pageNow(), ["#process-tables"]);
   }
 
   // Back from a zoom or a picked range: the whole life, following it.
