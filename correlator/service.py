@@ -116,6 +116,7 @@ class Correlator:
         try:
             new = self._write_and_decide()
         except sqlite3.Error as exc:
+            self.writer.forget_uncommitted()
             if self.store_error is None:
                 log.error("cannot write the store, holding events: %s", exc)
             self.store_error = str(exc)
@@ -124,6 +125,7 @@ class Correlator:
                 self.dropped_store_unavailable += overflow
                 del self.pending[:overflow]
             return
+        self.writer.committed()
         if self.store_error is not None:   # say that it is over
             log.warning("the store is writable again; wrote the %d events held", len(self.pending))
         self.store_error = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -64,7 +65,68 @@ def _stop_on_signals(stop: threading.Event | None = None,
     return stop
 
 
-@click.group(epilog="""\b
+class _LazyGroup(click.Group):
+    """A group whose subcommands are imported when run, not when the group is: `gpuwhy
+    probes` and `gpuwhy up` then load only their own parts (importing every command's
+    module cost each long-running process 7 MB and 130 modules it never used)."""
+
+    def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy and name not in self.commands:
+            module, _, attr = self.lazy[name].partition(":")
+            found = getattr(importlib.import_module(module), attr)
+            self.add_command(found if isinstance(found, click.Command) else found(), name)
+        return super().get_command(ctx, name)
+
+
+def _rules_group() -> click.Group:
+    from gpuwhy.correlator.rules.cli import rules
+    from gpuwhy.correlator.rules.eval_cli import evaluate
+
+    rules.add_command(evaluate)
+    return rules
+
+
+# Every other part's commands, by the module that defines them (the library's layout).
+LAZY_COMMANDS = {
+    # the probes
+    "trace": "gpuwhy.probes.trace:trace",
+    "proc": "gpuwhy.probes.cli:proc",
+    "cuda": "gpuwhy.probes.cuda.cli:cuda",
+    # the GPU sources
+    "gpu": "gpuwhy.probes.gpu.cli:gpu",
+    "dcgm": "gpuwhy.probes.gpu.cli:dcgm",
+    # the kernel log and cron sources
+    "xid": "gpuwhy.probes.klog.cli:xid",
+    "cron": "gpuwhy.probes.cron.cli:cron",
+    # the correlator
+    "incidents": "gpuwhy.correlator.cli:incidents",
+    "incident": "gpuwhy.correlator.cli:incident",
+    "resets": "gpuwhy.correlator.cli:resets",
+    "demo": "gpuwhy.demo.scenarios:demo",
+    # the rules
+    "rules": "gpuwhy.cli:_rules_group",
+    "record": "gpuwhy.correlator.rules.cli:record",
+    # the store
+    "db": "gpuwhy.store.cli:db",
+    # the deployment
+    "check-env": "gpuwhy.deploy.cli:check_env",
+    # checks and reports
+    "check": "gpuwhy.checks.cli:check",
+    "baseline": "gpuwhy.checks.cli:baseline",
+    "report": "gpuwhy.checks.report_cli:report",
+    # the benchmarks
+    "bench": "gpuwhy.bench_cli:bench",
+}
+
+
+@click.group(cls=_LazyGroup, lazy=LAZY_COMMANDS, epilog="""\b
 Examples:
   gpuwhy up                      # everything, web view at http://127.0.0.1:8000
   gpuwhy status --json           # health of every part and source
@@ -87,7 +149,10 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int | None,
                  pidfile: str | None) -> None:
     from gpuwhy.correlator.service import tune_gc
+    from gpuwhy.memory import limit_malloc_arenas
     from gpuwhy.service import Service
+
+    limit_malloc_arenas()        # before any thread: each would take an arena of its own
 
     config = ctx.config(**{"web.host": host, "web.port": port})
     _setup_logging(config["log.level"])
@@ -167,8 +232,10 @@ def probes(ctx: _Context, ebpf: bool) -> None:
     if ebpf:
         click.echo(fdtrack.ebpf_text())
         return
+    from gpuwhy.memory import limit_malloc_arenas
     from gpuwhy.probes.service import run_probes
 
+    limit_malloc_arenas()
     config = ctx.config()
     _setup_logging(config["log.level"])
     stop = _stop_on_signals()
@@ -254,64 +321,3 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
         return
     for row in rows:
         click.echo(f"{row['name']:<26} {row['value']!r:<30} ${row['env']}\n    {row['help']}")
-
-
-# --- commands of the probes ---
-from gpuwhy.probes.cli import proc as _proc_command  # noqa: E402
-from gpuwhy.probes.cuda.cli import cuda as _cuda_command  # noqa: E402
-from gpuwhy.probes.trace import trace as _trace_command  # noqa: E402
-
-cli.add_command(_trace_command)
-cli.add_command(_proc_command)
-cli.add_command(_cuda_command)
-# --- commands of the GPU sources ---
-from gpuwhy.probes.gpu.cli import dcgm as _dcgm_command  # noqa: E402
-from gpuwhy.probes.gpu.cli import gpu as _gpu_command  # noqa: E402
-
-cli.add_command(_gpu_command)
-cli.add_command(_dcgm_command)
-# --- commands of the kernel log and cron sources ---
-from gpuwhy.probes.cron.cli import cron as _cron_command  # noqa: E402
-from gpuwhy.probes.klog.cli import xid as _xid_command  # noqa: E402
-
-cli.add_command(_xid_command)
-cli.add_command(_cron_command)
-# --- commands of the correlator ---
-from gpuwhy.correlator.cli import incident as _incident_command  # noqa: E402
-from gpuwhy.correlator.cli import incidents as _incidents_command  # noqa: E402
-from gpuwhy.correlator.cli import resets as _resets_command  # noqa: E402
-from gpuwhy.demo.scenarios import demo as _demo_command  # noqa: E402
-
-cli.add_command(_incidents_command)
-cli.add_command(_incident_command)
-cli.add_command(_resets_command)
-cli.add_command(_demo_command)
-# --- commands of the rules ---
-from gpuwhy.correlator.rules.cli import record as _record_command  # noqa: E402
-from gpuwhy.correlator.rules.cli import rules as _rules_command  # noqa: E402
-
-cli.add_command(_rules_command)
-cli.add_command(_record_command)
-from gpuwhy.correlator.rules.eval_cli import evaluate as _rules_eval_command  # noqa: E402
-
-_rules_command.add_command(_rules_eval_command)
-# --- commands of the store ---
-from gpuwhy.store.cli import db as _db_command  # noqa: E402
-
-cli.add_command(_db_command)
-# --- commands of the deployment ---
-from gpuwhy.deploy.cli import check_env as _check_env_command  # noqa: E402
-
-cli.add_command(_check_env_command)
-# --- commands of checks and reports ---
-from gpuwhy.checks.cli import baseline as _baseline_command  # noqa: E402
-from gpuwhy.checks.cli import check as _check_command  # noqa: E402
-from gpuwhy.checks.report_cli import report as _report_command  # noqa: E402
-
-cli.add_command(_check_command)
-cli.add_command(_baseline_command)
-cli.add_command(_report_command)
-# --- commands of the benchmarks ---
-from gpuwhy.bench_cli import bench as _bench_command  # noqa: E402
-
-cli.add_command(_bench_command)

@@ -52,9 +52,10 @@ SETTINGS: tuple[Setting, ...] = (
             "where sysfs is mounted: the NUMA nodes of CPUs and of GPUs"),
     Setting("correlator.batch_size", 500, "GPUWHY_BATCH_SIZE",
             "events written to the store in one transaction at most"),
-    Setting("correlator.flush_interval", 0.5, "GPUWHY_FLUSH_INTERVAL",
-            "seconds a batch waits before it is written even when not full (one with an "
-            "event that may open an incident is written 50 ms after it)"),
+    Setting("correlator.flush_interval", 1.0, "GPUWHY_FLUSH_INTERVAL",
+            "seconds a batch waits before it is written even when not full: the sources' "
+            "per-second figures go in one transaction a second (one with an event that may "
+            "open an incident is written 50 ms after it)"),
     Setting("log.level", "info", "GPUWHY_LOG_LEVEL", "debug, info, warning or error"),
     # --- probes settings ---
     Setting("probes.slow_call_ms", 10.0, "GPUWHY_SLOW_CALL_MS",
@@ -63,6 +64,10 @@ SETTINGS: tuple[Setting, ...] = (
             "an allocation or mapping at least this large is reported on its own"),
     Setting("probes.error_events_per_second", 50, "GPUWHY_ERROR_EVENTS_PER_SECOND",
             "failed or large calls reported one by one a second, host-wide (the rest are counted)"),
+    Setting("probes.repeat_seconds", 10.0, "GPUWHY_REPEAT_SECONDS",
+            "a failed or large call like one just reported (same process, file, command, "
+            "sub-operation and result) is reported again after this long at most; every call "
+            "is counted in the statistics (0: report each)"),
     Setting("probes.sched", True, "GPUWHY_SCHED",
             "trace the scheduler for processes that use the GPU, their threads and workers"),
     # --- cuda settings ---

@@ -28,8 +28,9 @@ STALL_FACTOR = 3
 HEALTH_PERIOD_S: dict[str, float] = {
     "correlator": 2.0, "store": 2.0,      # the correlator writes both itself
     "gpu": 2.0, "klog": 5.0, "cron": 5.0, "rules": 10.0,
+    "probes": 5.0,      # each of PROBE_SOURCES, or every flush when flushes are rarer
 }
-# The probes process publishes all of these at each flush, every probes.poll_interval.
+# The probes process publishes the health of all of these together.
 PROBE_SOURCES = frozenset({"fdtrack", "lifecycle", "sched", "cuda", "printk"})
 DEFAULT_PERIOD_S = 5.0     # a source this table does not know yet
 DEFAULT_POLL_INTERVAL_S = 1.0
@@ -46,7 +47,8 @@ STALLS_PREFIX = "stalls:"
 def period_s(source: str, config: Mapping[str, Any] | None = None) -> float:
     """Seconds between ``source``'s heartbeats."""
     if source in PROBE_SOURCES:
-        return float(config["probes.poll_interval"]) if config else DEFAULT_POLL_INTERVAL_S
+        flushes = float(config["probes.poll_interval"]) if config else DEFAULT_POLL_INTERVAL_S
+        return max(flushes, HEALTH_PERIOD_S["probes"])
     return HEALTH_PERIOD_S.get(source, DEFAULT_PERIOD_S)
 
 

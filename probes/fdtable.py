@@ -10,6 +10,7 @@ publish; those that need kernel maps changed also return what to change.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -46,8 +47,12 @@ class OpStats:
         self.latency_sum_ns += other.latency_sum_ns
         self.latency_max_ns = max(self.latency_max_ns, other.latency_max_ns)
         self.bytes += other.bytes
-        self.latency_log2 = [a + b for a, b in zip(self.latency_log2, other.latency_log2,
-                                                   strict=True)]
+        self.latency_log2 = list(map(operator.add, self.latency_log2, other.latency_log2))
+
+    def moved(self, other: OpStats) -> bool:
+        """Whether ``other`` (a later read of the same cumulative figures) says more."""
+        return (self.count, self.errors, self.latency_sum_ns, self.bytes) != \
+            (other.count, other.errors, other.latency_sum_ns, other.bytes)
 
     def copy(self) -> OpStats:
         return OpStats(self.count, self.errors, self.latency_sum_ns, self.latency_max_ns,
@@ -91,6 +96,9 @@ class FdTable:
         self._live: dict[int, dict[OpKey, OpStats]] = {}            # open_seq -> stats
         self._closed: dict[Group, dict[OpKey, OpStats]] = {}
         self._published: dict[Group, list[dict]] = {}
+        # groups whose figures may have moved since they were last published: a flush
+        # recomputes only these (a process that made no call costs nothing)
+        self._moved: set[Group] = set()
         self._retiring: set[int] = set()
         self._exiting: dict[int, ProcessExited] = {}
         self.unresolved = 0
@@ -164,6 +172,7 @@ class FdTable:
         tracked.open_seq = open_seq
         if group is not None:
             self._group_of_seq[open_seq] = group
+            self._moved.add(group)
 
     def closed(self, tgid: int, fd: int, open_seq: int | None, ts: int) -> list[Event]:
         """``fd`` closed; ``open_seq`` None closes whatever is tracked under that number."""
@@ -235,28 +244,43 @@ class FdTable:
 
     # --- statistics ------------------------------------------------------------------------
 
+    def idle(self) -> bool:
+        """No device fd open, no figure or exit left to report."""
+        return not (self.fds or self._live or self._retiring or self._exiting)
+
     def update_stats(self, entries: Iterable[tuple[int, int, int, OpStats]], ts: int
                      ) -> tuple[list[Event], list[int]]:
         """Apply a read of the kernel's stats map: ``(open_seq, cmd, sub, stats)``, summed
         over CPUs. Returns the events to publish and the open_seqs whose map entries can be
         deleted now (closed, and their final figures folded in)."""
+        moved = self._moved
         for open_seq, cmd, sub, stats in entries:
-            if open_seq in self._group_of_seq:
-                self._live.setdefault(open_seq, {})[(cmd, sub)] = stats
+            group = self._group_of_seq.get(open_seq)
+            if group is not None:
+                live = self._live.setdefault(open_seq, {})
+                before = live.get((cmd, sub))
+                if before is None or before.moved(stats):
+                    live[(cmd, sub)] = stats
+                    moved.add(group)
         retired = sorted(self._retiring)
         for open_seq in retired:
             group = self._group_of_seq.pop(open_seq)
+            moved.add(group)
             folded = self._closed.setdefault(group, {})
             for op, stats in self._live.pop(open_seq, {}).items():
                 folded.setdefault(op, OpStats()).add(stats)
         self._retiring.clear()
 
         totals: dict[Group, dict[OpKey, OpStats]] = {
-            group: {op: s.copy() for op, s in ops.items()} for group, ops in self._closed.items()}
+            group: {op: s.copy() for op, s in self._closed[group].items()}
+            for group in moved if group in self._closed}
         for open_seq, ops in self._live.items():
-            group_totals = totals.setdefault(self._group_of_seq[open_seq], {})
-            for op, stats in ops.items():
-                group_totals.setdefault(op, OpStats()).add(stats)
+            group = self._group_of_seq[open_seq]
+            if group in moved:
+                group_totals = totals.setdefault(group, {})
+                for op, stats in ops.items():
+                    group_totals.setdefault(op, OpStats()).add(stats)
+        moved.clear()
         events: list[Event] = []
         for group, ops in totals.items():
             device = self._device_of_group[group]
@@ -294,4 +318,6 @@ class FdTable:
         events: list[Event] = list(self.processes.values())
         events += [self._opened_event(t) for t in self.fds.values()]
         self._published.clear()   # the next update_stats re-sends every figure
+        self._moved.update(self._group_of_seq.values())
+        self._moved.update(self._closed)
         return events

@@ -113,6 +113,7 @@ class CallFlag(enum.IntFlag):
 CALL_REASONS = tuple((int(bit), name) for bit, name in (
     (DecodeFlag.NOTABLE, "notable"), (CallFlag.SLOW, "slow"), (CallFlag.ERROR, "error"),
     (CallFlag.BIG, "big")))
+REPEATABLE_REASONS = frozenset({"error", "big"})   # sent under the budget, not for themselves
 _HAS_VERSION, _HAS_GPU_IDS = int(DecodeFlag.VERSION), int(DecodeFlag.GPU_IDS)
 PREFIX_LEN = 64            # of the device path, compared in the kernel
 PATH_LEN = 128             # a record's data: the path, version string or GPU ids
@@ -234,6 +235,7 @@ class FdTrackProbe:
         self.slow_ns = int(config["probes.slow_call_ms"] * 1_000_000)
         self.big_bytes: int = config["probes.big_alloc_bytes"]
         self.error_events_per_sec: int = config["probes.error_events_per_second"]
+        self.repeat_ns = int(config["probes.repeat_seconds"] * NS_PER_SECOND)
         self.trace = trace
         self.pid = pid
         self._publish = publish
@@ -242,6 +244,8 @@ class FdTrackProbe:
         self.table = FdTable(self._resolve)
         self.records = 0
         self.filtered = 0
+        self.repeats = 0
+        self._reported: dict[tuple, int] = {}      # a repeatable call's kind -> when sent
         self.task_offsets_error: str | None = None
         self._bpf = None
         self._user_seq = USER_SEQ_BASE
@@ -465,6 +469,8 @@ class FdTrackProbe:
         reasons = [name for bit, name in CALL_REASONS if record.flags & bit]
         if self.trace:
             reasons.append("traced")
+        elif self._repeated(record, reasons, ts):
+            return events
         data = ctypes.string_at(ctypes.addressof(record) + type(record).data.offset,
                                 PATH_LEN)  # raw: ctypes stops a char array at NUL
         version = gpu_ids = None
@@ -484,6 +490,26 @@ class FdTrackProbe:
             bytes=record.bytes, version=version, gpu_ids=gpu_ids, reasons=reasons,
             raw_ts=record.ktime_ns))
         return events
+
+    def _repeated(self, record: object, reasons: list[str], ts: int) -> bool:
+        """Whether this call, sent only for failing or being big, is like one sent less
+        than ``repeat_ns`` ago: a process retrying an unsupported call 50 times a second
+        says nothing new after the first, and each one stored cost the sidecar more than
+        the rest of that process's figures. Its statistics count every call."""
+        if not self.repeat_ns or not reasons or not set(reasons) <= REPEATABLE_REASONS:
+            return False
+        kind = (record.tgid, record.start_ticks, record.open_seq, record.cmd, record.sub,
+                record.ret, record.status, tuple(reasons))
+        sent = self._reported.get(kind)
+        if sent is not None and ts - sent < self.repeat_ns:
+            self.repeats += 1
+            return True
+        self._reported[kind] = ts
+        return False
+
+    def _forget_reported(self, now: int) -> None:
+        self._reported = {kind: sent for kind, sent in self._reported.items()
+                          if now - sent < self.repeat_ns}
 
     _handlers = {EventType.OPEN: _on_open, EventType.DUP: _on_dup,
                  EventType.CLOSE: _on_close, EventType.CLOSE_RANGE: _on_close_range,
@@ -509,8 +535,11 @@ class FdTrackProbe:
     def flush(self) -> None:
         """Publish what changed in the statistics; delete the entries of closed fds."""
         entries = self.read_stats()
+        now = now_ns()
         events, retired = self.table.update_stats(
-            [(seq, cmd, sub, stats) for _, seq, cmd, sub, stats in entries], now_ns())
+            [(seq, cmd, sub, stats) for _, seq, cmd, sub, stats in entries], now)
+        if self._reported:
+            self._forget_reported(now)
         self._emit(events)
         gone = set(retired)
         for key, open_seq, *_ in entries:
@@ -520,10 +549,15 @@ class FdTrackProbe:
                 except KeyError:
                     pass
 
+    def idle(self) -> bool:
+        """No GPU process to follow: a flush would have nothing to say."""
+        return self.table.idle()
+
     def counters(self) -> dict[str, int]:
         counters = {f"dropped_{reason}": int(self._drops.sum(ctypes.c_int(drop)).value)
                     for drop, reason in DROP_REASONS.items()}
         counters.update(records=self.records, filtered=self.filtered,
+                        repeated_calls_counted=self.repeats,
                         tracked_fds=len(self.table.fds),
                         unresolved_processes=self.table.unresolved)
         counters.update(self._bus_counters())

@@ -35,6 +35,11 @@ class PrintkProbe:
         """Compile and attach (raises ProbeLoadError)."""
         self._bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
 
+    @property
+    def bpf(self) -> object:
+        """The loaded bcc program (None before ``load()``)."""
+        return self._bpf
+
     def counters(self) -> dict[str, int]:
         """Kernel log records since the probe was loaded, and the newest one's monotonic ns."""
         if self._bpf is None:

@@ -207,6 +207,8 @@ class SchedProbe:
         """Watch every thread of ``process`` and of the processes it forked."""
         if process.pid in self.owners:
             return
+        if self.idle():      # the flushes were far apart: its first interval starts now
+            self._last_flush = time.monotonic_ns()
         self.owners[process.pid] = process
         # Its own threads first: from then on the kernel watches what they fork, and the
         # children listed after that are those forked before (none falls in between).
@@ -243,6 +245,10 @@ class SchedProbe:
                 self._hint(key.value, -1)
                 self._last.pop(key.value, None)
                 self._tgid.pop(key.value, None)
+
+    def idle(self) -> bool:
+        """Nothing watched, nothing left to report."""
+        return not self.owners and not self._last
 
     def flush(self, only_owner: int | None = None) -> None:
         """Publish, per watched GPU process, what its threads and workers did since the last
@@ -329,6 +335,11 @@ class SchedProbe:
             for node in range(self.numa_nodes):
                 figures[node] = max(0, figures[node] + now[node] - before[node])
         return out
+
+    @property
+    def bpf(self) -> object:
+        """The loaded bcc program (None before ``load()``)."""
+        return self._bpf
 
     def counters(self) -> dict[str, int]:
         return {"watched_processes": len(self.owners), "watched_threads": len(self._last),

@@ -9,7 +9,6 @@ to sched to be watched. One thread polls all ring buffers; figures are flushed e
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -22,14 +21,21 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ProbeLoadError
 from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
+from gpuwhy.memory import release_freed_memory
 from gpuwhy.probes.cuda.probe import CudaProbe
 from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
 from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.printk import PrintkProbe
+from gpuwhy.probes.release import close_released, drop_compiler_pages, release_module
 from gpuwhy.probes.ringwait import epoll_fd
 from gpuwhy.probes.sched import SchedProbe
+from gpuwhy.stalls import HEALTH_PERIOD_S
 
 log = logging.getLogger(__name__)
+
+# Every probe's health beat: not at each flush (four messages a second the correlator
+# stored, on a host with nothing to watch); what the probes see goes out at each flush.
+HEALTH_EVERY_S = HEALTH_PERIOD_S["probes"]
 
 
 def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
@@ -57,6 +63,8 @@ class Probes:
         self.cuda: CudaProbe | None = CudaProbe(config, publisher.publish) \
             if config["probes.cuda_uprobes"] else None
         self.failed: dict[str, str] = {}
+        self._released_fds: list[int] = []
+        self._next_health = 0.0
 
     def _publish_fd(self, event: Event) -> None:
         self.publisher.publish(event)
@@ -98,6 +106,17 @@ class Probes:
             self._optional_failed("printk", exc)
             self.printk = None
 
+    def release_loader(self) -> None:
+        """Free what only loading needed (probes/release.py): the LLVM modules of every
+        probe but the CUDA one (it loads programs again as libraries appear), the heap
+        compiling freed, and the compiler's code pages."""
+        for probe in (self.fdtrack, self.lifecycle, self.sched, self.printk):
+            if probe is not None and probe.bpf is not None:
+                self._released_fds += release_module(probe.bpf)
+        release_freed_memory()
+        log.info("probes: loader released (%d table fds kept, %.0f MB of compiler pages "
+                 "dropped)", len(self._released_fds), drop_compiler_pages() / 1024)
+
     def _optional_failed(self, name: str, exc: ProbeLoadError) -> None:
         log.error("%s; running without it", exc)
         self.failed[name] = str(exc)
@@ -114,6 +133,24 @@ class Probes:
             self.sched.flush()
         if self.cuda is not None:
             self.cuda.flush()
+        now = time.monotonic()
+        if now >= self._next_health:
+            self._next_health = now + HEALTH_EVERY_S
+            self._publish_health()
+
+    def idle(self) -> bool:
+        """No GPU process on the host: flushes can wait for the next health beat."""
+        return self.fdtrack.idle() and (self.sched is None or self.sched.idle()) and \
+            self.cuda is None
+
+    def resync(self) -> None:
+        """Re-send the state and, at the next flush, every health beat (a subscriber has
+        just connected or reconnected)."""
+        self.fdtrack.resync()
+        self._next_health = 0.0
+
+    def _publish_health(self) -> None:
+        if self.cuda is not None:
             self.publisher.publish(self.cuda.health())
         self.publisher.publish(self.fdtrack.health())
         for name, probe in (("lifecycle", self.lifecycle), ("sched", self.sched),
@@ -158,15 +195,8 @@ class Probes:
             closer.start()
         for closer in closers:
             closer.join()
-
-
-def release_freed_memory() -> None:
-    """Give the heap that compiling the probes freed back to the kernel: glibc keeps it
-    otherwise (measured by scripts/bench_sidecar.py: about 76 -> 33 MB anonymous here)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):     # not glibc: nothing to do
-        pass
+        close_released(self._released_fds)
+        self._released_fds = []
 
 
 def run_probes(config: Config, stop: threading.Event,
@@ -176,7 +206,7 @@ def run_probes(config: Config, stop: threading.Event,
     probes = Probes(config, publisher)
     try:
         probes.load()
-        release_freed_memory()
+        probes.release_loader()
         if loaded is not None:
             loaded.set()
         _publish_until(stop, probes, publisher, config["probes.poll_interval"])
@@ -192,7 +222,7 @@ def _publish_until(stop: threading.Event, probes: Probes, publisher: Publisher,
     fds = probes.ring_fds()
     log.info("probes: %s", "sleeping on the ring buffers and the bus between flushes"
              if fds is not None else "looking at the ring buffers every 100 ms")
-    next_flush = 0.0
+    next_flush = last_flush = 0.0
     with _SignalWakeup() as wakeup:
         while not stop.is_set():
             if fds is None:
@@ -207,11 +237,16 @@ def _publish_until(stop: threading.Event, probes: Probes, publisher: Publisher,
                 # The correlator (re)started: what it missed is re-sent, so nothing is lost
                 # to the slow joiner or to a restart of the stable side.
                 log.info("subscriber connected: re-sending state")
-                probes.fdtrack.resync()
+                probes.resync()
             now = time.monotonic()
             if now >= next_flush:
                 probes.flush()
-                next_flush = now + flush_every
+                last_flush = now
+                # a host without GPU processes: a flush (and a wake-up) a health beat
+                next_flush = now + (max(flush_every, HEALTH_EVERY_S) if probes.idle()
+                                    else flush_every)
+            elif next_flush > last_flush + flush_every and not probes.idle():
+                next_flush = last_flush + flush_every      # one has just appeared
 
 
 class _SignalWakeup:

@@ -45,7 +45,9 @@ NOTES = """
   (`gpuwhy.demo.standin train --starved`: each holds nvidiactl/nvidiaN/nvidia-uvm
   look-alikes and sends about 20 driver calls a second), then the seed tool's case of
   1 GPU and 3 processes. CPU is CPU seconds per wall second of those two processes
-  (psutil), per window after the warm-up; the eBPF programs' own time runs inside the
+  (their threads' nanosecond counts in `/proc/PID/task/*/schedstat`; psutil's 10 ms ticks
+  read a few-second window in 0.33 % steps), per window after the warm-up; the eBPF
+  programs' own time runs inside the
   traced processes' system calls and is in P1, not here. Memory is from
   `/proc/PID/smaps_rollup`: RSS, and anonymous (private, not backed by a file: what the
   sidecar really takes). Most of the probes' RSS is clean file pages of bcc's LLVM/clang
@@ -55,7 +57,10 @@ NOTES = """
   probes process is the seed tool's bcc figures (≈ 131 MB RSS after compiling a handful of
   probes, ≈ 83 MB of it LLVM pages, ≈ 19 MB anonymous after `malloc_trim(0)`).
   "probes alone" loads the probes in a bare process and shows what glibc's `malloc_trim(0)`
-  gives back after the compile: `probes/service.py` now calls it right after loading.
+  gives back after the compile. `gpuwhy probes` then goes further (`probes/release.py`):
+  it frees each loaded program's LLVM module, trims, and drops the compiler libraries'
+  clean pages from its resident set, so the sidecar's probes RSS counts ~13 MB of them,
+  not ~85.
   "GPU source alone" is the simulator runner's thread CPU (`scripts/bench_gpu_sources.py`).
 - **P4**: a publisher process sends a realistic mix of events as fast as it can, in batch
   messages of 256 events in runs of a topic (as the probes' flush sends its per-process

@@ -101,6 +101,9 @@ def _statement(table: str, columns: tuple[str, ...], verb: str,
     return sql
 
 
+MAX_PROCESSES_REMEMBERED = 4096     # processes whose driver-call figures are remembered
+
+
 class StoreWriter:
     """Turns events into rows. Idempotent: a re-sent snapshot changes nothing."""
 
@@ -118,6 +121,12 @@ class StoreWriter:
         self._instances_seen: dict[tuple[str, str], tuple[str, int, int]] = {}
         self._held = HeldRows()
         self._handlers = methods_by_kind(self, "_on_")
+        # driver_call_stats figures already in the store, per process then (path, cmd, sub):
+        # a flush re-sends a file's every operation when one moved, and rewriting the rest
+        # was nine rows in ten of that table. ``_ops_batch`` holds this batch's until
+        # ``committed()``; a failed batch forgets them, and they are written again.
+        self._ops_stored: dict[tuple[int, int], dict[tuple, tuple]] = {}
+        self._ops_batch: dict[tuple[int, int], dict[tuple, tuple]] = {}
 
     def write_batch(self, envelopes: Iterable[Envelope]) -> int:
         """Apply every envelope in one transaction; returns how many were applied.
@@ -140,9 +149,24 @@ class StoreWriter:
                 applied = self._write_one_by_one(envelopes) if one_by_one else len(envelopes)
                 self._record_gpus_seen()
             return applied
+        except BaseException:
+            self.forget_uncommitted()
+            raise
         finally:        # a rolled back batch leaves no rows held and no GPU keys it created
             self._held.clear()
             self._forget_gpus()
+
+    def committed(self) -> None:
+        """The transaction holding the batches written since the last call is committed."""
+        for process, ops in self._ops_batch.items():
+            self._ops_stored.setdefault(process, {}).update(ops)
+        self._ops_batch.clear()
+        if len(self._ops_stored) > MAX_PROCESSES_REMEMBERED:   # exits never seen: start over
+            self._ops_stored.clear()
+
+    def forget_uncommitted(self) -> None:
+        """The batches written since ``committed()`` were rolled back."""
+        self._ops_batch.clear()
 
     def _apply_all(self, envelopes: list[Envelope]) -> bool:
         """Apply the batch inside its savepoint; False (rolled back) when an event failed."""
@@ -156,6 +180,7 @@ class StoreWriter:
             self.db.conn.execute("rollback to batch")
             self._held.clear()
             self._forget_gpus()
+            self._ops_batch.clear()
             return False
         return True
 
@@ -192,6 +217,8 @@ class StoreWriter:
                 conn.execute("release event")
                 self._held.clear()            # its rows held when the handler failed
                 self._forget_gpus()           # a GPU row (and key) it created is gone with it
+                self._ops_batch.clear()       # which were its own is not known: all again
+                self._ops_stored.clear()
                 self.rejected += 1
                 log.exception("store rejected a %s event from %s", envelope.event.kind,
                               envelope.src)
@@ -238,6 +265,9 @@ class StoreWriter:
         self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
                         "and closed_at is null", [event.ts, *key])
         self._insert_process_event(_event_row(envelope), ONCE_PER_PROCESS)
+        # its final figures came before its exit; a late one would only be written again
+        self._ops_stored.pop(tuple(key), None)
+        self._ops_batch.pop(tuple(key), None)
 
     def _on_device_opened(self, envelope: Envelope, event: DeviceOpened) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
@@ -292,8 +322,17 @@ class StoreWriter:
             self._bind(event.process, self._gpu_for_minor(minor, event.ts), event.ts,
                        f"calls the driver on {event.path}")
         # Cumulative figures, every column set: the last row per key in a batch is the one
-        # the per-event upserts would end with.
+        # the per-event upserts would end with. An operation whose figures are those already
+        # written is left as it is (its updated_at: when it last moved).
+        process = (event.process.pid, event.process.start_time)
+        batch = self._ops_batch.setdefault(process, {})
+        stored = self._ops_stored.get(process, {})
         for op in event.ops:
+            which = (event.path, op["cmd"], op["sub"])
+            figures = (op["count"], op["errors"], op["latency_sum_ns"], op["bytes"])
+            if batch.get(which, stored.get(which)) == figures:
+                continue
+            batch[which] = figures
             row = {**key, "path": event.path, "device": event.device, "cmd": op["cmd"],
                    "sub": op["sub"], "op": op["op"], "sub_name": op["sub_name"],
                    "count": op["count"], "errors": op["errors"],

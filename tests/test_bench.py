@@ -7,13 +7,15 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from gpuwhy.cli import cli
-from gpuwhy.probes.service import release_freed_memory
+from gpuwhy.memory import release_freed_memory
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "scripts" / "bench.py"
@@ -145,3 +147,27 @@ def test_fdtrack_health_says_when_the_kernel_times_every_probe_run(
     assert health.state == "ok" and "kernel.bpf_stats_enabled=1" in health.detail
     monkeypatch.setattr(fdtrack, "bpf_stats_enabled", lambda: False)
     assert "bpf_stats" not in probe.health().detail
+
+
+def test_cpu_seconds_counts_every_live_thread_to_the_nanosecond() -> None:
+    before = bench_sidecar.cpu_seconds(os.getpid())
+    done, measured = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+
+    def worker_spin() -> None:
+        spin()
+        done.set()
+        measured.wait(10)        # alive when measured: an ended thread's count is gone
+    worker = threading.Thread(target=worker_spin)
+    worker.start()
+    spin()
+    done.wait(10)
+    spent = bench_sidecar.cpu_seconds(os.getpid()) - before
+    measured.set()
+    worker.join()
+    assert 0.39 < spent < 2.0, spent
+    assert spent != round(spent, 2)      # not a count of 10 ms ticks

@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import click
 from click.testing import CliRunner
 
 from gpuwhy.cli import cli
@@ -11,11 +12,27 @@ from gpuwhy.config import SETTINGS
 def test_help_lists_every_command_with_examples():
     result = CliRunner().invoke(cli, ["--help"])
     assert result.exit_code == 0
-    for name in cli.commands:
+    ctx = click.Context(cli)
+    names = cli.list_commands(ctx)
+    assert {"up", "probes", "rules", "check-env", "bench", "xid"} <= set(names)
+    for name in names:
         assert name in result.output
     assert "Examples:" in result.output
-    for name, command in cli.commands.items():
+    for name in names:
+        command = cli.get_command(ctx, name)
+        assert command.name == name
         assert command.help and "Example" in command.help, name
+
+
+def test_long_running_commands_load_only_their_own_parts():
+    """`gpuwhy probes` and `gpuwhy up` import the group, not every command's module."""
+    code = ("import sys; import gpuwhy.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith('gpuwhy')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout
+    for module in ("gpuwhy.checks", "gpuwhy.demo", "gpuwhy.correlator.rules.eval_cli",
+                   "gpuwhy.bench_cli", "gpuwhy.store.cli", "gpuwhy.probes.trace"):
+        assert f"'{module}" not in loaded, module
 
 
 def test_python_dash_m_works(tmp_path):

@@ -4,6 +4,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import click
+
 from gpuwhy.cli import cli
 from gpuwhy.config import SETTINGS_BY_NAME
 
@@ -27,7 +29,7 @@ def test_readme_production_install_names_what_exists():
         assert (REPO / path).exists(), path
     assert "scripts/install.sh --mode standalone" in section
     assert "deploy/kubernetes/daemonset.yaml" in section
-    assert "check-env" in cli.commands
+    assert "check-env" in cli.list_commands(click.Context(cli))
 
 
 def _commands(text: str) -> list[str]:

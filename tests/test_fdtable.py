@@ -189,3 +189,47 @@ def test_an_inherited_fd_the_kernel_copied_first_keeps_the_kernels_seq():
     assert table.update_stats([], ts=5)[1] == [55]
     table.adopt_seq(8, 99, 56)          # not tracked: nothing to adopt
     assert (8, 99) not in table.fds
+
+
+def test_a_process_that_made_no_call_costs_a_flush_nothing(monkeypatch):
+    table = _table()
+    table.opened(7, 3, 1, CTL, ts=1)
+    table.opened(8, 3, 2, CTL, ts=1)
+    built = []
+    real = FdTable._op_dict
+    monkeypatch.setattr(FdTable, "_op_dict", staticmethod(
+        lambda cmd, sub, device, stats: built.append(stats.count) or
+        real(cmd, sub, device, stats)))
+    table.update_stats([(1, RM_CONTROL, 0, _stats(5)), (2, RM_CONTROL, 0, _stats(9))], ts=2)
+    assert sorted(built) == [5, 9]
+    built.clear()
+    events, _ = table.update_stats([(1, RM_CONTROL, 0, _stats(6)),
+                                    (2, RM_CONTROL, 0, _stats(9))], ts=3)
+    assert built == [6] and _ops(events) == {(7, CTL): {("NV_ESC_RM_CONTROL", 0): 6}}
+    built.clear()
+    table.update_stats([(1, RM_CONTROL, 0, _stats(6)), (2, RM_CONTROL, 0, _stats(9))], ts=4)
+    assert built == []
+
+
+def test_a_resync_republishes_figures_that_did_not_move():
+    table = _table()
+    table.opened(7, 3, 1, CTL, ts=1)
+    table.closed(7, 3, 1, ts=2)
+    table.opened(7, 4, 2, CTL, ts=2)
+    table.update_stats([(1, RM_CONTROL, 0, _stats(5)), (2, RM_ALLOC, 0x80, _stats(1))], ts=3)
+    assert not _ops(table.update_stats([(2, RM_ALLOC, 0x80, _stats(1))], ts=4)[0])
+    table.snapshot()
+    events, _ = table.update_stats([(2, RM_ALLOC, 0x80, _stats(1))], ts=5)
+    assert _ops(events) == {(7, CTL): {("NV_ESC_RM_CONTROL", 0): 5, ("NV_ESC_RM_ALLOC", 0x80): 1}}
+
+
+def test_idle_until_a_device_is_open_and_again_once_its_last_figures_are_out():
+    table = _table()
+    assert table.idle()
+    table.opened(7, 3, 1, CTL, ts=1)
+    assert not table.idle()
+    table.update_stats([(1, RM_CONTROL, 0, _stats(5))], ts=2)
+    table.exited(7, ts=3, exit_code=0)
+    assert not table.idle()                       # its final figures and exit not sent yet
+    events, _ = table.update_stats([(1, RM_CONTROL, 0, _stats(6))], ts=4)
+    assert isinstance(events[-1], ProcessExited) and table.idle()

@@ -185,7 +185,11 @@ def test_wheel_requirements_leave_out_what_the_gpu_machine_brings(tmp_path):
 
 GPU_PATH_IMPORTS = r'''
 import json, sys
+import click
 from gpuwhy.cli import cli
+ctx = click.Context(cli)
+for name in cli.list_commands(ctx):     # every command's module, as the kit's runs may load
+    cli.get_command(ctx, name)
 for args in (["gpu", "sample", "--source", "sim", "--once", "--json"], ["check-env", "--json"],
              ["proc", "1", "--json"]):
     try:

@@ -283,3 +283,32 @@ def test_every_writer_handler_is_typed_with_its_event_class():
         assert kind in EVENT_TYPES, name
         hints = typing.get_type_hints(getattr(StoreWriter, name))
         assert hints["event"] is EVENT_TYPES[kind], name
+
+
+def test_an_operation_whose_figures_did_not_move_is_not_written_again(db):
+    writer = StoreWriter(db)
+
+    def calls(ts, **counts):
+        return Envelope("t", ts, DriverCallStats(
+            ts=ts, process=KEY, path="/dev/nvidiactl", device="nvidiactl",
+            ops=[_op(0xC020462A, "NV_ESC_RM_CONTROL", int(sub[1:]), count)
+                 for sub, count in counts.items()]))
+
+    writer.write_batch([calls(10, s1=5, s2=3)])
+    writer.committed()
+    writer.write_batch([calls(20, s1=6, s2=3)])       # the probes send the file's every op
+    writer.committed()
+    assert db.execute("select sub, count, updated_at from driver_call_stats "
+                      "order by sub").fetchall() == [(1, 6, 20), (2, 3, 10)]
+
+
+def test_figures_of_a_batch_rolled_back_are_written_again(db):
+    writer = StoreWriter(db)
+    db.execute("create trigger boom before insert on source_health "
+               "begin select raise(abort, 'disk full'); end")
+    with pytest.raises(sqlite3.IntegrityError):
+        writer.write_batch(_session())
+    db.execute("drop trigger boom")
+    writer.write_batch(_session())                    # the correlator holds and retries it
+    writer.committed()
+    assert db["driver_call_stats"].count == 3

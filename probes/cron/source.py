@@ -135,8 +135,8 @@ def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:
                 next_health = now + HEALTH_EVERY_S
             if reader is not None:
                 reader.wait(IDLE_WAIT_S)    # type: ignore[attr-defined]
-            else:
-                stop.wait(0.5)
+            else:       # schedule only: nothing happens before the next rescan or beat
+                stop.wait(max(0.0, min(next_scan, next_health) - time.monotonic()))
     finally:
         if reader is not None:
             reader.close()    # type: ignore[attr-defined]

@@ -237,7 +237,8 @@ def test_failed_calls_are_sent_one_by_one_within_one_budget_for_the_host(
     every CPU: at most the budget a second is stored one by one, for the whole host (a
     budget per CPU let each CPU send as many), and every call is still counted."""
     budget = 10
-    pipe = pipeline_for(tmp_config.replace({"probes.error_events_per_second": budget}))
+    pipe = pipeline_for(tmp_config.replace({"probes.error_events_per_second": budget,
+                                            "probes.repeat_seconds": 0}))
     proc = replay.start(rounds=200, threads=4)
     try:
         report = json.loads(proc.stdout.readline())
@@ -258,6 +259,51 @@ def test_failed_calls_are_sent_one_by_one_within_one_budget_for_the_host(
         # a CPU that checks at the same moment as another may let one more through
         assert max(per_second.values()) <= budget + 2, per_second
         assert os.cpu_count() > 1, "one CPU cannot tell a host budget from a per-CPU one"
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_a_failure_repeated_is_stored_once_a_window_and_every_call_counted(
+        pipeline_for, probe_config, replay):
+    """Every call of the replay fails the same way, round after round: each kind of failure
+    (process, file, command, sub-operation, result) is stored once per repeat window, the
+    statistics still count every call, and the probe's health says how many it held back.
+    A notable call (the version check, attaching GPUs) is not held back."""
+    pipe = pipeline_for(probe_config)           # the budget out of the way; repeats: 10 s
+    started = time.monotonic()
+    proc = replay.start(rounds=200, threads=4)
+    try:
+        report = json.loads(proc.stdout.readline())
+        key = process_key(report["pid"])
+        _wait_exact(pipe, key, report["expected"])
+        elapsed = time.monotonic() - started
+        expected = report["expected"]
+        failing = {k for k, v in expected.items() if v["errors"]}
+
+        def stored(rows):      # by path|cmd|sub, as the statistics are; with each call's fd
+            kinds = [(f"{p}|{c}|{s}", (fd, st, r)) for p, fd, c, s, st, r in rows]
+            return ([(k, detail) for k, detail in kinds if "notable" not in detail[2]],
+                    Counter(k for k, detail in kinds if "notable" in detail[2]))
+
+        rows = pipe.wait_for("select path, fd, cmd, sub, status, reasons from driver_calls "
+                             "where pid = ? and start_time = ?", [key.pid, key.start_time],
+                             lambda r: {k for k, _ in stored(r)[0]} | set(stored(r)[1])
+                             >= failing)
+        repeatable, notable = stored(rows)
+        by_kind = Counter(kind for kind, _ in repeatable)
+        assert set(by_kind) | set(notable) == failing and len(by_kind) >= 3
+        assert notable and min(notable.values()) > 100     # not held back as repeats
+        # the same kind, the same fd and result: once a window
+        assert max(Counter(repeatable).values()) <= 1 + int(elapsed // 10), repeatable
+        held = sum(expected[kind]["errors"] for kind in by_kind) - len(repeatable)
+        assert held > 100 * len(repeatable)
+        # what the probe held back: all but the stored ones, of those that reached it (this
+        # burst from four threads overfills the ring buffer: the rest are counted as lost)
+        counted = pipe.wait_for(
+            "select json_extract(counters, '$.repeated_calls_counted') from source_health "
+            "where source = 'fdtrack'", [], lambda r: r and r[0][0] > 50 * len(repeatable))
+        assert held >= counted[0][0] > 50 * len(repeatable)
     finally:
         proc.stdin.close()
         proc.wait(10)
