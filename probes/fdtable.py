@@ -99,6 +99,7 @@ class FdTable:
         # groups whose figures may have moved since they were last published: a flush
         # recomputes only these (a process that made no call costs nothing)
         self._moved: set[Group] = set()
+        self._op_dicts: dict[Group, dict[OpKey, tuple[tuple, dict]]] = {}   # built, by figures
         self._retiring: set[int] = set()
         self._exiting: dict[int, ProcessExited] = {}
         self.unresolved = 0
@@ -259,7 +260,7 @@ class FdTable:
             if group is not None:
                 live = self._live.setdefault(open_seq, {})
                 before = live.get((cmd, sub))
-                if before is None or before.moved(stats):
+                if before is None or (before is not stats and before.moved(stats)):
                     live[(cmd, sub)] = stats
                     moved.add(group)
         retired = sorted(self._retiring)
@@ -284,8 +285,14 @@ class FdTable:
         events: list[Event] = []
         for group, ops in totals.items():
             device = self._device_of_group[group]
-            snapshot = [self._op_dict(cmd, sub, device, stats)
-                        for (cmd, sub), stats in sorted(ops.items())]
+            made = self._op_dicts.setdefault(group, {})
+            snapshot = []
+            for (cmd, sub), stats in sorted(ops.items()):
+                mark = (stats.count, stats.errors, stats.latency_sum_ns, stats.bytes)
+                known = made.get((cmd, sub))
+                if known is None or known[0] != mark:   # else the same dict as published
+                    known = made[(cmd, sub)] = (mark, self._op_dict(cmd, sub, device, stats))
+                snapshot.append(known[1])
             if snapshot and snapshot != self._published.get(group):
                 self._published[group] = snapshot
                 events.append(DriverCallStats(ts=ts, process=group[0], path=group[1],
@@ -309,6 +316,7 @@ class FdTable:
             for group in [g for g in self._closed if g[0] == exited.process]:
                 del self._closed[group]
                 self._published.pop(group, None)
+                self._op_dicts.pop(group, None)
                 self._device_of_group.pop(group, None)
         self._exiting.clear()
         return events
