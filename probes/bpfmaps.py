@@ -67,9 +67,12 @@ class MapReader:
                 if first and code in _NO_BATCH:
                     raise NoBatchLookup(code, os.strerror(code))
                 raise OSError(code, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(code)}")
-            key_type, value_type = type(self._keys[0]), type(self._values[0])
-            out += [(key_type.from_buffer_copy(self._keys[i]),
-                     value_type.from_buffer_copy(self._values[i]))
+            # copied out of the buffers the next call reuses; by offset, as an element of an
+            # array of a simple type (a u32 key) reads back as a plain int
+            key_type, value_type = self.table.Key, self.table.Leaf
+            key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
+            out += [(key_type.from_buffer_copy(self._keys, i * key_size),
+                     value_type.from_buffer_copy(self._values, i * value_size))
                     for i in range(count.value)]
             if code == errno.ENOENT:      # the end of the map
                 return out

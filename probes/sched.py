@@ -25,6 +25,7 @@ from gpuwhy.config import Config
 from gpuwhy.events import Event, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
+from gpuwhy.probes.bpfmaps import MapReader
 from gpuwhy.probes.fdtrack import TRACEFS, load_bpf
 from gpuwhy.proc import read_tgid
 from gpuwhy.topology import cpu_nodes
@@ -173,6 +174,7 @@ class SchedProbe:
                 hook = NetRx.NONE
         self.net_rx = hook
         self._watched = bpf[b"watched"]
+        self._watched_reader = MapReader(self._watched)    # a flush reads it in batches
         self._hint_user = bpf[b"watch_hint_user"]
         self._drops = bpf[b"drops"]
         self._node_time = None
@@ -258,7 +260,7 @@ class SchedProbe:
         per_owner: dict[int, dict[str, dict]] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
-        for key, thread in self._watched.items():
+        for key, thread in self._watched_reader.items():
             tid, owner = key.value, thread.owner
             if only_owner is not None and owner != only_owner:
                 continue

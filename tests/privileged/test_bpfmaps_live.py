@@ -46,3 +46,24 @@ def test_a_per_cpu_hash_read_by_batches_equals_the_key_by_key_walk():
         assert ctypes.sizeof(table.Leaf) % 8 == 0
     finally:
         bpf.cleanup()
+
+
+def test_a_plain_hash_with_a_simple_key_reads_the_same_by_batches():
+    """sched's ``watched`` map: a u32 key (an array element of a simple ctypes type reads back
+    as an int, not a ctypes value) and a struct leaf, no CPUs."""
+    from bcc import BPF
+
+    bpf = BPF(text=b"struct thread_t { u64 on_cpu_ns; u32 owner; u32 state; };\n"
+                   b"BPF_HASH(watched, u32, struct thread_t, 4096);\n")
+    try:
+        table = bpf[b"watched"]
+        for tid in range(600):
+            table[table.Key(tid)] = table.Leaf(on_cpu_ns=tid * 1000, owner=tid % 7, state=1)
+        batched = MapReader(table).items()
+        assert sorted((k.value, v.on_cpu_ns, v.owner) for k, v in batched) == \
+            sorted((k.value, v.on_cpu_ns, v.owner) for k, v in table.items())
+        assert len(batched) == 600
+        del table[batched[0][0]]                 # a key read back is usable as a key
+        assert len(table.items()) == 599
+    finally:
+        bpf.cleanup()
