@@ -117,6 +117,18 @@ class Probes:
         log.info("probes: loader released (%d table fds kept, %.0f MB of compiler pages "
                  "dropped)", len(self._released_fds), drop_compiler_pages() / 1024)
 
+    def _drop_optional(self, name: str, reason: str) -> None:
+        """Detach an optional probe that broke while running; the rest runs on, and its
+        health says failed at the next flush."""
+        probe = getattr(self, name)
+        setattr(self, name, None)
+        self.failed[name] = reason
+        self._next_health = 0.0
+        try:
+            probe.close()
+        except Exception:  # noqa: BLE001 - already failed: detach what can be
+            log.exception("closing the failed %s probe", name)
+
     def _optional_failed(self, name: str, exc: ProbeLoadError) -> None:
         log.error("%s; running without it", exc)
         self.failed[name] = str(exc)
@@ -128,11 +140,16 @@ class Probes:
             self._flush()
 
     def _flush(self) -> None:
-        self.fdtrack.flush()
-        if self.sched is not None:
-            self.sched.flush()
-        if self.cuda is not None:
-            self.cuda.flush()
+        self.fdtrack.flush()          # required: its failure stops the probes, said so
+        for name in ("sched", "cuda"):
+            probe = getattr(self, name)
+            if probe is None:
+                continue
+            try:
+                probe.flush()
+            except Exception as exc:  # noqa: BLE001 - an optional probe fails on its own
+                log.exception("the %s probe failed to flush", name)
+                self._drop_optional(name, f"flush failed: {type(exc).__name__}: {exc}")
         now = time.monotonic()
         if now >= self._next_health:
             self._next_health = now + HEALTH_EVERY_S

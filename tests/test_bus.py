@@ -246,3 +246,52 @@ def test_a_closed_subscriber_removes_its_socket_file_and_only_its_own(tmp_path):
     assert path.exists(), "the old subscriber removed the new one's socket"
     new.close()
     assert not path.exists()
+
+
+def test_an_optional_probe_whose_flush_fails_is_reported_and_the_rest_runs_on(tmp_path):
+    from gpuwhy.config import load_config
+    from gpuwhy.probes.service import Probes
+
+    raw = zmq.Context.instance().socket(zmq.SUB)
+    raw.setsockopt(zmq.SUBSCRIBE, b"")
+    raw.bind(f"ipc://{tmp_path}/bus.sock")
+    pub = Publisher(f"ipc://{tmp_path}/bus.sock", src="probes")
+    for _ in range(100):
+        raw.getsockopt(zmq.EVENTS)
+        if pub.wait_for_subscriber(0.02):
+            break
+    probes = Probes(load_config(environ={}), pub)
+    flushed, closed = [], []
+
+    class FdTrack:
+        def flush(self):
+            flushed.append("fdtrack")
+
+        def health(self):
+            return SourceHealth(ts=1, source="fdtrack", state="ok")
+
+        def idle(self):
+            return True
+
+    class BrokenSched:
+        def flush(self):
+            raise OSError(9, "Bad file descriptor")
+
+        def close(self):
+            closed.append("sched")
+
+    probes.fdtrack, probes.sched, probes.cuda, probes.lifecycle, probes.printk = \
+        FdTrack(), BrokenSched(), None, None, None
+    probes.flush()
+    probes.flush()                                   # the next flush runs without it
+    assert flushed == ["fdtrack", "fdtrack"] and closed == ["sched"]
+    assert probes.sched is None and probes.idle()
+    from gpuwhy.wire import decode_message
+
+    health = []
+    while raw.poll(1000):
+        health += [e.event for e in decode_message(raw.recv_multipart())[0]
+                   if isinstance(e.event, SourceHealth)]
+    failed = [h for h in health if h.source == "sched"]
+    assert failed and failed[0].state == "failed" and "Bad file descriptor" in failed[0].detail
+    raw.close(0), pub.close()
