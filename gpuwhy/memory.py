@@ -15,10 +15,9 @@ MALLOC_ARENAS = 2
 def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt, libc.malloc_trim    # noqa: B018 - glibc's, or not glibc at all
-        return libc
-    except (OSError, AttributeError):   # not glibc: nothing to tune
+    except OSError:                      # not glibc: nothing to tune
         return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:

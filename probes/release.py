@@ -104,8 +104,8 @@ def drop_compiler_pages(smaps: str = "/proc/self/smaps") -> int:
 
 def _mappings(smaps: str) -> list[tuple[int, int, str, int, int]]:
     """(start, end, perms, Rss kB, Anonymous kB) of each compiler-library mapping."""
-    found: list[tuple[int, int, str, int, int]] = []
-    current: list[Any] | None = None
+    found: list[list] = []
+    current: list | None = None
     with open(smaps) as text:
         for line in text:
             head = line.split(maxsplit=6)
@@ -114,9 +114,7 @@ def _mappings(smaps: str) -> list[tuple[int, int, str, int, int]]:
                 if len(head) >= 6 and COMPILER_LIBRARIES.search(head[-1].strip()):
                     start, end = (int(x, 16) for x in head[0].split("-"))
                     current = [start, end, head[1], 0, 0]
-                    found.append(current)               # filled in below, by reference
-            elif current is not None and head[0] == "Rss:":
-                current[3] = int(head[1])
-            elif current is not None and head[0] == "Anonymous:":
-                current[4] = int(head[1])
-    return [tuple(m) for m in found]
+                    found.append(current)
+            elif current is not None and head[0] in ("Rss:", "Anonymous:"):
+                current[3 if head[0] == "Rss:" else 4] = int(head[1])
+    return [tuple(mapping) for mapping in found]

@@ -82,29 +82,21 @@ class Probes:
     def load(self) -> None:
         """Load fdtrack (raises ProbeLoadError), then the optional probes."""
         warn_if_bpf_stats_enabled()
-        if self.sched is not None:        # before fdtrack's scan hands it processes
-            try:
-                self.sched.load()
-            except ProbeLoadError as exc:
-                self._optional_failed("sched", exc)
-                self.sched = None
-        if self.cuda is not None:
-            try:
-                self.cuda.load()
-            except ProbeLoadError as exc:
-                self._optional_failed("cuda", exc)
-                self.cuda = None
+        for name in ("sched", "cuda"):    # before fdtrack's scan hands them processes
+            self._load_optional(name)
         self.fdtrack.load()
+        for name in ("lifecycle", "printk"):
+            self._load_optional(name)
+
+    def _load_optional(self, name: str) -> None:
+        probe = getattr(self, name)
+        if probe is None:
+            return
         try:
-            self.lifecycle.load()
+            probe.load()
         except ProbeLoadError as exc:
-            self._optional_failed("lifecycle", exc)
-            self.lifecycle = None
-        try:
-            self.printk.load()
-        except ProbeLoadError as exc:
-            self._optional_failed("printk", exc)
-            self.printk = None
+            log.error("%s; running without it", exc)
+            self._without(name, str(exc))
 
     def release_loader(self) -> None:
         """Free what only loading needed (probes/release.py): the LLVM modules of every
@@ -117,21 +109,11 @@ class Probes:
         log.info("probes: loader released (%d table fds kept, %.0f MB of compiler pages "
                  "dropped)", len(self._released_fds), drop_compiler_pages() / 1024)
 
-    def _drop_optional(self, name: str, reason: str) -> None:
-        """Detach an optional probe that broke while running; the rest runs on, and its
-        health says failed at the next flush."""
-        probe = getattr(self, name)
+    def _without(self, name: str, reason: str) -> None:
+        """Run on without an optional probe; its health says failed at the next flush."""
         setattr(self, name, None)
         self.failed[name] = reason
         self._next_health = 0.0
-        try:
-            probe.close()
-        except Exception:  # noqa: BLE001 - already failed: detach what can be
-            log.exception("closing the failed %s probe", name)
-
-    def _optional_failed(self, name: str, exc: ProbeLoadError) -> None:
-        log.error("%s; running without it", exc)
-        self.failed[name] = str(exc)
 
     def flush(self) -> None:
         """Publish every probe's figures, as batch messages (a flush is a figure per watched
@@ -148,8 +130,12 @@ class Probes:
             try:
                 probe.flush()
             except Exception as exc:  # noqa: BLE001 - an optional probe fails on its own
-                log.exception("the %s probe failed to flush", name)
-                self._drop_optional(name, f"flush failed: {type(exc).__name__}: {exc}")
+                log.exception("the %s probe failed to flush; running without it", name)
+                self._without(name, f"flush failed: {type(exc).__name__}: {exc}")
+                try:
+                    probe.close()
+                except Exception:  # noqa: BLE001 - already failed: detach what can be
+                    log.exception("closing the failed %s probe", name)
         now = time.monotonic()
         if now >= self._next_health:
             self._next_health = now + HEALTH_EVERY_S

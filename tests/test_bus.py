@@ -181,14 +181,10 @@ def test_a_batch_with_garbage_delivers_the_rest(tmp_path):
     raw.close(0), sub.close()
 
 
-def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
-    """Probes.flush batches what its probes publish: every figure arrives, in order, in far
-    fewer messages than events (the stand-in probes publish as the real ones do)."""
-    from gpuwhy.config import load_config
-    from gpuwhy.events import DriverCallStats, SchedStats
-    from gpuwhy.probes.service import Probes
-
-    raw = zmq.Context.instance().socket(zmq.SUB)    # sees the messages themselves
+def _raw_subscriber_and_probes_publisher(tmp_path):
+    """A bare SUB socket that sees the messages themselves, and a probes publisher that it
+    has subscribed to."""
+    raw = zmq.Context.instance().socket(zmq.SUB)
     raw.setsockopt(zmq.SUBSCRIBE, b"")
     raw.bind(f"ipc://{tmp_path}/bus.sock")
     pub = Publisher(f"ipc://{tmp_path}/bus.sock", src="probes")
@@ -196,6 +192,17 @@ def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
         raw.getsockopt(zmq.EVENTS)
         if pub.wait_for_subscriber(0.02):
             break
+    return raw, pub
+
+
+def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
+    """Probes.flush batches what its probes publish: every figure arrives, in order, in far
+    fewer messages than events (the stand-in probes publish as the real ones do)."""
+    from gpuwhy.config import load_config
+    from gpuwhy.events import DriverCallStats, SchedStats
+    from gpuwhy.probes.service import Probes
+
+    raw, pub = _raw_subscriber_and_probes_publisher(tmp_path)
     probes = Probes(load_config(environ={}), pub)
     keys = [ProcessKey(100 + n, 5000 + n) for n in range(40)]
     calls = [DriverCallStats(ts=n, process=k, path="/dev/nvidiactl", device="nvidiactl",
@@ -252,14 +259,7 @@ def test_an_optional_probe_whose_flush_fails_is_reported_and_the_rest_runs_on(tm
     from gpuwhy.config import load_config
     from gpuwhy.probes.service import Probes
 
-    raw = zmq.Context.instance().socket(zmq.SUB)
-    raw.setsockopt(zmq.SUBSCRIBE, b"")
-    raw.bind(f"ipc://{tmp_path}/bus.sock")
-    pub = Publisher(f"ipc://{tmp_path}/bus.sock", src="probes")
-    for _ in range(100):
-        raw.getsockopt(zmq.EVENTS)
-        if pub.wait_for_subscriber(0.02):
-            break
+    raw, pub = _raw_subscriber_and_probes_publisher(tmp_path)
     probes = Probes(load_config(environ={}), pub)
     flushed, closed = [], []
 
