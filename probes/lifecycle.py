@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import logging
+import mmap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 NAME = "lifecycle"
 BPF_SOURCE = Path(__file__).with_name("lifecycle.bpf.c")
 RINGBUF_PAGES = 128
+RINGBUF_HEADER_BYTES = 8           # BPF_RINGBUF_HDR_SZ: the kernel's header on each record
 
 
 class EventType(enum.IntEnum):
@@ -78,6 +80,7 @@ class LifecycleProbe:
         self._bpf = None
         self.records = 0
         self.enrich_failures = 0
+        self.ring_records = 0       # how many records the ring holds, once loaded
 
     def load(self) -> None:
         try:
@@ -99,6 +102,9 @@ class LifecycleProbe:
         self._events = bpf[b"events"]
         self._drops = bpf[b"drops"]
         self._events.open_ring_buffer(self._on_record)
+        from bcc.table import _get_event_class  # the record's class, as RingBuf.event() gets it
+        record = ctypes.sizeof(_get_event_class(self._events))
+        self.ring_records = RINGBUF_PAGES * mmap.PAGESIZE // (record + RINGBUF_HEADER_BYTES)
 
     def _emit(self, event: Event) -> None:
         self._publish(event)

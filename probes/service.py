@@ -37,6 +37,16 @@ log = logging.getLogger(__name__)
 # stored, on a host with nothing to watch); what the probes see goes out at each flush.
 HEALTH_EVERY_S = HEALTH_PERIOD_S["probes"]
 
+# Processes coming and going (a shell loop, a probe's exec, a build) are read in batches: the
+# first record after a quiet spell is read at once (a cron job's process is read from /proc
+# while it runs), then the lifecycle ring is left out of the wait for LIFECYCLE_HOLD_S while
+# records keep coming, so a host starting ten processes a second wakes the probes (and the
+# bus, and the correlator) about once a second, not thirty times; well inside the
+# correlator's lag. A read that found the ring a quarter full holds only LIFECYCLE_FULL_HOLD_S
+# so that a burst does not fill it.
+LIFECYCLE_HOLD_S = 1.0
+LIFECYCLE_FULL_HOLD_S = 0.1
+
 
 def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
     """Say so when the kernel times every BPF program run (see ``bpf_stats_enabled``)."""
@@ -65,6 +75,7 @@ class Probes:
         self.failed: dict[str, str] = {}
         self._released_fds: list[int] = []
         self._next_health = 0.0
+        self.lifecycle_held_until = 0.0     # monotonic; 0: its ring is waited on
 
     def _publish_fd(self, event: Event) -> None:
         self.publisher.publish(event)
@@ -172,20 +183,38 @@ class Probes:
         with self.publisher.batched():
             self.fdtrack.poll(timeout_ms)
             if self.lifecycle is not None:
+                before = self.lifecycle.records
                 self.lifecycle.poll(0)
+                self._pace_lifecycle(self.lifecycle.records - before)
             if self.cuda is not None:
                 self.cuda.poll(0)
 
-    def ring_fds(self) -> list[int] | None:
-        """The fds to sleep on until some probe has records (probes/ringwait.py), or None
-        when one of them cannot be waited on that way (the loop then polls every 100 ms).
-        The CUDA uprobes attach in the background and queue what they find, so with them
-        on the loop keeps looking every 100 ms too."""
+    def _pace_lifecycle(self, read: int) -> None:
+        """Hold the lifecycle ring out of the wait after a read that found records; let it
+        back in once a read at the end of a hold finds none (see LIFECYCLE_HOLD_S)."""
+        now = time.monotonic()
+        if read:
+            full = read >= self.lifecycle.ring_records // 4
+            self.lifecycle_held_until = now + (LIFECYCLE_FULL_HOLD_S if full
+                                               else LIFECYCLE_HOLD_S)
+        elif now >= self.lifecycle_held_until:
+            self.lifecycle_held_until = 0.0
+
+    def ring_fds(self) -> dict[str, int] | None:
+        """The fds to sleep on until some probe has records (probes/ringwait.py), by probe,
+        or None when one of them cannot be waited on that way (the loop then polls every
+        100 ms). The CUDA uprobes attach in the background and queue what they find, so
+        with them on the loop keeps looking every 100 ms too."""
         if self.cuda is not None:
             return None
-        fds = [epoll_fd(probe.bpf) for probe in (self.fdtrack, self.lifecycle)
-               if probe is not None]
-        return None if None in fds else fds
+        fds = {name: epoll_fd(probe.bpf) for name, probe in
+               (("fdtrack", self.fdtrack), ("lifecycle", self.lifecycle)) if probe is not None}
+        return None if None in fds.values() else fds
+
+    def waited_on(self, fds: dict[str, int]) -> list[int]:
+        """Of ``ring_fds()``, those to wait on now: not the lifecycle ring while it is held."""
+        held = time.monotonic() < self.lifecycle_held_until
+        return [fd for name, fd in fds.items() if not (held and name == "lifecycle")]
 
     def close(self) -> None:
         """Detach everything; in parallel, because each tracepoint detach waits for an RCU
@@ -231,9 +260,11 @@ def _publish_until(stop: threading.Event, probes: Probes, publisher: Publisher,
             if fds is None:
                 probes.poll()
             else:
-                # Until a record, a subscriber, a signal or the next flush: an idle host
-                # costs one wake-up a flush.
-                publisher.wait([*fds, *wakeup.fds], max(0.0, next_flush - time.monotonic()))
+                # Until a record, a subscriber, a signal, the next flush or the end of the
+                # lifecycle ring's hold: an idle host costs one wake-up a flush.
+                until = min(next_flush, probes.lifecycle_held_until or next_flush)
+                publisher.wait([*probes.waited_on(fds), *wakeup.fds],
+                               max(0.0, until - time.monotonic()))
                 wakeup.drain()
                 probes.poll(0)
             if publisher.poll_subscriptions():
