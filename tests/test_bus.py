@@ -181,13 +181,13 @@ def test_a_batch_with_garbage_delivers_the_rest(tmp_path):
     raw.close(0), sub.close()
 
 
-def _raw_subscriber_and_probes_publisher(tmp_path):
-    """A bare SUB socket that sees the messages themselves, and a probes publisher that it
-    has subscribed to."""
+def _raw_subscriber_and_publisher(tmp_path, src="probes"):
+    """A bare SUB socket that sees the messages themselves, and a publisher that it has
+    subscribed to."""
     raw = zmq.Context.instance().socket(zmq.SUB)
     raw.setsockopt(zmq.SUBSCRIBE, b"")
     raw.bind(f"ipc://{tmp_path}/bus.sock")
-    pub = Publisher(f"ipc://{tmp_path}/bus.sock", src="probes")
+    pub = Publisher(f"ipc://{tmp_path}/bus.sock", src=src)
     for _ in range(100):
         raw.getsockopt(zmq.EVENTS)
         if pub.wait_for_subscriber(0.02):
@@ -202,7 +202,7 @@ def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
     from gpuwhy.events import DriverCallStats, SchedStats
     from gpuwhy.probes.service import Probes
 
-    raw, pub = _raw_subscriber_and_probes_publisher(tmp_path)
+    raw, pub = _raw_subscriber_and_publisher(tmp_path)
     probes = Probes(load_config(environ={}), pub)
     keys = [ProcessKey(100 + n, 5000 + n) for n in range(40)]
     calls = [DriverCallStats(ts=n, process=k, path="/dev/nvidiactl", device="nvidiactl",
@@ -259,7 +259,7 @@ def test_an_optional_probe_whose_flush_fails_is_reported_and_the_rest_runs_on(tm
     from gpuwhy.config import load_config
     from gpuwhy.probes.service import Probes
 
-    raw, pub = _raw_subscriber_and_probes_publisher(tmp_path)
+    raw, pub = _raw_subscriber_and_publisher(tmp_path)
     probes = Probes(load_config(environ={}), pub)
     flushed, closed = [], []
 
@@ -295,3 +295,35 @@ def test_an_optional_probe_whose_flush_fails_is_reported_and_the_rest_runs_on(tm
     failed = [h for h in health if h.source == "sched"]
     assert failed and failed[0].state == "failed" and "Bad file descriptor" in failed[0].detail
     raw.close(0), pub.close()
+
+
+def test_one_read_of_eight_gpus_is_one_bus_message(tmp_path):
+    """The GPU source sends a read as one batch: the correlator wakes once a read, not once
+    a GPU (#23), and every sample arrives."""
+    from gpuwhy.config import load_config
+    from gpuwhy.events import GpuSample
+    from gpuwhy.probes.gpu.runner import GpuRunner
+    from gpuwhy.probes.gpu.select import open_source
+    from gpuwhy.wire import decode_message
+
+    raw, pub = _raw_subscriber_and_publisher(tmp_path, src="gpu")
+    config = load_config(environ={"GPUWHY_GPU_SOURCE": "sim", "GPUWHY_SIM_GPUS": "8"})
+    source, steps = open_source(config)
+    runner = GpuRunner(source, steps, pub, 1.0)
+    try:
+        runner.step()
+        assert raw.poll(2000)
+        messages = [raw.recv_multipart()]
+        while raw.poll(200):
+            messages.append(raw.recv_multipart())
+        assert [topic for topic, _ in messages] == [b"gpu"]
+        envelopes, errors = decode_message(messages[0])
+        samples = [e.event for e in envelopes if isinstance(e.event, GpuSample)]
+        assert not errors
+        assert sorted(s.gpu_id for s in samples) == sorted(g.identity.uuid for g in source.gpus)
+        assert runner.counters["samples"] == runner.counters["published"] == 8
+        assert "dropped" not in runner.counters
+    finally:
+        source.close()
+        pub.close()
+        raw.close(0)

@@ -3,6 +3,8 @@ the share of a process's CPU time off its GPU's node, alike from memory and from
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
@@ -58,12 +60,18 @@ class OneGpu:
 
 
 class Sink:
+    dropped = 0
+
     def __init__(self):
         self.events = []
 
     def publish(self, event) -> bool:
         self.events.append(event)
         return True
+
+    @contextlib.contextmanager
+    def batched(self):
+        yield
 
 
 def test_a_real_gpus_node_is_read_from_sysfs_and_published(tmp_path):
