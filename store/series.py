@@ -82,7 +82,10 @@ def _rolled(db: Database, w: Window, until: int, since: int, fields: Fields,
     def mean(name: str, scale: float) -> str:
         if name in _ROLLUP_SINGLE:
             return f"max({name}) * {scale}"
-        return f"sum({name}_mean * samples) / sum(samples) * {scale}"
+        # real division (an integer column's means, utilisation's whole %, were floored:
+        # a cell up to 1.5 % low), over the minutes that had the field at all
+        return (f"sum({name}_mean * samples) * 1.0 / "
+                f"sum(case when {name}_mean is not null then samples end) * {scale}")
 
     columns = ", ".join(mean(name, scale) for name, scale in fields)
     one = "gpu_id = ? and " if gpu_id else ""

@@ -121,11 +121,13 @@ def test_long_ranges_read_the_rollups_and_agree_with_the_raw_means(tmp_path):
         for ts, row, sm, util in heat["rows"]:
             want_sm, want_util = _means(db, heat["gpus"][row]["id"], ts,
                                         min(ts + heat["bucket_ns"], max(done, ts + 1)))
-            # a whole rolled-up cell: each minute's mean is kept to the whole %, and minutes
-            # are weighted by their samples (a sample without the field counts too)
+            # a whole rolled-up cell: each minute's mean is kept to the whole %, so a cell is
+            # within half a % of the raw mean (utilisation's whole-% means were once divided
+            # as integers, floored: up to 0.94 % low here, depending on the minute the
+            # scenario started in; CI caught 1.1)
             if ts + heat["bucket_ns"] <= done:
-                assert util == pytest.approx(want_util, abs=1.0)
-                assert sm == pytest.approx(want_sm, abs=1.0)
+                assert util == pytest.approx(want_util, abs=0.5)
+                assert sm == pytest.approx(want_sm, abs=0.5)
     finally:
         db.close()
 
