@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 WINDOW_S = 8.0         # more than a 5 s health beat: one beat more or less does not decide
 # per-second bounds; the figures measured on an idle 2-core machine are in the comments
 BOUNDS = {
-    "probes": 6.0,          # all threads of the probes process: ~3.5 (22 with each record read)
+    "probes": 6.0,          # all threads of the probes process: ~3.5 (~97 with each record read)
     "web-deadlines": 1.0,   # ~0 with no request being read (was 4: a 0.25 s tick)
     "correlator": 9.0,      # ~4.5: the simulated GPUs' samples, the decide beat, health
     "gpuwhy": 2.0,          # the main thread: ~1 (thread and watchdog checks every 1 s)
