@@ -135,4 +135,3 @@ def test_cli_forced_missing_source_is_one_line(tmp_config):
     assert "Traceback" not in result.output
     bad = CliRunner().invoke(cli, ["gpu", "sample", "--source", "sim", "--interval", "0.01"])
     assert bad.exit_code != 0 and "below 0.1" in bad.output
-

@@ -108,7 +108,6 @@ def test_an_idle_service_and_its_probes_sleep_between_beats(tmp_config, tmp_path
             key = f"probes:{name}" if in_probes else name
             each[key] = each.get(key, 0.0) + woke
         shown = ", ".join(f"{k} {v:.1f}/s" for k, v in sorted(each.items()))
-        print(shown)
         assert "correlator" in rate and "web-deadlines" in rate, shown    # threads are named
         for group, bound in BOUNDS.items():
             assert rate.get(group, 0.0) <= bound, f"{group} woke too often: {shown}"
