@@ -16,6 +16,7 @@ thread must keep the subscriber polling (see :meth:`Subscriber.process_commands`
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 1 << 20
 BATCH_BYTES = MAX_MESSAGE_BYTES // 4    # a batch message stays far below the subscriber's limit
 BATCH_EVENTS = 256
+
+
+def _ms(seconds: float) -> int:
+    """A poll timeout in whole ms, rounded up: 0.4 ms truncated to 0 would spin to a deadline."""
+    return math.ceil(seconds * 1000)
 
 
 def _ipc_path(endpoint: str) -> str | None:
@@ -135,7 +141,8 @@ class Publisher:
     def poll_subscriptions(self, timeout: float = 0.0) -> bool:
         """True when a subscriber (re)subscribed since the last call: time to re-send state."""
         subscribed = False
-        while self._socket.poll(int(timeout * 1000), zmq.POLLIN):
+        while self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN or \
+                (timeout > 0 and self._socket.poll(_ms(timeout), zmq.POLLIN)):
             if self._socket.recv()[:1] == b"\x01":
                 subscribed = True
                 self.subscriptions += 1
@@ -152,7 +159,7 @@ class Publisher:
                 self._poller.register(fd, zmq.POLLIN)
             self._wait_fds = tuple(fds)
         assert self._poller is not None
-        return bool(self._poller.poll(int(timeout * 1000)))
+        return bool(self._poller.poll(_ms(timeout)))
 
     def wait_for_subscriber(self, timeout: float = 5.0) -> bool:
         """Block until a subscriber's subscription has reached us, at most ``timeout`` s."""
@@ -192,6 +199,8 @@ class Subscriber:
         self.last_seq: dict[str, int] = {}
         self.counters: Counter[str] = Counter()
         self._ready: deque[Envelope] = deque()   # decoded, not yet handed out
+        self._poller = zmq.Poller()              # kept: Socket.poll() makes one a call
+        self._poller.register(self._socket, zmq.POLLIN)
 
     def process_commands(self) -> None:
         """Let libzmq handle pending commands (new peers), so subscriptions propagate."""
@@ -218,12 +227,15 @@ class Subscriber:
         """Decode the next message into ``_ready``; False after ``timeout`` s of silence."""
         deadline = time.monotonic() + timeout
         while True:
-            try:            # a queued message first: a poll per message costs a syscall
+            # a queued message first (a poll per message costs a syscall); asked through
+            # EVENTS, not a recv that fails: an idle correlator raised zmq.Again twice a wake
+            if not self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not remaining or not self._poller.poll(_ms(remaining)):
+                    return False
+            try:
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                remaining = max(0.0, deadline - time.monotonic())
-                if not remaining or not self._socket.poll(int(remaining * 1000), zmq.POLLIN):
-                    return False
                 continue
             try:
                 envelopes, errors = decode_message(frames)

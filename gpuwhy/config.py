@@ -130,7 +130,8 @@ SETTINGS: tuple[Setting, ...] = (
             "journal directory or file to read instead of the system journal (e.g. the "
             "host's /var/log/journal mounted in a container)"),
     Setting("klog.kmsg_path", "/dev/kmsg", "GPUWHY_KLOG_KMSG",
-            "kernel ring buffer device read when journald is absent"),
+            "kernel ring buffer device read when journald is absent; with journald, the wake-up "
+            "for new kernel lines when gpuwhy-kmsg.socket passes none"),
     Setting("klog.file", "/var/log/kern.log", "GPUWHY_KLOG_FILE",
             "kernel log file tailed when neither journald nor /dev/kmsg can be read"),
     Setting("klog.start", "boot", "GPUWHY_KLOG_START",

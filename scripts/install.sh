@@ -56,7 +56,7 @@ unitdir=$R/etc/systemd/system
 catalogdir=$R/usr/lib/systemd/catalog
 sysusersdir=$R/usr/lib/sysusers.d
 manifest=$R$prefix/install-manifest   # directories this script created, to remove them again
-units=(gpuwhy.service gpuwhy-probes.service)
+units=(gpuwhy.service gpuwhy-probes.service gpuwhy-kmsg.socket)
 systemd_running() { [ -z "$R" ] && [ -d /run/systemd/system ]; }
 
 remember_dir() {   # mkdir -p, noting in the manifest each directory that did not exist

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpuwhy.caps import PROBE_CAPABILITIES
+from gpuwhy.probes.klog.source import KMSG_FD_NAME
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = ("gpuwhy.service", "gpuwhy-probes.service")
+SOCKET = "gpuwhy-kmsg.socket"
 GPUWHY = Path(sys.executable).parent / "gpuwhy"
 
 
@@ -27,7 +29,7 @@ def _settings(unit: str) -> dict[str, list[str]]:
 def unit_dir(tmp_path):
     """The repository's units with ExecStart pointing at this venv's gpuwhy, as
     scripts/install.sh rewrites them (verify checks that the command exists)."""
-    for unit in UNITS:
+    for unit in (*UNITS, SOCKET):
         text = (REPO / "systemd" / unit).read_text()
         (tmp_path / unit).write_text(text.replace("/opt/gpuwhy/venv/bin/gpuwhy", str(GPUWHY)))
     return tmp_path
@@ -39,7 +41,7 @@ def _verify(directory: Path, *units: str) -> subprocess.CompletedProcess:
 
 
 def test_units_verify_without_a_warning(unit_dir):
-    result = _verify(unit_dir, *UNITS)
+    result = _verify(unit_dir, *UNITS, SOCKET)
     # systemd-analyze exits 0 on unknown keys and bad values: stderr must be empty too
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
@@ -74,6 +76,19 @@ def test_the_service_is_unprivileged_notify_with_a_watchdog():
     # the probes' user reaches the bus socket through the group, nobody else does
     assert service["RuntimeDirectoryMode"] == ["0750"] and service["UMask"] == ["0007"]
     assert service["ExecStart"][0].endswith(" serve")
+
+
+def test_the_service_gets_dev_kmsg_from_systemd_under_the_name_the_source_takes():
+    socket = _settings(SOCKET)
+    assert socket["ListenSpecial"] == ["/dev/kmsg"]
+    assert socket["FileDescriptorName"] == [KMSG_FD_NAME]
+    assert socket.get("Writable", ["no"]) == ["no"]        # read-only: a wake-up, no more
+    # stopped with the service: a kernel line must not start a gpuwhy stopped on purpose
+    assert socket["PartOf"] == ["gpuwhy.service"] and socket["Service"] == ["gpuwhy.service"]
+    service = _settings("gpuwhy.service")
+    assert service["Sockets"] == [SOCKET] and SOCKET in service["Wants"][0].split()
+    assert SOCKET in service["After"][0].split()
+    assert service["ProtectKernelLogs"] == ["yes"]     # the service still cannot open it
 
 
 @pytest.mark.parametrize("unit", UNITS)

@@ -7,9 +7,12 @@ journald splits a kernel line's ``NVRM: `` / ``nvidia-nvswitch3: `` prefix into
 
 from __future__ import annotations
 
+import math
+import select
 import socket
 from collections.abc import Iterator
 
+from gpuwhy.probes.klog.kmsg import KernelLineBell
 from gpuwhy.probes.klog.lines import RawLine
 
 JOURNALD_SOCKET = "/run/systemd/journal/socket"
@@ -17,10 +20,15 @@ JOURNALD_SOCKET = "/run/systemd/journal/socket"
 MAX_TEXT = 8192
 KEEP_IDENTIFIER = ("NVRM", "nvidia-nvswitch")
 # journald tells its readers about new entries late: sd_journal_wait() woke 0.45-0.5 s after
-# a kmsg line that get_next() could read after 6 ms. The sources wait at most this long
-# between reads: an Xid reaches its alert in ~0.1 s, for ten wake-ups a second per source
-# (an idle source took 0.19 % of a core instead of 0.07 % at 0.5 s; 0.34 % at 50 ms).
+# a kmsg line that get_next() could read after 6 ms. Without a bell (below) the sources wait
+# at most this long between reads: an Xid reaches its alert in ~0.1 s, for ten wake-ups a
+# second per source (an idle source took 0.19 % of a core instead of 0.07 % at 0.5 s).
 IDLE_WAIT_S = 0.1
+# With a KernelLineBell the reader sleeps until the kernel logs a record, then looks at
+# the journal after each of these waits until journald has stored as many kernel lines as
+# the bell rang for (6 ms is usual); a record journald never stores (rate-limited, or a
+# journald that stopped reading /dev/kmsg) is given up after their sum, 0.32 s.
+CHASE_WAITS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 
 
 def _text(value: object) -> str:
@@ -69,16 +77,22 @@ class JournalKernelLog:
     """
 
     origin = "journald"
-    wakes_on_new_lines = False    # journald tells its readers late (IDLE_WAIT_S)
 
     def __init__(self, path: str | None = None,
                  matches: tuple[dict[str, str], ...] = ({"_TRANSPORT": "kernel"},
-                                                        {"SYSLOG_IDENTIFIER": "NVRM"})):
+                                                        {"SYSLOG_IDENTIFIER": "NVRM"}),
+                 bell: KernelLineBell | None = None):
         from pathlib import Path
 
         from systemd import journal
 
         self._journal_module = journal
+        # Woken by the kernel's log (the system journal's kernel lines), else looked at
+        # every IDLE_WAIT_S: journald's own wake-ups come too late for an Xid.
+        self.bell = bell
+        self._owed = 0              # kernel records the bell rang for, not yet read here
+        self._chase = 0             # which of CHASE_WAITS_S is next
+        self._poller: select.poll | None = None
         if path and Path(path).is_file():
             self._reader = journal.Reader(files=[path], converters=_CONVERTERS)
         else:
@@ -116,10 +130,33 @@ class JournalKernelLog:
             entry = self._reader.get_next()
             if not entry:
                 return
+            if self._owed and entry.get("_TRANSPORT") == "kernel":
+                self._owed -= 1
             yield line_of(entry)
 
+    @property
+    def wakes_on_new_lines(self) -> bool:
+        """With a bell, wait() returns when a kernel line comes: it may be given long."""
+        return self.bell is not None
+
     def wait(self, timeout: float) -> None:
-        self._reader.wait(timeout)
+        if self.bell is None:
+            self._reader.wait(timeout)
+            return
+        if self._owed and self._chase < len(CHASE_WAITS_S):
+            # the kernel logged lines journald has not handed over yet: look again soon
+            self._reader.wait(min(timeout, CHASE_WAITS_S[self._chase]))
+            self._chase += 1
+            return
+        self._owed = 0          # given up on (never stored), or none
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._reader.fileno(), self._reader.get_events())
+            self._poller.register(self.bell.fileno(), select.POLLIN)
+        ready = dict(self._poller.poll(max(0, math.ceil(timeout * 1000))))
+        if ready.get(self.bell.fileno()):
+            self._owed, self._chase = self.bell.ring(), 0
+        self._reader.process()      # the journal's own wake-up (files added, rotated)
 
     def holds_this_boot(self) -> bool:
         """Whether an entry of the current boot matches (moves the read position)."""
@@ -129,6 +166,8 @@ class JournalKernelLog:
 
     def close(self) -> None:
         self._reader.close()
+        if self.bell is not None:
+            self.bell.close()
 
 
 def journald_refuses(socket_path: str | None = None) -> str | None:

@@ -116,3 +116,45 @@ class KmsgKernelLog:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+class KernelLineBell:
+    """/dev/kmsg held only to be woken: readable when the kernel logs a record, read here
+    only to count the records and be quiet again (the lines themselves come from journald).
+
+    journald tells its readers about new entries 0.25-0.5 s late (its post-change timer);
+    the kernel's own ring buffer wakes its readers at once. ``fd``: one opened elsewhere (a
+    systemd socket unit's ``ListenSpecial=/dev/kmsg``, for a service that may not open it:
+    ``ProtectKernelLogs=``, ``kernel.dmesg_restrict``); else ``path`` is opened here.
+    """
+
+    def __init__(self, path: str = "/dev/kmsg", fd: int | None = None):
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK) if fd is None else fd
+        try:
+            if not stat.S_ISCHR(os.fstat(self._fd).st_mode):    # a file is always readable
+                raise OSError(errno.ENOTTY, "not the kernel's log device")
+            os.set_blocking(self._fd, False)
+            os.lseek(self._fd, 0, os.SEEK_END)      # records from now on ring it
+        except OSError:
+            os.close(self._fd)
+            raise
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def ring(self) -> int:
+        """How many records the kernel logged since the last call (reads them all)."""
+        records = 0
+        while True:
+            try:
+                if not os.read(self._fd, RECORD_MAX):
+                    return records
+            except BlockingIOError:
+                return records
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:      # overwritten before read: still new ones
+                    raise
+            records += 1
+
+    def close(self) -> None:
+        os.close(self._fd)

@@ -28,7 +28,7 @@ from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import KernelLogCheckpoint, KernelLogFacts, KernelLogRecord, SourceHealth
 from gpuwhy.probes.klog import journald
 from gpuwhy.probes.klog.journald import IDLE_WAIT_S
-from gpuwhy.probes.klog.kmsg import current_boot_id
+from gpuwhy.probes.klog.kmsg import KernelLineBell, current_boot_id
 from gpuwhy.probes.klog.lines import RawLine
 from gpuwhy.probes.klog.parse import UNPARSED, KernelLogParser, KernelRecord, unparsed_record
 from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "journald", "kmsg", "file")
 STARTS = ("boot", "all", "now")
 CHECKPOINT_EVERY_S = 1.0
+KMSG_FD_NAME = "kmsg"       # the FileDescriptorName= of systemd/gpuwhy-kmsg.socket
 CHECKPOINT_EVERY_LINES = 2000
 HEALTH_EVERY_S = 5.0
 MAX_LINE_STORED = 2048
@@ -99,9 +100,14 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
         unproven = journald_unproven(config)
         # A journal named (by backend or path) is read even unproven; it fails until it delivers.
         if unproven is None or backend == "journald" or config["klog.journal_path"]:
-            where = config["klog.journal_path"] or "the system journal"
-            return JournalKernelLog(config["klog.journal_path"] or None), \
-                f"journald: kernel lines and NVRM identifier from {where}", unproven
+            if config["klog.journal_path"]:
+                return JournalKernelLog(config["klog.journal_path"]), \
+                    f"journald: kernel lines and NVRM identifier from " \
+                    f"{config['klog.journal_path']}", unproven
+            bell, rung_by = kernel_line_bell(config["klog.kmsg_path"])
+            return JournalKernelLog(None, bell=bell), \
+                f"journald: kernel lines and NVRM identifier from the system journal; " \
+                f"{rung_by}", unproven
         reasons.append(unproven)
     if backend in ("auto", "kmsg"):
         try:
@@ -120,6 +126,22 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
     return FileKernelLog(path, _boot_id_or_empty()), \
         f"tailing {path} ({'; '.join(reasons) or 'klog.backend = file'}); times are read times", \
         None
+
+
+def kernel_line_bell(path: str) -> tuple[KernelLineBell | None, str]:
+    """The bell that wakes the journald reader when the kernel logs a line, and a sentence
+    saying what wakes the reader: the /dev/kmsg systemd passed (gpuwhy-kmsg.socket), else
+    ``path`` opened here, else nothing (the journal is looked at every IDLE_WAIT_S)."""
+    from gpuwhy.passed_fds import take_passed_fd
+
+    fd = take_passed_fd(KMSG_FD_NAME)
+    try:
+        if fd is not None:
+            return KernelLineBell(fd=fd), "woken by /dev/kmsg, passed by systemd"
+        return KernelLineBell(path), f"woken by {path}"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        return None, f"looked at every {IDLE_WAIT_S:g} s ({path}: {why})"
 
 
 def _boot_id_or_empty() -> str:

@@ -111,6 +111,8 @@ def test_install_run_status_reinstall_uninstall(work):
     units = root / "etc/systemd/system"
     assert gpuwhy.exists() and (root / "var/lib/gpuwhy").is_dir()
     assert (units / "gpuwhy.service").exists() and (units / "gpuwhy-probes.service").exists()
+    assert (units / "gpuwhy-kmsg.socket").read_bytes() == \
+        (REPO / "systemd/gpuwhy-kmsg.socket").read_bytes()
     assert (root / "usr/lib/systemd/catalog/gpuwhy.catalog").read_bytes() == \
         (REPO / "systemd/gpuwhy.catalog").read_bytes()
     assert f"wrote {config}" in out
@@ -125,7 +127,8 @@ def test_install_run_status_reinstall_uninstall(work):
     subprocess.run([str(gpuwhy.parent / "python"), "-c", "import bcc"], check=True)
     # the installed units still verify (paths rewritten to the temporary root)
     verify = subprocess.run(["systemd-analyze", "verify", "gpuwhy.service",
-                             "gpuwhy-probes.service"], cwd=units, capture_output=True, text=True)
+                             "gpuwhy-probes.service", "gpuwhy-kmsg.socket"], cwd=units,
+                            capture_output=True, text=True)
     assert verify.returncode == 0 and verify.stderr == "", verify.stderr
 
     # --- run the two installed commands as systemd would, and ask `gpuwhy status` ------

@@ -15,7 +15,13 @@ import pytest
 
 from gpuwhy.config import load_config
 from gpuwhy.errors import ConfigError
-from gpuwhy.webui.server import QUEUE_TIMEOUT, SERVER_NAME, WebServer, make_web_server
+from gpuwhy.webui.server import (
+    EXPIRATION_INTERVAL,
+    QUEUE_TIMEOUT,
+    SERVER_NAME,
+    WebServer,
+    make_web_server,
+)
 
 
 class Gate:
@@ -223,6 +229,17 @@ def test_stop_joins_the_thread_at_once_even_with_a_slow_client_connected(serve):
         assert live.stop() < 2.5
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", live.port), timeout=1).close()
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(serve):
+    # cheroot closes idle connections at its select's timeout (EXPIRATION_INTERVAL, long so
+    # that an idle server sleeps): one left open after its answer is closed, not kept
+    live = serve(Gate(), max_connections=2, timeout=1)
+    with socket.create_connection(("127.0.0.1", live.port), timeout=5) as client:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert client.recv(4096).startswith(b"HTTP/1.1 200")
+        client.settimeout(1 + EXPIRATION_INTERVAL + 5)
+        assert client.recv(4096) == b""                  # closed by the server
 
 
 def test_stop_before_serving_and_twice_is_harmless():

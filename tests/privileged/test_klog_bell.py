@@ -1,0 +1,72 @@
+"""The journald reader's bell: /dev/kmsg wakes it when the kernel logs a line, so that it
+sleeps while the kernel is quiet (it looked at the journal ten times a second) and reads
+an Xid within a few of its chase waits (journald tells its own readers 0.25-0.5 s late).
+
+Against a real systemd-journald fed through /dev/kmsg; every line written says it is a test.
+"""
+
+import os
+import time
+
+import pytest
+
+from gpuwhy.probes.klog.journald import CHASE_WAITS_S, IDLE_WAIT_S
+from gpuwhy.probes.klog.source import open_reader
+
+from .kernel_lines import MARK, wait_for, write_kmsg
+
+pytestmark = [pytest.mark.root, pytest.mark.kmsg]
+
+
+class Counting:
+    """The reader, with its wait() calls counted."""
+
+    def __init__(self, reader):
+        self.reader, self.waits = reader, 0
+
+    def wait(self, timeout):
+        self.waits += 1
+        self.reader.wait(timeout)
+
+    def read(self, run):
+        return [line.text for line in self.reader.lines() if f"run={run}" in line.text]
+
+
+def test_the_bell_lets_the_reader_sleep_and_wakes_it_for_a_kernel_line(system_journald,
+                                                                        tmp_config):
+    config = tmp_config.replace({"klog.backend": "journald", "klog.start": "now"})
+    reader, detail, _ = open_reader(config)
+    try:
+        assert reader.wakes_on_new_lines and "woken by /dev/kmsg" in detail
+        reader.seek(None, "now")
+        counting = Counting(reader)
+        run = os.urandom(4).hex()
+        list(reader.lines())
+        quiet_s = 3.0
+        started = time.monotonic()
+        while time.monotonic() - started < quiet_s:   # as the source waits: long timeouts
+            counting.wait(quiet_s)
+            list(reader.lines())
+        # without the bell: a look every IDLE_WAIT_S (30 in 3 s); with it, the kernel's own
+        # lines and journald's file changes only (a host logging now and then)
+        assert counting.waits < quiet_s / IDLE_WAIT_S / 3
+        counting.waits = 0
+        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
+        read = wait_for(lambda: counting.wait(10) or counting.read(run), 15, "the line")
+        assert len(read) == 1
+        # woken by the kernel, then looked at after each chase wait until journald had it
+        assert counting.waits <= 1 + len(CHASE_WAITS_S)
+    finally:
+        reader.close()
+
+
+def test_without_a_readable_dev_kmsg_the_reader_looks_every_idle_wait(system_journald,
+                                                                      tmp_config, tmp_path):
+    config = tmp_config.replace({"klog.backend": "journald",
+                                 "klog.kmsg_path": str(tmp_path / "no-kmsg")})
+    reader, detail, _ = open_reader(config)
+    try:
+        assert not reader.wakes_on_new_lines
+        assert f"looked at every {IDLE_WAIT_S:g} s" in detail and "no-kmsg" in detail
+    finally:
+        reader.close()
