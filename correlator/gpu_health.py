@@ -68,7 +68,22 @@ class GpuHealth:
         # uncorrectable remapped-rows count (an increase is a row waiting for a reset).
         self._sbe: dict[str, deque[tuple[int, float]]] = {}
         self._remapped: dict[str, float] = {}
+        # Each GPU's health as read or moved in the running decide: a sample with nothing
+        # wrong asks only this (a SELECT per sample was a tenth of the decide stage).
+        # ``forget()`` at each decide, and after anything else that may rewrite GPU rows.
+        self._states: dict[str, str | None] = {}
         self._handlers = methods_by_kind(self, "_on_")
+
+    def forget(self) -> None:
+        """Read GPUs' health from the store again (a new decide; GPU rows merged)."""
+        self._states.clear()
+
+    def _state(self, db: Database, gpu_id: str) -> str | None:
+        try:
+            return self._states[gpu_id]
+        except KeyError:
+            state = self._states[gpu_id] = queries.gpu_health_state(db, gpu_id)
+            return state
 
     def observe(self, db: Database, event: Event) -> None:
         """Apply one event (already written by the store's writer) to its GPU's health."""
@@ -115,6 +130,7 @@ class GpuHealth:
         db.execute("update gpus set health = ?, health_since = ?, health_evidence = ?, "
                    "health_clears = ?, health_boot_id = ? where id = ?",
                    [state, ts, body, clears, boot_id, gpu_id])
+        self._states[gpu_id] = state
         db["gpu_health_history"].insert({
             "gpu_id": gpu_id, "ts": ts, "state": state, "previous": previous, "cause": cause,
             "evidence": body, "clears": clears, "boot_id": boot_id})
@@ -266,7 +282,7 @@ class GpuHealth:
         said = gh.sample_causes(fields)
         fabric = [c for c in (gh.FABRIC_FAILED, gh.FABRIC_UNWELL) if said.get(c)]
         if not (bad or throttled or storm or pending or fabric) and \
-                queries.gpu_health_state(db, gpu_id) in (None, gh.OK):
+                self._state(db, gpu_id) in (None, gh.OK):
             return              # the common case, once a second per GPU: kept cheap
         current = queries.gpu_health(db, gpu_id)
         now = (current["health"] if current else None) or gh.OK

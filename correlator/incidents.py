@@ -130,6 +130,7 @@ class IncidentBuilder:
         self.changes = []                   # a failed decide's were rolled back with it
         self._realert = []
         self.timelines.discard_pending()    # held by a decide that failed: rolled back with it
+        self.health.forget()
         for envelope in envelopes:
             event = envelope.event
             self.timelines.apply(db, event)
@@ -137,6 +138,7 @@ class IncidentBuilder:
             detector = self._detectors.get(event.kind)
             if detector is None:
                 continue
+            self.health.forget()            # a detector may merge GPU rows (bindings.learn)
             for wanted in detector(db, event) or ():
                 incident_id, created = self._open(db, wanted)
                 if created and wanted.cause_id is None:

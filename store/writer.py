@@ -119,6 +119,11 @@ class StoreWriter:
         # MIG instances sampled this batch: (gpu_id, instance) -> (profile, first ts, latest
         # ts), one gpu_instances statement at the end of the batch, as for _gpus_seen
         self._instances_seen: dict[tuple[str, str], tuple[str, int, int]] = {}
+        # GPU of each device minor, and the open bindings, read or written this batch: a
+        # SELECT for each device open and driver-call figure cost a fifth of their handling.
+        # Per batch, as _gpu_keys: the decide stage may merge GPU rows between batches.
+        self._minor_gpus: dict[int, str] = {}
+        self._bound: set[tuple[int, int, str]] = set()
         self._held = HeldRows()
         self._handlers = methods_by_kind(self, "_on_")
         # driver_call_stats figures already in the store, per process then (path, cmd, sub):
@@ -188,6 +193,8 @@ class StoreWriter:
         self._gpus_seen.clear()
         self._gpu_keys.clear()
         self._instances_seen.clear()
+        self._minor_gpus.clear()
+        self._bound.clear()
 
     def _record_gpus_seen(self) -> None:
         self.db.conn.executemany("update gpus set last_seen = max(last_seen, ?) where id = ?",
@@ -262,6 +269,7 @@ class StoreWriter:
                         [event.ts, event.ts, event.exit_code, event.signal, *key])
         self.db.execute("update gpu_bindings set until = ? where pid = ? and start_time = ? "
                         "and until is null", [event.ts, *key])
+        self._bound = {b for b in self._bound if b[:2] != tuple(key)}
         self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
                         "and closed_at is null", [event.ts, *key])
         self._insert_process_event(_event_row(envelope), ONCE_PER_PROCESS)
@@ -292,20 +300,28 @@ class StoreWriter:
         self._insert_process_event(_event_row(envelope, gpu_id=gpu_id), fd_dedup_key(event))
 
     def _bind(self, process: ProcessKey, gpu_id: str, ts: int, evidence: str) -> None:
-        key = [process.pid, process.start_time, gpu_id]
+        key = (process.pid, process.start_time, gpu_id)
+        if key in self._bound:
+            return
         if not self.db.execute("select 1 from gpu_bindings where pid = ? and start_time = ? "
                                "and gpu_id = ? and until is null", key).fetchone():
             self._insert("gpu_bindings", {"pid": process.pid, "start_time": process.start_time,
                                           "gpu_id": gpu_id, "since": ts, "until": None,
                                           "evidence": evidence})
+        self._bound.add(key)
 
     def _gpu_for_minor(self, minor: int, ts: int) -> str:
+        gpu_id = self._minor_gpus.get(minor)
+        if gpu_id is not None:
+            return gpu_id
         row = self.db.execute("select id from gpus where minor = ?", [minor]).fetchone()
         if row:
-            return row[0]
-        gpu_id = GpuIdentity(minor=minor).id
-        self.db["gpus"].insert({"id": gpu_id, "minor": minor, "first_seen": ts,
-                                "last_seen": ts}, ignore=True)
+            gpu_id = row[0]
+        else:
+            gpu_id = GpuIdentity(minor=minor).id
+            self.db["gpus"].insert({"id": gpu_id, "minor": minor, "first_seen": ts,
+                                    "last_seen": ts}, ignore=True)
+        self._minor_gpus[minor] = gpu_id
         return gpu_id
 
     def _on_device_closed(self, envelope: Envelope, event: DeviceClosed) -> None:
@@ -420,6 +436,7 @@ class StoreWriter:
 
     def _on_gpu_seen(self, envelope: Envelope, event: GpuSeen) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
+        self._minor_gpus.clear()            # it may give this GPU's row its minor
         self.db.execute(
             "update gpus set uuid = ?, pci_bus_id = ?, gpu_index = ?, minor = coalesce(?, minor),"
             " model = ?, driver_version = ?, simulated = ?, source = ?,"
