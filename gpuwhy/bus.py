@@ -171,8 +171,10 @@ class Publisher:
             self.poll_subscriptions(remaining)
         return True
 
-    def close(self) -> None:
-        self._socket.close()
+    def close(self, linger: float | None = None) -> None:
+        """Close; messages still queued are sent for ``linger`` s (default: the socket's
+        1 s) and then dropped, unseen by the subscriber's gap count when they are the last."""
+        self._socket.close(None if linger is None else int(linger * 1000))
 
 
 class Subscriber:
