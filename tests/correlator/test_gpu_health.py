@@ -137,6 +137,19 @@ def test_throttling_degrades_and_clears_with_a_clean_sample(harness):
     assert health(h) == "ok" and history(h)[-1]["cause"] == "throttling ended"
 
 
+def test_throttling_and_its_end_in_one_batch(harness):
+    # the decide stage keeps each GPU's health as it moves it within the batch: the clean
+    # sample after the hot one, in the same batch, sees the GPU degraded and clears it
+    h = harness
+    two_gpus(h)
+    hot = GpuSample(ts=h.at(1.0), gpu_id=UUID0, source="sim", simulated=True,
+                    fields={"gpu_util": 99.0, "clocks_event_reasons": 0x40})
+    h.feed(h.sample(0.9, 99.0), hot, h.sample(1.5, 90.0, uuid=UUID1), h.sample(2.0, 99.0))
+    assert [r["state"] for r in history(h)][-2:] == ["degraded", "ok"]
+    assert health(h) == "ok" and history(h)[-1]["cause"] == "throttling ended"
+    assert health(h, UUID1) == "ok"
+
+
 def test_a_row_remap_event_is_degraded_until_a_reset(harness):
     h = harness
     two_gpus(h)
