@@ -267,7 +267,9 @@ def bench_cron(quick: bool) -> tuple[Figures, dict]:
         watcher = ChainWatcher(work / "demo.db")
         watcher.start()
         with contextlib.redirect_stdout(io.StringIO()):
-            incident = play(load_config(environ={}), "cron-reset", keep=False, timeout=30,
+            # the job fires at the next minute boundary, up to 60 s away: a 30 s timeout
+            # failed every run started after the boundary's 30th second
+            incident = play(load_config(environ={}), "cron-reset", keep=False, timeout=90,
                             work=work)
         watcher.stop()
         if incident is None or watcher.result is None:
