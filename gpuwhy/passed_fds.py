@@ -3,7 +3,7 @@
 systemd-python's ``listen_fds_with_names`` reads ``$LISTEN_PID``/``$LISTEN_FDS``/
 ``$LISTEN_FDNAMES`` and unsets them, so they are read once, here, and each fd is handed out
 once: to the first caller asking for its ``FileDescriptorName=``. The environment is unset
-so that no child (a cron job's ``nvidia-smi``, cheroot's own start-up) takes them for its own.
+so that nothing else (a child process, cheroot's own start-up) takes them for its own.
 """
 
 from __future__ import annotations

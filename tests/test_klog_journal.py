@@ -2,6 +2,7 @@
 format (real journal files, real systemd-python reader, real bus, real store)."""
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -190,3 +191,66 @@ def test_this_boots_lines_are_timed_by_their_printk_clock(tmp_path):
     other = type(line)(line.text, line.cursor, uuid.uuid4().hex, line.monotonic_ns,
                        line.realtime_ns)
     assert pump.realtime(other) == T0_US * 1000           # another boot: journald's time
+
+
+class PipeBell:
+    """A stand-in for /dev/kmsg's KernelLineBell (that needs root): a pipe, readable when
+    written to; ``ring`` counts the bytes waiting, or fails as told."""
+
+    def __init__(self, fails: bool = False):
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.read_end, False)
+        self.fails, self.closed = fails, False
+
+    def fileno(self):
+        return self.read_end
+
+    def ring(self):
+        if self.fails:
+            raise OSError(5, "Input/output error")
+        try:
+            return len(os.read(self.read_end, 4096))
+        except BlockingIOError:
+            return 0
+
+    def close(self):
+        self.closed = True
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+def test_a_rung_bell_chases_the_journal_until_it_has_the_kernel_lines(tmp_path):
+    from gpuwhy.probes.klog.journald import CHASE_WAITS_S
+
+    journal = build_journal(tmp_path / "j", "a", [export_entry(XID79, identifier="NVRM")])
+    bell = PipeBell()
+    reader = JournalKernelLog(str(journal), bell=bell)
+    reader.seek(None, "all")
+    assert reader.wakes_on_new_lines
+    os.write(bell.write_end, b"xx")            # the kernel logged two records
+    reader.wait(5)
+    assert reader._owed == 2
+    assert len(list(reader.lines())) == 1      # journald has handed one over so far
+    for _ in CHASE_WAITS_S:                    # looked at again soon, a bounded number of times
+        started = time.monotonic()
+        reader.wait(5)
+        assert time.monotonic() - started < 1
+    started = time.monotonic()
+    reader.wait(0.3)                           # given up on: back to waiting for the bell
+    assert reader._owed == 0 and time.monotonic() - started >= 0.25
+    reader.close()
+    assert bell.closed
+
+
+def test_a_failing_bell_is_dropped_and_the_journal_looked_at_as_without_one(tmp_path,
+                                                                             caplog):
+    journal = build_journal(tmp_path / "j", "a", [export_entry(XID79, identifier="NVRM")])
+    bell = PipeBell(fails=True)
+    reader = JournalKernelLog(str(journal), bell=bell)
+    os.write(bell.write_end, b"x")
+    reader.wait(5)
+    assert not reader.wakes_on_new_lines and bell.closed
+    assert "kernel-line bell failed" in caplog.text
+    reader.seek(None, "all")
+    assert len(list(reader.lines())) == 1
+    reader.close()

@@ -7,6 +7,7 @@ journald splits a kernel line's ``NVRM: `` / ``nvidia-nvswitch3: `` prefix into
 
 from __future__ import annotations
 
+import logging
 import math
 import select
 import socket
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 
 from gpuwhy.probes.klog.kmsg import KernelLineBell
 from gpuwhy.probes.klog.lines import RawLine
+
+log = logging.getLogger(__name__)
 
 JOURNALD_SOCKET = "/run/systemd/journal/socket"
 
@@ -155,7 +158,13 @@ class JournalKernelLog:
             self._poller.register(self.bell.fileno(), select.POLLIN)
         ready = dict(self._poller.poll(max(0, math.ceil(timeout * 1000))))
         if ready.get(self.bell.fileno()):
-            self._owed, self._chase = self.bell.ring(), 0
+            try:
+                self._owed, self._chase = self.bell.ring(), 0
+            except OSError as exc:      # the source goes on, looking every IDLE_WAIT_S
+                log.warning("the kernel-line bell failed (%s): the journal is looked at "
+                            "every %g s", exc, IDLE_WAIT_S)
+                self.bell.close()
+                self.bell, self._poller = None, None
         self._reader.process()      # the journal's own wake-up (files added, rotated)
 
     def holds_this_boot(self) -> bool:
