@@ -307,3 +307,40 @@ def test_a_failure_repeated_is_stored_once_a_window_and_every_call_counted(
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+PAGE_END_CHILD = r"""
+import ctypes, mmap, os, struct, sys
+from gpuwhy.demo.replay import send_ioctl
+from gpuwhy.nvioctl import iowr
+libc = ctypes.CDLL(None, use_errno=True)
+page = mmap.PAGESIZE
+area = mmap.mmap(-1, 2 * page)
+base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+assert libc.mprotect(ctypes.c_void_p(base + page), page, 0) == 0   # PROT_NONE
+fd = os.open(sys.argv[1], os.O_RDWR)
+struct.pack_into("<i", area, page - 4, 7)           # NV_ESC_REGISTER_FD's one field, last
+params = (ctypes.c_char * 4).from_buffer(area, page - 4)
+send_ioctl(fd, iowr(0xC9, 4), params)
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_struct_at_the_end_of_a_mapping_is_decoded_field_by_field(
+        pipeline_for, probe_config, replay):
+    """The probe reads the start of a call's parameters in one go (a fixed prefix). A short
+    struct that ends where the mapping ends makes that read fail: its fields are then read
+    one by one, not lost."""
+    pipe = pipeline_for(probe_config)
+    device = replay.directory / "nvidia0"
+    device.touch()
+    proc = subprocess.Popen([sys.executable, "-c", PAGE_END_CHILD, str(device)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        key = process_key(int(proc.stdout.readline()))
+        rows = pipe.wait_for("select op, size, arg0 from driver_calls where pid = ? and "
+                             "start_time = ?", [key.pid, key.start_time], lambda r: r)
+        assert rows == [("NV_ESC_REGISTER_FD", 4, 7)]
+    finally:
+        proc.communicate("\n", timeout=10)
