@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 100_000   # events held while the store cannot be written
 GC_GEN0_THRESHOLD = 50_000
-HEALTH_EVERY = 2.0
+HEALTH_EVERY = 5.0     # see gpuwhy.stalls.HEALTH_PERIOD_S
 DRAIN_SECONDS = 1.0
 DECIDE_EVERY = 1.0      # the decide stage runs this often even without events (stalls, settling)
 URGENT_FLUSH_GAP = 0.05

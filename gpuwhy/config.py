@@ -146,7 +146,8 @@ SETTINGS: tuple[Setting, ...] = (
             "GPUWHY_CRON_UNIT_DIRS", "colon-separated systemd unit directories searched for "
             "timers, first one wins"),
     Setting("cron.rescan_interval", 60.0, "GPUWHY_CRON_RESCAN",
-            "seconds between re-reads of the cron and timer schedule"),
+            "seconds between looks at the cron and timer files; the schedule is read again "
+            "when they changed or one of its runs came due, and at least hourly"),
     Setting("cron.journal_path", "", "GPUWHY_CRON_JOURNAL",
             "journal directory or file to read CRON lines from instead of the system journal"),
     # --- correlator settings ---

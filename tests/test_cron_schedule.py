@@ -1,6 +1,7 @@
 """Cron schedules (crontab, cron.d, user crontabs, timers), cron log lines, GPU-acting
 commands, and tying a logged job pid to its process."""
 
+import os
 import subprocess
 import sys
 import time
@@ -9,8 +10,11 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuwhy.clock import ClockConverter
+from gpuwhy.config import load_config
 from gpuwhy.gpu_actions import gpu_action
+from gpuwhy.probes.cron import reread
 from gpuwhy.probes.cron.logline import parse_cron_line
+from gpuwhy.probes.cron.reread import ScheduleReader
 from gpuwhy.probes.cron.schedule import parse_crontab, read_cron_jobs
 from gpuwhy.probes.cron.source import execution_event, job_start_time
 from gpuwhy.probes.cron.timers import parse_unit, read_timers
@@ -147,3 +151,69 @@ def test_execution_is_tied_to_the_live_job_process_and_not_to_a_later_one():
         job.kill()
         job.wait()
     assert job_start_time(job.pid, time.time_ns(), ClockConverter()) is None
+
+
+def _schedule_dirs(tmp_path):
+    etc, spool, units, stamps = (tmp_path / n for n in ("etc", "spool", "units", "stamps"))
+    for directory in (etc / "cron.d", spool, units, stamps):
+        directory.mkdir(parents=True)
+    config = load_config(environ={"GPUWHY_CRON_ETC": str(etc), "GPUWHY_CRON_SPOOL": str(spool),
+                                  "GPUWHY_CRON_UNIT_DIRS": str(units)})
+    return config, etc, spool, units, stamps
+
+
+def test_the_schedule_is_read_again_only_when_its_files_change(tmp_path):
+    config, etc, spool, units, stamps = _schedule_dirs(tmp_path)
+    (etc / "crontab").write_text("0 4 * * * root echo daily\n")
+    (units / "gpu-reset.timer").write_text("[Timer]\nOnCalendar=*-*-* 04:00:00\n")
+    (units / "gpu-reset.service").write_text("[Service]\nExecStart=/bin/true\n")
+    reader = ScheduleReader(config, str(stamps))
+    first = reader.read_if_changed()
+    assert [j.ident for j in first] == [f"{etc}/crontab:1", "gpu-reset.timer"]
+    assert reader.read_if_changed() is None and reader.read_if_changed() is None
+
+    def changed(edit):
+        edit()
+        jobs = reader.read_if_changed()
+        assert jobs is not None, edit
+        assert reader.read_if_changed() is None
+        return jobs
+
+    # a file added to cron.d, a user's crontab, an edited crontab (same size, new time)
+    jobs = changed(lambda: (etc / "cron.d" / "maint").write_text("30 2 * * * root rmmod x\n"))
+    assert len(jobs) == 3
+    jobs = changed(lambda: (spool / "carol").write_text("*/5 * * * * nvidia-smi -pl 250\n"))
+    assert [j.user for j in jobs if j.origin == "user"] == ["carol"]
+    changed(lambda: os.utime(etc / "crontab", ns=(1, 1)))
+    # the service a timer starts, rewritten in place; a timer run (its stamp); a new timer
+    jobs = changed(lambda: (units / "gpu-reset.service").write_text(
+        "[Service]\nExecStart=/usr/bin/nvidia-smi -r\n"))
+    assert [j.gpu_action for j in jobs if j.origin == "timer"] == ["nvidia-smi -r: GPU reset"]
+    changed(lambda: (stamps / "stamp-gpu-reset.timer").write_text(""))
+    jobs = changed(lambda: (units / "tick.timer").write_text("[Timer]\nOnBootSec=5min\n"))
+    assert {j.ident for j in jobs if j.origin == "timer"} == {"gpu-reset.timer", "tick.timer"}
+    # a file that goes away
+    jobs = changed(lambda: (spool / "carol").unlink())
+    assert not [j for j in jobs if j.origin == "user"]
+    # an unrelated unit file is not looked at
+    (units / "unrelated.service").write_text("[Service]\nExecStart=/bin/true\n")
+    assert reader.read_if_changed() is not None      # the directory's listing changed
+    (units / "unrelated.service").write_text("[Service]\nExecStart=/bin/false\n")
+    assert reader.read_if_changed() is None
+    assert reader.reads == 9
+
+
+def test_the_schedule_is_read_again_when_a_run_comes_due(tmp_path, monkeypatch):
+    """Next and last runs move once the earliest next run has passed, files or not."""
+    config, etc, *_ , stamps = _schedule_dirs(tmp_path)
+    (etc / "crontab").write_text("17 * * * * root echo hourly\n")
+    reader = ScheduleReader(config, str(stamps))
+    (job,) = reader.read_if_changed()
+    assert reader.read_if_changed() is None
+    monkeypatch.setattr(reread, "now_ns", lambda: job.next_run + 1)
+    assert reader.read_if_changed() is not None
+    monkeypatch.setattr(reread, "now_ns", lambda: job.next_run - 1)
+    assert reader.read_if_changed() is None
+    # and once an hour whatever happened: an edit in the same second, of the same size
+    monkeypatch.setattr(reread.time, "monotonic", lambda: reader.read_at + 3601)
+    assert reader.read_if_changed() is not None

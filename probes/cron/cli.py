@@ -24,7 +24,7 @@ def cron(ctx: object, as_json: bool, gpu_only: bool) -> None:
       gpuwhy cron
       gpuwhy cron --gpu --json | jq -r '.command'
     """
-    from gpuwhy.probes.cron.source import read_schedule
+    from gpuwhy.probes.cron.reread import read_schedule
 
     jobs = read_schedule(ctx.config())    # type: ignore[attr-defined]
     if gpu_only:

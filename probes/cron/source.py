@@ -1,7 +1,9 @@
 """The cron source: the schedule (crontabs, cron.d, user crontabs, systemd timers) and the
 executions cron logs to the journal, each tied to the job's process.
 
-The schedule is re-read every ``cron.rescan_interval`` seconds and published whole.
+The schedule is published whole at start and again whenever it changed: its files are
+looked at every ``cron.rescan_interval`` seconds and read again only when they changed or a
+job's run came due (:mod:`gpuwhy.probes.cron.reread`).
 Executions come from journald (``SYSLOG_IDENTIFIER=CRON``), resumed from the cursor the
 store committed with the last one, like the kernel-log source. For a started job the
 ``[pid]`` of ``cron -L 15`` is looked up in /proc: when that process still runs and
@@ -23,8 +25,8 @@ from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import CronExecution, CronSchedule, SourceHealth
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.probes.cron.logline import parse_cron_line
-from gpuwhy.probes.cron.schedule import ScheduledJob, read_cron_jobs
-from gpuwhy.probes.cron.timers import read_timers
+from gpuwhy.probes.cron.reread import ScheduleReader
+from gpuwhy.probes.cron.schedule import ScheduledJob
 from gpuwhy.probes.klog.lines import RawLine
 from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
 from gpuwhy.proc import read_stat
@@ -35,12 +37,6 @@ MAX_JOBS = 2000
 HEALTH_EVERY_S = 5.0
 STOP_SEEN_WITHIN_S = 1.0    # the journal wait's longest: a stop must be seen within 2 s
 START_SLACK_NS = 2_000_000_000
-
-
-def read_schedule(config: Config) -> list[ScheduledJob]:
-    """Every cron job and systemd timer the config points at."""
-    unit_dirs = tuple(d for d in config["cron.unit_dirs"].split(":") if d)
-    return read_cron_jobs(config["cron.etc"], config["cron.spool"]) + read_timers(unit_dirs)
 
 
 def schedule_event(jobs: list[ScheduledJob]) -> CronSchedule:
@@ -113,16 +109,20 @@ def _open_journal(config: Config) -> tuple[object | None, str]:
 def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:
     clock = ClockConverter()
     reader, detail = _open_journal(config)
-    counters = {"jobs": 0, "gpu_acting_jobs": 0, "executions": 0, "without_job_pid": 0}
+    counters = {"jobs": 0, "gpu_acting_jobs": 0, "executions": 0, "without_job_pid": 0,
+                "schedule_reads": 0}
+    schedule = ScheduleReader(config)
     next_scan = next_health = 0.0
     try:
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_scan:
-                jobs = read_schedule(config)
-                counters["jobs"] = len(jobs)
-                counters["gpu_acting_jobs"] = sum(1 for j in jobs if j.gpu_action)
-                publish_reliably(publisher, schedule_event(jobs), stop)
+                jobs = schedule.read_if_changed()
+                if jobs is not None:
+                    counters["jobs"] = len(jobs)
+                    counters["gpu_acting_jobs"] = sum(1 for j in jobs if j.gpu_action)
+                    counters["schedule_reads"] = schedule.reads
+                    publish_reliably(publisher, schedule_event(jobs), stop)
                 next_scan = now + config["cron.rescan_interval"]
             if reader is not None:
                 _pump(reader, publisher, stop, clock, counters)
