@@ -149,6 +149,15 @@ def test_fdtrack_health_says_when_the_kernel_times_every_probe_run(
     assert "bpf_stats" not in probe.health().detail
 
 
+def test_cpu_seconds_counts_children_that_have_exited() -> None:
+    """A helper the sidecar starts and waits for (systemd-analyze) is its cost too."""
+    before = bench_sidecar.cpu_seconds(os.getpid())
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\n"
+                    "while time.process_time() < end: pass"], check=True)
+    spent = bench_sidecar.cpu_seconds(os.getpid()) - before
+    assert 0.25 < spent < 2.0, spent
+
+
 def test_cpu_seconds_counts_every_live_thread_to_the_nanosecond() -> None:
     before = bench_sidecar.cpu_seconds(os.getpid())
     done, measured = threading.Event(), threading.Event()
