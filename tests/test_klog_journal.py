@@ -254,3 +254,23 @@ def test_a_failing_bell_is_dropped_and_the_journal_looked_at_as_without_one(tmp_
     reader.seek(None, "all")
     assert len(list(reader.lines())) == 1
     reader.close()
+
+
+def test_a_named_journal_not_shown_to_be_this_boots_gets_no_bell(tmp_config, tmp_path):
+    """A journal copied from elsewhere (another boot's lines only) is read, but no kernel of
+    ours rings for it: it is looked at every IDLE_WAIT_S, and the status says why."""
+    from gpuwhy.probes.klog.journald import IDLE_WAIT_S
+    from gpuwhy.probes.klog.source import open_reader
+
+    directory = tmp_path / "copied"
+    build_journal(directory, "a", [export_entry(XID79, identifier="NVRM")])
+    kmsg_stand_in = "/dev/null"     # a character device: a bell could be made of it
+    config = tmp_config.replace({"klog.journal_path": str(directory),
+                                 "klog.kmsg_path": kmsg_stand_in})
+    reader, detail, unproven = open_reader(config)
+    try:
+        assert reader.origin == "journald" and "no kernel line of this boot" in unproven
+        assert not reader.wakes_on_new_lines
+        assert f"looked at every {IDLE_WAIT_S:g} s (not shown to be this boot's" in detail
+    finally:
+        reader.close()

@@ -100,14 +100,17 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
         unproven = journald_unproven(config)
         # A journal named (by backend or path) is read even unproven; it fails until it delivers.
         if unproven is None or backend == "journald" or config["klog.journal_path"]:
-            if config["klog.journal_path"]:
-                return JournalKernelLog(config["klog.journal_path"]), \
-                    f"journald: kernel lines and NVRM identifier from " \
-                    f"{config['klog.journal_path']}", unproven
-            bell, rung_by = kernel_line_bell(config["klog.kmsg_path"])
-            return JournalKernelLog(None, bell=bell), \
-                f"journald: kernel lines and NVRM identifier from the system journal; " \
-                f"{rung_by}", unproven
+            path = config["klog.journal_path"] or None
+            # A journal directory mounted from the host (a Kubernetes pod) is woken by the
+            # same kernel once it is shown to hold this boot's lines; one that is not (a
+            # copy, another host's) has no kernel of ours to ring for it.
+            bell, rung_by = (None, f"looked at every {IDLE_WAIT_S:g} s (not shown to be "
+                                   "this boot's: no bell)") \
+                if path and unproven is not None else \
+                kernel_line_bell(config["klog.kmsg_path"])
+            return JournalKernelLog(path, bell=bell), \
+                f"journald: kernel lines and NVRM identifier from " \
+                f"{path or 'the system journal'}; {rung_by}", unproven
         reasons.append(unproven)
     if backend in ("auto", "kmsg"):
         try:

@@ -71,3 +71,36 @@ def test_without_a_readable_dev_kmsg_the_reader_looks_every_idle_wait(system_jou
         assert f"looked at every {IDLE_WAIT_S:g} s" in detail and "no-kmsg" in detail
     finally:
         reader.close()
+
+
+def _live_journal_directory():
+    from pathlib import Path
+
+    for base in (Path("/var/log/journal"), Path("/run/log/journal")):
+        for directory in sorted(base.glob("*")):
+            if (directory / "system.journal").exists():
+                return directory
+    raise AssertionError("systemd-journald keeps no system.journal")
+
+
+def test_a_mounted_journal_directory_of_this_boot_is_rung_too(system_journald, tmp_config):
+    """As a Kubernetes pod reads the node's journal: a directory, named by klog.journal_path.
+    Once it is shown to hold this boot's kernel lines, /dev/kmsg wakes its reader as it
+    wakes the system journal's."""
+    directory = _live_journal_directory()
+    config = tmp_config.replace({"klog.journal_path": str(directory), "klog.start": "now"})
+    reader, detail, unproven = open_reader(config)
+    try:
+        assert unproven is None
+        assert reader.wakes_on_new_lines and "woken by /dev/kmsg" in detail
+        assert str(directory) in detail
+        reader.seek(None, "now")
+        counting = Counting(reader)
+        list(reader.lines())
+        run = os.urandom(4).hex()
+        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
+        read = wait_for(lambda: counting.wait(10) or counting.read(run), 15, "the line")
+        assert len(read) == 1
+        assert counting.waits <= 1 + len(CHASE_WAITS_S)
+    finally:
+        reader.close()
