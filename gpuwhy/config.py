@@ -132,6 +132,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("klog.kmsg_path", "/dev/kmsg", "GPUWHY_KLOG_KMSG",
             "kernel ring buffer device read when journald is absent; with journald, the wake-up "
             "for new kernel lines when gpuwhy-kmsg.socket passes none"),
+    Setting("klog.kmsg_socket", "", "GPUWHY_KLOG_KMSG_SOCKET",
+            "unix socket where `gpuwhy probes` lends /dev/kmsg to the kernel-log source, "
+            "for a service that may not open it and has no gpuwhy-kmsg.socket (a Kubernetes "
+            "pod); empty: not lent"),
     Setting("klog.file", "/var/log/kern.log", "GPUWHY_KLOG_FILE",
             "kernel log file tailed when neither journald nor /dev/kmsg can be read"),
     Setting("klog.start", "boot", "GPUWHY_KLOG_START",

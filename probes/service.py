@@ -24,6 +24,7 @@ from gpuwhy.events import DeviceOpened, Event, ProcessExited, SourceHealth
 from gpuwhy.memory import release_freed_memory
 from gpuwhy.probes.cuda.probe import CudaProbe
 from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
+from gpuwhy.probes.klog.lend import KmsgLender
 from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.printk import PrintkProbe
 from gpuwhy.probes.release import close_released, drop_compiler_pages, release_module
@@ -236,6 +237,7 @@ def run_probes(config: Config, stop: threading.Event,
     """Load every probe, then publish until ``stop`` is set. Raises ProbeLoadError."""
     publisher = Publisher(config["bus.endpoint"], src="probes", hwm=config["bus.hwm"])
     probes = Probes(config, publisher)
+    lender = lend_kmsg(config)      # before the probes' slow load: the source asks early
     try:
         probes.load()
         probes.release_loader()
@@ -245,8 +247,27 @@ def run_probes(config: Config, stop: threading.Event,
         probes.poll()
         probes.flush()
     finally:
+        if lender is not None:
+            lender.close()
         probes.close()
         publisher.close()
+
+
+def lend_kmsg(config: Config) -> KmsgLender | None:
+    """Lend /dev/kmsg at ``klog.kmsg_socket`` (see :mod:`gpuwhy.probes.klog.lend`), when set.
+    A refusal is logged: the kernel-log source then looks at the journal every 0.1 s."""
+    if not config["klog.kmsg_socket"]:
+        return None
+    try:
+        lender = KmsgLender(config["klog.kmsg_socket"], config["klog.kmsg_path"])
+    except OSError as exc:
+        log.warning("cannot lend %s at %s: %s", config["klog.kmsg_path"],
+                    config["klog.kmsg_socket"], exc.strerror or exc)
+        return None
+    lender.start()
+    log.info("lending %s to the kernel-log source at %s", config["klog.kmsg_path"],
+             config["klog.kmsg_socket"])
+    return lender
 
 
 def _publish_until(stop: threading.Event, probes: Probes, publisher: Publisher,

@@ -93,6 +93,7 @@ class JournalKernelLog:
         # Woken by the kernel's log (the system journal's kernel lines), else looked at
         # every IDLE_WAIT_S: journald's own wake-ups come too late for an Xid.
         self.bell = bell
+        self.rung_by = ""           # what wakes it, in words (the source's status says)
         self._owed = 0              # kernel records the bell rang for, not yet read here
         self._chase = 0             # which of CHASE_WAITS_S is next
         self._poller: select.poll | None = None
@@ -136,6 +137,12 @@ class JournalKernelLog:
             if self._owed and entry.get("_TRANSPORT") == "kernel":
                 self._owed -= 1
             yield line_of(entry)
+
+    def ring_with(self, bell: KernelLineBell) -> None:
+        """Be woken by ``bell`` from now on (one that came after the reader opened)."""
+        if self.bell is not None:
+            self.bell.close()
+        self.bell, self._poller, self._owed = bell, None, 0
 
     @property
     def wakes_on_new_lines(self) -> bool:

@@ -101,16 +101,15 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
         # A journal named (by backend or path) is read even unproven; it fails until it delivers.
         if unproven is None or backend == "journald" or config["klog.journal_path"]:
             path = config["klog.journal_path"] or None
-            # A journal directory mounted from the host (a Kubernetes pod) is woken by the
-            # same kernel once it is shown to hold this boot's lines; one that is not (a
-            # copy, another host's) has no kernel of ours to ring for it.
-            bell, rung_by = (None, f"looked at every {IDLE_WAIT_S:g} s (not shown to be "
-                                   "this boot's: no bell)") \
-                if path and unproven is not None else \
-                kernel_line_bell(config["klog.kmsg_path"])
-            return JournalKernelLog(path, bell=bell), \
-                f"journald: kernel lines and NVRM identifier from " \
-                f"{path or 'the system journal'}; {rung_by}", unproven
+            bell, rung_by = kernel_line_bell(config["klog.kmsg_path"],
+                                             config["klog.kmsg_socket"]) \
+                if bell_wanted(config, unproven) else \
+                (None, f"looked at every {IDLE_WAIT_S:g} s (not shown to be this boot's: "
+                       "no bell)")
+            reader = JournalKernelLog(path, bell=bell)
+            reader.rung_by = rung_by
+            return reader, f"journald: kernel lines and NVRM identifier from " \
+                           f"{path or 'the system journal'}; {rung_by}", unproven
         reasons.append(unproven)
     if backend in ("auto", "kmsg"):
         try:
@@ -131,10 +130,19 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
         None
 
 
-def kernel_line_bell(path: str) -> tuple[KernelLineBell | None, str]:
+def bell_wanted(config: Config, unproven: str | None) -> bool:
+    """Whether the journal reader is to be woken by this kernel's /dev/kmsg: the system
+    journal always; a journal directory mounted from the host (a Kubernetes pod) once it is
+    shown to hold this boot's lines (a copy, another host's, has no kernel of ours)."""
+    return not config["klog.journal_path"] or unproven is None
+
+
+def kernel_line_bell(path: str, lent_at: str = "") -> tuple[KernelLineBell | None, str]:
     """The bell that wakes the journald reader when the kernel logs a line, and a sentence
     saying what wakes the reader: the /dev/kmsg systemd passed (gpuwhy-kmsg.socket), else
-    ``path`` opened here, else nothing (the journal is looked at every IDLE_WAIT_S)."""
+    ``path`` opened here, else one lent by the probes at ``lent_at``
+    (:mod:`gpuwhy.probes.klog.lend`), else nothing (the journal is looked at every
+    IDLE_WAIT_S)."""
     from gpuwhy.passed_fds import take_passed_fd
 
     fd = take_passed_fd(KMSG_FD_NAME)
@@ -143,8 +151,24 @@ def kernel_line_bell(path: str) -> tuple[KernelLineBell | None, str]:
             return KernelLineBell(fd=fd), "woken by /dev/kmsg, passed by systemd"
         return KernelLineBell(path), f"woken by {path}"
     except OSError as exc:
-        why = exc.strerror or str(exc)
-        return None, f"looked at every {IDLE_WAIT_S:g} s ({path}: {why})"
+        why = f"{path}: {exc.strerror or exc}"
+    if lent_at:
+        bell, lent_why = lent_bell(lent_at)
+        if bell is not None:
+            return bell, lent_why
+        why += f"; {lent_why}"
+    return None, f"looked at every {IDLE_WAIT_S:g} s ({why})"
+
+
+def lent_bell(lent_at: str) -> tuple[KernelLineBell | None, str]:
+    """A bell made of the /dev/kmsg the probes lend at ``lent_at``, and a sentence."""
+    from gpuwhy.probes.klog.lend import borrow_kmsg
+
+    try:
+        return KernelLineBell(fd=borrow_kmsg(lent_at)), \
+            f"woken by /dev/kmsg, lent by the probes at {lent_at}"
+    except OSError as exc:
+        return None, f"not lent at {lent_at}: {exc.strerror or exc}"
 
 
 def _boot_id_or_empty() -> str:
@@ -295,6 +319,10 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
     log.info("kernel-log source: %s", detail)
     pump = KernelLogPump(reader, publisher, stop)
     watch = ReaderLiveness(config, reader, detail, unproven)
+    # The probes lend /dev/kmsg only once they run (a pod's containers start together):
+    # a reader still without its bell asks again at each health beat.
+    borrow = bool(config["klog.kmsg_socket"]) and reader.origin == "journald" and \
+        bell_wanted(config, unproven)
     next_health = 0.0
     while not stop.is_set():
         if not pump.pump():
@@ -304,6 +332,8 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
         elif pump.checkpoint_due():
             pump.checkpoint()
         if time.monotonic() >= next_health:
+            if borrow and getattr(reader, "bell", True) is None:
+                _borrow_bell(config, reader, watch)
             state, health_detail = watch.check(pump.counters["lines"])
             counters = {**pump.counters, "bus_full_retries": publisher.dropped,
                         "kmsg_overwritten": getattr(reader, "overwritten", 0)}
@@ -311,6 +341,16 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
                                            detail=health_detail, counters=counters))
             next_health = time.monotonic() + HEALTH_EVERY_S
     pump.checkpoint()
+
+
+def _borrow_bell(config: Config, reader: KernelLogReader, watch: ReaderLiveness) -> None:
+    bell, rung_by = lent_bell(config["klog.kmsg_socket"])
+    if bell is None:
+        return
+    reader.ring_with(bell)                                # type: ignore[attr-defined]
+    watch.detail = watch.detail.replace(reader.rung_by, rung_by)  # type: ignore[attr-defined]
+    reader.rung_by = rung_by                              # type: ignore[attr-defined]
+    log.info("kernel-log source: %s", rung_by)
 
 
 def _idle_wait(reader: KernelLogReader, pump: KernelLogPump, next_health: float) -> float:

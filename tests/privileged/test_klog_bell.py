@@ -104,3 +104,40 @@ def test_a_mounted_journal_directory_of_this_boot_is_rung_too(system_journald, t
         assert counting.waits <= 1 + len(CHASE_WAITS_S)
     finally:
         reader.close()
+
+
+def test_a_source_refused_dev_kmsg_borrows_it_once_the_probes_lend_it(system_journald,
+                                                                      tmp_config, tmp_path):
+    """A Kubernetes pod: the unprivileged container may not open /dev/kmsg, the probes'
+    privileged one lends it at klog.kmsg_socket, and may start later than the source."""
+    from gpuwhy.probes.klog.lend import KmsgLender
+    from gpuwhy.probes.klog.source import ReaderLiveness, _borrow_bell
+
+    lent_at = tmp_path / "kmsg.sock"
+    config = tmp_config.replace({"klog.backend": "journald", "klog.start": "now",
+                                 "klog.kmsg_path": str(tmp_path / "refused"),
+                                 "klog.kmsg_socket": str(lent_at)})
+    reader, detail, unproven = open_reader(config)      # nobody lends it yet
+    try:
+        assert not reader.wakes_on_new_lines
+        assert "refused" in detail and f"not lent at {lent_at}" in detail
+        watch = ReaderLiveness(config, reader, detail, unproven)
+        lender = KmsgLender(str(lent_at))               # the probes are up
+        lender.start()
+        try:
+            _borrow_bell(config, reader, watch)          # the source's next health beat
+        finally:
+            lender.close()                                # what was lent stays lent
+        assert reader.wakes_on_new_lines
+        assert f"lent by the probes at {lent_at}" in watch.detail
+        assert "not lent" not in watch.detail
+        reader.seek(None, "now")
+        list(reader.lines())
+        counting = Counting(reader)
+        run = os.urandom(4).hex()
+        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
+        read = wait_for(lambda: counting.wait(10) or counting.read(run), 15, "the line")
+        assert len(read) == 1
+        assert counting.waits <= 1 + len(CHASE_WAITS_S)
+    finally:
+        reader.close()

@@ -125,3 +125,24 @@ def test_a_journal_that_stops_receiving_kernel_lines_fails_the_source(
         "select counters from source_health where source = 'correlator'", (),
         lambda rows: json.loads(rows[0][0])["klog_liveness_failures"], 10)
     assert json.loads(counters[0][0])["klog_liveness_failures"] == 1
+
+
+def test_a_pod_source_reads_kernel_lines_with_the_dev_kmsg_the_probes_lend(
+        system_journald, tmp_config, tmp_path, monkeypatch, pipeline_for, klog_thread):
+    """The two containers of deploy/kubernetes: the probes (privileged, /dev/kmsg opens) lend
+    it at klog.kmsg_socket; the source, refused the device, borrows it as its bell."""
+    monkeypatch.setattr(klog_source, "HEALTH_EVERY_S", 0.5)
+    lent_at = str(tmp_path / "kmsg.sock")
+    probes_side = tmp_config.replace({"klog.kmsg_socket": lent_at})
+    pipe = pipeline_for(probes_side)
+    source_side = probes_side.replace({"klog.backend": "journald", "klog.start": "now",
+                                       "klog.kmsg_path": str(tmp_path / "refused")})
+    klog_thread(source_side)
+    rows = pipe.wait_for("select state, detail from source_health where source = 'klog'", (),
+                         bool, 15)
+    assert rows[0][0] == "ok" and f"lent by the probes at {lent_at}" in rows[0][1], rows
+    run = os.urandom(4).hex()
+    write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=lent, {MARK} run={run}"])
+    stored = pipe.wait_for("select count(*) from kernel_log where message like ?",
+                           (f"%run={run}%",), lambda rows: rows[0][0] == 1, 15)
+    assert stored[0][0] == 1
