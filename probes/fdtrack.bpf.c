@@ -130,6 +130,9 @@ BPF_ARRAY(notable_hint, u32, NOTABLE_HINT_SLOTS);   // most controls are ruled o
 BPF_HASH(memory_classes, u32, u32, MAX_MEMORY_CLASSES);
 BPF_PERCPU_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_ARRAY(stats_zero, struct stats_t, 1);   // a new aggregate's first value: see sys_exit_ioctl
+// Tail calls of sys_enter_ioctl (slots filled by user space): ENTER_INHERIT follows a forked
+// child's first call on an fd it may have inherited, then calls ENTER_AGAIN, the enter itself.
+BPF_PROG_ARRAY(enter_tails, ENTER_TAILS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 
 static __always_inline struct config_t *get_config(void)
@@ -485,10 +488,11 @@ static __always_inline u64 read_field(u64 base, s32 off, s32 len)
     return value;
 }
 
-// The parameters' prefix is read onto the stack, not into task storage: hardened usercopy
-// checks a slab destination the slow way on every read. The enter's stack is still over 64
-// bytes (inherit() is inlined; bcc 0.26 links no BPF-to-BPF calls), so on 6.13 and later it
-// is a per-CPU private one, checked a little faster than slab (see the exit).
+// The enter's own stack stays under 64 bytes (56), as the exit's (see there), and the
+// parameters' prefix is read onto it, not into task storage: hardened usercopy checks a slab
+// or per-CPU destination the slow way on every read, one on the task's stack at once. Hence
+// fork inheritance in a tail call (bcc 0.26 links no BPF-to-BPF calls), the sub-operation
+// and bytes worked out at exit, and each field written to the call as soon as it is known.
 TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -497,10 +501,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
         return 0;
     struct fd_key_t key = {.tgid = tgid, .fd = (s32)args->fd};
     struct fd_info_t *info = tracked.lookup(&key);
-    if (!info)
-        info = inherit(tgid, key.fd);
-    if (!info)
+    if (!info) {
+        // inherit() in a program of its own: inlined, its locals took this one's stack
+        // past 64 bytes (see above), and a forked child's first call is rare.
+        if (fork_parent.lookup(&key.tgid))
+            enter_tails.call(args, ENTER_INHERIT);
         return 0;
+    }
     if (args->cmd == FIOCLEX_CMD || args->cmd == FIONCLEX_CMD) {
         // How CPython's os.set_inheritable() flips close-on-exec: not a driver call.
         info->cloexec = args->cmd == FIOCLEX_CMD;
@@ -522,54 +529,71 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
     call->arg0 = 0;
     call->arg1 = 0;
     call->bytes = 0;
+    // Each field goes to the call as soon as it is known: values held across the helper
+    // calls below would be spilled to the stack and take it past 64 bytes.
     u32 cmd = (u32)args->cmd;
-    u64 ptr = args->arg;
     u32 space = ((cmd >> 8) & 0xff) == NV_IOCTL_MAGIC ? 0 : 1;
-    u32 nr = space == 0 ? (cmd & 0xff) : cmd;
-    u32 size = space == 0 ? ((cmd >> 16) & 0x3fff) : 0;
-    u64 prefix[PARAMS_PREFIX / 8];
-    struct decode_t *d = find_decode(space, nr, size);
-    if (d && (d->flags & F_XFER)) {
-        // struct { u32 cmd; u32 size; u64 ptr; }
-        if (bpf_probe_read_user(prefix, 16, (void *)ptr) != 0)
-            prefix[0] = prefix[1] = 0;
-        cmd = (u32)prefix[0];
-        nr = cmd & 0xff;
-        size = prefix[0] >> 32;
-        ptr = prefix[1];
-        call->flags |= CALL_XFERRED;
-        d = find_decode(0, nr, size);
-    }
     call->key.cmd = cmd;
     call->key.sub = 0;
-    call->nr = nr;
-    call->size = size;
-    call->ptr = ptr;
+    call->nr = space == 0 ? (cmd & 0xff) : cmd;
+    call->size = space == 0 ? ((cmd >> 16) & 0x3fff) : 0;
+    call->ptr = args->arg;
     call->status_off = -1;
+    u64 prefix[PARAMS_PREFIX / 8];
+    struct decode_t *d = find_decode(space, call->nr, call->size);
+    if (d && (d->flags & F_XFER)) {
+        // struct { u32 cmd; u32 size; u64 ptr; }
+        if (bpf_probe_read_user(prefix, 16, (void *)call->ptr) != 0)
+            prefix[0] = prefix[1] = 0;
+        call->key.cmd = (u32)prefix[0];
+        call->nr = prefix[0] & 0xff;
+        call->size = prefix[0] >> 32;
+        call->ptr = prefix[1];
+        call->flags |= CALL_XFERRED;
+        d = find_decode(0, call->nr, call->size);
+    }
     if (d) {
         call->flags |= d->flags;
         call->status_off = d->status_off;
         // A struct shorter than the prefix at the very end of a mapping fails this read:
         // its fields are then read one by one.
-        int have_prefix = bpf_probe_read_user(prefix, PARAMS_PREFIX, (void *)ptr) == 0;
-        call->arg0 = param_field(prefix, have_prefix, ptr, d->a0_off, d->a0_len);
-        call->arg1 = param_field(prefix, have_prefix, ptr, d->a1_off, d->a1_len);
-        u32 arg0 = (u32)call->arg0;
-        if (d->flags & F_SUB_ARG0)
-            call->key.sub = arg0;
-        if (d->flags & F_BYTES_ARG1)
-            call->bytes = call->arg1;
-        if (d->flags & F_LIMIT_ARG1)
-            call->bytes = call->arg1 + 1;
-        if ((d->flags & F_HEAP_ALLOC) && IS_HEAP_ALLOC(arg0))
-            call->bytes = call->arg1;
-        if ((d->flags & F_ALLOC_PARAMS) && memory_classes.lookup(&arg0))
-            call->bytes = read_field(call->arg1, ALLOC_PARAMS_SIZE_OFFSET, 8);
-        if ((d->flags & F_NOTABLE_SUB) && control_is_notable(arg0))
-            call->flags |= F_NOTABLE;
+        int have_prefix = bpf_probe_read_user(prefix, PARAMS_PREFIX, (void *)call->ptr) == 0;
+        call->arg0 = param_field(prefix, have_prefix, call->ptr, d->a0_off, d->a0_len);
+        call->arg1 = param_field(prefix, have_prefix, call->ptr, d->a1_off, d->a1_len);
     }
     call->active = 1;
     return 0;
+}
+
+// A forked child's call on an fd its parent tracked: tracked from now on (when exec has not
+// closed it), then the call itself decoded by the enter, run again.
+int enter_inherit(void *ctx)       // bcc defines the args struct for the enter's signature
+{
+    struct tracepoint__syscalls__sys_enter_ioctl *args = ctx;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (inherit(tgid, (s32)args->fd))
+        enter_tails.call(args, ENTER_AGAIN);
+    return 0;
+}
+
+// What the arguments read at enter say (the sub-operation, the bytes, whether the control
+// is notable): worked out at exit, whose stack has room, so that the enter's stays small.
+static __always_inline void finish_decode(struct call_t *call)
+{
+    u32 flags = call->flags;
+    u32 arg0 = (u32)call->arg0;
+    if (flags & F_SUB_ARG0)
+        call->key.sub = arg0;
+    if (flags & F_BYTES_ARG1)
+        call->bytes = call->arg1;
+    if (flags & F_LIMIT_ARG1)
+        call->bytes = call->arg1 + 1;
+    if ((flags & F_HEAP_ALLOC) && IS_HEAP_ALLOC(arg0))
+        call->bytes = call->arg1;
+    if ((flags & F_ALLOC_PARAMS) && memory_classes.lookup(&arg0))
+        call->bytes = read_field(call->arg1, ALLOC_PARAMS_SIZE_OFFSET, 8);
+    if ((flags & F_NOTABLE_SUB) && control_is_notable(arg0))
+        call->flags |= F_NOTABLE;
 }
 
 // Failed or large calls sent one by one, at most error_events_per_sec a second for the
@@ -621,6 +645,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
     call->latency = latency;
     call->status = status;
     call->ret = args->ret;
+    finish_decode(call);
     u32 failed = call->ret < 0 || status != 0;
 
     int first = 0;

@@ -133,6 +133,11 @@ NOTABLE_HINT_BITS = 8
 NOTABLE_HINT_SLOTS = 1 << NOTABLE_HINT_BITS
 NOTABLE_HASH_MULTIPLIER = 2654435761
 USER_SEQ_BASE = 1 << 62   # open_seqs user space makes up never meet the kernel's
+# sys_enter_ioctl's tail calls, by slot (the enter_tails prog array), and the program each
+# slot holds.
+ENTER_TAILS = ("ENTER_INHERIT", "ENTER_AGAIN")
+ENTER_TAIL_PROGRAMS = {"ENTER_INHERIT": b"enter_inherit",
+                       "ENTER_AGAIN": b"tracepoint__syscalls__sys_enter_ioctl"}
 
 
 def notable_hint_slot(control: int) -> int:
@@ -149,6 +154,7 @@ def bpf_defines() -> dict[str, Define]:
         "PREFIX_LEN": PREFIX_LEN, "PATH_LEN": PATH_LEN, "LAT_BUCKETS": LAT_BUCKETS,
         "MAX_NOTABLE_CONTROLS": MAX_NOTABLE_CONTROLS, "MAX_MEMORY_CLASSES": MAX_MEMORY_CLASSES,
         "NOTABLE_HINT_SLOTS": NOTABLE_HINT_SLOTS,
+        "ENTER_TAILS": len(ENTER_TAILS), **{name: slot for slot, name in enumerate(ENTER_TAILS)},
         "NV_IOCTL_MAGIC": Hex(NV_IOCTL_MAGIC),
         "ALLOC_PARAMS_SIZE_OFFSET": ALLOC_PARAMS_SIZE_OFFSET,
         "VERSION_STRING_OFFSET": VERSION_STRING_OFFSET,
@@ -273,11 +279,20 @@ class FdTrackProbe:
         self._stats_reader = MapReader(self._stats)
         self._drops = bpf[b"drops"]
         self._configure(bpf)
+        self._fill_tails(bpf)
         self._events.open_ring_buffer(self._on_record)
         if not self.trace or not self.pid:
             self.scan()
         else:
             self.scan(only_pid=self.pid)
+
+    def _fill_tails(self, bpf: object) -> None:
+        from bcc import BPF
+
+        tails = bpf[b"enter_tails"]
+        for slot, name in enumerate(ENTER_TAILS):
+            program = bpf.load_func(ENTER_TAIL_PROGRAMS[name], BPF.TRACEPOINT)
+            tails[ctypes.c_int(slot)] = ctypes.c_int(program.fd)
 
     def _configure(self, bpf: object) -> None:
         table = bpf[b"config"]
