@@ -149,6 +149,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int | None,
                  pidfile: str | None) -> None:
     from gpuwhy.correlator.service import tune_gc
+    from gpuwhy.lifeline import ParentGone, die_with_parent_named_in
     from gpuwhy.memory import limit_malloc_arenas
     from gpuwhy.service import Service
 
@@ -157,6 +158,12 @@ def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int |
     config = ctx.config(**{"web.host": host, "web.port": port})
     _setup_logging(config["log.level"])
     stop = _stop_on_signals()
+    try:
+        # Started by a harness that names itself (a benchmark, a demo): stop cleanly when it
+        # goes, even killed, instead of running on with the probes attached.
+        die_with_parent_named_in(signum=signal.SIGTERM)
+    except ParentGone as exc:
+        raise click.ClickException(f"{exc}: not starting the service") from None
     try:
         service = Service(config, with_probes=with_probes, config_path=ctx.config_path,
                           shutdown=stop)

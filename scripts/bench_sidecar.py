@@ -40,6 +40,8 @@ from pathlib import Path
 
 import psutil
 
+from gpuwhy.lifeline import child_environment
+
 MB = 1024 * 1024
 GOALS = {"cpu_pct": 1.0, "anon_mb": 80.0, "rss_mb": 200.0}
 # Mapped files whose clean pages are bcc's compiler (LLVM, clang) and bcc itself.
@@ -116,9 +118,11 @@ class Sidecar:
         self.log: list[str] = []
 
     def start(self, timeout: float = 120.0) -> None:
+        # child_environment: `gpuwhy up` stops (SIGTERM) when the thread that started it
+        # ends, so a killed benchmark leaves no probes attached (gpuwhy.lifeline)
         self.up = subprocess.Popen([sys.executable, "-m", "gpuwhy", "up", "--port", "0"],
-                                   env=self.env, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+                                   env=child_environment(self.env), stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
         loaded = threading.Event()
 
         def read_log() -> None:

@@ -151,3 +151,27 @@ def test_the_probes_live_on_when_the_thread_that_started_the_service_ends(tmp_co
     finally:
         service.stop()
     assert service.probes.returncode == -15          # stopped by stop(), not by the kernel
+
+
+def test_a_service_started_by_a_harness_stops_cleanly_when_the_harness_goes(tmp_path):
+    """A benchmark or demo that starts `gpuwhy up`/`serve` and is killed: the service is
+    sent SIGTERM by the kernel and stops as on any SIGTERM, instead of running on (with
+    its probes attached, it taxed every ioctl of the host until someone noticed)."""
+    from .peers import SimulatedHost
+
+    host = SimulatedHost(tmp_path)
+    started = []
+
+    def harness() -> None:
+        # the harness's thread that starts the service, ending as a killed harness would
+        host.env = child_environment(host.env)
+        started.append(host.serve())
+        host.gpus()                       # serving: the signal is armed by now
+
+    thread = threading.Thread(target=harness)
+    thread.start()
+    thread.join()
+    [service] = started
+    assert service.wait(timeout=30) == 0
+    log = host.logs[-1].read_text()
+    assert "SIGTERM received: stopping" in log and "stopped cleanly" in log, log[-2000:]
