@@ -42,6 +42,7 @@ from gpuwhy import lifecycle as lc
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.config import Config
 from gpuwhy.journal import one_line
+from gpuwhy.stalls import HEALTH_PERIOD_S
 from gpuwhy.store import alertpush, feed
 from gpuwhy.store.writer import StoreWriter
 from gpuwhy.text import rfc3339
@@ -53,7 +54,7 @@ RESOLVED_SENDS = 3
 TAKE_MAX = 500                # feed changes taken in per transaction
 SEND_MAX = 500                # alerts per POST
 STEP_EVERY = 1.0              # seconds between steps: how soon a new incident goes out
-HEALTH_EVERY = 2.0
+HEALTH_EVERY = HEALTH_PERIOD_S[SOURCE]
 BACKOFF_FIRST = 1.0
 ENDS_AFTER_RESENDS = 4
 ANNOTATION_MAX = 1024         # characters of one annotation (titles carry process names)

@@ -31,7 +31,7 @@ STALL_FACTOR = 3
 # a failed source), whatever the period.
 HEALTH_PERIOD_S: dict[str, float] = {
     "correlator": 5.0, "store": 5.0,      # the correlator writes both itself
-    "gpu": 5.0, "klog": 5.0, "cron": 5.0, "rules": 10.0,
+    "gpu": 5.0, "klog": 5.0, "cron": 5.0, "rules": 10.0, "alertmanager": 5.0,
     "probes": 5.0,      # each of PROBE_SOURCES, or every flush when flushes are rarer
 }
 # The probes process publishes the health of all of these together.

@@ -222,6 +222,7 @@ def test_a_read_that_raises_a_bug_still_ends_the_runner_loudly(tmp_config):
 # --- the one definition, and the correlator's log and count ------------------------------
 
 def test_the_periods_are_the_sources_own():
+    from gpuwhy.correlator import alertmanager
     from gpuwhy.correlator import service as correlator
     from gpuwhy.correlator.rules import runner as rules
     from gpuwhy.probes import service as probes
@@ -232,7 +233,8 @@ def test_the_periods_are_the_sources_own():
     assert HEALTH_PERIOD_S == {"correlator": correlator.HEALTH_EVERY,
                                "store": correlator.HEALTH_EVERY, "gpu": gpu.HEALTH_EVERY,
                                "klog": klog.HEALTH_EVERY_S, "cron": cron.HEALTH_EVERY_S,
-                               "rules": rules.HEALTH_EVERY, "probes": probes.HEALTH_EVERY_S}
+                               "rules": rules.HEALTH_EVERY, "probes": probes.HEALTH_EVERY_S,
+                               "alertmanager": alertmanager.HEALTH_EVERY}
     assert period_s("fdtrack", {"probes.poll_interval": 0.5}) == probes.HEALTH_EVERY_S
     assert period_s("sched", {"probes.poll_interval": 30.0}) == 30.0   # rarer flushes
 
