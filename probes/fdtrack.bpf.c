@@ -578,6 +578,7 @@ int enter_inherit(void *ctx)       // bcc defines the args struct for the enter'
 
 // What the arguments read at enter say (the sub-operation, the bytes, whether the control
 // is notable): worked out at exit, whose stack has room, so that the enter's stays small.
+// The allocation parameters' size is read then too, after the driver has had its say on it.
 static __always_inline void finish_decode(struct call_t *call)
 {
     u32 flags = call->flags;

@@ -291,7 +291,10 @@ class FdTrackProbe:
 
         tails = bpf[b"enter_tails"]
         for slot, name in enumerate(ENTER_TAILS):
-            program = bpf.load_func(ENTER_TAIL_PROGRAMS[name], BPF.TRACEPOINT)
+            try:
+                program = bpf.load_func(ENTER_TAIL_PROGRAMS[name], BPF.TRACEPOINT)
+            except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception
+                raise ProbeLoadError(NAME, f"tail call {name}: {exc}") from None
             tails[ctypes.c_int(slot)] = ctypes.c_int(program.fd)
 
     def _configure(self, bpf: object) -> None:

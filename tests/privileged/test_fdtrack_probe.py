@@ -344,3 +344,15 @@ def test_a_struct_at_the_end_of_a_mapping_is_decoded_field_by_field(
         assert rows == [("NV_ESC_REGISTER_FD", 4, 7)]
     finally:
         proc.communicate("\n", timeout=10)
+
+
+def test_a_tail_call_that_does_not_load_fails_the_load_with_its_name(tmp_config, monkeypatch):
+    from gpuwhy.errors import ProbeLoadError
+    from gpuwhy.probes import fdtrack
+
+    monkeypatch.setitem(fdtrack.ENTER_TAIL_PROGRAMS, "ENTER_INHERIT", b"no_such_program")
+    probe = fdtrack.FdTrackProbe(tmp_config, lambda event: None)
+    with pytest.raises(ProbeLoadError) as failed:
+        probe.load()
+    assert "tail call ENTER_INHERIT" in str(failed.value)
+    probe.close()
