@@ -6,6 +6,7 @@ import fcntl
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -77,6 +78,10 @@ def test_each_borrower_gets_its_own_open_file(tmp_path):
             fcntl.fcntl(first, fcntl.F_SETFL,
                         fcntl.fcntl(first, fcntl.F_GETFL) & ~os.O_NONBLOCK)
             assert fcntl.fcntl(second, fcntl.F_GETFL) & os.O_NONBLOCK
+            # counted by the lender's thread once sent, maybe after the borrower has it
+            deadline = time.monotonic() + 5
+            while lender.lent < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert lender.lent == 2
         finally:
             os.close(first)
