@@ -133,11 +133,10 @@ NOTABLE_HINT_BITS = 8
 NOTABLE_HINT_SLOTS = 1 << NOTABLE_HINT_BITS
 NOTABLE_HASH_MULTIPLIER = 2654435761
 USER_SEQ_BASE = 1 << 62   # open_seqs user space makes up never meet the kernel's
-# sys_enter_ioctl's tail calls, by slot (the enter_tails prog array), and the program each
-# slot holds.
-ENTER_TAILS = ("ENTER_INHERIT", "ENTER_AGAIN")
-ENTER_TAIL_PROGRAMS = {"ENTER_INHERIT": b"enter_inherit",
-                       "ENTER_AGAIN": b"tracepoint__syscalls__sys_enter_ioctl"}
+# sys_enter_ioctl's tail calls (the enter_tails prog array): each slot's C name, in slot
+# order, and the program it holds.
+ENTER_TAILS = {"ENTER_INHERIT": b"enter_inherit",
+               "ENTER_AGAIN": b"tracepoint__syscalls__sys_enter_ioctl"}
 
 
 def notable_hint_slot(control: int) -> int:
@@ -290,9 +289,9 @@ class FdTrackProbe:
         from bcc import BPF
 
         tails = bpf[b"enter_tails"]
-        for slot, name in enumerate(ENTER_TAILS):
+        for slot, (name, function) in enumerate(ENTER_TAILS.items()):
             try:
-                program = bpf.load_func(ENTER_TAIL_PROGRAMS[name], BPF.TRACEPOINT)
+                program = bpf.load_func(function, BPF.TRACEPOINT)
             except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception
                 raise ProbeLoadError(NAME, f"tail call {name}: {exc}") from None
             tails[ctypes.c_int(slot)] = ctypes.c_int(program.fd)

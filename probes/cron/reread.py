@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from gpuwhy.clock import now_ns
@@ -45,15 +44,13 @@ def _state(path: str) -> FileState:
     return (path, st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _entries(directory: str, wanted: Iterable[str] | None = None) -> list[str]:
-    """The directory's entry names (those in ``wanted`` only, when given); none when it
-    cannot be listed."""
+def _entries(directory: str) -> list[str]:
+    """The directory's entry names; none when it cannot be listed."""
     try:
         with os.scandir(directory) as scan:
-            names = [entry.name for entry in scan]
+            return [entry.name for entry in scan]
     except OSError:
         return []
-    return names if wanted is None else [n for n in names if n in wanted]
 
 
 def schedule_inputs(config: Config, stamp_dir: str = STAMP_DIR) -> frozenset[FileState]:
@@ -85,13 +82,11 @@ class ScheduleReader:
         self.due_ns: float = 0          # the earliest next run of the last read
         self.read_at = -math.inf        # monotonic
         self.reads = 0
-        self.skipped = 0
 
     def read_if_changed(self) -> list[ScheduledJob] | None:
         inputs = schedule_inputs(self.config, self.stamp_dir)
         if inputs == self.inputs and now_ns() < self.due_ns and \
                 time.monotonic() - self.read_at < FULL_READ_EVERY_S:
-            self.skipped += 1
             return None
         # The inputs are taken before the read: a change made during it is seen next time.
         jobs = read_schedule(self.config, self.stamp_dir)

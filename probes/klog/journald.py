@@ -138,11 +138,11 @@ class JournalKernelLog:
                 self._owed -= 1
             yield line_of(entry)
 
-    def ring_with(self, bell: KernelLineBell) -> None:
+    def ring_with(self, bell: KernelLineBell, rung_by: str) -> None:
         """Be woken by ``bell`` from now on (one that came after the reader opened)."""
         if self.bell is not None:
             self.bell.close()
-        self.bell, self._poller, self._owed = bell, None, 0
+        self.bell, self.rung_by, self._poller, self._owed = bell, rung_by, None, 0
 
     @property
     def wakes_on_new_lines(self) -> bool:

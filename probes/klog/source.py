@@ -347,9 +347,8 @@ def _borrow_bell(config: Config, reader: KernelLogReader, watch: ReaderLiveness)
     bell, rung_by = lent_bell(config["klog.kmsg_socket"])
     if bell is None:
         return
-    reader.ring_with(bell)                                # type: ignore[attr-defined]
     watch.detail = watch.detail.replace(reader.rung_by, rung_by)  # type: ignore[attr-defined]
-    reader.rung_by = rung_by                              # type: ignore[attr-defined]
+    reader.ring_with(bell, rung_by)                       # type: ignore[attr-defined]
     log.info("kernel-log source: %s", rung_by)
 
 

@@ -350,7 +350,7 @@ def test_a_tail_call_that_does_not_load_fails_the_load_with_its_name(tmp_config,
     from gpuwhy.errors import ProbeLoadError
     from gpuwhy.probes import fdtrack
 
-    monkeypatch.setitem(fdtrack.ENTER_TAIL_PROGRAMS, "ENTER_INHERIT", b"no_such_program")
+    monkeypatch.setitem(fdtrack.ENTER_TAILS, "ENTER_INHERIT", b"no_such_program")
     probe = fdtrack.FdTrackProbe(tmp_config, lambda event: None)
     with pytest.raises(ProbeLoadError) as failed:
         probe.load()

@@ -31,6 +31,16 @@ class Counting:
     def read(self, run):
         return [line.text for line in self.reader.lines() if f"run={run}" in line.text]
 
+    def wakes_for_an_xid(self):
+        """An Xid written to /dev/kmsg is read once, the reader woken by the kernel, then
+        looked at after each chase wait until journald has it (waits counted from here)."""
+        self.waits = 0
+        run = os.urandom(4).hex()
+        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
+        read = wait_for(lambda: self.wait(10) or self.read(run), 15, "the line")
+        assert len(read) == 1
+        assert self.waits <= 1 + len(CHASE_WAITS_S)
+
 
 def test_the_bell_lets_the_reader_sleep_and_wakes_it_for_a_kernel_line(system_journald,
                                                                         tmp_config):
@@ -40,7 +50,6 @@ def test_the_bell_lets_the_reader_sleep_and_wakes_it_for_a_kernel_line(system_jo
         assert reader.wakes_on_new_lines and "woken by /dev/kmsg" in detail
         reader.seek(None, "now")
         counting = Counting(reader)
-        run = os.urandom(4).hex()
         list(reader.lines())
         quiet_s = 4.0
         started = time.monotonic()
@@ -51,12 +60,7 @@ def test_the_bell_lets_the_reader_sleep_and_wakes_it_for_a_kernel_line(system_jo
         # lines and journald's file changes only: none on a quiet host, and at most four a
         # second on one that logs all the time (journald's 250 ms post-change timer)
         assert counting.waits < quiet_s / IDLE_WAIT_S * 0.75
-        counting.waits = 0
-        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
-        read = wait_for(lambda: counting.wait(10) or counting.read(run), 15, "the line")
-        assert len(read) == 1
-        # woken by the kernel, then looked at after each chase wait until journald had it
-        assert counting.waits <= 1 + len(CHASE_WAITS_S)
+        counting.wakes_for_an_xid()
     finally:
         reader.close()
 
@@ -95,13 +99,8 @@ def test_a_mounted_journal_directory_of_this_boot_is_rung_too(system_journald, t
         assert reader.wakes_on_new_lines and "woken by /dev/kmsg" in detail
         assert str(directory) in detail
         reader.seek(None, "now")
-        counting = Counting(reader)
         list(reader.lines())
-        run = os.urandom(4).hex()
-        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
-        read = wait_for(lambda: counting.wait(10) or counting.read(run), 15, "the line")
-        assert len(read) == 1
-        assert counting.waits <= 1 + len(CHASE_WAITS_S)
+        Counting(reader).wakes_for_an_xid()
     finally:
         reader.close()
 
@@ -133,11 +132,6 @@ def test_a_source_refused_dev_kmsg_borrows_it_once_the_probes_lend_it(system_jou
         assert "not lent" not in watch.detail
         reader.seek(None, "now")
         list(reader.lines())
-        counting = Counting(reader)
-        run = os.urandom(4).hex()
-        write_kmsg([f"NVRM: Xid (PCI:0000:0a:00): 79, pid=1, name=bell, {MARK} run={run}"])
-        read = wait_for(lambda: counting.wait(10) or counting.read(run), 15, "the line")
-        assert len(read) == 1
-        assert counting.waits <= 1 + len(CHASE_WAITS_S)
+        Counting(reader).wakes_for_an_xid()
     finally:
         reader.close()
