@@ -2,20 +2,24 @@
 """Copy a gpu-kit.sh recording's files into tests/data/real/<model>/, as test fixtures.
 
     scripts/gpu-kit-ingest.py OUT_DIR --model h200            # → tests/data/real/h200/
+    scripts/gpu-kit-ingest.py gpu-kit.tar.gz --model h200     # the kit's packed folder
     scripts/gpu-kit-ingest.py OUT_DIR --model h200 --dest DIR --force
 
 Keeps what the tests read (tests/data/real/README.md): summary.json, env.json, host/,
-gpuwhy/, nvml/, work/phases.jsonl and work/work.json; leaves out logs/ and the kit's
-handshake files. A file over --max-file-kib is left out and named; the whole copy must stay
-under --max-total-mib. The result must pass the layout check, else nothing is kept.
+gpuwhy/, nvml/, xid/, nvtrace/ (the recorded driver calls, gzipped), work/phases.jsonl and
+work/work.json; leaves out logs/ and the kit's handshake files. A file over --max-file-kib
+is left out and named; the whole copy must stay under --max-total-mib. The result must pass
+the layout check, else nothing is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 import shutil
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -24,7 +28,7 @@ from gpu_kit import layout_problems  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KEPT_TOP = ("summary.json", "env.json")
-KEPT_DIRS = ("host", "gpuwhy", "nvml")
+KEPT_DIRS = ("host", "gpuwhy", "nvml", "nvtrace", "xid")
 KEPT_WORK = ("work/phases.jsonl", "work/work.json")
 
 
@@ -51,6 +55,8 @@ def ingest(recording: Path, dest: Path, max_file: int, max_total: int,
         staged = Path(tmp) / dest.name
         for rel in selected(recording):
             size = (recording / rel).stat().st_size
+            if rel.suffix == ".nvt":
+                size = len(gzip.compress((recording / rel).read_bytes(), 6))
             if size > max_file:
                 left_out.append(f"{rel} ({size} bytes, over {max_file})")
                 continue
@@ -59,7 +65,12 @@ def ingest(recording: Path, dest: Path, max_file: int, max_total: int,
                 raise ValueError(f"over {max_total} bytes in all: raise --max-total-mib or "
                                  f"lower --max-file-kib")
             (staged / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(recording / rel, staged / rel)
+            if rel.suffix == ".nvt":   # recorded driver calls: binary, compress well
+                with open(recording / rel, "rb") as src, \
+                        gzip.open(staged / rel.with_name(rel.name + ".gz"), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                shutil.copyfile(recording / rel, staged / rel)
         problems = layout_problems(staged)
         if problems:
             raise ValueError("the copy would not be readable: " + "; ".join(problems))
@@ -68,6 +79,24 @@ def ingest(recording: Path, dest: Path, max_file: int, max_total: int,
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(staged, dest)
     return left_out
+
+
+def unpacked(recording: Path, into: Path) -> Path:
+    """A recording packed by the kit (``gpu-kit.tar.gz``), unpacked under ``into``: the
+    folder in it that holds summary.json. A folder is returned as it is."""
+    if recording.is_dir():
+        return recording
+    with tarfile.open(recording) as tar:
+        members = tar.getmembers()
+        for member in members:   # a recording is plain files and folders, inside `into`
+            if not (member.isfile() or member.isdir()) or member.name.startswith("/") \
+                    or ".." in Path(member.name).parts:
+                raise ValueError(f"{recording}: {member.name!r} is not a recording's file")
+        tar.extractall(into, members=members)
+    found = sorted(into.rglob("summary.json"))
+    if not found:
+        raise ValueError(f"{recording}: no summary.json in it")
+    return found[0].parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model: lower-case letters, digits and dashes, not {args.model!r}")
     dest = args.dest or REPO / "tests" / "data" / "real" / args.model
     try:
-        left_out = ingest(args.recording, dest, args.max_file_kib * 1024,
-                          args.max_total_mib * 2 ** 20, args.force)
-    except ValueError as exc:
+        with tempfile.TemporaryDirectory() as tmp:
+            left_out = ingest(unpacked(args.recording, Path(tmp)), dest,
+                              args.max_file_kib * 1024, args.max_total_mib * 2 ** 20,
+                              args.force)
+    except (ValueError, tarfile.TarError) as exc:
         print(f"gpu-kit-ingest: {exc}", file=sys.stderr)
         return 1
     for line in left_out:

@@ -8,7 +8,8 @@
 # `pip install --no-index --find-links`. Left out on purpose (scripts/gpu_kit.py NOT_CARRIED):
 # nvidia-ml-py and torch (the machine's own, matched to its driver and CUDA) and
 # systemd-python (journald only, imported lazily; it has no wheel). pip is carried too: the
-# kit runs it from its wheel where the machine's venv module cannot install one.
+# kit runs it from its wheel where the machine's venv module cannot install one. Beside the
+# wheels: libnvtrace.so, the kit's recorder of its own load's driver calls (scripts/nvtrace.c).
 #
 #   scripts/gpu-kit-wheels.sh                   # → build/gpu-kit/wheels (git-ignored)
 #   scripts/gpu-kit-wheels.sh --dry-run         # what it would download, and the command
@@ -75,6 +76,12 @@ for name in nvidia_ml_py torch systemd_python; do
         rm -f "$DEST/${name}"-*
     fi
 done
+# The kit's recorder of the load's driver calls, built here (the GPU machine may have no gcc).
+if command -v gcc > /dev/null; then
+    gcc -O2 -Wall -shared -fPIC -o "$DEST/libnvtrace.so" "$REPO/scripts/nvtrace.c" -ldl
+else
+    echo "gpu-kit-wheels.sh: no gcc: the kit builds scripts/nvtrace.c there, or goes without" >&2
+fi
 (cd "$DEST" && sha256sum ./*.whl > SHA256SUMS)
 
 SIZE=$(du -sb "$DEST" | cut -f1)

@@ -2,9 +2,12 @@
 # gpu-kit.sh: one short run on a real NVIDIA GPU host that records what gpuwhy's GPU paths
 # see there (issue 26). Writes everything under one folder; never stops at a failing step.
 #
-#   scripts/gpu-kit.sh                          # → $OUT, else build/gpu-kit/out-<time>
+#   scripts/gpu-kit.sh                          # → $OUT/gpu-kit.tar.gz, else build/gpu-kit/out-<time>
 #   scripts/gpu-kit.sh --out DIR --seconds 10   # seconds of each sampled phase (default 10)
+#   scripts/gpu-kit.sh --tar FILE               # also pack the folder into FILE (.tar.gz)
 #   scripts/gpu-kit.sh --venv .venv             # use this venv, install nothing
+# Under the device tool ($OUT set, no --out), the folder is recorded in $TMPDIR and packed
+# into $OUT/gpu-kit.tar.gz (the tool brings back 8 files at most), summary.json beside it.
 #
 # On the GPU machine (Python 3.12, PyTorch, nvidia-ml-py, no registry): first, here,
 # scripts/gpu-kit-wheels.sh; then run this with build/gpu-kit/wheels carried. It makes a
@@ -20,7 +23,16 @@
 #              during a bf16 matmul loop, pageable and pinned host-to-device copy loops,
 #              and after; `gpuwhy proc PID --json` of the PyTorch process
 #   nvml/      pynvml's own reading (process list, per-process utilisation, GPM metrics),
-#              nvidia-smi's process list; work/ the load's phases with their rates
+#              nvidia-smi's process list; work/ the load's phases with their rates;
+#              gpuwhy/cuda-libs.json the libcuda/libcudart the load maps and the traced
+#              functions they export
+#   xid/       three kernels that fault as applications' do (an illegal address, a trap, a
+#              PyTorch device-side assert; only their own contexts die): the kernel log's
+#              NVRM lines after them, NVML's Xid events (gpuwhy's sampler: its stderr), the
+#              nvidia_dev_xid tracepoint's record, nvidia-smi -q -x after
+#   nvtrace/   calls.nvt: every ioctl the load sent to an NVIDIA device, its parameters
+#              before and after (scripts/nvtrace.c, preloaded into the kit's own load only;
+#              built by gpu-kit-wheels.sh, else here with gcc, else left out)
 #   summary.json  every step, its rc and seconds; whether there was an NVIDIA GPU
 # Without an NVIDIA GPU it says so, runs what can run, and still exits 0.
 # Budget: about 2 minutes at --seconds 10, 4 at most (GPUWHY_KIT_BUDGET, seconds).
@@ -31,12 +43,14 @@ SECONDS_EACH="${GPUWHY_KIT_SECONDS:-10}"
 BUDGET="${GPUWHY_KIT_BUDGET:-230}"
 WHEELS="$REPO/build/gpu-kit/wheels"
 VENV=""
-DEST="${OUT:-}"
+DEST=""
+TAR=""
 while (($#)); do
     case "$1" in
         --out) DEST="$2"; shift 2 ;;
         --seconds) SECONDS_EACH="$2"; shift 2 ;;
         --wheels) WHEELS="$2"; shift 2 ;;
+        --tar) TAR="$2"; shift 2 ;;
         --venv) VENV="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-kit.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -47,8 +61,13 @@ done
 [[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu-kit.sh: GPUWHY_KIT_BUDGET: not seconds" >&2; exit 2; }
 WHEELS=$(realpath -m "$WHEELS")
 [[ -n "$VENV" ]] && VENV=$(realpath -m "$VENV")
+if [[ -z "$DEST" && -n "${OUT:-}" ]]; then
+    DEST="$(mktemp -d "${TMPDIR:-/tmp}/gpu-kit.XXXXXX")/gpu-kit"
+    TAR="${TAR:-$OUT/gpu-kit.tar.gz}"
+fi
 DEST="${DEST:-$REPO/build/gpu-kit/out-$(date -u +%Y%m%dT%H%M%SZ)}"
-mkdir -p "$DEST"/{host,gpuwhy,nvml,work,logs}
+[[ -n "$TAR" ]] && TAR=$(realpath -m "$TAR")
+mkdir -p "$DEST"/{host,gpuwhy,nvml,nvtrace,xid,work,logs}
 DEST="$(cd "$DEST" && pwd)"
 # Never from the checkout: `python -m gpuwhy` there would import its source folders, not
 # the installed wheel (and its systemd/ folder of units would pass for systemd-python);
@@ -57,7 +76,7 @@ cd "$DEST/logs" || exit 1
 STEPS="$DEST/steps.tsv"
 LAST_RC=0
 : > "$STEPS"
-STARTED=$(date +%s.%N)
+STARTED=$EPOCHREALTIME
 DEADLINE=$(( $(date +%s) + BUDGET ))
 KIT="$REPO/scripts/gpu_kit.py"
 echo "gpu-kit: recording into $DEST (${SECONDS_EACH}s a phase, ${BUDGET}s at most)"
@@ -67,6 +86,10 @@ record() {   # name rc seconds limit output note
     printf 'gpu-kit: %-22s rc=%-4s %6ss %s\n' "$1" "${2:-skip}" "${3:-0}" "${6:-}"
 }
 
+since() {   # seconds from $1 to $2 (EPOCHREALTIME values), 2 decimals; no bc on GPU hosts
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'
+}
+
 # step NAME LIMIT OUTPUT CMD...: CMD under `timeout`, stdout → OUTPUT, stderr → logs/NAME.err
 step() {
     local name=$1 limit=$2 output=$3 left t0 t1 rc
@@ -74,12 +97,12 @@ step() {
     left=$(( DEADLINE - $(date +%s) ))
     if (( left < 2 )); then record "$name" "" "" "$limit" "$output" "kit budget spent"; return; fi
     (( limit > left )) && limit=$left
-    t0=$(date +%s.%N)
+    t0=$EPOCHREALTIME
     timeout -k 5 "$limit" "$@" > "$DEST/$output" 2> "$DEST/logs/$name.err" < /dev/null
     rc=$?
     LAST_RC=$rc
-    t1=$(date +%s.%N)
-    record "$name" "$rc" "$(printf '%.2f' "$(echo "$t1 - $t0" | bc)")" "$limit" "$output" \
+    t1=$EPOCHREALTIME
+    record "$name" "$rc" "$(since "$t0" "$t1")" "$limit" "$output" \
         "$( ((rc == 124 || rc == 137)) && echo "timed out after ${limit}s")"
 }
 
@@ -94,13 +117,13 @@ sample() {
         record "sample-$name" "" "" "$SECONDS_EACH" "gpuwhy/sample-$name.jsonl" "kit budget spent"
         return
     fi
-    t0=$(date +%s.%N)
+    t0=$EPOCHREALTIME
     timeout --preserve-status -s INT -k 5 "$SECONDS_EACH" \
         "$PY" -m gpuwhy gpu sample --source nvml --json --processes --interval 0.5 \
         > "$DEST/gpuwhy/sample-$name.jsonl" 2> "$DEST/logs/sample-$name.err" < /dev/null
     rc=$?
-    t1=$(date +%s.%N)
-    record "sample-$name" "$rc" "$(printf '%.2f' "$(echo "$t1 - $t0" | bc)")" \
+    t1=$EPOCHREALTIME
+    record "sample-$name" "$rc" "$(since "$t0" "$t1")" \
         "$SECONDS_EACH" "gpuwhy/sample-$name.jsonl"
 }
 
@@ -170,7 +193,7 @@ print(json.dumps({"python": sys.version, "executable": sys.executable, "prefix":
                                          "flask", "orjson", "sqlite_utils", "lark", "re2",
                                          "croniter", "psutil", "click")}}, indent=2))' \
     "$NOTE" "$BASE_PY"
-step pip-check 30 logs/pip-check.out "$PY" -m pip check --disable-pip-version-check
+step pip-check 60 logs/pip-check.json "$PY" "$KIT" pip-check --python "$PY"
 
 # --- the host, as the driver shows it ---
 GPU_WHY=""
@@ -202,14 +225,25 @@ if [[ -f "$NV/version" ]]; then
     done
 fi
 step dev-nvidia 10 host/dev-nvidia.txt bash -c 'ls -l /dev/nvidia* /dev/nvidia-caps 2>&1; echo; grep -i nvidia /proc/devices'
+# Where no tracefs is mounted (a VM's minimal root), root mounts one for the look, then not.
 step xid-tracepoint 10 host/nvidia_dev_xid.txt bash -c '
-for t in /sys/kernel/tracing /sys/kernel/debug/tracing; do
+mounted=""
+if [ ! -d /sys/kernel/tracing/events ] && [ ! -d /sys/kernel/debug/tracing/events ] \
+        && [ "$(id -u)" = 0 ]; then
+    mounted=$(mktemp -d) && mount -t tracefs tracefs "$mounted" 2>&1 \
+        && echo "tracefs: none mounted; mounted one at $mounted for this step" \
+        || { echo "tracefs: none mounted, and mounting one failed"; rmdir "$mounted"; mounted=""; }
+fi
+found=1
+for t in /sys/kernel/tracing /sys/kernel/debug/tracing $mounted; do
     [ -d "$t/events" ] || continue
     echo "tracefs: $t"; ls "$t/events/nvidia" 2>&1
     f="$t/events/nvidia/nvidia_dev_xid/format"
-    if [ -f "$f" ]; then echo "nvidia_dev_xid: present"; cat "$f"; exit 0; fi
+    if [ -f "$f" ]; then echo "nvidia_dev_xid: present"; cat "$f"; found=0; break; fi
 done
-echo "nvidia_dev_xid: absent"; exit 1'
+[ $found = 0 ] || echo "nvidia_dev_xid: absent"
+[ -n "$mounted" ] && { umount "$mounted"; rmdir "$mounted"; }
+exit $found'
 step kernel-log 10 host/kernel-log-nvidia.txt bash -c \
     'dmesg 2>&1 | grep -iE "nvrm|nvidia|xid" | tail -n 300'
 step bpf 30 host/bpf.json "$PY" "$KIT" bpf
@@ -219,8 +253,23 @@ step check-env 60 gpuwhy/check-env.json "$PY" -m gpuwhy check-env --json
 sample idle
 WORK="$DEST/work"
 WPID=""
+# The recorder of the load's driver calls: carried, else built here, else none.
+NVTRACE="$WHEELS/libnvtrace.so"
+if [[ ! -f "$NVTRACE" ]]; then
+    NVTRACE="${TMPDIR:-/tmp}/gpuwhy-kit-libnvtrace.so"
+    gcc -O2 -shared -fPIC -o "$NVTRACE" "$REPO/scripts/nvtrace.c" -ldl \
+        2> "$DEST/logs/nvtrace-build.err" || NVTRACE=""
+fi
+PRELOAD=()
+if [[ -n "$NVTRACE" && $GPU == yes ]]; then
+    PRELOAD=(env "LD_PRELOAD=$NVTRACE" "NVTRACE_OUT=$DEST/nvtrace/calls.nvt"
+             "NVTRACE_PTRS=$("$PY" "$KIT" nvtrace-rules 2> "$DEST/logs/nvtrace-rules.err")")
+    record nvtrace 0 "" "" nvtrace/calls.nvt "$NVTRACE"
+else
+    skip nvtrace nvtrace/calls.nvt "no recorder: not carried, no gcc here, or no GPU"
+fi
 if [[ $GPU == yes ]]; then
-    timeout -k 5 $(( DEADLINE - $(date +%s) )) "$PY" "$KIT" work --dir "$WORK" \
+    timeout -k 5 $(( DEADLINE - $(date +%s) )) "${PRELOAD[@]}" "$PY" "$KIT" work --dir "$WORK" \
         --max-phase-seconds $(( SECONDS_EACH + 30 )) --wait-seconds $(( BUDGET )) \
         > "$DEST/logs/work.out" 2> "$DEST/logs/work.err" &
     WORKER=$!
@@ -262,6 +311,7 @@ for phase in matmul h2d-pageable h2d-pinned; do
         step proc-scan 30 gpuwhy/proc-scan.json "$PY" -m gpuwhy proc "$WPID" --json
         step proc-raw 10 gpuwhy/proc-raw.txt bash -c \
             "cat /proc/$WPID/cgroup; echo; ls -l /proc/$WPID/fd | grep -i nvidia"
+        step cuda-libs 30 gpuwhy/cuda-libs.json "$PY" "$KIT" cuda-libs --pid "$WPID"
     fi
     touch "$WORK/stop-$phase"
     wait_for "$WORK/done-$phase" 60 || record "phase-$phase" 1 "" "" "" "did not finish"
@@ -275,10 +325,68 @@ touch "$WORK/quit"
 [[ -n "${WORKER:-}" ]] && wait "$WORKER" 2> /dev/null
 sample after
 
+# --- a real Xid: kernels that fault as applications' do (their context dies, not the GPU) ---
+# Seen three ways, each kept in xid/: the kernel log's NVRM lines, NVML's Xid events (gpuwhy's
+# own sampler) and the driver's nvidia_dev_xid tracepoint (enabled for it where root can
+# mount tracefs).
+if [[ $GPU == yes && -n "$WPID" ]]; then
+    TRACE=""
+    MOUNTED=""
+    for t in /sys/kernel/tracing /sys/kernel/debug/tracing; do
+        [[ -d "$t/events/nvidia" ]] && { TRACE=$t; break; }
+    done
+    if [[ -z "$TRACE" && $(id -u) == 0 ]]; then
+        MOUNTED=$(mktemp -d)
+        if mount -t tracefs tracefs "$MOUNTED" 2> /dev/null; then
+            [[ -d "$MOUNTED/events/nvidia" ]] && TRACE=$MOUNTED
+        else
+            rmdir "$MOUNTED"; MOUNTED=""
+        fi
+    fi
+    XID_EVENT="$TRACE/events/nvidia/nvidia_dev_xid/enable"
+    if [[ -n "$TRACE" && -f "$XID_EVENT" ]]; then
+        : > "$TRACE/trace"
+        echo 1 > "$XID_EVENT"
+    fi
+    timeout --preserve-status -s INT -k 5 $(( 4 * SECONDS_EACH + 30 )) \
+        "$PY" -m gpuwhy gpu sample --source nvml --json --interval 0.5 \
+        > "$DEST/xid/sample-xid.jsonl" 2> "$DEST/xid/sample-xid.err" < /dev/null &
+    SAMPLER=$!
+    t0=$EPOCHREALTIME
+    sleep 3   # its Xid event set registered
+    for kind in illegal-address trap torch-assert; do
+        step "fault-$kind" 60 "xid/fault-$kind.json" "$PY" "$KIT" fault --kind "$kind"
+        sleep 1
+    done
+    sleep 3   # the last Xid's event read
+    kill -INT "$SAMPLER" 2> /dev/null
+    wait "$SAMPLER"
+    record sample-xid "$?" "$(since "$t0" "$EPOCHREALTIME")" "" xid/sample-xid.jsonl
+    if [[ -f "$XID_EVENT" ]]; then
+        step xid-trace 10 xid/tracepoint.txt cat "$TRACE/trace"
+        echo 0 > "$XID_EVENT"
+    else
+        skip xid-trace xid/tracepoint.txt "no nvidia_dev_xid tracepoint (or no tracefs)"
+    fi
+    [[ -n "$MOUNTED" ]] && { umount "$MOUNTED"; rmdir "$MOUNTED"; }
+    step kernel-log-xid 10 xid/kernel-log.txt bash -c \
+        'dmesg 2>&1 | grep -iE "nvrm|xid" | tail -n 300'
+    step nvidia-smi-q-after 60 xid/nvidia-smi-q-after.xml nvidia-smi -q -x
+else
+    skip faults xid/fault-illegal-address.json "no PyTorch load: no GPU to fault on"
+fi
+
 # --- the manifest ---
 "$PY" "$KIT" summary --out "$DEST" --gpu-present "$GPU" --gpu-why "$GPU_WHY" \
     --started "$STARTED" 2> "$DEST/logs/summary.err" \
     || python3 "$KIT" summary --out "$DEST" --gpu-present "$GPU" --gpu-why "$GPU_WHY" \
         --started "$STARTED"
 echo "gpu-kit: done in $(( $(date +%s) - ${STARTED%.*} ))s: $DEST/summary.json"
+if [[ -n "$TAR" ]]; then
+    mkdir -p "$(dirname "$TAR")"
+    tar -czf "$TAR" -C "$(dirname "$DEST")" "$(basename "$DEST")" \
+        && cp "$DEST/summary.json" "$(dirname "$TAR")/" \
+        && echo "gpu-kit: packed into $TAR ($(du -h "$TAR" | cut -f1))" \
+        || echo "gpu-kit: packing into $TAR failed" >&2
+fi
 exit 0

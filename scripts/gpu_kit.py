@@ -9,6 +9,10 @@ imported where they are used, and their absence is recorded, never fatal.
     python3 scripts/gpu_kit.py work --dir OUT/work       # the PyTorch load, phase by phase
     python3 scripts/gpu_kit.py nvml --pid PID            # pynvml's own reading, to compare
     python3 scripts/gpu_kit.py summary --out OUT         # OUT/summary.json from OUT/steps.tsv
+    python3 scripts/gpu_kit.py cuda-libs --pid PID       # libcuda/libcudart it maps, symbols
+    python3 scripts/gpu_kit.py pip-check                 # pip check, less NOT_CARRIED
+    python3 scripts/gpu_kit.py nvtrace-rules             # the recorder's pointer rules
+    python3 scripts/gpu_kit.py fault --kind trap         # a faulting kernel: a real Xid
     python3 scripts/gpu_kit.py check-layout DIR          # is DIR a recording the tests can read?
 """
 
@@ -170,7 +174,91 @@ def bpf_report() -> dict:
             "lockdown": _read("/sys/kernel/security/lockdown"),
             "btf_vmlinux": Path("/sys/kernel/btf/vmlinux").exists(),
             "tracefs_events": Path("/sys/kernel/tracing/events").is_dir(),
+            "tracefs_mounted": "tracefs" in (_read("/proc/mounts") or ""),
             "this_process": bpf_probes(), "as_nobody": _as_nobody()}
+
+
+# --- what the CUDA uprobes would attach to -----------------------------------------------------
+
+def cuda_libraries(pid: int) -> dict:
+    """The libcuda/libcudart files ``pid`` maps, as gpuwhy's CUDA probe finds them, their
+    build ids, and which of its traced functions each exports (dlsym: what a uprobe on
+    that symbol would need). Needs gpuwhy importable (the kit's venv)."""
+    from gpuwhy.probes.cuda.libraries import FUNCTIONS, build_id, mapped_libraries
+
+    libraries = []
+    for library in mapped_libraries(pid):
+        entry: dict = {"path": library.path, "kind": library.kind}
+        try:
+            entry["build_id"] = build_id(library.host_path)
+            handle = ctypes.CDLL(library.host_path)
+        except Exception as exc:  # noqa: BLE001 - recorded: what failed is the finding
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            libraries.append(entry)
+            continue
+        exported: dict[str, list[str]] = {}
+        for function in FUNCTIONS:
+            found = [s for s in function.symbols if hasattr(handle, s)]
+            if found:
+                exported[function.name] = found
+        entry["exported"] = exported
+        entry["missing"] = sorted({f.name for f in FUNCTIONS} - set(exported))
+        libraries.append(entry)
+    maps = _read(f"/proc/{pid}/maps") or ""
+    cuda_lines = [line for line in maps.splitlines() if "libcud" in line or "nvidia" in line]
+    return {"pid": pid, "libraries": libraries, "maps": cuda_lines[:200]}
+
+
+# --- an application's own GPU fault: a real Xid, the GPU unharmed -------------------------------
+
+# Kernels that fault the way applications' do: the driver kills their context, logs an Xid
+# (31, an MMU fault; 13, an SM exception) and the GPU goes on serving the others.
+FAULTS = {
+    "illegal-address": 'extern "C" __global__ void fault(int *unused) '
+                       '{ *(volatile int *)0x10 = 1; }',
+    "trap": 'extern "C" __global__ void fault(int *unused) { asm volatile("trap;"); }',
+}
+
+
+def fault(kind: str) -> dict:
+    """Run one faulting kernel in this process (CuPy's NVRTC, or for ``torch-assert``
+    PyTorch's own device-side assert, an index out of range) and say how CUDA answered."""
+    report: dict = {"kind": kind, "pid": os.getpid(), "start_ns": time.time_ns()}
+    try:
+        if kind == "torch-assert":
+            import torch
+
+            values = torch.ones(4, device="cuda")
+            values[torch.tensor([1 << 20], device="cuda")] = 2.0
+            torch.cuda.synchronize()
+        else:
+            import cupy
+
+            kernel = cupy.RawKernel(FAULTS[kind], "fault")
+            kernel((1,), (1,), (cupy.zeros(1, dtype=cupy.int32),))
+            cupy.cuda.runtime.deviceSynchronize()
+        report["error"] = None
+    except Exception as exc:  # noqa: BLE001 - the fault is what is being recorded
+        report["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    report["end_ns"] = time.time_ns()
+    # what CUDA says of a faulted kernel; anything else (no CuPy, no GPU) is no fault
+    report["faulted"] = "cuda" in (report["error"] or "").lower()
+    return report
+
+
+def pip_check(python: str) -> dict:
+    """``pip check`` of the kit's venv, less the complaints about what is left out on
+    purpose (NOT_CARRIED): anything else is a broken install."""
+    import subprocess
+
+    done = subprocess.run([python, "-m", "pip", "check", "--disable-pip-version-check"],
+                          capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    expected = [line for line in lines
+                if any(f"requires {name}," in line or f"requires {name} " in line
+                       for name in NOT_CARRIED)]
+    problems = [] if done.returncode == 0 else [line for line in lines if line not in expected]
+    return {"rc": done.returncode, "left_out_on_purpose": expected, "problems": problems}
 
 
 # --- the PyTorch load -------------------------------------------------------------------------
@@ -417,6 +505,13 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--gpu-present", choices=("yes", "no"), required=True)
     sm.add_argument("--gpu-why", default="")
     sm.add_argument("--started", type=float, default=time.time())
+    cu = sub.add_parser("cuda-libs", help="the CUDA libraries PID maps, their symbols (JSON)")
+    cu.add_argument("--pid", type=int, required=True)
+    pc = sub.add_parser("pip-check", help="pip check, less what is left out on purpose")
+    pc.add_argument("--python", default=sys.executable)
+    sub.add_parser("nvtrace-rules", help="the recorder's NVTRACE_PTRS, from gpuwhy.nvioctl")
+    fa = sub.add_parser("fault", help="one faulting kernel: a real Xid (JSON)")
+    fa.add_argument("--kind", choices=(*FAULTS, "torch-assert"), required=True)
     cl = sub.add_parser("check-layout", help="problems that keep DIR from being a fixture")
     cl.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
@@ -438,6 +533,22 @@ def main(argv: list[str] | None = None) -> int:
         print(report["message"])
         print(f"{len(report['steps'])} steps, failed: {', '.join(report['failed']) or 'none'}; "
               f"skipped: {', '.join(report['skipped']) or 'none'}")
+    elif args.command == "cuda-libs":
+        report = cuda_libraries(args.pid)
+        print(json.dumps(report, indent=2))
+        return 0 if report["libraries"] else 1
+    elif args.command == "pip-check":
+        report = pip_check(args.python)
+        print(json.dumps(report, indent=2))
+        return 1 if report["problems"] else 0
+    elif args.command == "nvtrace-rules":
+        from gpuwhy.demo.recorded import pointer_rules
+
+        print(pointer_rules())
+    elif args.command == "fault":
+        report = fault(args.kind)
+        print(json.dumps(report, indent=2))
+        return 0 if report["faulted"] else 1
     elif args.command == "check-layout":
         problems = layout_problems(args.dir)
         print("\n".join(problems) or f"{args.dir}: a recording the tests can read")

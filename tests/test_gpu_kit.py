@@ -35,12 +35,13 @@ EVERY_STEP = ("env", "pip-check", "nvidia-smi-L", "nvidia-smi-q", "nvidia-smi-to
 
 
 def run_kit(out: Path, env_extra: dict | None = None, seconds: int = 1,
-            timeout: int = 90) -> tuple[subprocess.CompletedProcess, float]:
+            timeout: int = 90, args: tuple[str, ...] = ()
+            ) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "GPUWHY_KIT_BUDGET": "80", **(env_extra or {})}
     env.pop("OUT", None)
     began = time.monotonic()
     done = subprocess.run(["bash", str(SCRIPTS / "gpu-kit.sh"), "--venv", str(REPO / ".venv"),
-                           "--out", str(out), "--seconds", str(seconds)],
+                           "--out", str(out), "--seconds", str(seconds), *args],
                           capture_output=True, text=True, env=env, timeout=timeout)
     return done, time.monotonic() - began
 
@@ -360,3 +361,88 @@ def test_sample_processes_prints_nvml_process_rows(capsys):
                        "processes": rows}
     _print_processes([GpuProcesses(ts=1, gpu_id="GPU-x", source="nvml", processes=rows)], False)
     assert "process 42 on GPU-x: 1024.0 MiB, sm 88%" in capsys.readouterr().out
+
+
+def _recorder(directory: Path) -> Path:
+    library = directory / "libnvtrace.so"
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(library),
+                    str(SCRIPTS / "nvtrace.c"), "-ldl"], check=True, timeout=60)
+    return library
+
+
+def test_the_recorder_keeps_every_driver_call_with_its_buffers(tmp_path):
+    """scripts/nvtrace.c, preloaded into the stand-in replay of a CUDA start (look-alike
+    device files, as the probe's own tests use): every call it sends is in the file, with
+    the buffers the pointer rules name, and reads back as the replay says the probe should
+    count it. The process's other ioctls (its terminal's) are not kept."""
+    import tempfile
+
+    from gpuwhy.demo.recorded import decode, expected_stats, pointer_rules, read_calls
+
+    devices = Path(tempfile.mkdtemp(prefix="nvt", dir="/tmp"))   # a short path: 63 bytes
+    try:
+        env = {**os.environ, "LD_PRELOAD": str(_recorder(tmp_path)),
+               "NVTRACE_OUT": str(tmp_path / "calls.nvt"), "NVTRACE_DEVICE_DIR": str(devices),
+               "NVTRACE_PTRS": pointer_rules()}
+        done = subprocess.run([sys.executable, "-c", "import fcntl, os, termios; "
+                               "_, tty = os.openpty(); "
+                               "fcntl.ioctl(tty, termios.TIOCGWINSZ, bytes(8)); "
+                               "from gpuwhy.demo.standin import main; "
+                               f"main(['replay', '{devices}', '--rounds', '2'])"],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        calls = read_calls(tmp_path / "calls.nvt")
+        assert {c.path.rsplit("/", 1)[0] for c in calls} == {str(devices)}
+        assert expected_stats(str(devices), calls) == report["expected"]
+        assert all(c.ret == -1 and c.errno == 25 for c in calls)     # ENOTTY on plain files
+        xfer = next(c for c in calls if decode(c).xferred)
+        assert [b.nested for b in xfer.buffers] == [False, True]
+        assert decode(xfer).name == "NV_ESC_RM_CONTROL" and decode(xfer).sub == 0x215
+        memory = [c for c in calls if decode(c).name == "NV_ESC_RM_ALLOC"
+                  and decode(c).sub == 0x40]
+        assert memory and all(len(c.buffers) == 2 and c.buffers[1].offset == 16
+                              for c in memory)
+    finally:
+        for leftover in devices.iterdir():
+            leftover.unlink()
+        devices.rmdir()
+
+
+def test_the_kit_packs_its_folder_and_ingest_unpacks_it(tmp_path):
+    """Under the device tool only 8 files come back: --tar packs the recording into one.
+    The ingest takes the packed file, and keeps recorded driver calls gzipped."""
+    from gpuwhy.demo.recorded import MAGIC, read_calls
+
+    out, packed = tmp_path / "out", tmp_path / "back" / "gpu-kit.tar.gz"
+    done, _ = run_kit(out, args=("--tar", str(packed)))
+    assert done.returncode == 0, done.stderr
+    assert packed.is_file() and (packed.parent / "summary.json").is_file()
+    # a recording with calls: repack it with an (empty) calls file, as a GPU host's has
+    (out / "nvtrace" / "calls.nvt").write_bytes(MAGIC)
+    subprocess.run(["tar", "-czf", str(packed), "-C", str(tmp_path), "out"], check=True)
+    dest = tmp_path / "real" / "stand-in"
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu-kit-ingest.py"), str(packed),
+                           "--model", "stand-in", "--dest", str(dest)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert read_calls(dest / "nvtrace" / "calls.nvt.gz") == []
+    assert gpu_kit.layout_problems(dest) == []
+    broken = tmp_path / "broken.tar.gz"
+    broken.write_bytes(b"not a tar file")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu-kit-ingest.py"), str(broken),
+                           "--model", "stand-in", "--dest", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "gpu-kit-ingest:" in done.stderr
+
+
+def test_pip_check_leaves_out_only_what_is_not_carried(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'gpuwhy 0.1.0 requires systemd-python, which is not "
+                    "installed.'\necho 'flask 3.1 requires werkzeug, which is not "
+                    "installed.'\nexit 1\n")
+    fake.chmod(0o755)
+    report = gpu_kit.pip_check(str(fake))
+    assert report["left_out_on_purpose"] == [
+        "gpuwhy 0.1.0 requires systemd-python, which is not installed."]
+    assert report["problems"] == ["flask 3.1 requires werkzeug, which is not installed."]

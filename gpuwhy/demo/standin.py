@@ -11,11 +11,14 @@ Every kernel-log line they write says that it is demo traffic.
     python -m gpuwhy.demo.standin nvidia-smi -r -i 0 --dev DEV_DIR --pci P --uuid U \
         [--strike FILE]
     python -m gpuwhy.demo.standin replay DIR [--rounds N] [--threads T] [--hold]
+    python -m gpuwhy.demo.standin replay-recording FILE DIR [--driver-version V] [--hold]
 
 `replay` creates (if missing) DIR/nvidiactl, DIR/nvidia0 and DIR/nvidia-uvm and sends, from
 T threads, N rounds of the calls in gpuwhy.demo.replay. It prints one JSON line: the pid,
 the thread ids, and per "path|cmd|sub" the count, errors and bytes the probe should report;
 with --hold, it waits for a line on stdin before closing the files and exiting.
+`replay-recording` sends a real CUDA process's calls, as the real-GPU kit recorded them
+(gpuwhy.demo.recorded), the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from gpuwhy.demo.recorded import expected_stats, read_calls
+from gpuwhy.demo.recorded import replay as replay_calls
 from gpuwhy.demo.replay import (
     GPU_IDS,
     RM_ALLOC,
@@ -43,7 +48,7 @@ from gpuwhy.demo.replay import (
     send_ioctl,
 )
 from gpuwhy.lifeline import ParentGone, die_with_parent, die_with_parent_named_in
-from gpuwhy.nvioctl import iowr
+from gpuwhy.nvioctl import iowr, parse_driver_version
 from gpuwhy.reset import BIF_RESET
 
 DEMO_MARK = "[gpuwhy demo traffic, not a GPU error]"
@@ -184,6 +189,18 @@ def replay(args: argparse.Namespace) -> None:
         os.close(fd)
 
 
+def replay_recording(args: argparse.Namespace) -> None:
+    """Send a real process's recorded driver calls (scripts/nvtrace.c) again on look-alike
+    files; print the pid and what the probe should report; with --hold, wait for stdin."""
+    calls = read_calls(args.recording)
+    driver = parse_driver_version(args.driver_version)
+    replay_calls(args.directory, calls, driver)
+    print(json.dumps({"pid": os.getpid(), "calls": len(calls),
+                      "expected": expected_stats(args.directory, calls, driver)}), flush=True)
+    if args.hold:
+        sys.stdin.readline()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="gpuwhy-standin")
@@ -207,8 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--rounds", type=int, default=1)
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--hold", action="store_true", help="wait for stdin before closing")
+    rr = sub.add_parser("replay-recording", help="replay a real process's recorded calls")
+    rr.add_argument("recording")
+    rr.add_argument("directory")
+    rr.add_argument("--driver-version", default="", help="the recording host's driver")
+    rr.add_argument("--hold", action="store_true", help="wait for stdin before exiting")
     args = parser.parse_args(argv)
-    {"train": train, "nvidia-smi": nvidia_smi, "replay": replay}[args.program](args)
+    {"train": train, "nvidia-smi": nvidia_smi, "replay": replay,
+     "replay-recording": replay_recording}[args.program](args)
 
 
 if __name__ == "__main__":
