@@ -50,6 +50,9 @@ SETTINGS: tuple[Setting, ...] = (
             "where procfs is mounted (containers mount the host's elsewhere)"),
     Setting("probes.sys_root", "/sys", "GPUWHY_SYS_ROOT",
             "where sysfs is mounted: the NUMA nodes of CPUs and of GPUs"),
+    Setting("probes.driver_version", "", "GPUWHY_DRIVER_VERSION",
+            "the NVIDIA driver's version, for the UVM calls whose layout changed; empty: "
+            "read from {probes.sys_root}/module/nvidia/version (none there: the newest)"),
     Setting("correlator.batch_size", 500, "GPUWHY_BATCH_SIZE",
             "events written to the store in one transaction at most"),
     Setting("correlator.flush_interval", 1.0, "GPUWHY_FLUSH_INTERVAL",

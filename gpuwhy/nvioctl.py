@@ -105,6 +105,8 @@ RM_CLASSES: dict[int, str] = {
     0xC5B5: "TURING_DMA_COPY_A", 0xC6B5: "AMPERE_DMA_COPY_A", 0xC7B5: "AMPERE_DMA_COPY_B",
     0xC8B5: "HOPPER_DMA_COPY_A", 0xC9B5: "BLACKWELL_DMA_COPY_A",
     0xC637: "AMPERE_SMC_PARTITION_REF", 0xC638: "AMPERE_SMC_EXEC_PARTITION_REF",
+    0xC639: "AMPERE_SMC_CONFIG_SESSION", 0xC640: "AMPERE_SMC_MONITOR_SESSION",
+    0x90E6: "GF100_SUBDEVICE_MASTER",
     0xC574: "UVM_CHANNEL_RETAINER", 0xCB33: "NV_CONFIDENTIAL_COMPUTE",
 }
 MEMORY_CLASSES = frozenset({0x003E, 0x0040, 0x50A0})   # NV_MEMORY_ALLOCATION_PARAMS.size
@@ -262,6 +264,40 @@ UVM_DECODE: dict[int, Decode] = {
     73: Decode(16, (0, 8), (8, 8), F_BYTES_ARG1),                     # CREATE_EXTERNAL_RANGE
     75: Decode(4, (0, 4)), 80: Decode(24, (0, 8), (8, 8), F_BYTES_ARG1),
 }
+
+
+# UVM layouts that changed between drivers. UVM commands carry no size to tell them apart,
+# so the probe picks by the loaded driver's version: command -> (the first version with the
+# UVM_DECODE layout, the layout before it).
+UVM_DECODE_BEFORE: dict[int, tuple[tuple[int, ...], Decode]] = {
+    # UVM_FREE_PARAMS lost its length in 590.44.01: {base, length, rmStatus} before, as the
+    # real-GPU kit recorded it on 580.159.04 (tests/data/real/h200/nvtrace).
+    34: ((590, 44, 1), Decode(16, (0, 8), (8, 8), F_BYTES_ARG1)),
+}
+
+
+def parse_driver_version(text: str) -> tuple[int, ...] | None:
+    """The version in ``text``: ``"580.159.04"``, ``/sys/module/nvidia/version``, or the
+    first line of ``/proc/driver/nvidia/version``; None when there is none.
+
+    >>> parse_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module  580.159.04  Release")
+    (580, 159, 4)
+    """
+    for word in text.split():
+        parts = word.split(".")
+        if len(parts) >= 2 and all(p.isdigit() for p in parts):
+            return tuple(int(p) for p in parts)
+    return None
+
+
+def uvm_decode(driver: tuple[int, ...] | None) -> dict[int, Decode]:
+    """UVM_DECODE as a driver of version ``driver`` lays its structs out (None: the newest)."""
+    table = dict(UVM_DECODE)
+    if driver is not None:
+        for command, (since, before) in UVM_DECODE_BEFORE.items():
+            if driver < since:
+                table[command] = before
+    return table
 
 
 def escape_nr(cmd: int) -> int | None:

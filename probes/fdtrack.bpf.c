@@ -542,12 +542,14 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
     u64 prefix[PARAMS_PREFIX / 8];
     struct decode_t *d = find_decode(space, call->nr, call->size);
     if (d && (d->flags & F_XFER)) {
-        // struct { u32 cmd; u32 size; u64 ptr; }
+        // nv_ioctl_xfer_t { u32 cmd; u32 size; u64 ptr; }: cmd is the bare escape number
+        // (the driver switches on it as on _IOC_NR), reported as the _IOWR it stands for.
         if (bpf_probe_read_user(prefix, 16, (void *)call->ptr) != 0)
             prefix[0] = prefix[1] = 0;
-        call->key.cmd = (u32)prefix[0];
         call->nr = prefix[0] & 0xff;
         call->size = prefix[0] >> 32;
+        call->key.cmd = (3u << 30) | ((call->size & 0x3fff) << 16) | (NV_IOCTL_MAGIC << 8) |
+                        call->nr;
         call->ptr = prefix[1];
         call->flags |= CALL_XFERRED;
         d = find_decode(0, call->nr, call->size);

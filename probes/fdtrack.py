@@ -31,13 +31,14 @@ from gpuwhy.nvioctl import (
     MEMORY_CLASSES,
     NOTABLE_CONTROLS,
     NV_IOCTL_MAGIC,
-    UVM_DECODE,
     VERSION_STRING_LEN,
     VERSION_STRING_OFFSET,
     DecodeFlag,
     ioctl_name,
+    parse_driver_version,
     status_name,
     sub_name,
+    uvm_decode,
 )
 from gpuwhy.probes.bpfdefs import (
     CLONE_THREAD,
@@ -223,6 +224,17 @@ def load_bpf(name: str, source: Path, cflags: tuple[str, ...]) -> object:
                                    f"/lib/modules/{os.uname().release}/build?)") from None
 
 
+def loaded_driver_version(setting: str, sys_root: str) -> tuple[int, ...] | None:
+    """The NVIDIA driver's version: the setting's, else the loaded module's; None when
+    neither says (no driver here, or sysfs not mounted where told)."""
+    if setting:
+        return parse_driver_version(setting)
+    try:
+        return parse_driver_version(Path(sys_root, "module/nvidia/version").read_text())
+    except OSError:
+        return None
+
+
 class FdTrackProbe:
     """The fdtrack probe: ``load()``, then ``run(stop)``; every event goes to ``publish``.
 
@@ -241,6 +253,8 @@ class FdTrackProbe:
         self.big_bytes: int = config["probes.big_alloc_bytes"]
         self.error_events_per_sec: int = config["probes.error_events_per_second"]
         self.repeat_ns = int(config["probes.repeat_seconds"] * NS_PER_SECOND)
+        self.driver_version = loaded_driver_version(config["probes.driver_version"],
+                                                    config["probes.sys_root"])
         self.trace = trace
         self.pid = pid
         self._publish = publish
@@ -321,8 +335,8 @@ class FdTrackProbe:
 
         decode = bpf[b"decode"]
         slots: dict[int, list] = {}
-        for space, entries in ((0, FRONTEND_DECODE), (1, {(c, 0): d for c, d in
-                                                           UVM_DECODE.items()})):
+        uvm = uvm_decode(self.driver_version)
+        for space, entries in ((0, FRONTEND_DECODE), (1, {(c, 0): d for c, d in uvm.items()})):
             for (code, size), spec in entries.items():
                 slots.setdefault(decode_slot(space, code), []).append((size, spec))
         for index, variants in slots.items():

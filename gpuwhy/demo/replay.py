@@ -94,7 +94,7 @@ def script() -> list[Call]:
         Call("nvidiactl", iowr(0x4A, 184), bytes(heap), sub=2, nbytes=GiB),  # VID_HEAP alloc
         Call("nvidiactl", iowr(0x4E, 56), map_memory, nbytes=2 * MiB),     # MAP_MEMORY
         Call("nvidiactl", iowr(0xD3, 16),                                  # XFER(RM_CONTROL)
-             struct.pack("<IIQ", RM_CONTROL, 32, ctypes.addressof(xfer_inner)),
+             struct.pack("<IIQ", 0x2A, 32, ctypes.addressof(xfer_inner)),
              sub=0x215, keep=[xfer_inner]),
         Call("nvidiactl", iowr(0x29, 16), struct.pack("<IIII", 1, 1, 9, 0)),  # RM_FREE
         Call("nvidia0", iowr(0xC9, 4), struct.pack("<i", 3)),              # REGISTER_FD
@@ -106,8 +106,8 @@ def script() -> list[Call]:
 
 def effective_cmd(call: Call) -> int:
     """What the probe reports as the command: the inner one of an XFER."""
-    if call.cmd == iowr(0xD3, 16):
-        return struct.unpack_from("<I", call.buffer.raw, 0)[0]
+    if call.cmd == iowr(0xD3, 16):   # nv_ioctl_xfer_t: the bare escape number, and its size
+        return iowr(*struct.unpack_from("<II", call.buffer.raw, 0))
     return call.cmd
 
 
