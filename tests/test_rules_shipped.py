@@ -430,3 +430,28 @@ def test_r45_fires_on_ranks_failing_at_cuda_init_with_none_on_the_gpu_now():
 def test_r45_stays_quiet(spec):
     firing, engine = fired("R45_fabric_not_up", spec)
     assert not firing, engine.status()
+
+
+def test_r27_is_quiet_on_a_gpu_that_only_copies_as_a_real_h200_did():
+    """Pinned host-to-device copies, as the H200 recording read them (tests/data/real/h200,
+    the h2d-pinned phase): no SM and no graphics engine active, yet the copy engine busy and
+    NVML's utilisation near 100 %. The GPU is working, not held idle; with no copy running
+    (utilisation 0) the same GPU is R27's."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "data" / "real" / "h200"
+    phase = next(p for p in map(json.loads, (folder / "work/phases.jsonl").open())
+                 if p["phase"] == "h2d-pinned")
+    samples = [s["fields"] for s in map(json.loads,
+                                        (folder / "gpuwhy/sample-h2d-pinned.jsonl").open())
+               if "fields" in s and phase["start_ns"] <= s["ts"] <= phase["end_ns"]
+               and "gr_engine_active" in s["fields"]]
+    copying = {name: sum(s[name] for s in samples) / len(samples)
+               for name in ("gpu_util", "gr_engine_active", "sm_active", "pcie_rx_bytes_per_s",
+                            "pcie_tx_bytes_per_s")}
+    assert copying["gpu_util"] > 90 and copying["gr_engine_active"] < 0.01
+    assert not fired("R27_allocated_but_idle", Synthetic(duration_s=1300, step_s=5,
+                                                         gpu=copying))[0]
+    assert fired("R27_allocated_but_idle", Synthetic(duration_s=1300, step_s=5,
+                                                     gpu={**copying, "gpu_util": 0.0}))[0]

@@ -83,7 +83,8 @@ class Synthetic:
     ``numa_node``: the GPUs' NUMA node (None: not known); ``cpu_nodes``: the share of the
     processes' on-CPU time on each node (None: a host of one node). ``instances``: MIG GPU
     instances of every GPU, ``{id: (profile, changes to HEALTHY_INSTANCE)}``, each sampled
-    on its own as dcgm-exporter labels them (GPU_I_ID, GPU_I_PROFILE)."""
+    on its own as dcgm-exporter labels them (GPU_I_ID, GPU_I_PROFILE). ``identities``: the
+    first GPUs' (UUID, PCI bus id), where a real recording names them."""
 
     duration_s: int = 400
     step_s: int = 1
@@ -104,9 +105,17 @@ class Synthetic:
     cpu_nodes: Sequence[float] | None = None
     extra: list[tuple[float, Event]] = field(default_factory=list)
     instances: Mapping[str, tuple[str, Varying]] = field(default_factory=dict)
+    identities: Sequence[tuple[str, str]] = ()
 
     def gpu_id(self, index: int) -> str:
+        if index < len(self.identities):
+            return self.identities[index][0]
         return f"GPU-{index:08x}-0000-4000-8000-000000000000"
+
+    def pci_bus_id(self, index: int) -> str:
+        if index < len(self.identities):
+            return self.identities[index][1]
+        return f"0000:{0x18 + index:02x}:00.0"
 
     def process(self, gpu: int, n: int) -> ProcessKey:
         return ProcessKey(10_000 + gpu * 100 + n, 500_000 + gpu * 100 + n)
@@ -124,7 +133,7 @@ class Synthetic:
             gpu_id = self.gpu_id(g)
             out.append(GpuSeen(ts=BASE_TS, gpu_id=gpu_id, source="sim", simulated=True,
                                uuid=gpu_id, index=g, minor=g, model=self.model,
-                               pci_bus_id=f"0000:{0x18 + g:02x}:00.0", driver_version="sim",
+                               pci_bus_id=self.pci_bus_id(g), driver_version="sim",
                                numa_node=self.numa_node))
             for n in range(self.processes):
                 key = self.process(g, n)

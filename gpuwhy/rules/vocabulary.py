@@ -81,7 +81,8 @@ def _codes(table: Mapping[int, str]) -> str:
 
 _GPU_COLUMNS = (
     # name, column, scale, unit, help
-    ("gpu.util", "gpu_util", 0.01, "ratio", "share of time a kernel ran (DEV_GPU_UTIL / 100)"),
+    ("gpu.util", "gpu_util", 0.01, "ratio",
+     "share of time a kernel or a copy ran (DEV_GPU_UTIL / 100)"),
     ("gpu.mem_copy_util", "mem_util", 0.01, "ratio", "share of time device memory was read "
      "or written (DEV_MEM_COPY_UTIL / 100)"),
     ("gpu.gr_active", "gr_engine_active", 1.0, "ratio", "graphics/compute engine activity"),

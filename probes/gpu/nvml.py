@@ -107,6 +107,22 @@ def _load() -> ModuleType:
                                         "pip install nvidia-ml-py)") from None
 
 
+def memory_info(nv: ModuleType, handle: object) -> object:
+    """The framebuffer as nvidia-smi and DCGM (field 252, with drivers from 510 on) count
+    it: NVML's v2 struct, whose ``used`` leaves out what the driver reserves for itself
+    (``reserved``). The v1 struct's ``used`` is total - free, the reserve included: 615 MiB
+    on an idle H200 (driver 580.159.04) whose nvidia-smi says 0 MiB used, 616 reserved.
+    A driver or binding without the v2 call gives v1."""
+    version = getattr(nv, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except (nv.NVMLError_FunctionNotFound, nv.NVMLError_ArgumentVersionMismatch,
+                nv.NVMLError_NotSupported):
+            pass
+    return nv.nvmlDeviceGetMemoryInfo(handle)
+
+
 def _readers(nv: ModuleType) -> dict[str, Callable]:
     """Our field name -> how to read it from a device handle, in our unit."""
     return {
@@ -122,8 +138,8 @@ def _readers(nv: ModuleType) -> dict[str, Callable]:
         "power_w": lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000,
         "power_limit_w": lambda h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
         "energy_mj": nv.nvmlDeviceGetTotalEnergyConsumption,
-        "fb_total_mib": lambda h: nv.nvmlDeviceGetMemoryInfo(h).total / MIB,
-        "fb_used_mib": lambda h: nv.nvmlDeviceGetMemoryInfo(h).used / MIB,
+        "fb_total_mib": lambda h: memory_info(nv, h).total / MIB,
+        "fb_used_mib": lambda h: memory_info(nv, h).used / MIB,
         "pcie_replays": nv.nvmlDeviceGetPcieReplayCounter,
         "pcie_tx_bytes_per_s": lambda h: nv.nvmlDeviceGetPcieThroughput(
             h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1024,
@@ -598,7 +614,7 @@ class NvmlSource:
         instance is gone."""
         nv, fields = self._nv, {}
         try:
-            memory = nv.nvmlDeviceGetMemoryInfo(mig)
+            memory = memory_info(nv, mig)
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired):
             raise
         except (nv.NVMLError_NotFound, nv.NVMLError_InvalidArgument):
