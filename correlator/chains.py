@@ -198,12 +198,19 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
     if incident["count"] and incident["count"] > 1:
         link.summary += f" (×{incident['count']})"
     links.append(link)
+    known = None
     if incident["pid"] is not None:
-        key = ProcessKey(incident["pid"], incident["start_time"])
-        links.append(Link("process", at, f"the Xid line names pid {key.pid} "
-                          f"({details.get('name') or _comm(db, key)})",
-                          {"kernel_log_pid": details.get("pid")}, 0.95, key.pid,
-                          key.start_time, gpu_id))
+        known = ProcessKey(incident["pid"], incident["start_time"])
+        links.append(Link("process", at, f"the Xid line names pid {known.pid} "
+                          f"({details.get('name') or _comm(db, known)})",
+                          {"kernel_log_pid": details.get("pid")}, 0.95, known.pid,
+                          known.start_time, gpu_id))
+    # The driver names the faulting process even where gpuwhy never saw it (no probes, or a
+    # process gone in a second): that pid, not whichever process was last on the GPU.
+    for pid, name in details.get("named") or []:
+        if known is None or pid != known.pid:
+            links.append(Link("process", at, f"the Xid line names pid {pid} ({name or '?'})",
+                              {"kernel_log_pid": pid}, 0.95, pid, None, gpu_id))
     resets = db.execute("select max(opened_at) from incidents where kind = 'gpu_reset' and "
                         "gpu_id = ? and opened_at < ?", [gpu_id, at]).fetchone()[0]
     if resets is not None:
@@ -215,8 +222,7 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
                               "reset: take it out of service for a hardware inspection",
                               {"incidents": [int(i) for i in after[1].split(",")]}, 0.7,
                               gpu_id=gpu_id))
-    named = {ProcessKey(incident["pid"], incident["start_time"])} \
-        if incident["pid"] is not None else None
+    named = {known} if known is not None else (set() if details.get("named") else None)
     links += _effect_links(db, incident, builder, only=named)
     return links
 

@@ -201,6 +201,8 @@ class IncidentBuilder:
                        "where id = ?",
                        [count + 1, worse, wanted.ts, wanted.ts, settle, wanted.ts, incident_id])
             self.merged += 1
+            if self._named_too(db, incident_id, wanted.details.get("named") or []):
+                chains.rebuild(db, incident_id, self)
             return incident_id, False
         process = wanted.process
         incident_id = db["incidents"].insert({
@@ -340,6 +342,23 @@ class IncidentBuilder:
                               f"not seen again for {self.dedup_ns // NS_PER_SECOND} s; the "
                               f"GPU stayed usable")
 
+    @staticmethod
+    def _named_too(db: Database, incident_id: int, named: list) -> bool:
+        """Add the processes a merged repeat names (an Xid line's pid and name) to those the
+        incident names; True when one was new. Two programs faulting on one GPU are one Xid
+        incident, and both are its story."""
+        if not named:
+            return False
+        row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
+        details = json.loads(row[0] or "{}")
+        known = details.setdefault("named", [])
+        new = [n for n in named if n not in known]
+        if new:
+            known += new
+            db.execute("update incidents set details = ? where id = ?",
+                       [json.dumps(details, sort_keys=True), incident_id])
+        return bool(new)
+
     # --- detectors -------------------------------------------------------------------------
     def _xid(self, db: Database, ts: int, gpu_id: str | None, code: int, pid: int | None,
              name: str | None, origin: str, detail: str) -> list[Opened]:
@@ -348,6 +367,8 @@ class IncidentBuilder:
         process = bindings.process_with_pid_at(db, pid, ts) if pid else None
         details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
                    **info.as_fields()}
+        if pid is not None:   # every process the driver names, as repeats merge in
+            details["named"] = [[pid, name]]
         # A later Xid of a GPU that is off the bus, or one that follows a previous Xid (45),
         # is that incident's effect; a lost GPU is a cause of its own, whatever came before.
         cause = None

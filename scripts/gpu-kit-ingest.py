@@ -6,7 +6,7 @@
     scripts/gpu-kit-ingest.py OUT_DIR --model h200 --dest DIR --force
 
 Keeps what the tests read (tests/data/real/README.md): summary.json, env.json, host/,
-gpuwhy/, nvml/, xid/, nvtrace/ (the recorded driver calls, gzipped), work/phases.jsonl and
+gpuwhy/, nvml/, xid/, service/, nvtrace/ (the recorded driver calls, gzipped), work/phases.jsonl and
 work/work.json; leaves out logs/ and the kit's handshake files. A file over --max-file-kib
 is left out and named; the whole copy must stay under --max-total-mib. The result must pass
 the layout check, else nothing is kept.
@@ -28,7 +28,7 @@ from gpu_kit import layout_problems  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KEPT_TOP = ("summary.json", "env.json")
-KEPT_DIRS = ("host", "gpuwhy", "nvml", "nvtrace", "xid")
+KEPT_DIRS = ("host", "gpuwhy", "nvml", "nvtrace", "xid", "service")
 KEPT_WORK = ("work/phases.jsonl", "work/work.json")
 
 

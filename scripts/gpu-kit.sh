@@ -30,6 +30,9 @@
 #              PyTorch device-side assert; only their own contexts die): the kernel log's
 #              NVRM lines after them, NVML's Xid events (gpuwhy's sampler: its stderr), the
 #              nvidia_dev_xid tracepoint's record, nvidia-smi -q -x after
+#   service/   gpuwhy serve (NVML; journald, else /dev/kmsg) running through the faults: its
+#              status, incidents and each incident's chain after them, its log; and a capture
+#              of the GPU and kernel-log sources' traffic (gpuwhy record), for the rules here
 #   nvtrace/   calls.nvt: every ioctl the load sent to an NVIDIA device, its parameters
 #              before and after (scripts/nvtrace.c, preloaded into the kit's own load only;
 #              built by gpu-kit-wheels.sh, else here with gcc, else left out)
@@ -67,7 +70,7 @@ if [[ -z "$DEST" && -n "${OUT:-}" ]]; then
 fi
 DEST="${DEST:-$REPO/build/gpu-kit/out-$(date -u +%Y%m%dT%H%M%SZ)}"
 [[ -n "$TAR" ]] && TAR=$(realpath -m "$TAR")
-mkdir -p "$DEST"/{host,gpuwhy,nvml,nvtrace,xid,work,logs}
+mkdir -p "$DEST"/{host,gpuwhy,nvml,nvtrace,xid,service,work,logs}
 DEST="$(cd "$DEST" && pwd)"
 # Never from the checkout: `python -m gpuwhy` there would import its source folders, not
 # the installed wheel (and its systemd/ folder of units would pass for systemd-python);
@@ -348,12 +351,26 @@ if [[ $GPU == yes && -n "$WPID" ]]; then
         : > "$TRACE/trace"
         echo 1 > "$XID_EVENT"
     fi
+    # gpuwhy itself, end to end, while they fault: the service (its GPU source NVML, its
+    # kernel-log source journald, else /dev/kmsg), and a capture of the same sources' traffic
+    # for `gpuwhy rules test --replay` and the tests here. Both in a folder of their own.
+    RUNDIR=$(mktemp -d)
+    SVCENV=(env "GPUWHY_DB=$RUNDIR/gpuwhy.db" "GPUWHY_BUS=ipc://$RUNDIR/bus.sock"
+            "GPUWHY_GPU_SOURCE=nvml" "GPUWHY_PORT=18765")
+    "${SVCENV[@]}" timeout -k 5 $(( 6 * SECONDS_EACH + 60 )) "$PY" -m gpuwhy serve \
+        > "$DEST/service/serve.log" 2>&1 < /dev/null &
+    SERVER=$!
+    "${SVCENV[@]}" timeout -k 5 $(( 6 * SECONDS_EACH + 60 )) "$PY" -m gpuwhy record \
+        --duration $(( 4 * SECONDS_EACH + 5 )) --sources gpu,klog \
+        --endpoint "ipc://$RUNDIR/record.sock" "$DEST/service/capture.jsonl" \
+        > "$DEST/service/record.log" 2>&1 < /dev/null &
+    RECORDER=$!
     timeout --preserve-status -s INT -k 5 $(( 4 * SECONDS_EACH + 30 )) \
         "$PY" -m gpuwhy gpu sample --source nvml --json --interval 0.5 \
         > "$DEST/xid/sample-xid.jsonl" 2> "$DEST/xid/sample-xid.err" < /dev/null &
     SAMPLER=$!
     t0=$EPOCHREALTIME
-    sleep 3   # its Xid event set registered
+    sleep 5   # the sampler's Xid event set registered, the service and recorder started
     for kind in illegal-address trap torch-assert; do
         step "fault-$kind" 60 "xid/fault-$kind.json" "$PY" "$KIT" fault --kind "$kind"
         sleep 1
@@ -362,6 +379,22 @@ if [[ $GPU == yes && -n "$WPID" ]]; then
     kill -INT "$SAMPLER" 2> /dev/null
     wait "$SAMPLER"
     record sample-xid "$?" "$(since "$t0" "$EPOCHREALTIME")" "" xid/sample-xid.jsonl
+    sleep $(( SECONDS_EACH + 2 ))   # the rules' next rounds (every 10 s)
+    step service-status 30 service/status.json "${SVCENV[@]}" "$PY" -m gpuwhy status --json
+    step service-incidents 30 service/incidents.json "${SVCENV[@]}" "$PY" -m gpuwhy incidents \
+        --json
+    for id in $("$PY" -c 'import json, sys
+print(" ".join(str(i["id"]) for i in json.load(open(sys.argv[1]))[:8]))' \
+            "$DEST/service/incidents.json" 2> /dev/null); do
+        step "service-incident-$id" 30 "service/incident-$id.json" "${SVCENV[@]}" "$PY" -m gpuwhy \
+            incident "$id" --json
+    done
+    kill -TERM "$SERVER" 2> /dev/null
+    wait "$SERVER"
+    record service "$?" "" "" service/serve.log
+    wait "$RECORDER"
+    record capture "$?" "" "" service/capture.jsonl
+    rm -rf "$RUNDIR"
     if [[ -f "$XID_EVENT" ]]; then
         step xid-trace 10 xid/tracepoint.txt cat "$TRACE/trace"
         echo 0 > "$XID_EVENT"
