@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 CAUSE_LOOKBACK_NS = 30 * NS_PER_SECOND
 ESCALATE_AFTER = 2          # Xids on a GPU after a reset that call for a hardware inspection
+MAX_NAMED = 8               # processes an Xid incident names (a storm names its first few)
 
 
 @dataclass
@@ -207,6 +208,7 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
                           known.start_time, gpu_id))
     # The driver names the faulting process even where gpuwhy never saw it (no probes, or a
     # process gone in a second): that pid, not whichever process was last on the GPU.
+    # (the first MAX_NAMED of a storm; the Xid's own step says how many lines there were)
     for pid, name in details.get("named") or []:
         if known is None or pid != known.pid:
             links.append(Link("process", at, f"the Xid line names pid {pid} ({name or '?'})",

@@ -345,14 +345,15 @@ class IncidentBuilder:
     @staticmethod
     def _named_too(db: Database, incident_id: int, named: list) -> bool:
         """Add the processes a merged repeat names (an Xid line's pid and name) to those the
-        incident names; True when one was new. Two programs faulting on one GPU are one Xid
-        incident, and both are its story."""
+        incident names, up to chains.MAX_NAMED; True when one was new. Two programs faulting on one
+        GPU are one Xid incident, and both are its story; a storm of thousands names its
+        first few (the incident's count says how many lines there were)."""
         if not named:
             return False
         row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
         details = json.loads(row[0] or "{}")
         known = details.setdefault("named", [])
-        new = [n for n in named if n not in known]
+        new = [n for n in named if n not in known][:chains.MAX_NAMED - len(known)]
         if new:
             known += new
             db.execute("update incidents set details = ? where id = ?",

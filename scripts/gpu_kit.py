@@ -486,6 +486,15 @@ def layout_problems(folder: Path) -> list[str]:
     return problems
 
 
+# The subcommands that print one JSON report: how to make it, and when it says "failed".
+JSON_REPORTS = {
+    "nvml": (lambda a: nvml_report(a.pid, a.gpm_seconds), lambda r: "error" in r),
+    "cuda-libs": (lambda a: cuda_libraries(a.pid), lambda r: not r["libraries"]),
+    "pip-check": (lambda a: pip_check(a.python), lambda r: bool(r["problems"])),
+    "fault": (lambda a: fault(a.kind), lambda r: not r["faulted"]),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -524,31 +533,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(bpf_report(), indent=2))
     elif args.command == "work":
         return work(args.dir, args.max_phase_seconds, args.wait_seconds)
-    elif args.command == "nvml":
-        report = nvml_report(args.pid, args.gpm_seconds)
+    elif args.command in JSON_REPORTS:
+        make, failed = JSON_REPORTS[args.command]
+        report = make(args)
         print(json.dumps(report, indent=2))
-        return 1 if "error" in report else 0
+        return 1 if failed(report) else 0
     elif args.command == "summary":
         report = summary(args.out, args.gpu_present == "yes", args.gpu_why, args.started)
         print(report["message"])
         print(f"{len(report['steps'])} steps, failed: {', '.join(report['failed']) or 'none'}; "
               f"skipped: {', '.join(report['skipped']) or 'none'}")
-    elif args.command == "cuda-libs":
-        report = cuda_libraries(args.pid)
-        print(json.dumps(report, indent=2))
-        return 0 if report["libraries"] else 1
-    elif args.command == "pip-check":
-        report = pip_check(args.python)
-        print(json.dumps(report, indent=2))
-        return 1 if report["problems"] else 0
     elif args.command == "nvtrace-rules":
         from gpuwhy.demo.recorded import pointer_rules
 
         print(pointer_rules())
-    elif args.command == "fault":
-        report = fault(args.kind)
-        print(json.dumps(report, indent=2))
-        return 0 if report["faulted"] else 1
     elif args.command == "check-layout":
         problems = layout_problems(args.dir)
         print("\n".join(problems) or f"{args.dir}: a recording the tests can read")

@@ -326,3 +326,26 @@ def test_a_stall_that_comes_back_reopens_its_incident_once_and_stops_counting(ha
     assert stall["state"] == "open" and stall["closed_at"] is None
     assert stall["count"] == 2
     assert h.correlator.builder.merged - merged_before == 1
+
+
+def test_an_xid_incident_names_each_faulting_process_and_a_storm_only_its_first_few(harness):
+    """Programs gpuwhy never saw (no probes) that fault on one GPU: the Xid incident's chain
+    names each pid the driver named, merged repeats too; a storm of 300 lines from 300 pids
+    names the first eight and counts them all (no chain rebuilt per line)."""
+    from gpuwhy.correlator.chains import MAX_NAMED
+
+    h = harness
+    h.feed(h.gpu(0))
+    h.feed(h.xid(1, 43, pid=101, name="train"), h.xid(2, 43, pid=202, name="eval"))
+    incident = h.incidents("xid")[0]
+    named = [(link["pid"], link["summary"]) for link in h.links(incident["id"])
+             if link["kind"] == "process"]
+    assert named == [(101, "the Xid line names pid 101 (train)"),
+                     (202, "the Xid line names pid 202 (eval)")]
+    for n in range(300):
+        h.feed(h.xid(3 + n / 100, 43, pid=1000 + n, name="storm"))
+    incident = h.incidents("xid")[0]
+    assert incident["count"] == 302
+    assert len(json.loads(incident["details"])["named"]) == MAX_NAMED
+    pids = [link["pid"] for link in h.links(incident["id"]) if link["kind"] == "process"]
+    assert pids == [101, 202, *range(1000, 1000 + MAX_NAMED - 2)]
