@@ -209,10 +209,15 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
     # The driver names the faulting process even where gpuwhy never saw it (no probes, or a
     # process gone in a second): that pid, not whichever process was last on the GPU.
     # (the first MAX_NAMED of a storm; the Xid's own step says how many lines there were)
-    for pid, name in details.get("named") or []:
+    # Where gpuwhy saw it (the probes), the named process is linked by its key.
+    seen = {known} if known is not None else set()
+    for pid, name, *start in details.get("named") or []:
+        start_time = start[0] if start else None
         if known is None or pid != known.pid:
             links.append(Link("process", at, f"the Xid line names pid {pid} ({name or '?'})",
-                              {"kernel_log_pid": pid}, 0.95, pid, None, gpu_id))
+                              {"kernel_log_pid": pid}, 0.95, pid, start_time, gpu_id))
+            if start_time is not None:
+                seen.add(ProcessKey(pid, start_time))
     resets = db.execute("select max(opened_at) from incidents where kind = 'gpu_reset' and "
                         "gpu_id = ? and opened_at < ?", [gpu_id, at]).fetchone()[0]
     if resets is not None:
@@ -224,7 +229,7 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
                               "reset: take it out of service for a hardware inspection",
                               {"incidents": [int(i) for i in after[1].split(",")]}, 0.7,
                               gpu_id=gpu_id))
-    named = {known} if known is not None else (set() if details.get("named") else None)
+    named = seen if seen or details.get("named") else None
     links += _effect_links(db, incident, builder, only=named)
     return links
 

@@ -35,6 +35,7 @@ from gpuwhy.config import Config
 from gpuwhy.correlator import bindings, chains, timeline
 from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
+from gpuwhy.correlator.rules.signals import names_a_monitor
 from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
@@ -234,7 +235,8 @@ class IncidentBuilder:
         to: one that opened at or before ``ts`` and was seen within its settling time of it
         (or whose GPU still needs what it said: lost, reset or reboot required, resetting).
         An Xid that names a process (Xid 13, 31, 43) is the cause of that process's effects
-        only."""
+        only, and of the GPU's own (a GPU-wide finding such as R36's, which reads that Xid):
+        never of another process's."""
         if gpu_id is None:
             return None
         rows = db.execute(
@@ -246,7 +248,8 @@ class IncidentBuilder:
             [gpu_id, *kinds, ts]).fetchall()
         for incident_id, kind, last_seen, health, pid, start_time in rows:
             if kind == "xid" and pid is not None and health not in UNRESOLVED_HEALTH and \
-                    (process is None or (pid, start_time) != (process.pid, process.start_time)):
+                    process is not None and \
+                    (pid, start_time) != (process.pid, process.start_time):
                 continue
             if ts <= last_seen + self.settle_ns(kind) or health in UNRESOLVED_HEALTH:
                 return incident_id
@@ -353,7 +356,9 @@ class IncidentBuilder:
         row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
         details = json.loads(row[0] or "{}")
         known = details.setdefault("named", [])
-        new = [n for n in named if n not in known][:chains.MAX_NAMED - len(known)]
+        keys = {tuple(n[:1] + n[2:3]) for n in known}   # (pid, start); older rows: (pid,)
+        new = [n for n in named if tuple(n[:1] + n[2:3]) not in keys and tuple(n[:1]) not in keys
+               ][:chains.MAX_NAMED - len(known)]
         if new:
             known += new
             db.execute("update incidents set details = ? where id = ?",
@@ -368,8 +373,9 @@ class IncidentBuilder:
         process = bindings.process_with_pid_at(db, pid, ts) if pid else None
         details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
                    **info.as_fields()}
-        if pid is not None:   # every process the driver names, as repeats merge in
-            details["named"] = [[pid, name]]
+        if pid is not None:   # every process the driver names, as repeats merge in: its
+            # start too where gpuwhy saw it (the probes did), so that it is the process's key
+            details["named"] = [[pid, name, process.start_time if process else None]]
         # A later Xid of a GPU that is off the bus, or one that follows a previous Xid (45),
         # is that incident's effect; a lost GPU is a cause of its own, whatever came before.
         cause = None
@@ -579,14 +585,18 @@ class IncidentBuilder:
     # --- stalls ----------------------------------------------------------------------------
     def _stalls(self, db: Database, now: int) -> list[Opened]:
         """Bound, living processes whose GPU has been near idle (or silent while resetting or
-        lost) for ``stall_seconds`` after being busy."""
+        lost) for ``stall_seconds`` after being busy. Not a monitor (nv-hostengine, an NVML
+        exporter, gpuwhy): it holds the device files and waits whatever the GPU does."""
         found = []
         rows = db.execute(
-            "select b.pid, b.start_time, b.gpu_id, min(b.since) from gpu_bindings b "
+            "select b.pid, b.start_time, b.gpu_id, min(b.since), p.comm, p.cmdline "
+            "from gpu_bindings b "
             "join processes p on p.pid = b.pid and p.start_time = b.start_time "
             "where b.until is null and p.exited_at is null "
             "group by b.pid, b.start_time, b.gpu_id").fetchall()
-        for pid, start_time, gpu_id, since in rows:
+        for pid, start_time, gpu_id, since, comm, cmdline in rows:
+            if names_a_monitor(comm, cmdline):
+                continue
             key = ProcessKey(pid, start_time)
             dedup_key = f"process_stall:{key}:{gpu_id}"
             idle_since = self._idle_since(db, gpu_id, since, now)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_attach: what each way of attaching to ioctl costs before any work is done.
 
-USAGE: sudo .venv/bin/python scripts/bench_attach.py [--repeat 5]
+USAGE: sudo .venv/bin/python scripts/bench_attach.py [--repeat 5] [--device /dev/nvidiactl]
 
 Loads a bare program pair (one array lookup, scripts/bench_attach.bpf.c) on each
 attachment a probe could use to see ioctl enter and exit, and measures with
@@ -14,6 +14,7 @@ reported with the kernel's reason instead of a figure.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -63,14 +64,17 @@ def refusal(variant: str, exc: BaseException) -> str:
     return text
 
 
-def run(repeat: int = 5, n_calls: int = 300_000) -> dict:
+def run(repeat: int = 5, n_calls: int = 300_000, device: str | None = None) -> dict:
     """{variant: {"ioctl": ns added, "getppid": ns added, "runs": {...}} or {"refused": why}},
-    plus "baseline" (ns per call with nothing attached, measured before and after)."""
+    plus "baseline" (ns per call with nothing attached, measured before and after).
+    ``device``: the ioctl is a real RM control on that NVIDIA device (as bench_probes.py
+    --device times it), so that the floor is taken on the very call P1 traces."""
     with tempfile.TemporaryDirectory() as tmp, bpf_stats(False):
         bench = str(compile_bench(Path(tmp)))
         target = Path(tmp) / "plain-file"
         target.touch()
-        cases = {"ioctl": [bench, "ioctl", str(target), str(n_calls)],
+        traced = [bench, "rmcontrol", device] if device else [bench, "ioctl", str(target)]
+        cases = {"ioctl": [*traced, str(n_calls)],
                  "getppid": [bench, "getppid", str(3 * n_calls)]}
 
         def baseline() -> dict[str, list[float]]:
@@ -120,10 +124,15 @@ def table(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--device", help="time a real RM control on this NVIDIA device")
+    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_attach: needs root (it loads eBPF programs)")
-    print(table(run(args.repeat)))
+    results = run(args.repeat, device=args.device)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_probes: what the eBPF probes cost the host, side by side with no probes and strace.
 
-USAGE: sudo .venv/bin/python scripts/bench_probes.py [--repeat 5] [--json FILE]
+USAGE: sudo .venv/bin/python scripts/bench_probes.py [--repeat 5] [--json FILE] [--device PATH]
 
 Measures, with a small C program (scripts/bench_probes.c, compiled here):
   - ns per ioctl on a tracked device fd (a look-alike file matched by the device glob),
@@ -11,9 +11,11 @@ Measures, with a small C program (scripts/bench_probes.c, compiled here):
     processes in all (context-switch cost with the scheduler probe watching them),
 in three setups: no probes; `gpuwhy probes` attached (fdtrack + lifecycle + sched, the
 service's real configuration); `strace -f -e trace=ioctl` (the intrusive reference, only
-for the ioctl rows). Each figure is the median of --repeat runs, measured with
-kernel.bpf_stats_enabled off (restored afterwards). Prints a markdown table
-and, with --json, writes the figures.
+for the ioctl rows, where strace is installed). With --device /dev/nvidiactl on a host with
+the NVIDIA driver, the tracked call is a real one (an RM control that succeeds, on a client
+of its own) and the driver's time is in every figure (the GPU kit runs it so). Each figure
+is the median of --repeat runs, measured with kernel.bpf_stats_enabled off (restored
+afterwards). Prints a markdown table and, with --json, writes the figures.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,6 +53,11 @@ def bpf_stats(enabled: bool) -> Iterator[None]:
 
 
 def compile_bench(workdir: Path) -> Path:
+    """scripts/bench_probes.c built here, or the build named by $GPUWHY_BENCH_BIN (the GPU
+    kit carries one: the GPU host may have no gcc)."""
+    prebuilt = os.environ.get("GPUWHY_BENCH_BIN")
+    if prebuilt:
+        return Path(prebuilt)
     binary = workdir / "bench_probes"
     subprocess.run(["gcc", "-O2", "-o", str(binary), str(HERE / "bench_probes.c")], check=True)
     return binary
@@ -82,20 +90,25 @@ class ProbesRunning:
         self.proc.wait(30)
 
 
-def run(repeat: int, n_ioctl: int = 1_000_000, n_pingpong: int = 100_000) -> dict:
+def run(repeat: int, n_ioctl: int = 1_000_000, n_pingpong: int = 100_000,
+        device: str | None = None) -> dict:
     """{figure: {setup: median ns, setup_runs: [ns of each run]}}, setups none, probes,
-    strace (the ioctl rows only)."""
+    strace (the ioctl rows only, where installed). ``device``: a real NVIDIA control device,
+    traced under the glob of its folder, instead of a look-alike file."""
     with tempfile.TemporaryDirectory() as tmp, bpf_stats(False):
         workdir = Path(tmp)
-        devices = workdir / "dev"
-        devices.mkdir()
         bench = str(compile_bench(workdir))
-        tracked = str(devices / "nvidiactl")
         untracked = str(workdir / "plain-file")
-        for path in (tracked, untracked):
-            Path(path).touch()
+        Path(untracked).touch()
+        if device:
+            tracked, glob, traced = device, f"{Path(device).parent}/nvidia*", "rmcontrol"
+        else:
+            devices = workdir / "dev"
+            devices.mkdir()
+            tracked, glob, traced = str(devices / "nvidiactl"), f"{devices}/nvidia*", "ioctl"
+            Path(tracked).touch()
         cases = {
-            "tracked ioctl": [bench, "ioctl", tracked, str(n_ioctl)],
+            "tracked ioctl": [bench, traced, tracked, str(n_ioctl)],
             "untracked ioctl": [bench, "ioctl", untracked, str(n_ioctl)],
             "getppid": [bench, "getppid", str(3 * n_ioctl)],
             "ping-pong round trip": [bench, "pingpong", str(n_pingpong), tracked],
@@ -111,7 +124,7 @@ def run(repeat: int, n_ioctl: int = 1_000_000, n_pingpong: int = 100_000) -> dic
         # 8 more GPU processes, idle, so that 10 are tracked during the ping-pong
         idle = [subprocess.Popen(["python3", "-c", f"import os,time; os.open('{tracked}', "
                                   "os.O_RDWR); time.sleep(3600)"]) for _ in range(8)]
-        probes = ProbesRunning(workdir, f"{devices}/nvidia*")
+        probes = ProbesRunning(workdir, glob)
         try:
             for name, command in cases.items():
                 record(name, "probes", measure(command, repeat))
@@ -119,7 +132,7 @@ def run(repeat: int, n_ioctl: int = 1_000_000, n_pingpong: int = 100_000) -> dic
             probes.stop()
             for proc in idle:
                 proc.kill()
-        for name in ("tracked ioctl", "untracked ioctl"):
+        for name in ("tracked ioctl", "untracked ioctl") if shutil.which("strace") else ():
             # strace stops the process twice per call (~0.5 ms): a fiftieth of the calls
             # gives the same per-call figure in seconds instead of minutes
             fewer = [*cases[name][:-1], str(max(1000, n_ioctl // 50))]
@@ -153,10 +166,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", help="a real NVIDIA control device (/dev/nvidiactl)")
+    parser.add_argument("--calls", type=int, default=1_000_000, help="ioctls a run")
+    parser.add_argument("--round-trips", type=int, default=100_000, help="ping-pongs a run")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_probes: needs root (it loads the eBPF probes)")
-    results = run(args.repeat)
+    results = run(args.repeat, args.calls, args.round_trips, args.device)
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

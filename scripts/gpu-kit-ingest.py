@@ -6,7 +6,9 @@
     scripts/gpu-kit-ingest.py OUT_DIR --model h200 --dest DIR --force
 
 Keeps what the tests read (tests/data/real/README.md): summary.json, env.json, host/,
-gpuwhy/, nvml/, xid/, service/, nvtrace/ (the recorded driver calls, gzipped), work/phases.jsonl and
+gpuwhy/, nvml/, xid/, service/, nvtrace/ (the recorded driver calls, gzipped), probes/ (the
+probe's trace of the same calls, gzipped; P1 on the driver), service/capture.jsonl gzipped,
+work/phases.jsonl and
 work/work.json; leaves out logs/ and the kit's handshake files. A file over --max-file-kib
 is left out and named; the whole copy must stay under --max-total-mib. The result must pass
 the layout check, else nothing is kept.
@@ -28,7 +30,9 @@ from gpu_kit import layout_problems  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KEPT_TOP = ("summary.json", "env.json")
-KEPT_DIRS = ("host", "gpuwhy", "nvml", "nvtrace", "xid", "service")
+KEPT_DIRS = ("host", "gpuwhy", "nvml", "nvtrace", "xid", "service", "probes")
+# driver calls and bus traffic: long, and compress well
+GZIPPED = ("nvtrace/calls.nvt", "probes/trace.jsonl", "service/capture.jsonl")
 KEPT_WORK = ("work/phases.jsonl", "work/work.json")
 
 
@@ -55,7 +59,7 @@ def ingest(recording: Path, dest: Path, max_file: int, max_total: int,
         staged = Path(tmp) / dest.name
         for rel in selected(recording):
             size = (recording / rel).stat().st_size
-            if rel.suffix == ".nvt":
+            if str(rel) in GZIPPED:
                 size = len(gzip.compress((recording / rel).read_bytes(), 6))
             if size > max_file:
                 left_out.append(f"{rel} ({size} bytes, over {max_file})")
@@ -65,7 +69,7 @@ def ingest(recording: Path, dest: Path, max_file: int, max_total: int,
                 raise ValueError(f"over {max_total} bytes in all: raise --max-total-mib or "
                                  f"lower --max-file-kib")
             (staged / rel).parent.mkdir(parents=True, exist_ok=True)
-            if rel.suffix == ".nvt":   # recorded driver calls: binary, compress well
+            if str(rel) in GZIPPED:
                 with open(recording / rel, "rb") as src, \
                         gzip.open(staged / rel.with_name(rel.name + ".gz"), "wb") as dst:
                     shutil.copyfileobj(src, dst)

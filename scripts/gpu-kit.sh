@@ -36,14 +36,21 @@
 #   nvtrace/   calls.nvt: every ioctl the load sent to an NVIDIA device, its parameters
 #              before and after (scripts/nvtrace.c, preloaded into the kit's own load only;
 #              built by gpu-kit-wheels.sh, else here with gcc, else left out)
+#   probes/    only where the wheels folder holds bcc.tar.xz (gpu-kit-wheels.sh --bcc) and the
+#              kit runs as root: gpuwhy's eBPF probes on the real driver. bcc-check.txt;
+#              trace.jsonl, `gpuwhy trace --json` over the PyTorch load (the same calls
+#              nvtrace/ records, as the probe decodes them); the service above becomes
+#              `gpuwhy up` (probes in) and a second `gpuwhy probes` feeds the capture;
+#              p1.md/p1.json, bench_probes.py --device /dev/nvidiactl (P1 on a real RM
+#              control); floors.md, bench_attach.py (what each attachment costs this kernel)
 #   summary.json  every step, its rc and seconds; whether there was an NVIDIA GPU
 # Without an NVIDIA GPU it says so, runs what can run, and still exits 0.
-# Budget: about 2 minutes at --seconds 10, 4 at most (GPUWHY_KIT_BUDGET, seconds).
+# Budget: about 2 minutes at --seconds 10, 4 at most (GPUWHY_KIT_BUDGET, seconds); with the
+# probes about 4, 6 at most.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH="${GPUWHY_KIT_SECONDS:-10}"
-BUDGET="${GPUWHY_KIT_BUDGET:-230}"
 WHEELS="$REPO/build/gpu-kit/wheels"
 VENV=""
 DEST=""
@@ -61,8 +68,10 @@ while (($#)); do
 done
 [[ "$SECONDS_EACH" =~ ^[0-9]+$ && "$SECONDS_EACH" -ge 1 ]] \
     || { echo "gpu-kit.sh: --seconds wants a whole number ≥ 1, not $SECONDS_EACH" >&2; exit 2; }
-[[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu-kit.sh: GPUWHY_KIT_BUDGET: not seconds" >&2; exit 2; }
 WHEELS=$(realpath -m "$WHEELS")
+BUNDLE="$WHEELS/bcc.tar.xz"
+if [[ -f "$BUNDLE" ]]; then BUDGET="${GPUWHY_KIT_BUDGET:-360}"; else BUDGET="${GPUWHY_KIT_BUDGET:-230}"; fi
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu-kit.sh: GPUWHY_KIT_BUDGET: not seconds" >&2; exit 2; }
 [[ -n "$VENV" ]] && VENV=$(realpath -m "$VENV")
 if [[ -z "$DEST" && -n "${OUT:-}" ]]; then
     DEST="$(mktemp -d "${TMPDIR:-/tmp}/gpu-kit.XXXXXX")/gpu-kit"
@@ -70,7 +79,7 @@ if [[ -z "$DEST" && -n "${OUT:-}" ]]; then
 fi
 DEST="${DEST:-$REPO/build/gpu-kit/out-$(date -u +%Y%m%dT%H%M%SZ)}"
 [[ -n "$TAR" ]] && TAR=$(realpath -m "$TAR")
-mkdir -p "$DEST"/{host,gpuwhy,nvml,nvtrace,xid,service,work,logs}
+mkdir -p "$DEST"/{host,gpuwhy,nvml,nvtrace,xid,service,probes,work,logs}
 DEST="$(cd "$DEST" && pwd)"
 # Never from the checkout: `python -m gpuwhy` there would import its source folders, not
 # the installed wheel (and its systemd/ folder of units would pass for systemd-python);
@@ -252,6 +261,52 @@ step kernel-log 10 host/kernel-log-nvidia.txt bash -c \
 step bpf 30 host/bpf.json "$PY" "$KIT" bpf
 step check-env 60 gpuwhy/check-env.json "$PY" -m gpuwhy check-env --json
 
+# --- bcc, carried: gpuwhy's eBPF probes on the real driver ---
+# Its libraries go on LD_LIBRARY_PATH only where this host has none of that name (the host's
+# own libffi, libz... stay), and only for the probes' commands. Its kernel headers are
+# linked where bcc looks, if nothing is there, and unlinked at the end.
+PROBES=no
+PROBE_ENV=()
+LINKED=()
+if [[ -f "$BUNDLE" && $(id -u) == 0 ]]; then
+    BCC_DIR="${TMPDIR:-/tmp}/gpuwhy-kit-bcc"
+    rm -rf "$BCC_DIR"
+    mkdir -p "$BCC_DIR/spare"
+    step bcc-unpack 60 logs/bcc-unpack.out "$PY" -c 'import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' "$BUNDLE" "$BCC_DIR"
+    for f in "$BCC_DIR"/lib/*; do
+        [[ -f "$f" ]] || continue
+        ldconfig -p | awk -v n="$(basename "$f")" '$1 == n { found = 1 } END { exit !found }' \
+            && mv "$f" "$BCC_DIR/spare/"
+    done
+    MODULES="/lib/modules/$(uname -r)"
+    mkdir -p "$MODULES"
+    link=build
+    while read -r root; do
+        if [[ -n "$root" && ! -e "$MODULES/$link" && -d "$BCC_DIR/headers$root" ]]; then
+            ln -s "$BCC_DIR/headers$root" "$MODULES/$link" && LINKED+=("$MODULES/$link")
+        fi
+        link=source
+    done < "$BCC_DIR/headers/ROOTS"
+    PROBE_ENV=(env "LD_LIBRARY_PATH=$BCC_DIR/lib" "PYTHONPATH=$BCC_DIR/py")
+    # bcc attaches through tracefs at its usual place; a VM's minimal root mounts none there
+    TRACEFS_MOUNTED=""
+    if [[ ! -d /sys/kernel/tracing/events ]] \
+            && mount -t tracefs tracefs /sys/kernel/tracing 2> "$DEST/logs/tracefs.err"; then
+        TRACEFS_MOUNTED=/sys/kernel/tracing
+        record tracefs 0 "" "" "" "mounted at /sys/kernel/tracing for the probes"
+    fi
+    step bcc-check 60 probes/bcc-check.txt "${PROBE_ENV[@]}" "$PY" -c '
+from bcc import BPF
+b = BPF(text="TRACEPOINT_PROBE(syscalls, sys_enter_getppid) { return 0; }")
+print("bcc", __import__("bcc").__file__, "compiled and attached a tracepoint program")
+print("carried libraries used:", sorted(__import__("os").listdir(__import__("sys").argv[1])))' \
+        "$BCC_DIR/lib"
+    ((LAST_RC == 0)) && PROBES=yes
+else
+    skip bcc-unpack probes/bcc-check.txt "no $BUNDLE (gpu-kit-wheels.sh --bcc), or not root"
+fi
+
 # --- gpuwhy's NVML source: idle, under load, after ---
 sample idle
 WORK="$DEST/work"
@@ -270,6 +325,20 @@ if [[ -n "$NVTRACE" && $GPU == yes ]]; then
     record nvtrace 0 "" "" nvtrace/calls.nvt "$NVTRACE"
 else
     skip nvtrace nvtrace/calls.nvt "no recorder: not carried, no gcc here, or no GPU"
+fi
+TRACER=""
+if [[ $PROBES == yes && $GPU == yes ]]; then
+    # The probe's view of the same load nvtrace records, from its first open of a device.
+    "${PROBE_ENV[@]}" timeout -s INT -k 5 $(( DEADLINE - $(date +%s) )) "$PY" -m gpuwhy trace \
+        --json > "$DEST/probes/trace.jsonl" 2> "$DEST/probes/trace.err" < /dev/null &
+    TRACER=$!
+    for _ in $(seq 1 600); do   # bcc's compile: up to 30 s
+        grep -q "Tracing driver calls" "$DEST/probes/trace.err" 2> /dev/null && break
+        kill -0 "$TRACER" 2> /dev/null || break
+        sleep 0.05
+    done
+    record trace-start "$(grep -q "Tracing driver calls" "$DEST/probes/trace.err" && echo 0 || echo 1)" \
+        "" "" probes/trace.jsonl
 fi
 if [[ $GPU == yes ]]; then
     timeout -k 5 $(( DEADLINE - $(date +%s) )) "${PRELOAD[@]}" "$PY" "$KIT" work --dir "$WORK" \
@@ -326,6 +395,12 @@ if [[ -z "$WPID" ]]; then
 fi
 touch "$WORK/quit"
 [[ -n "${WORKER:-}" ]] && wait "$WORKER" 2> /dev/null
+if [[ -n "$TRACER" ]]; then
+    sleep 1   # the last calls' records out of the ring buffer
+    kill -INT "$TRACER" 2> /dev/null
+    wait "$TRACER"
+    record trace "$?" "" "" probes/trace.jsonl "$(wc -l < "$DEST/probes/trace.jsonl") calls"
+fi
 sample after
 
 # --- a real Xid: kernels that fault as applications' do (their context dies, not the GPU) ---
@@ -357,9 +432,18 @@ if [[ $GPU == yes && -n "$WPID" ]]; then
     RUNDIR=$(mktemp -d)
     SVCENV=(env "GPUWHY_DB=$RUNDIR/gpuwhy.db" "GPUWHY_BUS=ipc://$RUNDIR/bus.sock"
             "GPUWHY_GPU_SOURCE=nvml" "GPUWHY_PORT=18765")
-    "${SVCENV[@]}" timeout -k 5 $(( 6 * SECONDS_EACH + 60 )) "$PY" -m gpuwhy serve \
+    SERVICE=("$PY" -m gpuwhy serve)
+    [[ $PROBES == yes ]] && SERVICE=("${PROBE_ENV[@]}" "$PY" -m gpuwhy up)
+    "${SVCENV[@]}" timeout -k 5 $(( 6 * SECONDS_EACH + 60 )) "${SERVICE[@]}" \
         > "$DEST/service/serve.log" 2>&1 < /dev/null &
     SERVER=$!
+    CAPTURE_PROBES=""
+    if [[ $PROBES == yes ]]; then
+        "${SVCENV[@]}" "GPUWHY_BUS=ipc://$RUNDIR/record.sock" "${PROBE_ENV[@]}" \
+            timeout -k 5 $(( 6 * SECONDS_EACH + 60 )) "$PY" -m gpuwhy probes \
+            > "$DEST/service/probes.log" 2>&1 < /dev/null &
+        CAPTURE_PROBES=$!
+    fi
     "${SVCENV[@]}" timeout -k 5 $(( 6 * SECONDS_EACH + 60 )) "$PY" -m gpuwhy record \
         --duration $(( 4 * SECONDS_EACH + 5 )) --sources gpu,klog \
         --endpoint "ipc://$RUNDIR/record.sock" "$DEST/service/capture.jsonl" \
@@ -371,6 +455,13 @@ if [[ $GPU == yes && -n "$WPID" ]]; then
     SAMPLER=$!
     t0=$EPOCHREALTIME
     sleep 5   # the sampler's Xid event set registered, the service and recorder started
+    if [[ $PROBES == yes ]]; then   # and the probes compiled and attached, both sets
+        for _ in $(seq 1 300); do
+            [[ $(grep -c "sleeping on the ring buffers" "$DEST/service/serve.log" \
+                 "$DEST/service/probes.log" 2> /dev/null | grep -c ':[1-9]') == 2 ]] && break
+            sleep 0.1
+        done
+    fi
     for kind in illegal-address trap torch-assert; do
         step "fault-$kind" 60 "xid/fault-$kind.json" "$PY" "$KIT" fault --kind "$kind"
         sleep 1
@@ -394,6 +485,11 @@ print(" ".join(str(i["id"]) for i in json.load(open(sys.argv[1]))[:8]))' \
     record service "$?" "" "" service/serve.log
     wait "$RECORDER"
     record capture "$?" "" "" service/capture.jsonl
+    if [[ -n "$CAPTURE_PROBES" ]]; then
+        kill -TERM "$CAPTURE_PROBES" 2> /dev/null
+        wait "$CAPTURE_PROBES"
+        record capture-probes "$?" "" "" service/probes.log
+    fi
     rm -rf "$RUNDIR"
     if [[ -f "$XID_EVENT" ]]; then
         step xid-trace 10 xid/tracepoint.txt cat "$TRACE/trace"
@@ -408,6 +504,22 @@ print(" ".join(str(i["id"]) for i in json.load(open(sys.argv[1]))[:8]))' \
 else
     skip faults xid/fault-illegal-address.json "no PyTorch load: no GPU to fault on"
 fi
+
+# --- P1 on the real driver: what a traced RM control costs, beside the attachments' floor ---
+if [[ $PROBES == yes && $GPU == yes ]]; then
+    BENCH_BIN="${TMPDIR:-/tmp}/gpuwhy-kit-bench_probes"
+    cp "$WHEELS/bench_probes" "$BENCH_BIN" 2> /dev/null && chmod +x "$BENCH_BIN" || BENCH_BIN=""
+    BENCHENV=("${PROBE_ENV[@]}" ${BENCH_BIN:+"GPUWHY_BENCH_BIN=$BENCH_BIN"})
+    step p1-driver 150 probes/p1.md "${BENCHENV[@]}" "$PY" "$REPO/scripts/bench_probes.py" \
+        --device /dev/nvidiactl --repeat 5 --calls 300000 --round-trips 20000 \
+        --json "$DEST/probes/p1.json"
+    step p1-floors 120 probes/floors.md "${BENCHENV[@]}" "$PY" "$REPO/scripts/bench_attach.py" \
+        --repeat 5 --device /dev/nvidiactl --json "$DEST/probes/floors.json"
+else
+    skip p1-driver probes/p1.md "no probes here (no bcc carried, not root) or no GPU"
+fi
+for link in "${LINKED[@]}"; do rm -f "$link"; done
+[[ -n "${TRACEFS_MOUNTED:-}" ]] && umount "$TRACEFS_MOUNTED"
 
 # --- the manifest ---
 "$PY" "$KIT" summary --out "$DEST" --gpu-present "$GPU" --gpu-why "$GPU_WHY" \

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from gpuwhy.correlator.rules.signals import ProcessFacts, is_monitor
 from gpuwhy.demo.synthetic_signals import FB_TOTAL, Synthetic, run
 from gpuwhy.events import (
     DeviceOpened,
@@ -347,6 +348,22 @@ def test_monitor_processes_do_not_count_as_sharing():
              (1, DeviceOpened(ts=0, process=trainer, fd=3, path="/dev/nvidia0",
                               device="nvidiaN", minor=0))]
     assert fired("R26_multi_process_contention", Synthetic(extra=extra))[0]
+
+
+@pytest.mark.parametrize("cmdline, monitor", [
+    ("/usr/bin/nv-hostengine -n", True),
+    ("/opt/gpuwhy/venv/bin/gpuwhy serve", True),
+    # as the GPU kit ran its sampler on the H200: an NVML client holding /dev/nvidia0, which
+    # R36 named as the faulting application and the stall detector as a stalled job
+    ("/tmp/gpuwhy-kit-venv/bin/python -m gpuwhy gpu sample --source nvml --json", True),
+    ("python3 -u -m nvitop", True),
+    ("/usr/bin/python3 /usr/local/bin/gpustat -i 1", True),   # a console script
+    ("python3 train.py --log-dir /tmp/gpuwhy", False),
+    ("python3 -m torch.distributed.run --nproc-per-node 8 train.py", False),
+    ("python3 my_gpuwhy_tests.py", False),
+])
+def test_a_monitor_is_known_by_its_program_however_it_is_run(cmdline, monitor):
+    assert is_monitor(ProcessFacts(comm="python3", cmdline=cmdline)) is monitor
 
 
 def test_a_forked_dataloader_worker_is_not_a_second_compute_process():

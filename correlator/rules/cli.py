@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import threading
@@ -282,7 +283,8 @@ def set_rule(obj: object, rule_id: str, changes: tuple[str, ...], reset: bool) -
 
 
 def read_capture(path: str) -> list:
-    """The events of a capture (JSON lines of bus payloads), in time order.
+    """The events of a capture (JSON lines of bus payloads; gzipped where it ends in .gz),
+    in time order.
 
     A line that is not an event is reported with its line number; nothing is guessed.
     """
@@ -290,7 +292,7 @@ def read_capture(path: str) -> list:
     from gpuwhy.wire import from_frames
 
     events = []
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -91,15 +91,17 @@ class ProcessFacts:
                 "proc.cgroup": self.cgroup}[name][:MAX_TEXT]
 
 
-def is_monitor(facts: ProcessFacts | None, _compiled: list = []) -> bool:  # noqa: B006
+def is_monitor(facts: ProcessFacts | None) -> bool:
     """G-MONITOR: nv-hostengine, dcgm-exporter, nvidia-smi, ... and gpuwhy itself."""
-    if facts is None:
-        return False
+    return facts is not None and names_a_monitor(facts.comm, facts.cmdline)
+
+
+def names_a_monitor(comm: str | None, cmdline: str | None, _compiled: list = []) -> bool:  # noqa: B006
+    """Whether a process's name or command line is a GPU monitor's (MONITOR_PATTERN)."""
     if not _compiled:
         import re2
         _compiled.append(re2.compile(MONITOR_PATTERN))
-    return any(_compiled[0].search(text[:MAX_TEXT]) for text in (facts.comm, facts.cmdline)
-               if text)
+    return any(_compiled[0].search(text[:MAX_TEXT]) for text in (comm, cmdline) if text)
 
 
 def pci_key(pci: str) -> tuple[int, ...] | None:

@@ -404,8 +404,13 @@ STREAMS: dict[str, Stream] = {s.name: s for s in (
 )}
 
 # G-MONITOR: processes that open the GPU to watch it, never to compute.
-MONITOR_PATTERN = (r"(^|/)(nv-hostengine|dcgm-exporter|dcgmi|nvidia-smi|nvidia-persistenced|"
-                   r"nvtop|gpustat|gpuwhy)(\s|$)")
+# A monitor by its program (a command line's first word, or the script or module Python
+# runs: `python3 -m gpuwhy`, as the GPU kit and containers run it), never by a later
+# argument: it opens the GPU's device files through NVML, and is never the job a finding,
+# a stall or an Xid is about.
+MONITOR_PATTERN = (r"^(\S*/)?(?:python[0-9.]*\s+(?:-\S+\s+)*(?:-m\s*|\S*/)?)?"
+                   r"(nv-hostengine|dcgm-exporter|dcgmi|nvidia-smi|nvidia-persistenced|nvtop|"
+                   r"nvitop|gpustat|gpuwhy)(\s|$)")
 
 
 def describe() -> list[tuple[str, str, str]]:

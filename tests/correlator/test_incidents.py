@@ -9,6 +9,8 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.journal import CHANGE_MESSAGE_IDS, MESSAGE_IDS
 from gpuwhy.store.queries import list_incidents
 
+from .conftest import PCI0, UUID0
+
 TRAINER = ProcessKey(4242, 1000)
 OTHER = ProcessKey(5151, 1100)
 
@@ -349,3 +351,46 @@ def test_an_xid_incident_names_each_faulting_process_and_a_storm_only_its_first_
     assert len(json.loads(incident["details"])["named"]) == MAX_NAMED
     pids = [link["pid"] for link in h.links(incident["id"]) if link["kind"] == "process"]
     assert pids == [101, 202, *range(1000, 1000 + MAX_NAMED - 2)]
+
+
+def test_a_second_faulting_process_the_probes_saw_is_held_by_its_key(harness):
+    """Two programs fault on one GPU, both seen by the probes: the merged Xid incident holds
+    both by (pid, start), so each program's own page shows it; a monitor on the GPU, there
+    the whole time, is in it nowhere."""
+    h = harness
+    first, second, monitor = ProcessKey(101, 5_000), ProcessKey(202, 6_000), ProcessKey(7, 1)
+    h.feed(h.gpu(0), h.process(0, monitor, "nv-hostengine"), h.opened(0, monitor))
+    for key, comm in ((first, "train"), (second, "eval")):
+        h.feed(h.process(0.5, key, comm), h.opened(0.5, key))
+    h.feed(h.xid(1, 43, pid=101, name="train", pci=PCI0),
+           h.xid(2, 43, pid=202, name="eval", pci=PCI0))
+    [incident] = h.incidents("xid")
+    held = set(h.db.execute("select pid, start_time from incident_processes where "
+                            "incident_id = ?", [incident["id"]]).fetchall())
+    assert held == {(101, 5_000), (202, 6_000)}
+
+
+def test_a_gpu_wide_finding_about_an_application_fault_joins_the_xid(harness):
+    """R36 (scope gpu) reads the Xid lines themselves: its finding, which names no process,
+    is part of the process-naming Xid's incident, not an incident of its own. A finding of
+    another process on the GPU is not that Xid's."""
+    h = harness
+    faulting, other = ProcessKey(101, 5_000), ProcessKey(303, 7_000)
+    h.feed(h.gpu(0))
+    for key, comm in ((faulting, "train"), (other, "serve")):
+        h.feed(h.process(0.5, key, comm), h.opened(0.5, key))
+    h.feed(h.xid(1, 43, pid=101, name="train", pci=PCI0))
+    [xid] = h.incidents("xid")
+    h.feed(RuleFinding(ts=h.at(3), finding_id="R36:g", rule_id="R36_app_fault_xid13_31_43",
+                       title="Application fault on the GPU (Xid 13, 31, 43)",
+                       severity="warning", state="firing", gpu_id=UUID0, process=None,
+                       window_start=h.at(1), window_end=h.at(3), evidence={"xid43": 1.0},
+                       root_cause="an application fault", fixes=["restart it"], verify="",
+                       rule_kind="cause"))
+    h.feed(RuleFinding(ts=h.at(4), finding_id="R14:g", rule_id="R14_low_sm",
+                       title="Low SM activity", severity="warning", state="firing",
+                       gpu_id=UUID0, process=other, window_start=h.at(1), window_end=h.at(4),
+                       evidence={}, root_cause="", fixes=[], verify=""))
+    causes = {i["title"]: i["cause_id"] for i in h.incidents("rule_finding")}
+    assert causes == {"Application fault on the GPU (Xid 13, 31, 43)": xid["id"],
+                      "Low SM activity": None}
