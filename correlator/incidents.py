@@ -107,6 +107,7 @@ class IncidentBuilder:
         self._proc_read = False
         self.opened = 0
         self.merged = 0
+        self._named_full: set[int] = set()   # Xid incidents that name chains.MAX_NAMED already
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
         self.health = GpuHealth(self.proc_root)   # the GPU health state machine, fed each event
@@ -345,13 +346,13 @@ class IncidentBuilder:
                               f"not seen again for {self.dedup_ns // NS_PER_SECOND} s; the "
                               f"GPU stayed usable")
 
-    @staticmethod
-    def _named_too(db: Database, incident_id: int, named: list) -> bool:
+    def _named_too(self, db: Database, incident_id: int, named: list) -> bool:
         """Add the processes a merged repeat names (an Xid line's pid and name) to those the
         incident names, up to chains.MAX_NAMED; True when one was new. Two programs faulting on one
         GPU are one Xid incident, and both are its story; a storm of thousands names its
-        first few (the incident's count says how many lines there were)."""
-        if not named:
+        first few (the incident's count says how many lines there were), and once it names
+        that many its lines read nothing more."""
+        if not named or incident_id in self._named_full:
             return False
         row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
         details = json.loads(row[0] or "{}")
@@ -363,6 +364,8 @@ class IncidentBuilder:
             known += new
             db.execute("update incidents set details = ? where id = ?",
                        [json.dumps(details, sort_keys=True), incident_id])
+        if len(known) >= chains.MAX_NAMED:
+            self._named_full.add(incident_id)
         return bool(new)
 
     # --- detectors -------------------------------------------------------------------------

@@ -64,7 +64,12 @@ def compile_bench(workdir: Path) -> Path:
 
 
 def measure(command: list[str], repeat: int) -> list[float]:
-    """The figure the program prints, once per run."""
+    """The figure the program prints, once per run; on the CPUs $GPUWHY_BENCH_CPUS names
+    (taskset's list), where set: a many-CPU host otherwise places each run where it likes,
+    and the runs fall into groups by placement (seen on a 16-vCPU GPU host)."""
+    cpus = os.environ.get("GPUWHY_BENCH_CPUS")
+    if cpus:
+        command = ["taskset", "-c", cpus, *command]
     values = []
     for _ in range(repeat):
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout

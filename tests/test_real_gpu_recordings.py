@@ -35,11 +35,11 @@ from gpuwhy.probes.cli import process_report
 from gpuwhy.probes.gpu import nvml as nvml_module
 from gpuwhy.probes.gpu.nvml import MIB, memory_info
 from gpuwhy.probes.gpu.source import minor_from_procfs, normalise_bus_id
-from gpuwhy.probes.klog.lines import RawLine
-from gpuwhy.probes.klog.parse import UNPARSED, KernelLogParser
-from gpuwhy.probes.klog.source import record_event
+from gpuwhy.probes.klog.parse import UNPARSED
 from gpuwhy.proc import parse_cgroup
 from gpuwhy.rules.vocabulary import gpu_model
+
+from .realdata import kernel_records
 
 REAL = Path(__file__).parent / "data" / "real"
 RECORDINGS = sorted(p for p in REAL.iterdir() if (p / "summary.json").is_file()) \
@@ -447,13 +447,7 @@ def test_kernel_log_lines_parse_and_open_nothing_they_should_not(rec):
     record; as many Xid records come out as the text has Xid lines (none on a healthy boot),
     and only those may open an incident. A driver-load line gives nvidia-smi's version."""
     text = (rec.path / "host" / "kernel-log-nvidia.txt").read_text().splitlines()
-    parser = KernelLogParser()
-    records = []
-    for n, line in enumerate(text):
-        for _lineno, record in parser.feed(line):
-            records.append(record_event(RawLine(line, f"file:1:{n}", "boot"), record, "file", 1))
-    for _lineno, record in parser.flush():
-        records.append(record_event(RawLine("", "file:1:end", "boot"), record, "file", 1))
+    records = kernel_records(rec.path / "host" / "kernel-log-nvidia.txt")
     assert [r for r in records if r.record_kind == UNPARSED] == []
     xid_lines = [line for line in text if re.search(r"\bXid \(", line)]
     xids = [r for r in records if r.record_kind == "xid"]

@@ -20,10 +20,10 @@ from gpuwhy.correlator.incidents import may_open_incident
 from gpuwhy.demo.synthetic_signals import Synthetic, run
 from gpuwhy.events import GpuXid
 from gpuwhy.identity import normalize_pci
-from gpuwhy.probes.klog.lines import RawLine
-from gpuwhy.probes.klog.parse import UNPARSED, KernelLogParser
-from gpuwhy.probes.klog.source import record_event
+from gpuwhy.probes.klog.parse import UNPARSED
 from gpuwhy.rules.loader import load_rules
+
+from .realdata import kernel_records as read_kernel_log
 
 REAL = Path(__file__).parent / "data" / "real"
 RECORDINGS = sorted(p.parent.parent for p in REAL.glob("*/xid/kernel-log.txt"))
@@ -42,14 +42,7 @@ def faults(folder: Path) -> dict[str, dict]:
 
 
 def kernel_records(folder: Path) -> list:
-    parser, records = KernelLogParser(), []
-    lines = (folder / "xid/kernel-log.txt").read_text().splitlines()
-    for n, line in enumerate(lines):
-        for _lineno, record in parser.feed(line):
-            records.append(record_event(RawLine(line, f"file:1:{n}", "boot"), record, "file", 1))
-    for _lineno, record in parser.flush():
-        records.append(record_event(RawLine("", "file:1:end", "boot"), record, "file", 1))
-    return records
+    return read_kernel_log(folder / "xid/kernel-log.txt")
 
 
 def nvml_xids(folder: Path) -> list[dict]:
