@@ -357,9 +357,8 @@ class IncidentBuilder:
         row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
         details = json.loads(row[0] or "{}")
         known = details.setdefault("named", [])
-        keys = {tuple(n[:1] + n[2:3]) for n in known}   # (pid, start); older rows: (pid,)
-        new = [n for n in named if tuple(n[:1] + n[2:3]) not in keys and tuple(n[:1]) not in keys
-               ][:chains.MAX_NAMED - len(known)]
+        pids = {n[0] for n in known}
+        new = [n for n in named if n[0] not in pids][:chains.MAX_NAMED - len(known)]
         if new:
             known += new
             db.execute("update incidents set details = ? where id = ?",

@@ -457,8 +457,8 @@ if [[ $GPU == yes && -n "$WPID" ]]; then
     sleep 5   # the sampler's Xid event set registered, the service and recorder started
     if [[ $PROBES == yes ]]; then   # and the probes compiled and attached, both sets
         for _ in $(seq 1 300); do
-            [[ $(grep -c "sleeping on the ring buffers" "$DEST/service/serve.log" \
-                 "$DEST/service/probes.log" 2> /dev/null | grep -c ':[1-9]') == 2 ]] && break
+            grep -q "sleeping on the ring buffers" "$DEST/service/serve.log" \
+                && grep -q "sleeping on the ring buffers" "$DEST/service/probes.log" && break
             sleep 0.1
         done
     fi

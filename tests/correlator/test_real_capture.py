@@ -11,6 +11,7 @@ clients (its sampler, the recorder) held the GPU's device files throughout.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -32,10 +33,15 @@ def fault_pids(folder: Path) -> dict[str, int]:
             for kind in ("illegal-address", "trap", "torch-assert")}
 
 
+@functools.cache
+def captured(folder: Path) -> tuple:
+    return tuple(read_capture(str(folder / "service" / "capture.jsonl.gz")))
+
+
 @pytest.fixture
 def replayed(harness, folder):
     """The capture fed second by second through the correlator."""
-    events = read_capture(str(folder / "service" / "capture.jsonl.gz"))
+    events = captured(folder)
     batch: list = []
     for event in events:
         if batch and event.ts - batch[0].ts >= 1_000_000_000:
@@ -66,8 +72,6 @@ def test_the_xids_open_one_incident_per_code_as_on_the_host(replayed, folder):
     assert all(i["cause_id"] in xids for i in replayed.incidents() if i["cause_id"] is not None)
 
 
-def captured(folder: Path) -> list:
-    return read_capture(str(folder / "service" / "capture.jsonl.gz"))
 
 
 def xid_pids(folder: Path) -> dict[int, set[int]]:
