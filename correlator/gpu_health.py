@@ -85,11 +85,19 @@ class GpuHealth:
             state = self._states[gpu_id] = queries.gpu_health_state(db, gpu_id)
             return state
 
-    def observe(self, db: Database, event: Event) -> None:
-        """Apply one event (already written by the store's writer) to its GPU's health."""
+    def handles(self, kind: str) -> bool:
+        """Whether an event of ``kind`` may move a GPU's health (others need no ``observe``)."""
+        return kind in self._handlers
+
+    def first_seen(self, db: Database, ts: int) -> None:
+        """An event at ``ts`` is about to be observed: the host's boot is checked at the first."""
         if not self._host_boot_checked:
             self._host_boot_checked = True
-            self._host_boot_seen(db, event.ts)
+            self._host_boot_seen(db, ts)
+
+    def observe(self, db: Database, event: Event) -> None:
+        """Apply one event (already written by the store's writer) to its GPU's health."""
+        self.first_seen(db, event.ts)
         handler = self._handlers.get(event.kind)
         if handler is not None:
             self._event_boot = getattr(event, "boot_id", None) or None
@@ -271,19 +279,19 @@ class GpuHealth:
         if event.instance:
             return              # a MIG instance: the whole GPU's sample speaks for it
         gpu_id, ts, fields = event.gpu_id, event.ts, event.fields
-        evidence = {"event": "gpu_sample", "source": event.source}
         bad = gh.uncorrectable(fields)
         throttled = gh.throttling(fields)
-        storm = self._sbe_storm(gpu_id, ts, fields.get("ecc_sbe_volatile"))
-        remapped = fields.get("row_remap_uncorrectable")
+        sbe, remapped = fields.get("ecc_sbe_volatile"), fields.get("row_remap_uncorrectable")
+        storm = sbe is not None and self._sbe_storm(gpu_id, ts, sbe)
         # The source's own flag where it has one; else a rise of the uncorrectable count.
         flagged = gh.remap_pending(fields)
-        pending = self._remap_pending(gpu_id, remapped) or flagged
-        said = gh.sample_causes(fields)
-        fabric = [c for c in (gh.FABRIC_FAILED, gh.FABRIC_UNWELL) if said.get(c)]
-        if not (bad or throttled or storm or pending or fabric) and \
+        pending = (remapped is not None and self._remap_pending(gpu_id, remapped)) or flagged
+        if not (bad or throttled or storm or pending or gh.fabric_fault(fields)) and \
                 self._state(db, gpu_id) in (None, gh.OK):
             return              # the common case, once a second per GPU: kept cheap
+        said = gh.sample_causes(fields)
+        fabric = [c for c in (gh.FABRIC_FAILED, gh.FABRIC_UNWELL) if said.get(c)]
+        evidence = {"event": "gpu_sample", "source": event.source}
         current = queries.gpu_health(db, gpu_id)
         now = (current["health"] if current else None) or gh.OK
         later = current is not None and ts > (current["since"] or 0)

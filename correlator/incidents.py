@@ -36,7 +36,7 @@ from gpuwhy.correlator import bindings, chains, timeline
 from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.correlator.rules.signals import names_a_monitor
-from gpuwhy.events import Envelope, Event, RuleFinding, methods_by_kind
+from gpuwhy.events import EVENT_TYPES, Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.rules.model import CAUSE, SYMPTOM
@@ -55,6 +55,11 @@ FOLLOW_ON_XIDS = (45,)                   # "preemptive cleanup, due to previous 
 EACH_ONE_ITS_OWN = ("gpu_reset",)        # repeats are new incidents past dedup_seconds
 SILENT_STATES = NEEDED_STATES + RESET_STATES
 EXIT_WINDOW_NS = 60 * NS_PER_SECOND      # a death this soon after an Xid/reset is its effect
+
+
+# The kinds may_open_incident may say yes to: the correlator asks it only about these.
+MAY_OPEN_KINDS = frozenset({"gpu_xid", "rule_finding", "gpu_state", "kernel_log_record",
+                            "driver_call"})
 
 
 def may_open_incident(event: Event) -> bool:
@@ -111,6 +116,13 @@ class IncidentBuilder:
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
         self.health = GpuHealth(self.proc_root)   # the GPU health state machine, fed each event
+        # Per kind, who reads it: (timeline handler, whether GPU health does, detector); a
+        # kind none reads (most of a busy batch's device opens and closes) is one lookup.
+        self._routes = {kind: (self.timelines.handler(kind), self.health.handles(kind),
+                               self._detectors.get(kind))
+                        for kind in EVENT_TYPES
+                        if self.timelines.handler(kind) or self.health.handles(kind)
+                        or kind in self._detectors}
         # incident_log ids of the lifecycle changes of incidents (not of effects) the last
         # decide made, for the journal once its transaction commits
         self.changes: list[int] = []
@@ -133,11 +145,19 @@ class IncidentBuilder:
         self._realert = []
         self.timelines.discard_pending()    # held by a decide that failed: rolled back with it
         self.health.forget()
+        if envelopes:
+            self.health.first_seen(db, envelopes[0].event.ts)
+        routes = self._routes
         for envelope in envelopes:
             event = envelope.event
-            self.timelines.apply(db, event)
-            self.health.observe(db, event)
-            detector = self._detectors.get(event.kind)
+            route = routes.get(event.kind)
+            if route is None:
+                continue                    # a kind no part of the stage reads
+            on_timeline, on_health, detector = route
+            if on_timeline is not None:
+                on_timeline(db, event)
+            if on_health:
+                self.health.observe(db, event)
             if detector is None:
                 continue
             self.health.forget()            # a detector may merge GPU rows (bindings.learn)

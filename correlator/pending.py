@@ -36,20 +36,22 @@ class Alignment:
         """Account for a batch; returns the new watermark. With ``wall_ns`` (live running) the
         watermark never lags the wall clock by more than the lag, and a source whose clock
         runs ahead cannot push it past the wall clock plus the lag."""
+        watermark = self.watermark
+        ahead = wall_ns + self.lag_ns if wall_ns is not None else None
         for envelope in envelopes:
             ts = envelope.event.ts
-            if wall_ns is not None and ts > wall_ns + self.lag_ns:
+            if ahead is not None and ts > ahead:
                 self.future[envelope.src] += 1
-                continue
-            if ts < self.watermark:
-                self.reordered[envelope.src] += 1
-                if ts < self.watermark - self.lag_ns:
-                    self.late[envelope.src] += 1
+            elif ts >= watermark:
+                watermark = ts
             else:
-                self.watermark = ts
+                self.reordered[envelope.src] += 1
+                if ts < watermark - self.lag_ns:
+                    self.late[envelope.src] += 1
         if wall_ns is not None:
-            self.watermark = max(self.watermark, wall_ns - self.lag_ns)
-        return self.watermark
+            watermark = max(watermark, wall_ns - self.lag_ns)
+        self.watermark = watermark
+        return watermark
 
     def settling(self, db: Database) -> list[int]:
         """Ids of the incidents still taking late events, oldest first, at most pending_max;

@@ -26,7 +26,7 @@ from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.alerts import Alerter
-from gpuwhy.correlator.incidents import IncidentBuilder, may_open_incident
+from gpuwhy.correlator.incidents import MAY_OPEN_KINDS, IncidentBuilder, may_open_incident
 from gpuwhy.correlator.klog_liveness import KernelLogLiveness
 from gpuwhy.correlator.stalls import StallWatch
 from gpuwhy.events import Envelope, SourceHealth
@@ -171,6 +171,15 @@ class Correlator:
         except sqlite3.Error:
             pass   # already reported through store_error
 
+    @staticmethod
+    def _holds_urgent(envelopes: list[Envelope]) -> bool:
+        """Whether one of the events may open an incident (most batches hold none of the
+        kinds that may: their kinds are looked at first, in one pass)."""
+        if MAY_OPEN_KINDS.isdisjoint([e.event.kind for e in envelopes]):
+            return False
+        return any(may_open_incident(e.event) for e in envelopes
+                   if e.event.kind in MAY_OPEN_KINDS)
+
     def _urgent_flush_at(self) -> float | None:
         """When the pending batch must be written for an urgent event in it, or None."""
         if not self._urgent_pending:
@@ -204,7 +213,7 @@ class Correlator:
                 self.pending += envelopes
                 batch_started = batch_started or now
                 if not self._urgent_pending:
-                    self._urgent_pending = any(may_open_incident(e.event) for e in envelopes)
+                    self._urgent_pending = self._holds_urgent(envelopes)
             urgent_at = self._urgent_flush_at()
             if self.pending and (len(self.pending) >= self.batch_size
                                  or now - (batch_started or now) >= self.flush_interval

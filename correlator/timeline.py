@@ -10,7 +10,7 @@ allocations where the CUDA uprobes are on. A GPU second is its counter sample
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections.abc import Callable
 
 from sqlite_utils import Database
 
@@ -44,8 +44,9 @@ _WRITE_HELD = (f"insert into process_seconds (pid, start_time, second, "
                f"{', '.join(_HELD_COLUMNS)}) values ({', '.join('?' * (3 + len(_HELD_COLUMNS)))})"
                f" on conflict(pid, start_time, second) do update set "
                + ", ".join(f"{c} = coalesce(excluded.{c}, {c})" for c in _HELD_COLUMNS))
-_READ_HELD = (f"select {', '.join(_SCHED_COLUMNS)}, ioctl_ops from process_seconds "
-              f"where pid = ? and start_time = ? and second = ?")
+_READ_HELD = (f"select pid, start_time, second, {', '.join(_SCHED_COLUMNS)}, ioctl_ops "
+              f"from process_seconds where (pid, start_time, second) in (values {{}})")
+_READ_HELD_CHUNK = 300      # seconds a read asks for (3 bound values each; SQLite allows 32766)
 
 
 class _HeldSecond:
@@ -57,7 +58,7 @@ class _HeldSecond:
 
     def __init__(self) -> None:
         self.sched: list[tuple[float, ...]] = []
-        self.ioctls: list[Counter[str]] = []
+        self.ioctls: list[dict[str, int]] = []
 
     def row(self, stored: tuple | None) -> list:
         """The held columns' new values (None: not touched) over ``stored`` (None: no row)."""
@@ -73,11 +74,12 @@ class _HeldSecond:
             return [*sched, None, None]
         merged = json.loads(stored[-1]) if stored and stored[-1] else None
         for by_op in self.ioctls:      # each call's ops first, then what was stored before
-            step = Counter(by_op)
+            step = dict(by_op)
             if merged:
-                step.update(merged)
+                for name, count in merged.items():
+                    step[name] = step.get(name, 0) + count
             merged = step
-        return [*sched, sum(merged.values()), json_text(dict(merged))]
+        return [*sched, sum(merged.values()), json_text(merged)]
 
 
 class TimelineBuilder:
@@ -88,9 +90,11 @@ class TimelineBuilder:
     select and an upsert per event cost ~10 µs of a ~25 µs event)."""
 
     def __init__(self) -> None:
-        # last cumulative count per (process, path, cmd, sub): driver-call stats are totals
-        self._last_counts: dict[tuple, int] = {}
-        self._held: dict[tuple[ProcessKey, int], _HeldSecond] = {}
+        # Driver-call stats are totals: the last count per (pid, start_time), then per
+        # (path, cmd, sub). Keys are plain tuples: ProcessKey's dataclass __hash__ runs in
+        # Python, and these dicts are read for every operation of every flush.
+        self._last_counts: dict[tuple[int, int], dict[tuple, int]] = {}
+        self._held: dict[tuple[int, int, int], _HeldSecond] = {}
         self._handlers = methods_by_kind(self, "_on_")
 
     def apply(self, db: Database, event: Event) -> None:
@@ -98,45 +102,60 @@ class TimelineBuilder:
         if handler is not None:
             handler(db, event)
 
+    def handler(self, kind: str) -> Callable[[Database, Event], None] | None:
+        """What ``apply`` does with an event of ``kind`` (None: nothing)."""
+        return self._handlers.get(kind)
+
     def write_pending(self, db: Database) -> None:
         """Write the held process seconds: call before anything reads process_seconds."""
         held, self._held = self._held, {}
-        rows = []
-        for (key, second), pending in held.items():
-            stored = db.execute(_READ_HELD, [key.pid, key.start_time, second]).fetchone()
-            rows.append([key.pid, key.start_time, second, *pending.row(stored)])
-        db.conn.executemany(_WRITE_HELD, rows)
+        keys = list(held)
+        stored: dict[tuple, tuple] = {}
+        for first in range(0, len(keys), _READ_HELD_CHUNK):   # a read per chunk, not a second
+            chunk = keys[first:first + _READ_HELD_CHUNK]
+            sql = _READ_HELD.format(", ".join(["(?, ?, ?)"] * len(chunk)))
+            for row in db.conn.execute(sql, [value for key in chunk for value in key]):
+                stored[row[:3]] = row[3:]
+        db.conn.executemany(_WRITE_HELD, [[*key, *pending.row(stored.get(key))]
+                                          for key, pending in held.items()])
 
     def discard_pending(self) -> None:
         """Forget held seconds whose writes were rolled back (a failed decide)."""
         self._held.clear()
 
     def _hold(self, key: ProcessKey, ts: int) -> _HeldSecond:
-        second = (key, ts // NS_PER_SECOND)
+        second = (key.pid, key.start_time, ts // NS_PER_SECOND)
         held = self._held.get(second)
         if held is None:
             held = self._held[second] = _HeldSecond()
         return held
 
     def _on_sched_stats(self, db: Database, event: Event) -> None:
-        own, workers = event.own, event.workers
+        own, workers = event.own.get, event.workers.get
         # flushes come every probes.poll_interval: several may end in a second, and add up
         self._hold(event.process, event.ts).sched.append((
-            own.get("on_cpu_ns", 0) / _MS, own.get("runqueue_ns", 0) / _MS,
-            own.get("sleep_ns", 0) / _MS, own.get("blocked_ns", 0) / _MS,
-            workers.get("on_cpu_ns", 0) / _MS, workers.get("runqueue_ns", 0) / _MS,
-            workers.get("blocked_ns", 0) / _MS))
+            own("on_cpu_ns", 0) / _MS, own("runqueue_ns", 0) / _MS,
+            own("sleep_ns", 0) / _MS, own("blocked_ns", 0) / _MS,
+            workers("on_cpu_ns", 0) / _MS, workers("runqueue_ns", 0) / _MS,
+            workers("blocked_ns", 0) / _MS))
 
     def _on_driver_call_stats(self, db: Database, event: Event) -> None:
-        by_op: Counter[str] = Counter()
+        by_op: dict[str, int] = {}
+        process, path = event.process, event.path
+        last = self._last_counts.get((process.pid, process.start_time))
+        if last is None:
+            last = self._last_counts[(process.pid, process.start_time)] = {}
         for op in event.ops:
-            key = (event.process, event.path, op["cmd"], op["sub"])
-            delta = op["count"] - self._last_counts.get(key, 0)
-            self._last_counts[key] = op["count"]
+            key, count = (path, op["cmd"], op["sub"]), op["count"]
+            delta = count - last.get(key, 0)
             if delta > 0:
-                by_op[op.get("sub_name") or op["op"]] += delta
+                last[key] = count
+                name = op.get("sub_name") or op["op"]
+                by_op[name] = by_op.get(name, 0) + delta
+            elif delta:
+                last[key] = count      # the count went back: a new total from there
         if by_op:
-            self._hold(event.process, event.ts).ioctls.append(by_op)
+            self._hold(process, event.ts).ioctls.append(by_op)
 
     def _on_cuda_stats(self, db: Database, event: Event) -> None:
         figures = event.totals()
@@ -150,8 +169,7 @@ class TimelineBuilder:
             "cuda_frees": figures["frees"]}, add=True)
 
     def _on_process_exited(self, db: Database, event: Event) -> None:
-        for key in [k for k in self._last_counts if k[0] == event.process]:
-            del self._last_counts[key]
+        self._last_counts.pop((event.process.pid, event.process.start_time), None)
 
     def _on_gpu_processes(self, db: Database, event: Event) -> None:
         for p in event.processes:

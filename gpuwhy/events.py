@@ -603,15 +603,16 @@ def methods_by_kind(obj: object, prefix: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _field_names(cls: type[Event]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+def _field_names(cls: type[Event], exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in exclude)
 
 
-def event_fields(event: Event) -> dict[str, Any]:
-    """The event's fields as JSON-ready values (process keys as ``{pid, start_time}``):
-    ``dataclasses.asdict`` without its deep copy, which cost ~70 µs an event."""
+def event_fields(event: Event, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The event's fields but those named in ``exclude``, as JSON-ready values (process keys
+    as ``{pid, start_time}``): ``dataclasses.asdict`` without its deep copy, which cost
+    ~70 µs an event."""
     body = {}
-    for name in _field_names(type(event)):
+    for name in _field_names(type(event), exclude):
         value = getattr(event, name)
         if isinstance(value, ProcessKey):
             value = {"pid": value.pid, "start_time": value.start_time}

@@ -146,6 +146,14 @@ def sample_causes(fields: dict[str, float]) -> dict[str, bool]:
     return said
 
 
+def fabric_fault(fields: dict[str, float]) -> bool:
+    """Whether a sample says the NVLink fabric has failed or is unhealthy: the fabric's
+    causes :func:`sample_causes` finds holding, without building its answer."""
+    state, health = fields.get("fabric_state"), fields.get("fabric_health")
+    return (state is not None and int(state) == FABRIC_FAILURE) or \
+        (health is not None and int(health) == FABRIC_UNHEALTHY)
+
+
 def is_live(state: str | None) -> bool:
     """Whether the GPU's latest numbers may be shown as current."""
     return (state or OK) in LIVE_STATES

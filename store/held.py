@@ -5,7 +5,9 @@ of a batch (events, sched_stats, driver_calls, gpu_sample_data, driver_call_stat
 written with one ``executemany`` per run of the same statement instead. Rows of a table
 are written in the order they came (events' ids follow arrival order); tables are written
 one after the other, which is safe because none has a trigger and the writer reads none of
-them back within a batch (the decide stage, which does, runs after).
+them back within a batch (the decide stage, which does, runs after; the writer writes what is
+held before the one read it makes). Statements held with ``add_after`` run after every row:
+an update that must find the rows this batch inserts (a device's close, its open).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class HeldRows:
     def __init__(self) -> None:
         self._rows: dict[str, list[tuple[str, Sequence]]] = {}
         self._latest: dict[tuple, tuple[str, Sequence]] = {}
+        self._after: list[tuple[str, Sequence]] = []
 
     def add(self, table: str, sql: str, values: Sequence) -> None:
         rows = self._rows.get(table)
@@ -37,10 +40,14 @@ class HeldRows:
             key = (*key, len(self._latest))
         self._latest[key] = (sql, values)
 
+    def add_after(self, sql: str, values: Sequence) -> None:
+        """A statement run after every row held (these in the order they came)."""
+        self._after.append((sql, values))
+
     def write(self, conn: sqlite3.Connection) -> None:
         """Write everything held and forget it (also when a statement fails)."""
         try:
-            for rows in (*self._rows.values(), self._latest.values()):
+            for rows in (*self._rows.values(), self._latest.values(), self._after):
                 for sql, run in groupby(rows, key=itemgetter(0)):
                     conn.executemany(sql, [values for _, values in run])
         finally:
@@ -49,3 +56,4 @@ class HeldRows:
     def clear(self) -> None:
         self._rows.clear()
         self._latest.clear()
+        self._after.clear()

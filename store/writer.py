@@ -45,16 +45,17 @@ from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.store.samples import encode_fields
 from gpuwhy.wire import json_text
 
+_NOT_IN_BODY = ("ts", "raw_ts", "process")     # columns of their own
 
-def _event_row(envelope: Envelope, **extra: object) -> dict:
+
+def _event_row(envelope: Envelope, gpu_id: str | None = None) -> dict:
+    """The ``events`` row of an event, its columns in _EVENT_COLUMNS' order."""
     event = envelope.event
     process = getattr(event, "process", None)
-    body = {k: v for k, v in event_fields(event).items()
-            if k not in ("ts", "raw_ts", "process")}
     return {"ts": event.ts, "topic": event.topic, "kind": event.kind, "src": envelope.src,
             "pid": process.pid if process else None,
             "start_time": process.start_time if process else None,
-            "body": json_text(body), "gpu_id": None, **extra}
+            "body": json_text(event_fields(event, _NOT_IN_BODY)), "gpu_id": gpu_id}
 
 
 # --- process events: stored once ---
@@ -81,7 +82,7 @@ ONCE_PER_PROCESS = ""      # process_forked (the child's row), process_exited
 
 log = logging.getLogger(__name__)
 # Tables whose rows _insert and _upsert hold until the end of the batch (store/held.py).
-_HELD_TABLES = frozenset({"events", "sched_stats", "driver_calls"})
+_HELD_TABLES = frozenset({"events", "sched_stats", "driver_calls", "kernel_log"})
 _DRIVER_CALL_STATS_PK = ("pid", "start_time", "path", "cmd", "sub")
 _JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
@@ -101,6 +102,32 @@ def _statement(table: str, columns: tuple[str, ...], verb: str,
     return sql
 
 
+_DEVICE_FD_COLUMNS = ("pid", "start_time", "fd", "opened_at", "path", "device", "minor", "how",
+                      "scanned", "cloexec")
+_OPEN_FD = _statement("device_fds", _DEVICE_FD_COLUMNS, "insert",
+                      ("pid", "start_time", "fd", "opened_at"))
+# A close (and a process's exit) ends the opens of that fd (of any fd) made before it: held
+# after the batch's opens (HeldRows.add_after), it needs no order among them, and a late open
+# that came after its close is not left open.
+_CLOSE_FD = ("update device_fds set closed_at = ? where pid = ? and start_time = ? and fd = ? "
+             "and closed_at is null and opened_at <= ?")
+_CLOSE_PROCESS_FDS = ("update device_fds set closed_at = ? where pid = ? and start_time = ? "
+                      "and closed_at is null and opened_at <= ?")
+_DRIVER_CALL_STATS_COLUMNS = ("pid", "start_time", "path", "device", "cmd", "sub", "op",
+                              "sub_name", "count", "errors", "latency_sum_ns",
+                              "latency_max_ns", "bytes", "latency_log2", "updated_at")
+_WRITE_DRIVER_CALL_STATS = _statement("driver_call_stats", _DRIVER_CALL_STATS_COLUMNS, "insert",
+                                      _DRIVER_CALL_STATS_PK)
+_SCHED_KEY_COLUMNS = ("pid", "start_time", "ts", "interval_ns", "worker_processes",
+                      "node_on_cpu_ns")
+_EVENT_COLUMNS = ("ts", "topic", "kind", "src", "pid", "start_time", "body", "gpu_id")
+_INSERT_EVENT = _statement("events", _EVENT_COLUMNS, "insert")
+_INSERT_PROCESS_EVENT = _statement("events", (*_EVENT_COLUMNS, "dedup_key"), "insert or ignore")
+# What SQLite raises for a value it cannot bind (a list or a dict where a number goes, from a
+# buggy or hostile sender): the event's fault, not the store's, so the event is rejected like
+# any bad one instead of failing the batch (and the next, and every one after) as a full disk
+# would. Rows are bound as built: converting each value first cost a tenth of the writer.
+_UNBINDABLE = (sqlite3.ProgrammingError, sqlite3.InterfaceError)
 MAX_PROCESSES_REMEMBERED = 4096     # processes whose driver-call figures are remembered
 
 
@@ -124,6 +151,11 @@ class StoreWriter:
         # Per batch, as _gpu_keys: the decide stage may merge GPU rows between batches.
         self._minor_gpus: dict[int, str] = {}
         self._bound: set[tuple[int, int, str]] = set()
+        self._klog_cursors: set[str] = set()     # kernel-log rows held this batch
+        self._table_columns: dict[str, set[str]] = {}
+        # sched_stats statements by the figures' names, (own, workers): see _sched_plan
+        self._sched_plans: dict[tuple, tuple] = {}
+        self._sample_sql: dict[tuple[str, ...], str] = {}    # by the sample's columns
         self._held = HeldRows()
         self._handlers = methods_by_kind(self, "_on_")
         # driver_call_stats figures already in the store, per process then (path, cmd, sub):
@@ -179,15 +211,18 @@ class StoreWriter:
             for envelope in envelopes:
                 self._handle(envelope)
             self._held.write(self.db.conn)     # a value SQLite refuses: found one by one
+            return True
+        except _UNBINDABLE:
+            pass                               # an event's value, not the store: as below
         except sqlite3.Error:
             raise
         except Exception:  # noqa: BLE001 - found again, and logged, one by one
-            self.db.conn.execute("rollback to batch")
-            self._held.clear()
-            self._forget_gpus()
-            self._ops_batch.clear()
-            return False
-        return True
+            pass
+        self.db.conn.execute("rollback to batch")
+        self._held.clear()
+        self._forget_gpus()
+        self._ops_batch.clear()
+        return False
 
     def _forget_gpus(self) -> None:
         self._gpus_seen.clear()
@@ -195,6 +230,7 @@ class StoreWriter:
         self._instances_seen.clear()
         self._minor_gpus.clear()
         self._bound.clear()
+        self._klog_cursors.clear()
 
     def _record_gpus_seen(self) -> None:
         self.db.conn.executemany("update gpus set last_seen = max(last_seen, ?) where id = ?",
@@ -217,22 +253,28 @@ class StoreWriter:
             conn.execute("savepoint event")
             try:
                 self.apply(envelope)
+            except _UNBINDABLE:              # a value of a type SQLite cannot store
+                self._reject(envelope)
+                continue
             except sqlite3.Error:
                 raise
             except Exception:  # noqa: BLE001 - one bad event must not stop the writer
-                conn.execute("rollback to event")
-                conn.execute("release event")
-                self._held.clear()            # its rows held when the handler failed
-                self._forget_gpus()           # a GPU row (and key) it created is gone with it
-                self._ops_batch.clear()       # which were its own is not known: all again
-                self._ops_stored.clear()
-                self.rejected += 1
-                log.exception("store rejected a %s event from %s", envelope.event.kind,
-                              envelope.src)
+                self._reject(envelope)
                 continue
             conn.execute("release event")
             applied += 1
         return applied
+
+    def _reject(self, envelope: Envelope) -> None:
+        """Undo the event being applied, count and log it (called while handling its error)."""
+        self.db.conn.execute("rollback to event")
+        self.db.conn.execute("release event")
+        self._held.clear()            # its rows held when the handler failed
+        self._forget_gpus()           # a GPU row (and key) it created is gone with it
+        self._ops_batch.clear()       # which were its own is not known: all again
+        self._ops_stored.clear()
+        self.rejected += 1
+        log.exception("store rejected a %s event from %s", envelope.event.kind, envelope.src)
 
     def apply(self, envelope: Envelope) -> None:
         """Apply one event, its rows written before this returns."""
@@ -270,8 +312,7 @@ class StoreWriter:
         self.db.execute("update gpu_bindings set until = ? where pid = ? and start_time = ? "
                         "and until is null", [event.ts, *key])
         self._bound = {b for b in self._bound if b[:2] != tuple(key)}
-        self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
-                        "and closed_at is null", [event.ts, *key])
+        self._held.add_after(_CLOSE_PROCESS_FDS, [event.ts, *key, event.ts])
         self._insert_process_event(_event_row(envelope), ONCE_PER_PROCESS)
         # its final figures came before its exit; a late one would only be written again
         self._ops_stored.pop(tuple(key), None)
@@ -279,6 +320,8 @@ class StoreWriter:
 
     def _on_device_opened(self, envelope: Envelope, event: DeviceOpened) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
+        if event.how == "scan":
+            self._held.write(self.db.conn)     # the fds this batch opened and closed, first
         if event.how == "scan" and self.db.execute(
                 "select 1 from device_fds where pid = ? and start_time = ? and fd = ? and "
                 "path = ? and closed_at is null",
@@ -287,11 +330,9 @@ class StoreWriter:
             # the open already stored, seen again (its time is the scan's, so the events
             # table's key cannot tell), not a second one.
             return
-        self._upsert("device_fds", {
-            **key, "fd": event.fd, "opened_at": event.ts, "path": event.path,
-            "device": event.device, "minor": event.minor, "how": event.how,
-            "scanned": int(event.how == "scan"), "cloexec": int(event.cloexec),
-        }, pk=("pid", "start_time", "fd", "opened_at"))
+        self._held.add("device_fds", _OPEN_FD, [   # in _DEVICE_FD_COLUMNS' order
+            key["pid"], key["start_time"], event.fd, event.ts, event.path, event.device,
+            event.minor, event.how, int(event.how == "scan"), int(event.cloexec)])
         gpu_id = None
         if event.device == "nvidiaN" and event.minor is not None:
             gpu_id = self._gpu_for_minor(event.minor, event.ts)
@@ -325,14 +366,13 @@ class StoreWriter:
         return gpu_id
 
     def _on_device_closed(self, envelope: Envelope, event: DeviceClosed) -> None:
-        key = [event.process.pid, event.process.start_time]
-        self.db.execute("update device_fds set closed_at = ? where pid = ? and start_time = ? "
-                        "and fd = ? and closed_at is null", [event.ts, *key, event.fd])
+        self._held.add_after(_CLOSE_FD, [event.ts, event.process.pid, event.process.start_time,
+                                         event.fd, event.ts])
         self._insert_process_event(_event_row(envelope), fd_dedup_key(event))
 
     # --- probes handlers ---
     def _on_driver_call_stats(self, envelope: Envelope, event: DriverCallStats) -> None:
-        key = {"pid": event.process.pid, "start_time": event.process.start_time}
+        pid, start_time, path = event.process.pid, event.process.start_time, event.path
         minor = using_gpu_minor(event)
         if minor is not None:
             self._bind(event.process, self._gpu_for_minor(minor, event.ts), event.ts,
@@ -340,26 +380,21 @@ class StoreWriter:
         # Cumulative figures, every column set: the last row per key in a batch is the one
         # the per-event upserts would end with. An operation whose figures are those already
         # written is left as it is (its updated_at: when it last moved).
-        process = (event.process.pid, event.process.start_time)
+        process = (pid, start_time)
         batch = self._ops_batch.setdefault(process, {})
         stored = self._ops_stored.get(process, {})
         for op in event.ops:
-            which = (event.path, op["cmd"], op["sub"])
+            cmd, sub = op["cmd"], op["sub"]
+            which = (path, cmd, sub)
             figures = (op["count"], op["errors"], op["latency_sum_ns"], op["bytes"])
             if batch.get(which, stored.get(which)) == figures:
                 continue
             batch[which] = figures
-            row = {**key, "path": event.path, "device": event.device, "cmd": op["cmd"],
-                   "sub": op["sub"], "op": op["op"], "sub_name": op["sub_name"],
-                   "count": op["count"], "errors": op["errors"],
-                   "latency_sum_ns": op["latency_sum_ns"],
-                   "latency_max_ns": op["latency_max_ns"], "bytes": op["bytes"],
-                   "latency_log2": json_text(op["latency_log2"]), "updated_at": event.ts}
-            self._held.add_latest(
-                ("driver_call_stats", key["pid"], key["start_time"], event.path, op["cmd"],
-                 op["sub"]),
-                _statement("driver_call_stats", tuple(row), "insert", _DRIVER_CALL_STATS_PK),
-                self._values(row))
+            self._held.add_latest(     # in _DRIVER_CALL_STATS_COLUMNS' order
+                ("driver_call_stats", pid, start_time, path, cmd, sub), _WRITE_DRIVER_CALL_STATS,
+                [pid, start_time, path, event.device, cmd, sub, op["op"], op["sub_name"],
+                 op["count"], op["errors"], op["latency_sum_ns"], op["latency_max_ns"],
+                 op["bytes"], json_text(op["latency_log2"]), event.ts])
 
     def _on_driver_call(self, envelope: Envelope, event: DriverCall) -> None:
         row = {k: v for k, v in vars(event).items() if k not in ("process", "raw_ts")}
@@ -369,14 +404,35 @@ class StoreWriter:
         self._insert("driver_calls", row)
 
     def _on_sched_stats(self, envelope: Envelope, event: SchedStats) -> None:
-        row = {"pid": event.process.pid, "start_time": event.process.start_time,
-               "ts": event.ts, "interval_ns": event.interval_ns,
-               "worker_processes": event.worker_processes,
-               "node_on_cpu_ns": json_text(event.node_on_cpu_ns) if event.node_on_cpu_ns
-               else None}
-        for side, figures in (("own", event.own), ("workers", event.workers)):
-            row.update({f"{side}_{name}": value for name, value in figures.items()})
-        self._upsert("sched_stats", row, pk=("pid", "start_time", "ts"))
+        own, workers = event.own, event.workers
+        shape = (tuple(own), tuple(workers))
+        plan = self._sched_plans.get(shape) or self._sched_plan(shape)
+        sql, own_kept, workers_kept = plan
+        self._held.add("sched_stats", sql, [
+            event.process.pid, event.process.start_time, event.ts, event.interval_ns,
+            event.worker_processes,
+            json_text(event.node_on_cpu_ns) if event.node_on_cpu_ns else None,
+            *(own.values() if own_kept is None else [own[n] for n in own_kept]),
+            *(workers.values() if workers_kept is None else [workers[n] for n in workers_kept])])
+
+    def _sched_plan(self, shape: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple:
+        """The statement for sched figures of these names, (own, workers), and the names it
+        keeps of each (None: all): a figure the table has no column for (a newer probes
+        process's) is left out, where it would fail every batch as a broken store does."""
+        columns = self._columns("sched_stats")
+        kept = [tuple(n for n in names if f"{side}_{n}" in columns)
+                for side, names in zip(("own", "workers"), shape, strict=True)]
+        for side, names, ours in zip(("own", "workers"), shape, kept, strict=True):
+            if ours != names:
+                log.warning("sched_stats: no column for %s figure(s) %s; not stored", side,
+                            ", ".join(sorted(set(names) - set(ours)))[:200])
+        sql = _statement("sched_stats", (*_SCHED_KEY_COLUMNS, *(f"own_{n}" for n in kept[0]),
+                                         *(f"workers_{n}" for n in kept[1])),
+                         "insert", ("pid", "start_time", "ts"))
+        plan = self._sched_plans[shape] = (
+            sql, *(None if ours == names else ours
+                   for names, ours in zip(shape, kept, strict=True)))
+        return plan
 
     def _on_process_exec(self, envelope: Envelope, event: ProcessExec) -> None:
         self.db.execute("update processes set exe_filename = ? where pid = ? and start_time = ?",
@@ -394,7 +450,11 @@ class StoreWriter:
 
     def _insert_process_event(self, row: dict, dedup_key: str) -> None:
         """An events row stored once per (kind, pid, start_time, dedup_key): see above."""
-        self._insert("events", {**row, "dedup_key": dedup_key}, ignore=True)
+        self._held.add("events", _INSERT_PROCESS_EVENT, [*row.values(), dedup_key])
+
+    def _insert_event(self, row: dict) -> None:
+        """An events row of a kind that is not a process's once-only event."""
+        self._held.add("events", _INSERT_EVENT, list(row.values()))
 
     # --- cuda handlers ---
     def _on_cuda_stats(self, envelope: Envelope, event: CudaStats) -> None:
@@ -415,9 +475,16 @@ class StoreWriter:
         self._insert("cuda_calls", row)
 
     def _on_cuda_library(self, envelope: Envelope, event: CudaLibrary) -> None:
-        self._insert("events", _event_row(envelope))
+        self._insert_event(_event_row(envelope))
 
     # --- GPU source handlers ---
+    def _columns(self, table: str) -> set[str]:
+        """The table's columns, read once."""
+        columns = self._table_columns.get(table)
+        if columns is None:
+            columns = self._table_columns[table] = set(self.db[table].columns_dict)
+        return columns
+
     def _gpu_columns(self) -> set[str]:
         if not hasattr(self, "_gpu_sample_columns"):
             self._gpu_sample_columns = set(self.db["gpu_sample_data"].columns_dict) - {
@@ -448,9 +515,14 @@ class StoreWriter:
     def _on_gpu_sample(self, envelope: Envelope, event: GpuSample) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         row = encode_fields(event.fields, self._gpu_columns())   # compact rows
-        self._held.add("gpu_sample_data",
-                       _statement("gpu_sample_data", ("gpu", "ts", "instance", *row),
-                                  "insert or replace"),
+        names = tuple(row)
+        sql = self._sample_sql.get(names)
+        if sql is None:
+            if len(self._sample_sql) >= 256:      # sources change what they read: rarely
+                self._sample_sql.clear()
+            sql = self._sample_sql[names] = _statement(
+                "gpu_sample_data", ("gpu", "ts", "instance", *names), "insert or replace")
+        self._held.add("gpu_sample_data", sql,
                        [self._gpu_key(event.gpu_id), event.ts, event.instance, *row.values()])
         if event.instance:
             key = (event.gpu_id, event.instance)
@@ -469,7 +541,7 @@ class StoreWriter:
 
     def _on_gpu_xid(self, envelope: Envelope, event: GpuXid) -> None:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
-        self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))  # body: before_start
+        self._insert_event(_event_row(envelope, gpu_id=event.gpu_id))  # body: before_start
         if event.before_start:
             # On the GPU's row too, so the GPU page shows it without searching the events
             # table (no index by GPU); each start that sees it again notes its own first read.
@@ -480,7 +552,7 @@ class StoreWriter:
         self._touch_gpu(event.gpu_id, event.ts, event.simulated, event.source)
         self.db.execute("update gpus set state = ?, state_since = ? where id = ?",
                         [event.state, event.ts, event.gpu_id])
-        self._insert("events", _event_row(envelope, gpu_id=event.gpu_id))
+        self._insert_event(_event_row(envelope, gpu_id=event.gpu_id))
 
     def _on_gpu_processes(self, envelope: Envelope, event: GpuProcesses) -> None:
         for p in event.processes:
@@ -497,13 +569,17 @@ class StoreWriter:
 
     def _advance_cursor(self, source: str, origin: str, cursor: str, boot_id: str,
                         ts: int) -> None:
-        self._upsert("source_cursors", {"source": source, "origin": origin, "cursor": cursor,
-                                          "boot_id": boot_id, "updated_at": ts}, pk="source")
+        row = {"source": source, "origin": origin, "cursor": cursor, "boot_id": boot_id,
+               "updated_at": ts}      # every column: the batch's last one is what counts
+        self._held.add_latest(("source_cursors", source),
+                              _statement("source_cursors", tuple(row), "insert", ("source",)),
+                              list(row.values()))
 
     def _on_kernel_log_record(self, envelope: Envelope, event: KernelLogRecord) -> None:
-        if self.db.execute("select 1 from kernel_log where cursor = ?",
-                           [event.cursor]).fetchone():
+        if event.cursor in self._klog_cursors or self.db.execute(
+                "select 1 from kernel_log where cursor = ?", [event.cursor]).fetchone():
             return    # re-sent after a restart of the source: already stored with its cursor
+        self._klog_cursors.add(event.cursor)     # its row is held until the batch's end
         if event.record_kind == "gpu_uuid" and event.pci and event.uuid:
             self.db.execute(
                 "insert into gpu_pci_uuids (pci, uuid, first_seen, last_seen) "
@@ -520,7 +596,7 @@ class StoreWriter:
         })
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
         if event.record_kind in self.KLOG_TIMELINE_KINDS:
-            self._insert("events", _event_row(envelope, gpu_id=gpu_id))
+            self._insert_event(_event_row(envelope, gpu_id=gpu_id))
 
     def _on_kernel_log_checkpoint(self, envelope: Envelope, event: KernelLogCheckpoint) -> None:
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
@@ -547,7 +623,7 @@ class StoreWriter:
         self._advance_cursor("cron", "journald", event.cursor, event.boot_id, event.ts)
         row = _event_row(envelope)
         row["pid"], row["start_time"] = event.job_pid, event.job_start_time
-        self._insert("events", row)
+        self._insert_event(row)
 
     # --- correlator handlers ---
     # Rows are written with prepared SQL (see _statement): sqlite-utils' insert and upsert

@@ -215,7 +215,7 @@ def _mixed_batch(bad=None):
 
 def _held_tables(db):
     return {table: db.execute(f"select * from {table} order by rowid").fetchall()
-            for table in ("events", "sched_stats", "driver_call_stats")} | {
+            for table in ("events", "sched_stats", "driver_call_stats", "device_fds")} | {
         "gpu_sample_data": db.execute("select * from gpu_sample_data order by ts").fetchall()}
 
 
@@ -312,3 +312,81 @@ def test_figures_of_a_batch_rolled_back_are_written_again(db):
     writer.write_batch(_session())                    # the correlator holds and retries it
     writer.committed()
     assert db["driver_call_stats"].count == 3
+
+
+def test_a_value_sqlite_cannot_store_rejects_its_event_not_the_batch(db):
+    from gpuwhy.events import SchedStats
+
+    # rows are bound as built: a list where a number goes fails in SQLite, not in a handler
+    bad_sched = SchedStats(ts=12, process=KEY, interval_ns=10**9, own={"on_cpu_ns": [1, 2]},
+                           workers={})
+    bad_op = _op(0xC020462A, "NV_ESC_RM_CONTROL", 0x20800102, 3) | {"op": {"name": "x"}}
+    bad_calls = DriverCallStats(ts=13, process=KEY, path="/dev/nvidiactl",
+                                device="nvidiactl", ops=[bad_op])
+    writer = StoreWriter(db)
+    batch = [Envelope("t", 1, ProcessSeen(ts=10, process=KEY, comm="python")),
+             Envelope("t", 2, bad_sched), Envelope("t", 3, bad_calls),
+             Envelope("t", 4, DeviceOpened(ts=14, process=KEY, fd=3, path="/dev/nvidiactl",
+                                           device="nvidiactl"))]
+    assert writer.write_batch(batch) == 2 and writer.rejected == 2
+    assert db["sched_stats"].count == 0 and db["driver_call_stats"].count == 0
+    assert db["processes"].count == 1 and db["device_fds"].count == 1
+    # and the writer goes on: the next batch is written whole
+    good = SchedStats(ts=15, process=KEY, interval_ns=10**9, own={"on_cpu_ns": 7}, workers={})
+    assert writer.write_batch([Envelope("t", 5, good)]) == 1 and writer.rejected == 2
+    assert db.execute("select own_on_cpu_ns from sched_stats").fetchall() == [(7,)]
+
+
+def test_a_sched_figure_the_store_has_no_column_for_is_left_out(db, caplog):
+    from gpuwhy.events import SchedStats
+
+    # a newer probes process's figure, and a name that would break the statement
+    event = SchedStats(ts=12, process=KEY, interval_ns=10**9,
+                       own={"on_cpu_ns": 5, "gpu_wait_ns": 9, "x] = 1; --": 3},
+                       workers={"blocked_ns": 4})
+    writer = StoreWriter(db)
+    assert writer.write_batch([Envelope("t", 1, event)]) == 1 and writer.rejected == 0
+    assert db.execute("select own_on_cpu_ns, workers_blocked_ns from sched_stats").fetchall() \
+        == [(5, 4)]
+    assert "gpu_wait_ns" in caplog.text
+
+
+def test_a_close_ends_the_opens_of_its_fd_made_before_it_and_no_later_one(db, tmp_path):
+    def opened(ts, fd=3):
+        return DeviceOpened(ts=ts, process=KEY, fd=fd, path="/dev/nvidia0", device="nvidiaN",
+                            minor=0)
+
+    def closed(ts, fd=3):
+        return DeviceClosed(ts=ts, process=KEY, fd=fd, path="/dev/nvidia0")
+
+    events = [opened(10), closed(20), opened(30), opened(31, fd=4), closed(40, fd=4),
+              ProcessExited(ts=50, process=KEY), opened(60, fd=5)]
+    fds = "select fd, opened_at, closed_at from device_fds order by opened_at"
+    StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)])
+    assert db.execute(fds).fetchall() == [(3, 10, 20), (3, 30, 50), (4, 31, 40), (5, 60, None)]
+    each = open_store(tmp_path / "each.db")       # the same, one batch per event
+    for i, event in enumerate(events):
+        StoreWriter(each).write_batch([Envelope("t", i, event)])
+    assert each.execute(fds).fetchall() == db.execute(fds).fetchall()
+    each.close()
+    # an open that came after its own close (the close was sent first) is not left open
+    late = open_store(tmp_path / "late.db")
+    StoreWriter(late).write_batch([Envelope("t", 1, closed(80)), Envelope("t", 2, opened(70))])
+    assert late.execute(fds).fetchall() == [(3, 70, 80)]
+    late.close()
+
+
+def test_a_kernel_log_line_sent_twice_in_a_batch_is_stored_once(db):
+    from gpuwhy.events import KernelLogRecord
+
+    line = KernelLogRecord(ts=5, cursor="s=1;i=2", origin="journald", boot_id="b",
+                           record_kind="xid", xid=79, pci="0000:3b:00.0",
+                           message="GPU has fallen off the bus.", line="NVRM: Xid ...")
+    writer = StoreWriter(db)
+    assert writer.write_batch([Envelope("klog", 1, line), Envelope("klog", 2, line)]) == 2
+    assert writer.write_batch([Envelope("klog", 3, line)]) == 1     # and in a later one
+    assert db["kernel_log"].count == 1
+    assert db.execute("select count(*) from events where kind = 'kernel_log_record'"
+                      ).fetchone() == (1,)
+    assert db.execute("select cursor from source_cursors where source = 'klog'"
+                      ).fetchone() == ("s=1;i=2",)

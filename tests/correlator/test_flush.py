@@ -59,3 +59,15 @@ def test_only_events_a_detector_may_open_an_incident_on_are_urgent(harness):
     lost = GpuState(ts=1, gpu_id="g", source="sim", simulated=True, state="lost")
     assert may_open_incident(lost) and not may_open_incident(replace(lost, state="ok"))
     assert not may_open_incident(harness.sample(0, 5.0))
+
+
+def test_the_kinds_the_correlator_asks_about_are_every_kind_that_may_be_urgent():
+    from gpuwhy.correlator.incidents import MAY_OPEN_KINDS, may_open_incident
+    from gpuwhy.events import EVENT_TYPES
+
+    assert MAY_OPEN_KINDS <= EVENT_TYPES.keys()
+    for kind, cls in EVENT_TYPES.items():
+        if kind in MAY_OPEN_KINDS:
+            continue
+        # a bare instance: a kind may_open_incident looks into would fail on its fields
+        assert may_open_incident(object.__new__(cls)) is False, kind
