@@ -82,7 +82,7 @@ ONCE_PER_PROCESS = ""      # process_forked (the child's row), process_exited
 
 log = logging.getLogger(__name__)
 # Tables whose rows _insert and _upsert hold until the end of the batch (store/held.py).
-_HELD_TABLES = frozenset({"events", "sched_stats", "driver_calls", "kernel_log"})
+_HELD_TABLES = frozenset({"events", "sched_stats", "driver_calls"})
 _DRIVER_CALL_STATS_PK = ("pid", "start_time", "path", "cmd", "sub")
 _JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
@@ -120,6 +120,10 @@ _WRITE_DRIVER_CALL_STATS = _statement("driver_call_stats", _DRIVER_CALL_STATS_CO
                                       _DRIVER_CALL_STATS_PK)
 _SCHED_KEY_COLUMNS = ("pid", "start_time", "ts", "interval_ns", "worker_processes",
                       "node_on_cpu_ns")
+_KERNEL_LOG_COLUMNS = ("cursor", "ts", "raw_ts", "boot_id", "origin", "kind", "xid", "sxid",
+                       "pci", "gpu_id", "pid", "name", "gpu_instance", "compute_instance",
+                       "message", "details", "line")
+_INSERT_KERNEL_LOG = _statement("kernel_log", _KERNEL_LOG_COLUMNS, "insert")
 _EVENT_COLUMNS = ("ts", "topic", "kind", "src", "pid", "start_time", "body", "gpu_id")
 _INSERT_EVENT = _statement("events", _EVENT_COLUMNS, "insert")
 _INSERT_PROCESS_EVENT = _statement("events", (*_EVENT_COLUMNS, "dedup_key"), "insert or ignore")
@@ -207,9 +211,13 @@ class StoreWriter:
 
     def _apply_all(self, envelopes: list[Envelope]) -> bool:
         """Apply the batch inside its savepoint; False (rolled back) when an event failed."""
+        handlers = self._handlers
         try:
-            for envelope in envelopes:
-                self._handle(envelope)
+            for envelope in envelopes:          # _handle, without a call an event
+                event = envelope.event
+                handler = handlers.get(event.kind)
+                if handler is not None:
+                    handler(envelope, event)
             self._held.write(self.db.conn)     # a value SQLite refuses: found one by one
             return True
         except _UNBINDABLE:
@@ -586,14 +594,11 @@ class StoreWriter:
                 "values (?, ?, ?, ?) on conflict(pci) do update set uuid = excluded.uuid, "
                 "last_seen = excluded.last_seen", [event.pci, event.uuid, event.ts, event.ts])
         gpu_id = resolve_gpu(self.db, uuid=event.uuid, pci=event.pci)
-        self._insert("kernel_log", {
-            "cursor": event.cursor, "ts": event.ts, "raw_ts": event.raw_ts,
-            "boot_id": event.boot_id, "origin": event.origin, "kind": event.record_kind,
-            "xid": event.xid, "sxid": event.sxid, "pci": event.pci, "gpu_id": gpu_id,
-            "pid": event.pid, "name": event.name, "gpu_instance": event.gpu_instance,
-            "compute_instance": event.compute_instance, "message": event.message,
-            "details": json_text(event.details, sort_keys=True), "line": event.line,
-        })
+        self._held.add("kernel_log", _INSERT_KERNEL_LOG, [   # in _KERNEL_LOG_COLUMNS' order
+            event.cursor, event.ts, event.raw_ts, event.boot_id, event.origin,
+            event.record_kind, event.xid, event.sxid, event.pci, gpu_id, event.pid, event.name,
+            event.gpu_instance, event.compute_instance, event.message,
+            json_text(event.details, sort_keys=True), event.line])
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
         if event.record_kind in self.KLOG_TIMELINE_KINDS:
             self._insert_event(_event_row(envelope, gpu_id=gpu_id))
