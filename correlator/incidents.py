@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import Config
 from gpuwhy.correlator import bindings, chains, timeline
+from gpuwhy.correlator.busy import LastBusy
 from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.correlator.rules.signals import names_a_monitor
@@ -116,13 +118,9 @@ class IncidentBuilder:
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
         self.health = GpuHealth(self.proc_root)   # the GPU health state machine, fed each event
-        # Per kind, who reads it: (timeline handler, whether GPU health does, detector); a
-        # kind none reads (most of a busy batch's device opens and closes) is one lookup.
-        self._routes = {kind: (self.timelines.handler(kind), self.health.handles(kind),
-                               self._detectors.get(kind))
-                        for kind in EVENT_TYPES
-                        if self.timelines.handler(kind) or self.health.handles(kind)
-                        or kind in self._detectors}
+        self.last_busy = LastBusy(self.stall_util)   # each GPU's, for the stall check
+        self._routes: dict[str, tuple] = {}
+        self._routed: tuple = ()        # the parts the routes were built for (see decide)
         # incident_log ids of the lifecycle changes of incidents (not of effects) the last
         # decide made, for the journal once its transaction commits
         self.changes: list[int] = []
@@ -147,17 +145,19 @@ class IncidentBuilder:
         self.health.forget()
         if envelopes:
             self.health.first_seen(db, envelopes[0].event.ts)
+        parts = (self.timelines, self.health, self.last_busy)
+        if len(parts) != len(self._routed) or any(
+                part is not routed for part, routed in zip(parts, self._routed, strict=True)):
+            self._routes, self._routed = self._route_table(), parts   # a part was replaced
         routes = self._routes
         for envelope in envelopes:
             event = envelope.event
             route = routes.get(event.kind)
             if route is None:
                 continue                    # a kind no part of the stage reads
-            on_timeline, on_health, detector = route
-            if on_timeline is not None:
-                on_timeline(db, event)
-            if on_health:
-                self.health.observe(db, event)
+            handlers, detector = route
+            for handler in handlers:
+                handler(db, event)
             if detector is None:
                 continue
             self.health.forget()            # a detector may merge GPU rows (bindings.learn)
@@ -178,6 +178,22 @@ class IncidentBuilder:
         self._resolve_settled(db, now)
         new += [i for i in self._realert if i not in new]
         return new
+
+    def _route_table(self) -> dict[str, tuple[tuple[Callable[[Database, Event], None], ...],
+                                                 Any]]:
+        """Per kind, who reads its events: the handlers each one is fed (the timelines, GPU
+        health, the stall check's busy samples), and its detector. A kind none reads (most of
+        a busy batch's device opens and closes) costs the decide loop one lookup."""
+        table = {}
+        for kind in EVENT_TYPES:
+            handlers = tuple(handler for handler in (
+                self.timelines.handler(kind),
+                self.health.observe if self.health.handles(kind) else None,
+                self.last_busy.observe if kind == "gpu_sample" else None) if handler)
+            detector = self._detectors.get(kind)
+            if handlers or detector:
+                table[kind] = (handlers, detector)
+        return table
 
     def counters(self) -> dict[str, int]:
         return {"incidents_opened": self.opened, "incidents_merged": self.merged,
@@ -649,9 +665,7 @@ class IncidentBuilder:
         after the process bound it (a process that never saw it busy did not stall). A GPU
         that went silent (lost, resetting) after its last busy sample was idle from then,
         even if it has come back since."""
-        busy = db.execute("select max(ts) from gpu_samples where gpu_id = ? and gpu_util > ? "
-                          "and ts between ? and ?",
-                          [gpu_id, self.stall_util, bound_since, now]).fetchone()[0]
+        busy = self.last_busy.latest(db, gpu_id, bound_since, now)
         if busy is None:
             return None
         after = db.execute("select min(ts) from gpu_samples where gpu_id = ? and ts > ?",
