@@ -352,9 +352,12 @@ class IncidentBuilder:
     def _resolve_settled(self, db: Database, now: int) -> None:
         """Cause incidents, once settled: resolved when their GPU reads healthy again after
         them, or (if they never left it unhealthy) ``dedup_seconds`` after last seen."""
+        # the active incidents by their state's index (m117): the planner, without the
+        # store's statistics, took cause_id's, and read every incident ever kept each second
         rows = db.execute(
             f"select i.id, i.kind, i.gpu_id, i.opened_at, i.last_seen, g.health from incidents "
-            f"i left join gpus g on g.id = i.gpu_id where {lc.sql_active('i.state')} and "
+            f"i indexed by idx_incidents_state left join gpus g on g.id = i.gpu_id where "
+            f"{lc.sql_active('i.state')} and "
             f"i.cause_id is null and i.kind in ('xid', 'gpu_lost', 'gpu_reset') and "
             f"coalesce(i.settle_until, 0) < ?", [now]).fetchall()
         for incident_id, kind, gpu_id, opened_at, last_seen, health in rows:

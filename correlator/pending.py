@@ -56,9 +56,10 @@ class Alignment:
     def settling(self, db: Database) -> list[int]:
         """Ids of the incidents still taking late events, oldest first, at most pending_max;
         the ones past the bound are settled now."""
-        rows = db.execute("select id from incidents where settle_until >= ? order by id",
-                          [self.watermark]).fetchall()
-        ids = [r[0] for r in rows]
+        # sorted here: "order by id" made the planner walk every incident in id order
+        # instead of the few still settling (settle_until's index, m117)
+        ids = sorted(r[0] for r in db.execute(
+            "select id from incidents where settle_until >= ?", [self.watermark]))
         excess = len(ids) - self.pending_max
         if excess > 0:
             db.execute(f"update incidents set settle_until = null where id in "

@@ -560,3 +560,15 @@ def m116_mig_instances(db: Database) -> None:
                "PRIMARY KEY (gpu_id, instance)) WITHOUT ROWID")
     db["rule_findings"].add_column("instance", str)
     db["rule_findings"].add_column("mig_profile", str)
+
+
+@migrations()
+def m117_incident_read_indexes(db: Database) -> None:
+    """Indexes on ``incidents.state``, ``incidents.settle_until`` and (``gpu_id``, ``kind``,
+    ``opened_at``): the decide stage reads the active incidents and the settling ones once a
+    second, and a settling Xid's chain the GPU's last reset, and each read scanned every
+    incident the store keeps (of the GPU) (with 10,000 of them, ~3 ms a second, growing
+    with the history; most are resolved and settled long ago)."""
+    db["incidents"].create_index(["state"], if_not_exists=True)
+    db["incidents"].create_index(["settle_until"], if_not_exists=True)
+    db["incidents"].create_index(["gpu_id", "kind", "opened_at"], if_not_exists=True)
