@@ -119,8 +119,6 @@ class IncidentBuilder:
         self._detectors = methods_by_kind(self, "_detect_")
         self.health = GpuHealth(self.proc_root)   # the GPU health state machine, fed each event
         self.last_busy = LastBusy(self.stall_util)   # each GPU's, for the stall check
-        self._routes: dict[str, tuple] = {}
-        self._routed: tuple = ()        # the parts the routes were built for (see decide)
         # incident_log ids of the lifecycle changes of incidents (not of effects) the last
         # decide made, for the journal once its transaction commits
         self.changes: list[int] = []
@@ -145,11 +143,7 @@ class IncidentBuilder:
         self.health.forget()
         if envelopes:
             self.health.first_seen(db, envelopes[0].event.ts)
-        parts = (self.timelines, self.health, self.last_busy)
-        if len(parts) != len(self._routed) or any(
-                part is not routed for part, routed in zip(parts, self._routed, strict=True)):
-            self._routes, self._routed = self._route_table(), parts   # a part was replaced
-        routes = self._routes
+        routes = self._route_table()        # per decide: a part may have been replaced
         for envelope in envelopes:
             event = envelope.event
             route = routes.get(event.kind)

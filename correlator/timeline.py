@@ -97,13 +97,8 @@ class TimelineBuilder:
         self._held: dict[tuple[int, int, int], _HeldSecond] = {}
         self._handlers = methods_by_kind(self, "_on_")
 
-    def apply(self, db: Database, event: Event) -> None:
-        handler = self._handlers.get(event.kind)
-        if handler is not None:
-            handler(db, event)
-
     def handler(self, kind: str) -> Callable[[Database, Event], None] | None:
-        """What ``apply`` does with an event of ``kind`` (None: nothing)."""
+        """What to feed an event of ``kind`` to (None: the timelines do not read it)."""
         return self._handlers.get(kind)
 
     def write_pending(self, db: Database) -> None:

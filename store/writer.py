@@ -124,6 +124,9 @@ _KERNEL_LOG_COLUMNS = ("cursor", "ts", "raw_ts", "boot_id", "origin", "kind", "x
                        "pci", "gpu_id", "pid", "name", "gpu_instance", "compute_instance",
                        "message", "details", "line")
 _INSERT_KERNEL_LOG = _statement("kernel_log", _KERNEL_LOG_COLUMNS, "insert")
+_WRITE_CURSOR = _statement("source_cursors",
+                           ("source", "origin", "cursor", "boot_id", "updated_at"), "insert",
+                           ("source",))
 _EVENT_COLUMNS = ("ts", "topic", "kind", "src", "pid", "start_time", "body", "gpu_id")
 _INSERT_EVENT = _statement("events", _EVENT_COLUMNS, "insert")
 _INSERT_PROCESS_EVENT = _statement("events", (*_EVENT_COLUMNS, "dedup_key"), "insert or ignore")
@@ -330,14 +333,14 @@ class StoreWriter:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
         if event.how == "scan":
             self._held.write(self.db.conn)     # the fds this batch opened and closed, first
-        if event.how == "scan" and self.db.execute(
-                "select 1 from device_fds where pid = ? and start_time = ? and fd = ? and "
-                "path = ? and closed_at is null",
-                [key["pid"], key["start_time"], event.fd, event.path]).fetchone():
-            # A restarted probes process's start-up scan found an fd the store holds open:
-            # the open already stored, seen again (its time is the scan's, so the events
-            # table's key cannot tell), not a second one.
-            return
+            if self.db.execute(
+                    "select 1 from device_fds where pid = ? and start_time = ? and fd = ? and "
+                    "path = ? and closed_at is null",
+                    [key["pid"], key["start_time"], event.fd, event.path]).fetchone():
+                # A restarted probes process's start-up scan found an fd the store holds
+                # open: the open already stored, seen again (its time is the scan's, so the
+                # events table's key cannot tell), not a second one.
+                return
         self._held.add("device_fds", _OPEN_FD, [   # in _DEVICE_FD_COLUMNS' order
             key["pid"], key["start_time"], event.fd, event.ts, event.path, event.device,
             event.minor, event.how, int(event.how == "scan"), int(event.cloexec)])
@@ -437,6 +440,8 @@ class StoreWriter:
         sql = _statement("sched_stats", (*_SCHED_KEY_COLUMNS, *(f"own_{n}" for n in kept[0]),
                                          *(f"workers_{n}" for n in kept[1])),
                          "insert", ("pid", "start_time", "ts"))
+        if len(self._sched_plans) >= 256:     # a sender's names are its own: bounded
+            self._sched_plans.clear()
         plan = self._sched_plans[shape] = (
             sql, *(None if ours == names else ours
                    for names, ours in zip(shape, kept, strict=True)))
@@ -494,8 +499,8 @@ class StoreWriter:
         return columns
 
     def _gpu_columns(self) -> set[str]:
-        if not hasattr(self, "_gpu_sample_columns"):
-            self._gpu_sample_columns = set(self.db["gpu_sample_data"].columns_dict) - {
+        if not hasattr(self, "_gpu_sample_columns"):    # the same set each time: see samples
+            self._gpu_sample_columns = self._columns("gpu_sample_data") - {
                 "gpu", "ts", "instance"}
         return self._gpu_sample_columns
 
@@ -577,11 +582,9 @@ class StoreWriter:
 
     def _advance_cursor(self, source: str, origin: str, cursor: str, boot_id: str,
                         ts: int) -> None:
-        row = {"source": source, "origin": origin, "cursor": cursor, "boot_id": boot_id,
-               "updated_at": ts}      # every column: the batch's last one is what counts
-        self._held.add_latest(("source_cursors", source),
-                              _statement("source_cursors", tuple(row), "insert", ("source",)),
-                              list(row.values()))
+        # every column: the batch's last one is what counts
+        self._held.add_latest(("source_cursors", source), _WRITE_CURSOR,
+                              [source, origin, cursor, boot_id, ts])
 
     def _on_kernel_log_record(self, envelope: Envelope, event: KernelLogRecord) -> None:
         if event.cursor in self._klog_cursors or self.db.execute(
