@@ -201,3 +201,87 @@ def test_an_exited_process_page_says_its_timeline_is_complete(served, scenario, 
     assert page.locator("#live").count() == 0
     assert "complete" in page.inner_text("#live-ended")
     assert served.problems == []
+
+
+# A chart 600 px wide whose marks crowd its right edge: what charts.js is handed by a
+# week's range where a job failed again and again in its last hour. The chart's stand-in
+# puts a mark at its own time in pixels (ms = px), as convertToPixel does on a real axis.
+_CROWDED_LABELS = """([width, xs]) => {
+  const wrap = document.createElement('div');
+  wrap.className = 'chart-wrap';
+  wrap.style.width = `${width}px`;
+  const holder = document.createElement('div');
+  holder.className = 'marks';
+  wrap.appendChild(holder);
+  document.body.appendChild(wrap);
+  const chart = {convertToPixel: (_, ms) => ms, getWidth: () => width};
+  const incidents = xs.map((x, i) => ({id: 1000 + i, kind: 'process_stall',
+                                        opened_at: x * 1e6, title: `stall ${i}`}));
+  GpuwhyCharts.markLabels(chart, holder, {incidents, resets: []});
+  const box = holder.getBoundingClientRect();
+  const labels = [...holder.children].map(e => { const r = e.getBoundingClientRect();
+    return {text: e.textContent, more: e.classList.contains('more'), title: e.title,
+            left: r.left - box.left, right: r.right - box.left, top: r.top, bottom: r.bottom};
+  });
+  wrap.remove();
+  return labels;
+}"""
+
+
+@pytest.mark.parametrize("xs", [
+    [520 + k * 0.2 for k in range(40)],                              # one stretch: "+37"
+    [170 + k * 9 for k in range(40)] + [525 + k * 0.1 for k in range(30)],  # two
+], ids=["one-stretch", "two-stretches"])
+def test_crowded_marks_at_the_right_edge_stay_inside_the_chart(served, scenario, xs):
+    """Marks crowded at the plot's right edge: the "+N" that folds them grows to two digits
+    and stays within the chart, clear of the other labels, counting every mark it folds."""
+    page, url = served.page, served.url
+    page.goto(f"{url}/gpus/{scenario.gpu_ids[0]}?range=15m", wait_until="load")
+    width = 600
+    labels = page.evaluate(_CROWDED_LABELS, [width, xs])
+    assert all(0 <= label["left"] and label["right"] <= width for label in labels), labels
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            assert not _overlap(a, b), (a, b)
+    folded = [label for label in labels if label["more"]]
+    assert folded and max(int(label["text"][1:]) for label in folded) >= 10
+    assert sum(1 for label in labels if not label["more"]) + \
+        sum(int(label["text"][1:]) for label in folded) == len(xs)
+    assert sum(label["title"].count("\n") + 1 for label in folded) == \
+        sum(int(label["text"][1:]) for label in folded)
+
+
+def test_a_chart_whose_box_narrows_redraws_itself_and_its_labels(served, scenario):
+    """The page's width changes without the window's (a scrollbar appears as the page
+    grows, a panel opens): the charts and the incident labels follow their box. They
+    followed only the window's resize event, and a label near the right edge then stood
+    past the narrowed chart (the [15m] label test above failed once in CI that way)."""
+    page, url = served.page, served.url
+    page.goto(f"{url}/gpus/{scenario.gpu_ids[0]}?range=15m", wait_until="load")
+    _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
+           "the charts drawn")
+    page.click("#live-toggle")      # paused: no live update lays the labels out again
+    assert page.inner_text("#live-state") == "Paused"
+    labels, box = _labels(page), page.locator("#chart-util").bounding_box()
+    inner = "() => document.getElementById('chart-util').clientWidth"
+    drawn = "() => echarts.getInstanceByDom(document.getElementById('chart-util')).getWidth()"
+    wide = page.evaluate(inner)
+    assert labels and page.evaluate(drawn) == wide
+    # narrower than where the rightmost label ends now: laid out for the old width, it
+    # would stand past the new one
+    right = max(label["right"] for label in labels) - box["x"]
+    narrow = int(right) - 10
+    assert 320 <= narrow < wide
+    page.evaluate(f"() => {{ const wrap = document.getElementById('chart-util').parentElement;"
+                  f" wrap.style.width = '{narrow}px'; }}")
+    _until(page, lambda: page.evaluate(drawn) == page.evaluate(inner) < narrow,
+           "the chart redrawn at its new width")
+    box = page.locator("#chart-util").bounding_box()
+
+    def inside() -> bool:
+        labels = _labels(page)
+        return bool(labels) and all(box["x"] <= label["left"] and
+                                    label["right"] <= box["x"] + box["width"] + 0.5
+                                    for label in labels)
+    _until(page, inside, "the labels laid out again within the narrowed chart")
+    assert served.problems == []

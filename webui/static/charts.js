@@ -97,9 +97,19 @@
     return axis.scale.getExtent();
   };
 
+  // Each chart follows its own box, not only the window: a scrollbar that appears as the
+  // page grows, or a narrower layout, changes a chart's width without a window resize.
   G.connect = function () {
     window.echarts.connect("gpuwhy");
-    window.addEventListener("resize", () => charts.forEach((c) => c.resize()));
+    const boxes = new ResizeObserver((entries) => {
+      for (const entry of entries) window.echarts.getInstanceByDom(entry.target)?.resize();
+    });
+    charts.forEach((c) => boxes.observe(c.getDom()));
+  };
+
+  // Calls ``redraw`` (in the next frame) whenever ``element``'s box changes size.
+  G.onResize = function (element, redraw) {
+    new ResizeObserver(() => requestAnimationFrame(redraw)).observe(element);
   };
 
   // A field's points (ms, value); where no sample came for more than two buckets (the

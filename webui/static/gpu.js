@@ -164,7 +164,7 @@
   // The incident and reset labels, where the marks are now (after a zoom, a resize).
   const labelMarks = () => view && G.markLabels(chart.util, markHolder, view.events);
   chart.util.on("datazoom", () => requestAnimationFrame(labelMarks));
-  window.addEventListener("resize", () => requestAnimationFrame(labelMarks));
+  G.onResize(markHolder.parentElement, labelMarks);   // after the chart's own resize
   let generation = 0;                  // a newer load makes an older live answer stale
 
   // A counter chart without a point in the range says so (G.emptyNote).
