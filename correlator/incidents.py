@@ -629,19 +629,26 @@ class IncidentBuilder:
             "join processes p on p.pid = b.pid and p.start_time = b.start_time "
             "where b.until is null and p.exited_at is null "
             "group by b.pid, b.start_time, b.gpu_id").fetchall()
+        # One read of the active stalls for every process checked, not one a process; the
+        # GPU's side of the answer once a GPU (its processes share it).
+        stalled_now: dict[str, list[tuple[int, int]]] = {}
+        for stalled, dedup_key, opened_at in db.execute(
+                f"select id, dedup_key, opened_at from incidents indexed by "
+                f"idx_incidents_state where {lc.sql_active()} and kind = 'process_stall'"):
+            stalled_now.setdefault(dedup_key, []).append((stalled, opened_at))
+        idle_by_gpu: dict[tuple[str, int], int | None] = {}
         for pid, start_time, gpu_id, since, comm, cmdline in rows:
             if names_a_monitor(comm, cmdline):
                 continue
             key = ProcessKey(pid, start_time)
             dedup_key = f"process_stall:{key}:{gpu_id}"
-            idle_since = self._idle_since(db, gpu_id, since, now)
+            idle_since = self._idle_since(db, gpu_id, since, now, idle_by_gpu)
             if idle_since is None or now - idle_since < self.stall_ns:
                 if idle_since is None:      # busy again: the stall is over
-                    for (stalled,) in db.execute(
-                            f"select id from incidents where dedup_key = ? and "
-                            f"{lc.sql_active()} and opened_at < ?",
-                            [dedup_key, now]).fetchall():
-                        self._resolve(db, stalled, lc.RECOVERED, now, "the GPU is busy again")
+                    for stalled, opened_at in sorted(stalled_now.get(dedup_key, ())):
+                        if opened_at < now:
+                            self._resolve(db, stalled, lc.RECOVERED, now,
+                                          "the GPU is busy again")
                 continue
             ongoing = db.execute(f"update incidents set last_seen = max(last_seen, ?) where "
                                  f"dedup_key = ? and {lc.sql_active()} and opened_at <= ?",
@@ -657,14 +664,24 @@ class IncidentBuilder:
                 self._cause_of(db, gpu_id, idle_since, process=key)))
         return found
 
-    def _idle_since(self, db: Database, gpu_id: str, bound_since: int, now: int) -> int | None:
+    def _idle_since(self, db: Database, gpu_id: str, bound_since: int, now: int,
+                    known: dict[tuple[str, int], int | None] | None = None) -> int | None:
         """Start of the idle stretch that reaches ``now``, if the GPU was busy before it and
         after the process bound it (a process that never saw it busy did not stall). A GPU
         that went silent (lost, resetting) after its last busy sample was idle from then,
-        even if it has come back since."""
+        even if it has come back since. ``known``: the answers of this check so far, by GPU
+        and busy sample (all that follows depends on these and ``now`` alone)."""
         busy = self.last_busy.latest(db, gpu_id, bound_since, now)
         if busy is None:
             return None
+        if known is None:
+            return self._idle_after(db, gpu_id, busy, now)
+        if (gpu_id, busy) not in known:
+            known[(gpu_id, busy)] = self._idle_after(db, gpu_id, busy, now)
+        return known[(gpu_id, busy)]
+
+    def _idle_after(self, db: Database, gpu_id: str, busy: int, now: int) -> int | None:
+        """Where the GPU's idle stretch began after its busy sample at ``busy``, if it did."""
         after = db.execute("select min(ts) from gpu_samples where gpu_id = ? and ts > ?",
                            [gpu_id, busy]).fetchone()[0]
         state = db.execute("select state, state_since, health, health_since from gpus "

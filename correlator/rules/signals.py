@@ -11,6 +11,7 @@ Both turn raw rows into signals through :mod:`vocabulary`, so they agree by cons
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ def is_monitor(facts: ProcessFacts | None) -> bool:
     return facts is not None and names_a_monitor(facts.comm, facts.cmdline)
 
 
+@functools.lru_cache(maxsize=256)    # the stall check asks for each bound process, twice a second
 def names_a_monitor(comm: str | None, cmdline: str | None, _compiled: list = []) -> bool:  # noqa: B006
     """Whether a process's name or command line is a GPU monitor's (MONITOR_PATTERN)."""
     if not _compiled:

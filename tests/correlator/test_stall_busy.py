@@ -107,3 +107,37 @@ def test_a_stall_check_does_not_read_more_for_a_longer_history(tmp_config, tmp_p
     short, long = instructions(0.5), instructions(5)
     assert long < 2 * short + 50, (short, long)
     assert short < 200, short      # a few indexed reads a process, not a scan
+
+
+def test_a_stall_check_reads_once_a_gpu_not_once_a_process(tmp_config, tmp_path):
+    """Processes that share a GPU share its answer: a check reads the GPU's samples and
+    state once, and the active stalls once, whatever the number of processes bound to it
+    (it made three reads a process, twice a second). Counted in statements run."""
+    def statements(processes: int, idle_s: int) -> int:
+        db = open_store(tmp_path / f"{processes}-{idle_s}.db")
+        builder = IncidentBuilder(tmp_config)
+        envelopes = [Envelope("sim", second, GpuSample(
+            ts=T0 + second * S, gpu_id="GPU-a", source="sim", simulated=True,
+            fields={"gpu_util": 2.0 if second >= 120 - idle_s else 70.0}))
+            for second in range(120)]
+        _feed(db, builder, envelopes)
+        for n in range(processes):
+            db.execute("insert into processes (pid, start_time, comm, cmdline, first_seen, "
+                       "last_seen) values (?, 5, 'python', 'python train.py', ?, ?)",
+                       [100 + n, T0, T0])
+            db.execute("insert into gpu_bindings (pid, start_time, gpu_id, since, evidence) "
+                       "values (?, 5, 'GPU-a', ?, 'holds /dev/nvidia0')", [100 + n, T0])
+        db.conn.commit()
+        now = T0 + 119 * S
+        builder._stalls(db, now)               # the first check reads what came before it
+        run = []
+        db.conn.set_trace_callback(run.append)
+        found = builder._stalls(db, now)
+        db.conn.set_trace_callback(None)
+        assert found == []                     # busy, or not idle for stall_seconds yet
+        db.close()
+        return len(run)
+
+    busy, idle = statements(1, 0), statements(1, 5)       # idle 5 s: not a stall yet
+    assert statements(8, 0) == busy and statements(8, 5) == idle, (busy, idle)
+    assert busy <= 4 and idle <= 4, (busy, idle)     # bindings, stalls, samples, state
