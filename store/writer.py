@@ -113,6 +113,7 @@ _CLOSE_FD = ("update device_fds set closed_at = ? where pid = ? and start_time =
              "and closed_at is null and opened_at <= ?")
 _CLOSE_PROCESS_FDS = ("update device_fds set closed_at = ? where pid = ? and start_time = ? "
                       "and closed_at is null and opened_at <= ?")
+_SET_EXE_FILENAME = "update processes set exe_filename = ? where pid = ? and start_time = ?"
 _DRIVER_CALL_STATS_COLUMNS = ("pid", "start_time", "path", "device", "cmd", "sub", "op",
                               "sub_name", "count", "errors", "latency_sum_ns",
                               "latency_max_ns", "bytes", "latency_log2", "updated_at")
@@ -448,8 +449,10 @@ class StoreWriter:
         return plan
 
     def _on_process_exec(self, envelope: Envelope, event: ProcessExec) -> None:
-        self.db.execute("update processes set exe_filename = ? where pid = ? and start_time = ?",
-                        [event.filename, event.process.pid, event.process.start_time])
+        # at the batch's end with the others (a statement an exec cost half its event): a
+        # process row that comes later in the batch gets its exec's file too
+        self._held.add_after(_SET_EXE_FILENAME,
+                             [event.filename, event.process.pid, event.process.start_time])
         self._insert_process_event(_event_row(envelope), exec_dedup_key(event))
 
     def _on_process_forked(self, envelope: Envelope, event: ProcessForked) -> None:

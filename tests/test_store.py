@@ -390,3 +390,29 @@ def test_a_kernel_log_line_sent_twice_in_a_batch_is_stored_once(db):
                       ).fetchone() == (1,)
     assert db.execute("select cursor from source_cursors where source = 'klog'"
                       ).fetchone() == ("s=1;i=2",)
+
+
+def test_an_exec_names_its_file_on_the_process_row_at_the_batch_end(db):
+    """Written with the batch's other held rows: a process row that comes later in the
+    batch takes its exec's file too, the last exec of a batch is the one kept, and an event
+    rejected in the same batch does not lose it."""
+    from gpuwhy.events import ProcessExec, SchedStats
+
+    other = ProcessKey(4343, 111)
+    writer = StoreWriter(db)
+    assert writer.write_batch([
+        Envelope("t", 1, ProcessExec(ts=9, process=other, filename="/opt/venv/bin/torchrun")),
+        Envelope("t", 2, ProcessSeen(ts=10, process=other, comm="torchrun")),
+        Envelope("t", 3, ProcessSeen(ts=10, process=KEY, comm="bash")),
+    ]) == 3
+    bad = SchedStats(ts=13, process=KEY, interval_ns=10**9, own={"on_cpu_ns": [1]},
+                     workers={})
+    assert writer.write_batch([
+        Envelope("t", 4, ProcessExec(ts=11, process=KEY, filename="/usr/bin/env")),
+        Envelope("t", 5, ProcessExec(ts=12, process=KEY, filename="/usr/bin/python3")),
+        Envelope("t", 6, bad),
+    ]) == 2 and writer.rejected == 1
+    files = dict(db.execute("select pid, exe_filename from processes").fetchall())
+    assert files == {KEY.pid: "/usr/bin/python3", other.pid: "/opt/venv/bin/torchrun"}
+    assert db.execute("select count(*) from events where kind = 'process_exec'").fetchone() \
+        == (3,)
