@@ -628,7 +628,8 @@ def main() -> int:
     if args.write_md:
         from bench_notes import benchmarks_md
 
-        args.write_md.write_text(benchmarks_md(describe(results["meta"]), text))
+        existing = args.write_md.read_text() if args.write_md.exists() else None
+        args.write_md.write_text(benchmarks_md(describe(results["meta"]), text, existing))
     failed = [row for row in results["figures"] if "error" in row]
     return 1 if failed else 0
 

@@ -104,6 +104,13 @@ its issue quotes, measured on this kind of machine.
 """
 
 
-def benchmarks_md(description: str, table: str) -> str:
-    """The whole file: header, when and where it ran, the table, the notes."""
-    return f"{HEADER}\n## Last full run\n\n{description}.\n\n{table}\n{NOTES}"
+def benchmarks_md(description: str, table: str, existing: str | None = None) -> str:
+    """The whole file: header, when and where it ran, the table, the notes. Given the file
+    as it is (``existing``), only its "Last full run" section is replaced: the sections
+    written by hand after it (what each pass measured and changed) are kept."""
+    run = f"## Last full run\n\n{description}.\n\n{table}\n"
+    start = existing.find("## Last full run\n") if existing else -1
+    if start == -1:
+        return f"{HEADER}\n{run}{NOTES}"
+    end = existing.find("\n## ", start + 1)
+    return existing[:start] + run + (f"\n{existing[end + 1:]}" if end != -1 else "")

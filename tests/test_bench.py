@@ -180,3 +180,21 @@ def test_cpu_seconds_counts_every_live_thread_to_the_nanosecond() -> None:
     worker.join()
     assert 0.39 < spent < 2.0, spent
     assert spent != round(spent, 2)      # not a count of 10 ms ticks
+
+
+def test_writing_benchmarks_md_replaces_only_the_last_full_run():
+    """--write-md on the file as it is keeps what was written by hand after the table (each
+    pass's section); a file without the section is written whole."""
+    import bench_notes
+
+    existing = ("# Benchmarks\n\nintro\n\n## Last full run\n\nold run.\n\n| old | table |\n\n"
+                "## What each figure means\n\nfigures\n\n## A pass (issue #23)\n\nkept\n")
+    written = bench_notes.benchmarks_md("new run", "| new | table |", existing)
+    assert written.startswith("# Benchmarks\n\nintro\n\n## Last full run\n\nnew run.\n\n"
+                              "| new | table |\n\n## What each figure means\n")
+    assert written.endswith("## A pass (issue #23)\n\nkept\n")
+    assert "old" not in written
+    fresh = bench_notes.benchmarks_md("new run", "| new | table |")
+    assert fresh.startswith(bench_notes.HEADER) and "## What was not measurable here" in fresh
+    assert bench_notes.benchmarks_md("new run", "| t |", "no such section\n") == \
+        bench_notes.benchmarks_md("new run", "| t |")
