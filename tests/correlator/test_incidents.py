@@ -181,6 +181,27 @@ def test_device_opened_before_the_gpu_is_known_is_rekeyed_to_its_uuid(harness):
                             "pci:0000:18:00", "index:0", "minor:0"}
 
 
+def test_a_gpu_learned_again_moves_rows_only_once_a_weaker_name_got_some(harness):
+    """Its source re-sends a GPU every minute: with every alias known and nothing stored
+    under a weaker name, nothing is re-keyed (three of those tables have no gpu_id index:
+    each re-keying scanned every event and process second kept). A weaker name that came
+    back since (a source that does not tell the minor, then a device file opened) is."""
+    h = harness
+    h.feed(h.gpu(0.0))
+    run = []
+    h.db.conn.set_trace_callback(run.append)
+    h.feed(h.gpu(60.0))
+    h.db.conn.set_trace_callback(None)
+    assert run and not [sql for sql in run if sql.startswith("update") and "set gpu_id" in sql]
+    h.db.execute("update gpus set minor = null")
+    h.db.conn.commit()
+    h.feed(h.process(61.0, TRAINER, "train"), h.opened(61.1, TRAINER))
+    assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [("minor:0",)]
+    h.feed(h.gpu(120.0))
+    assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [(UUID0,)]
+    assert h.db.execute("select count(*) from gpus where id = 'minor:0'").fetchone() == (0,)
+
+
 def finding(h, t, state="firing", severity="warning", shadow=False):
     return RuleFinding(ts=h.at(t), finding_id="f-1", rule_id="input-starved",
                        title="Input pipeline starves the GPU", severity=severity, state=state,
