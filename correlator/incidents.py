@@ -629,6 +629,8 @@ class IncidentBuilder:
             "join processes p on p.pid = b.pid and p.start_time = b.start_time "
             "where b.until is null and p.exited_at is null "
             "group by b.pid, b.start_time, b.gpu_id").fetchall()
+        if not rows:
+            return found                    # an idle host: no further read
         # One read of the active stalls for every process checked, not one a process; the
         # GPU's side of the answer once a GPU (its processes share it).
         stalled_now: dict[str, list[tuple[int, int]]] = {}
@@ -665,7 +667,7 @@ class IncidentBuilder:
         return found
 
     def _idle_since(self, db: Database, gpu_id: str, bound_since: int, now: int,
-                    known: dict[tuple[str, int], int | None] | None = None) -> int | None:
+                    known: dict[tuple[str, int], int | None]) -> int | None:
         """Start of the idle stretch that reaches ``now``, if the GPU was busy before it and
         after the process bound it (a process that never saw it busy did not stall). A GPU
         that went silent (lost, resetting) after its last busy sample was idle from then,
@@ -674,8 +676,6 @@ class IncidentBuilder:
         busy = self.last_busy.latest(db, gpu_id, bound_since, now)
         if busy is None:
             return None
-        if known is None:
-            return self._idle_after(db, gpu_id, busy, now)
         if (gpu_id, busy) not in known:
             known[(gpu_id, busy)] = self._idle_after(db, gpu_id, busy, now)
         return known[(gpu_id, busy)]
