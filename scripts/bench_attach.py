@@ -9,6 +9,10 @@ scripts/bench_probes.c the ns added to an ioctl and to getppid (any other syscal
 the floor under fdtrack's figures: no program body can cost less than its attachment.
 Attachments the kernel refuses (kprobes and fentry where ftrace or BTF is missing) are
 reported with the kernel's reason instead of a figure.
+
+The same bare program on every tracepoint the probes attach (read from their sources:
+``probe_tracepoints``) is P2's floor: what any probe there adds to a context switch and a
+syscall before its body does anything (``attach_probes_floor``; bench_probes.py uses it).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -36,6 +41,43 @@ VARIANTS = {
     "fentry": "fentry + fexit on __x64_sys_ioctl (BTF trampolines)",
 }
 CHOSEN = "tp_pair"
+
+# What `gpuwhy probes` loads (probes/service.py): fdtrack, lifecycle, sched, printk.
+PROBE_SOURCES = ("fdtrack.bpf.c", "lifecycle.bpf.c", "sched.bpf.c", "printk.bpf.c")
+_PROBE_MACRO = re.compile(r"^(RAW_)?TRACEPOINT_PROBE\((\w+)(?:,\s*(\w+))?\)", re.M)
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+def probe_tracepoints(tracefs: Path = TRACEFS) -> list[tuple[str, str]]:
+    """(category, event) of each tracepoint the probes' sources attach, ("raw", event) for a
+    raw one, as often as it appears once; the tracepoints this kernel lacks (sys_enter_open
+    on arm64, sock_recv_length before 6.4) are left out, as the probes' compile leaves
+    them out."""
+    from gpuwhy import probes
+
+    found: list[tuple[str, str]] = []
+    for name in PROBE_SOURCES:
+        text = (Path(probes.__file__).parent / name).read_text()
+        for raw, first, second in _PROBE_MACRO.findall(text):
+            where = ("raw", first) if raw else (first, second)
+            exists = any((tracefs / "events").glob(f"*/{first}")) if raw else \
+                (tracefs / "events" / first / second).is_dir()
+            if exists and where not in found:
+                found.append(where)
+    return found
+
+
+def attach_probes_floor():
+    """The loaded bcc.BPF of a bare program (one array lookup) on each of
+    ``probe_tracepoints()``: the probes' attachments with nothing in them."""
+    from bcc import BPF
+
+    prelude = (HERE / "bench_attach.bpf.c").read_text()
+    bare = "{ return untracked() ? 0 : 1; }"
+    programs = [f"RAW_TRACEPOINT_PROBE({event}) {bare}" if category == "raw" else
+                f"TRACEPOINT_PROBE({category}, {event}) {bare}"
+                for category, event in probe_tracepoints()]
+    return BPF(text=prelude + "\n" + "\n".join(programs))
 def attach(variant: str):
     """The loaded bcc.BPF for one variant; raises what bcc raises when the kernel refuses."""
     from bcc import BPF
