@@ -572,3 +572,31 @@ def m117_incident_read_indexes(db: Database) -> None:
     db["incidents"].create_index(["state"], if_not_exists=True)
     db["incidents"].create_index(["settle_until"], if_not_exists=True)
     db["incidents"].create_index(["gpu_id", "kind", "opened_at"], if_not_exists=True)
+
+
+@migrations()
+def m118_device_fds_only(db: Database) -> None:
+    """Device opens and closes have one home, ``device_fds`` (an open's row and its
+    ``closed_at``): the writer stored each one twice, also as an ``events`` row of topic
+    ``fd``, which cost the correlator more than the open itself. An open found only in
+    ``events`` is added to ``device_fds`` (the same fields), a close found only there ends
+    the open it closed, and the ``fd`` rows are deleted: nothing is lost."""
+    db.execute("""INSERT OR IGNORE INTO device_fds (pid, start_time, fd, opened_at, path, device,
+                                                  minor, how, scanned, cloexec)
+                  SELECT pid, start_time, json_extract(body, '$.fd'), ts,
+                         json_extract(body, '$.path'), json_extract(body, '$.device'),
+                         json_extract(body, '$.minor'),
+                         coalesce(json_extract(body, '$.how'), 'open'),
+                         coalesce(json_extract(body, '$.how'), 'open') = 'scan',
+                         coalesce(json_extract(body, '$.cloexec'), 0)
+                  FROM events
+                  WHERE kind = 'device_opened' AND pid IS NOT NULL AND start_time IS NOT NULL
+                    AND json_extract(body, '$.fd') IS NOT NULL""")
+    closes = """SELECT min(e.ts) FROM events e
+                WHERE e.kind = 'device_closed' AND e.pid = device_fds.pid
+                  AND e.start_time = device_fds.start_time
+                  AND json_extract(e.body, '$.fd') = device_fds.fd
+                  AND e.ts >= device_fds.opened_at"""
+    db.execute(f"UPDATE device_fds SET closed_at = ({closes}) "
+               f"WHERE closed_at IS NULL AND ({closes}) IS NOT NULL")
+    db.execute("DELETE FROM events WHERE kind IN ('device_opened', 'device_closed')")

@@ -331,15 +331,23 @@ def _process_event_union(db: Database, key: ProcessKey) -> tuple[str, list]:
     order ties, and its parameters."""
     life = process(db, key) or {}
     end = life.get("exited_at") or 2**62
+    # Device opens and closes live in device_fds (their one home): listed as the events they
+    # were, with the fields the probes sent, in the events' order.
     sql = ("select ts, kind as what, body as detail, 0 as src, id from events where pid = ? "
-           "and start_time = ? and topic in ('proc', 'fd') union all "
+           "and start_time = ? and topic = 'proc' union all "
+           "select opened_at, 'device_opened', json_object('fd', fd, 'path', path, 'device', "
+           "device, 'minor', minor, 'how', how, 'cloexec', json(iif(cloexec, 'true', "
+           "'false'))), 3, rowid from device_fds where pid = ? and start_time = ? union all "
+           "select closed_at, 'device_closed', json_object('fd', fd, 'path', path), 4, rowid "
+           "from device_fds where pid = ? and start_time = ? and closed_at is not null "
+           "union all "
            "select ts, 'driver call ' || coalesce(sub_name, op), coalesce(status_name, '') "
            "|| ' ' || coalesce(reasons, ''), 1, id from driver_calls where pid = ? and "
            "start_time = ? union all "
            "select ts, 'kernel log ' || kind || coalesce(' ' || xid, ''), message, 2, rowid "
            "from kernel_log where pid = ? and ts between ? and ?")
-    return sql, [key.pid, key.start_time, key.pid, key.start_time, key.pid, key.start_time,
-                 end]
+    process_key = [key.pid, key.start_time]
+    return sql, [*process_key * 4, key.pid, key.start_time, end]
 
 
 def process_events(db: Database, key: ProcessKey, limit: int = 500, offset: int = 0,

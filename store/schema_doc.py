@@ -35,11 +35,13 @@ DESCRIPTIONS = {
                           "left, the cause (e.g. `xid 79`, `throttling`, `reset`, `reboot`), "
                           "the evidence as JSON (the event, its source, its time, the "
                           "kernel-log line or cursor), what clears it and the boot id.",
-    "device_fds": "NVIDIA device files each process held, from open to close.",
+    "device_fds": "NVIDIA device files each process held, from open to close: the one "
+                  "home of device opens and closes (a process's event list shows them as "
+                  "`device_opened` and `device_closed`; `events` has no row of them).",
     "gpu_bindings": "Process ↔ GPU intervals (since/until, ns) and the evidence for them.",
     "events": "The timeline of everything that happened, one row per event; `body` is the "
-              "event as JSON. A process's exec, fork, exit and device-fd events are stored "
-              "once: `dedup_key` (the exec's file, the fd and time of an fd event, '' for "
+              "event as JSON. A process's exec, fork and exit events are stored "
+              "once: `dedup_key` (the exec's file, '' for "
               "fork and exit; NULL for other events) tells one from its process's other "
               "events of the same kind, and a unique index on (pid, start_time, kind, "
               "dedup_key) holds them to one row each.",

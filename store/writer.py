@@ -67,14 +67,12 @@ def _event_row(envelope: Envelope, gpu_id: str | None = None) -> dict:
 # second copy an ignored insert. The key tells an event from the other events of its kind
 # of the same process: a process is forked once and exits once; it may exec more than once,
 # another file each time (a process that execs the same file again keeps one row: its first
-# exec); an fd event is one fd at one instant (a resync re-sends an open with its time; a
-# restarted probes process's scan, which cannot know it, is matched in _on_device_opened).
+# exec). Device opens and closes are not events rows (since m118): device_fds is their one
+# home, its key (pid, start_time, fd, opened_at) keeps an open once (a resync re-sends an
+# open with its time; a restarted probes process's scan, which cannot know it, is matched in
+# _on_device_opened), and a close is the open's closed_at.
 def exec_dedup_key(event: ProcessExec) -> str:
     return event.filename
-
-
-def fd_dedup_key(event: DeviceOpened | DeviceClosed) -> str:
-    return f"{event.fd}@{event.ts}"
 
 
 ONCE_PER_PROCESS = ""      # process_forked (the child's row), process_exited
@@ -345,12 +343,10 @@ class StoreWriter:
         self._held.add("device_fds", _OPEN_FD, [   # in _DEVICE_FD_COLUMNS' order
             key["pid"], key["start_time"], event.fd, event.ts, event.path, event.device,
             event.minor, event.how, int(event.how == "scan"), int(event.cloexec)])
-        gpu_id = None
         if event.device == "nvidiaN" and event.minor is not None:
             gpu_id = self._gpu_for_minor(event.minor, event.ts)
             if using_gpu_minor(event) is not None:
                 self._bind(event.process, gpu_id, event.ts, f"holds {event.path}")
-        self._insert_process_event(_event_row(envelope, gpu_id=gpu_id), fd_dedup_key(event))
 
     def _bind(self, process: ProcessKey, gpu_id: str, ts: int, evidence: str) -> None:
         key = (process.pid, process.start_time, gpu_id)
@@ -380,7 +376,6 @@ class StoreWriter:
     def _on_device_closed(self, envelope: Envelope, event: DeviceClosed) -> None:
         self._held.add_after(_CLOSE_FD, [event.ts, event.process.pid, event.process.start_time,
                                          event.fd, event.ts])
-        self._insert_process_event(_event_row(envelope), fd_dedup_key(event))
 
     # --- probes handlers ---
     def _on_driver_call_stats(self, envelope: Envelope, event: DriverCallStats) -> None:

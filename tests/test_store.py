@@ -226,7 +226,9 @@ def test_a_bad_event_among_held_rows_is_rejected_and_the_rest_stored_in_order(db
     writer = StoreWriter(db)
     assert writer.write_batch(_mixed_batch(bad)) == 10 and writer.rejected == 1
     assert db.execute("select kind, ts from events order by id").fetchall() == [
-        ("device_opened", 11), ("process_exec", 15), ("device_closed", 17)]
+        ("process_exec", 15)]
+    assert db.execute("select fd, opened_at, closed_at from device_fds").fetchall() == \
+        [(3, 11, 17)]
     assert db.execute("select ts from sched_stats order by ts").fetchall() == [(12,), (18,)]
     assert db.execute("select sub, count, updated_at from driver_call_stats").fetchall() == \
         [(0x20800102, 8, 19)]

@@ -1,5 +1,6 @@
 """Schema migrations upgrade older databases in place and keep their data."""
 
+import json
 import sqlite3
 
 from sqlite_utils import Database
@@ -159,3 +160,56 @@ def test_m112_adds_the_fabric_columns_and_keeps_the_rows(tmp_path):
                       "WHERE fabric_state IS NOT NULL ORDER BY minute").fetchall() == [
         (3, 3, 1), (1, 4, 2)]
     db.close()
+
+
+def test_m118_leaves_device_opens_and_closes_in_device_fds_alone(tmp_path):
+    """What the writer stored twice (an events row and a device_fds row) is kept once; an
+    open or close that only an events row holds is carried over, not lost."""
+    from gpuwhy.identity import ProcessKey
+    from gpuwhy.store import queries
+
+    path = tmp_path / "v117.db"
+    old = _older_store(path, "m118_device_fds_only")
+    key = ProcessKey(7, 70)
+
+    def fd_event(kind, ts, fd, **body):
+        return {"ts": ts, "topic": "fd", "kind": kind, "src": "probes", "pid": key.pid,
+                "start_time": key.start_time, "dedup_key": f"{fd}@{ts}",
+                "body": json.dumps({"fd": fd, "path": "/dev/nvidia0", **body})}
+
+    old["processes"].insert({"pid": key.pid, "start_time": key.start_time, "comm": "python"})
+    old["events"].insert_all([
+        # stored both ways, as the writer did: fd 3 opened at 10, closed at 20
+        fd_event("device_opened", 10, 3, device="nvidiaN", minor=0, how="open",
+                 cloexec=True),
+        fd_event("device_closed", 20, 3),
+        # only here: fd 4 opened by a scan at 30 and closed at 40, fd 5 opened at 50
+        fd_event("device_opened", 30, 4, device="nvidiaN", minor=0, how="scan",
+                 cloexec=False),
+        fd_event("device_closed", 40, 4),
+        fd_event("device_opened", 50, 5, device="nvidiaN", minor=0, how="dup",
+                 cloexec=False),
+        {"ts": 60, "topic": "proc", "kind": "process_exited", "src": "probes",
+         "pid": key.pid, "start_time": key.start_time, "dedup_key": "", "body": "{}"},
+    ])
+    old["device_fds"].insert({"pid": key.pid, "start_time": key.start_time, "fd": 3,
+                              "opened_at": 10, "path": "/dev/nvidia0", "device": "nvidiaN",
+                              "minor": 0, "how": "open", "scanned": 0, "cloexec": 1,
+                              "closed_at": 20})
+    old.close()
+
+    db = open_store(path)
+    assert not migrations.pending(db)
+    assert db.execute("select kind from events").fetchall() == [("process_exited",)]
+    assert db.execute("select fd, opened_at, closed_at, how, scanned, cloexec "
+                      "from device_fds order by fd").fetchall() == [
+        (3, 10, 20, "open", 0, 1), (4, 30, 40, "scan", 1, 0), (5, 50, None, "dup", 0, 0)]
+    listed = [(e["ts"], e["what"], json.loads(e["detail"]) if e["detail"] != "{}" else {})
+              for e in queries.process_events(db, key)]
+    assert [(ts, what) for ts, what, _ in listed] == [
+        (10, "device_opened"), (20, "device_closed"), (30, "device_opened"),
+        (40, "device_closed"), (50, "device_opened"), (60, "process_exited")]
+    assert listed[0][2] == {"fd": 3, "path": "/dev/nvidia0", "device": "nvidiaN", "minor": 0,
+                            "how": "open", "cloexec": True}
+    assert listed[1][2] == {"fd": 3, "path": "/dev/nvidia0"}
+    assert db.execute("pragma integrity_check").fetchone() == ("ok",)

@@ -1,7 +1,9 @@
 """A process event is stored once: re-sent by a reconnecting probes process, published by a
 second probes process, or found again by a restarted one's scan (store/writer.py, "process
-events"); migration m102 removes the copies stored before it."""
+events"); migration m102 removes the copies stored before it. Device opens and closes are
+kept once too, in device_fds alone (m118 moves those stored as events rows there)."""
 
+import collections
 import sqlite3
 
 from sqlite_utils import Database
@@ -16,7 +18,7 @@ from gpuwhy.events import (
     ProcessForked,
 )
 from gpuwhy.identity import ProcessKey
-from gpuwhy.store import open_store
+from gpuwhy.store import open_store, queries
 from gpuwhy.store.migrations import migrations
 from gpuwhy.store.writer import StoreWriter, _event_row
 
@@ -24,6 +26,7 @@ PARENT = ProcessKey(100, 1000)
 CHILD = ProcessKey(4242, 987654)
 PROCESS_KINDS = ("process_forked", "process_exec", "process_exited", "device_opened",
                  "device_closed")
+FD_KINDS = ("device_opened", "device_closed")
 
 
 def _life(ts=0, src="probes"):
@@ -40,8 +43,8 @@ def _life(ts=0, src="probes"):
 
 
 def _counts(db):
-    return dict(db.execute("select kind, count(*) from events where pid = ? and start_time = ? "
-                           "group by kind", [CHILD.pid, CHILD.start_time]).fetchall())
+    """How many of each kind the process's event list (the read API) shows."""
+    return dict(collections.Counter(e["what"] for e in queries.process_events(db, CHILD)))
 
 
 ONCE_EACH = dict.fromkeys(PROCESS_KINDS, 1)
@@ -57,6 +60,10 @@ def test_a_process_event_written_twice_is_stored_once(db):
         writer.apply(envelope)
     assert _counts(db) == ONCE_EACH
     assert db.execute("select ts from events where kind = 'process_exec'").fetchall() == [(11,)]
+    # one home for an open and its close
+    assert db.execute("select kind from events where kind in (?, ?)", FD_KINDS).fetchall() == []
+    assert db.execute("select fd, opened_at, closed_at from device_fds").fetchall() == \
+        [(3, 12, 13)]
 
 
 def test_a_second_probes_process_copies_are_stored_once(db):
@@ -134,7 +141,11 @@ def test_the_migration_removes_stored_copies_and_keys_the_rest_as_the_writer_doe
     assert not migrations.pending(db)
     assert _counts(db) == {**ONCE_EACH, "process_exec": 2}
     kept = dict(db.execute("select kind, min(id) from events group by kind"))
-    assert kept == first_ids            # the first copy of each is the one kept
+    # the first copy of each is the one kept; opens and closes moved to device_fds (m118)
+    assert kept == {kind: first for kind, first in first_ids.items() if kind not in FD_KINDS}
+    assert db.execute("select fd, opened_at, closed_at, path, device, how, scanned, cloexec "
+                      "from device_fds").fetchall() == \
+        [(3, 12, 13, "/dev/nvidiactl", "nvidiactl", "open", 0, 0)]
     assert db.execute("select count(*) from events where kind = 'gpu_state'").fetchone() == (2,)
     # the keys it wrote are the writer's: the same events again add nothing
     before = db["events"].count
