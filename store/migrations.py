@@ -5,6 +5,8 @@ Times are integers: nanoseconds of CLOCK_REALTIME. A process is (pid, start_time
 
 from __future__ import annotations
 
+import json
+
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
@@ -600,3 +602,39 @@ def m118_device_fds_only(db: Database) -> None:
     db.execute(f"UPDATE device_fds SET closed_at = ({closes}) "
                f"WHERE closed_at IS NULL AND ({closes}) IS NOT NULL")
     db.execute("DELETE FROM events WHERE kind IN ('device_opened', 'device_closed')")
+
+
+@migrations()
+def m119_kernel_log_only(db: Database) -> None:
+    """Kernel-log records have one home, ``kernel_log``: the writer also stored the timeline
+    kinds' (Xid, SXid, fallen off the bus, driver loaded, ...) as ``events`` rows that
+    nothing read. ``kernel_log.driver_version``: the driver version a line names (a driver
+    load, a client/kernel mismatch), until now only in those rows' body. A record found only
+    in ``events`` is added to ``kernel_log``; the ``kernel_log_record`` rows are deleted."""
+    from gpuwhy.wire import json_text
+
+    db["kernel_log"].add_column("driver_version", str)
+    # In Python, not a correlated UPDATE: events has no index on the body's cursor, and
+    # these rows are few (kernel lines of a few kinds).
+    for ts, gpu_id, body in db.execute("SELECT ts, gpu_id, body FROM events "
+                                       "WHERE kind = 'kernel_log_record'").fetchall():
+        try:
+            record = json.loads(body or "{}")
+        except ValueError:
+            record = {}
+        cursor = record.get("cursor")
+        if not isinstance(cursor, str):
+            continue
+        db.execute("UPDATE kernel_log SET driver_version = ? WHERE cursor = ?",
+                   [record.get("driver_version"), cursor])
+        db.execute(
+            "INSERT OR IGNORE INTO kernel_log (cursor, ts, boot_id, origin, kind, xid, sxid, "
+            "pci, gpu_id, pid, name, gpu_instance, compute_instance, message, details, line, "
+            "driver_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [cursor, ts, record.get("boot_id"), record.get("origin"),
+             record.get("record_kind"), record.get("xid"), record.get("sxid"),
+             record.get("pci"), gpu_id, record.get("pid"), record.get("name"),
+             record.get("gpu_instance"), record.get("compute_instance"),
+             record.get("message"), json_text(record.get("details") or {}, sort_keys=True),
+             record.get("line"), record.get("driver_version")])
+    db.execute("DELETE FROM events WHERE kind = 'kernel_log_record'")

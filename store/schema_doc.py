@@ -124,7 +124,9 @@ DESCRIPTIONS = {
                       "(`seq`), with its evidence (JSON: the rows it rests on).",
     "incident_processes": "The processes an incident involves and their role in it.",
     "kernel_log": "Every recognised NVIDIA kernel-log line (Xid, SXid, fallen off the bus, "
-                  "NVRM), parsed: code, PCI, pid, name; `line` is the raw text, untrusted.",
+                  "NVRM), parsed: code, PCI, pid, name, the driver version a line names; "
+                  "`line` is the raw text, untrusted. Their one home: `events` has no row "
+                  "of them.",
     "rule_findings": "Findings of the rules engine, one row per finding from onset to "
                      "clearing: evidence, cause, fixes and how to verify; "
                      "`severity` is on gpuwhy's one scale, info < warning < error < critical "

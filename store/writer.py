@@ -121,7 +121,7 @@ _SCHED_KEY_COLUMNS = ("pid", "start_time", "ts", "interval_ns", "worker_processe
                       "node_on_cpu_ns")
 _KERNEL_LOG_COLUMNS = ("cursor", "ts", "raw_ts", "boot_id", "origin", "kind", "xid", "sxid",
                        "pci", "gpu_id", "pid", "name", "gpu_instance", "compute_instance",
-                       "message", "details", "line")
+                       "message", "details", "line", "driver_version")
 _INSERT_KERNEL_LOG = _statement("kernel_log", _KERNEL_LOG_COLUMNS, "insert")
 _WRITE_CURSOR = _statement("source_cursors",
                            ("source", "origin", "cursor", "boot_id", "updated_at"), "insert",
@@ -574,10 +574,7 @@ class StoreWriter:
                 "enc_util": p.get("enc_util"), "dec_util": p.get("dec_util")}, replace=True)
 
     # --- kernel log and cron handlers ---
-    # Kernel-log records that also go to the events timeline (the rest stay in kernel_log).
-    KLOG_TIMELINE_KINDS = ("xid", "sxid", "fallen_off_bus", "rm_init_failed", "gsp_timeout",
-                           "gsp_rate_limited", "driver_loaded")
-
+    # A kernel-log record's one home is kernel_log (since m119 no events row repeats it).
     def _advance_cursor(self, source: str, origin: str, cursor: str, boot_id: str,
                         ts: int) -> None:
         # every column: the batch's last one is what counts
@@ -599,10 +596,8 @@ class StoreWriter:
             event.cursor, event.ts, event.raw_ts, event.boot_id, event.origin,
             event.record_kind, event.xid, event.sxid, event.pci, gpu_id, event.pid, event.name,
             event.gpu_instance, event.compute_instance, event.message,
-            json_text(event.details, sort_keys=True), event.line])
+            json_text(event.details, sort_keys=True), event.line, event.driver_version])
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)
-        if event.record_kind in self.KLOG_TIMELINE_KINDS:
-            self._insert_event(_event_row(envelope, gpu_id=gpu_id))
 
     def _on_kernel_log_checkpoint(self, envelope: Envelope, event: KernelLogCheckpoint) -> None:
         self._advance_cursor("klog", event.origin, event.cursor, event.boot_id, event.ts)

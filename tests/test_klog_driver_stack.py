@@ -417,7 +417,13 @@ def test_the_pump_stores_one_record_per_report_each_under_its_own_cursor(db):
     assert writer.rejected == 0
     stored = dict(db.execute("select kind, count(*) from kernel_log group by kind").fetchall())
     assert stored == {A: 11, R: 10, P: 9, "fallen_off_bus": 1, "xid": 1}
-    assert db.execute("select count(*) from events where kind = 'kernel_log_record'").fetchone()
+    # kernel_log is the records' one home, the driver version a line names included
+    assert db.execute("select count(*) from events where kind = 'kernel_log_record'"
+                      ).fetchone() == (0,)
+    versions = {r.cursor: r.driver_version for r in records if r.driver_version}
+    assert versions and dict(db.execute(
+        "select cursor, driver_version from kernel_log where driver_version is not null"
+    ).fetchall()) == versions
 
 
 # --- the rules ----------------------------------------------------------------------------

@@ -164,5 +164,6 @@ def test_uuid_line_maps_pci_to_gpu_for_later_xids_and_duplicates_are_ignored(db)
         record("c2"), record("c2")])
     assert db.execute("select gpu_id from kernel_log where cursor = 'c2'").fetchone() == (uuid,)
     assert db.execute("select count(*) from kernel_log").fetchone() == (2,)
-    assert db.execute("select gpu_id, kind from events where topic = 'klog'").fetchall() == \
-        [(uuid, "kernel_log_record")]
+    assert db.execute("select gpu_id, kind from kernel_log where cursor = 'c2'").fetchall() == \
+        [(uuid, "xid")]
+    assert db.execute("select count(*) from events where topic = 'klog'").fetchone() == (0,)

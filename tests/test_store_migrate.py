@@ -213,3 +213,40 @@ def test_m118_leaves_device_opens_and_closes_in_device_fds_alone(tmp_path):
                             "how": "open", "cloexec": True}
     assert listed[1][2] == {"fd": 3, "path": "/dev/nvidia0"}
     assert db.execute("pragma integrity_check").fetchone() == ("ok",)
+
+
+def test_m119_leaves_kernel_log_records_in_kernel_log_alone(tmp_path):
+    """The events rows that repeated a kernel-log record go; the driver version only they
+    held moves to kernel_log, and a record only they held is carried over."""
+    path = tmp_path / "v118.db"
+    old = _older_store(path, "m119_kernel_log_only")
+
+    def record_event(ts, cursor, kind, **body):
+        return {"ts": ts, "topic": "klog", "kind": "kernel_log_record", "src": "klog",
+                "gpu_id": GPU, "body": json.dumps({"cursor": cursor, "origin": "journald",
+                                                   "boot_id": "b", "record_kind": kind,
+                                                   "details": {}, **body})}
+
+    old["kernel_log"].insert({"cursor": "s=1", "ts": 10, "raw_ts": 5, "boot_id": "b",
+                              "origin": "journald", "kind": "driver_loaded",
+                              "message": "loading", "details": "{}",
+                              "line": "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.95"})
+    old["events"].insert_all([
+        record_event(10, "s=1", "driver_loaded", message="loading", driver_version="580.95"),
+        # only here (its kernel_log row lost): an Xid 79
+        record_event(20, "s=2", "xid", xid=79, pci="0000:3b:00", pid=42, name="python",
+                     message="GPU has fallen off the bus.", line="NVRM: Xid (PCI:...): 79"),
+        {"ts": 30, "topic": "gpu", "kind": "gpu_state", "gpu_id": GPU,
+         "body": '{"state": "lost"}'},
+    ])
+    old.close()
+
+    db = open_store(path)
+    assert not migrations.pending(db)
+    assert db.execute("select kind from events").fetchall() == [("gpu_state",)]
+    assert db.execute("select cursor, ts, raw_ts, kind, xid, pci, gpu_id, pid, name, message, "
+                      "driver_version from kernel_log order by ts").fetchall() == [
+        ("s=1", 10, 5, "driver_loaded", None, None, None, None, None, "loading", "580.95"),
+        ("s=2", 20, None, "xid", 79, "0000:3b:00", GPU, 42, "python",
+         "GPU has fallen off the bus.", None)]
+    assert db.execute("pragma integrity_check").fetchone() == ("ok",)
