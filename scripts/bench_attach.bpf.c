@@ -2,7 +2,8 @@
 //
 // Compiled once per variant (-DVARIANT_...) by scripts/bench_attach.py. Each program does
 // what fdtrack's cheap exit does for an untracked process (one array lookup by pid), so the
-// cost measured is the attachment's own: what no program body can go below.
+// cost measured is the attachment's own: what no program body can go below. With no
+// variant defined it is the prelude of P2's floor (attach_probes_floor adds the programs).
 #include <uapi/linux/ptrace.h>
 #include <asm/ptrace.h>
 

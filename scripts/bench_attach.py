@@ -50,9 +50,8 @@ TRACEFS = Path("/sys/kernel/tracing")
 
 def probe_tracepoints(tracefs: Path = TRACEFS) -> list[tuple[str, str]]:
     """(category, event) of each tracepoint the probes' sources attach, ("raw", event) for a
-    raw one, as often as it appears once; the tracepoints this kernel lacks (sys_enter_open
-    on arm64, sock_recv_length before 6.4) are left out, as the probes' compile leaves
-    them out."""
+    raw one, each once; the tracepoints this kernel lacks (sys_enter_open on arm64,
+    sock_recv_length before 6.4) are left out, as the probes leave them out."""
     from gpuwhy import probes
 
     found: list[tuple[str, str]] = []
@@ -78,6 +77,8 @@ def attach_probes_floor():
                 f"TRACEPOINT_PROBE({category}, {event}) {bare}"
                 for category, event in probe_tracepoints()]
     return BPF(text=prelude + "\n" + "\n".join(programs))
+
+
 def attach(variant: str):
     """The loaded bcc.BPF for one variant; raises what bcc raises when the kernel refuses."""
     from bcc import BPF

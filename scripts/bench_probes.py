@@ -12,7 +12,7 @@ Measures, with a small C program (scripts/bench_probes.c, compiled here):
     between two other processes (what every process on the host pays for the probes'
     scheduler and syscall tracepoints). Both sides run on one CPU: across CPUs a round
     trip is mostly the wake-up's inter-processor interrupt (43 µs on a VM, 12 µs on a GPU
-    host), which hides a switch's cost; on one it is two switches and four syscalls (~5 µs),
+    host), which hides a switch's cost; on one it is two switches and four syscalls (~5 µs);
 in four setups: no probes; `gpuwhy probes` attached (fdtrack + lifecycle + sched, the
 service's real configuration); for the ping-pongs, the floor: a bare program on each
 tracepoint the probes attach (bench_attach.py), what any probe there costs;
