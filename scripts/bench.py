@@ -127,10 +127,10 @@ def bench_probes(quick: bool) -> tuple[Figures, dict]:
                                [ns - base for ns in found["runs"][case]],
                                note="fdtrack's choice" if variant == bench_attach.CHOSEN
                                else ""))
-    for key, name, goal in (
-            ("ping-pong round trip", "ping-pong slowdown, 2 of 10 tracked processes", 2.0),
-            ("ping-pong round trip, other processes", "ping-pong slowdown, 2 other processes",
-             None)):
+    for key, name, goal in zip(bench_probes.PINGPONGS,
+                               ("ping-pong slowdown, 2 of 10 tracked processes",
+                                "ping-pong slowdown, 2 other processes"), (2.0, None),
+                               strict=True):
         r = raw[key]
         slowdown = [100 * (p / n - 1)
                     for p, n in zip(r["probes_runs"], r["none_runs"], strict=True)]
