@@ -75,6 +75,14 @@ def _run(pipe, device, kind, pin=None):
     return truth, pipe.query(SUM_SQL, [key.pid, key.start_time])[0]
 
 
+def _rows(pipe, truth) -> str:
+    """Each interval the store has for the process: what a failed comparison shows."""
+    rows = pipe.query("select ts, interval_ns, own_on_cpu_ns, own_runqueue_ns, "
+                      "workers_on_cpu_ns, worker_processes from sched_stats where pid = ? "
+                      "order by ts", [truth["pid"]])
+    return "\n".join(["ts interval own_cpu own_runqueue workers_cpu workers", *map(str, rows)])
+
+
 def _close(ours, truth, tolerance=0.10, slack_ns=80_000_000):
     return abs(ours - truth) <= tolerance * truth + slack_ns
 
@@ -86,8 +94,8 @@ def test_scheduler_figures_agree_with_proc(pipeline_for, tmp_config, tmp_path):
 
     truth, row = _run(pipe, device, "busy")
     _, on_cpu, runqueue, sleep, blocked, worker_cpu, workers, *_ = row
-    assert _close(on_cpu, truth["on_cpu_ns"]), (on_cpu, truth)
-    assert _close(worker_cpu, truth["worker_on_cpu_ns"]), (worker_cpu, truth)
+    assert _close(on_cpu, truth["on_cpu_ns"]), (on_cpu, truth, _rows(pipe, truth))
+    assert _close(worker_cpu, truth["worker_on_cpu_ns"]), (worker_cpu, truth, _rows(pipe, truth))
     assert workers == 1
 
     truth, row = _run(pipe, device, "sleepy")
