@@ -148,6 +148,54 @@ def test_a_state_read_from_proc_that_went_stale_is_corrected_by_the_kernel(tmp_c
     assert on_cpu < 300_000_000, own      # the wake-up and exit, not the sleep
 
 
+def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config):
+    """The kernel does not hand BPF every sched_switch (a few switches in a thousand on this
+    VM, and a program that would recurse is skipped): a thread whose switch-in is lost stays
+    runnable in the map, and its whole run until its next switch-out or its exit was counted
+    as waiting (a CI run's worker lost 430 ms of its 990 ms so). Here the lost switch-in is
+    written on purpose, as if it came 2 s before: the spinner's next switch-out or its exit
+    proves it running, and the 2 s must be on-CPU time. Were it off a CPU at that moment
+    (a loaded host), its next event is a switch-in, which rightly counts the 2 s as waiting;
+    that try proves nothing and another is made."""
+    import ctypes
+
+    from gpuwhy.probes.sched import SchedProbe, ThreadState
+
+    published = []
+    probe = SchedProbe(tmp_config, published.append)
+    probe.load()
+    try:
+        for _ in range(5):
+            published.clear()
+            missed_before = probe.counters()["missed_switch_in"]
+            spinner = subprocess.Popen([sys.executable, "-c", "import time\nprint(flush=True)\n"
+                                        "end = time.perf_counter() + 0.5\n"
+                                        "while time.perf_counter() < end: pass"],
+                                       stdout=subprocess.PIPE)
+            spinner.stdout.readline()                           # spinning now
+            key = process_key(spinner.pid)
+            probe.watch(key)
+            tid = ctypes.c_uint32(spinner.pid)
+            thread = probe._watched[tid]
+            thread.state, thread.seeded = ThreadState.RUNNABLE, 0
+            thread.last_ns = time.monotonic_ns() - 2_000_000_000
+            probe._watched[tid] = thread
+            spinner.wait(10)
+            probe.flush()
+            probe.unwatch(key.pid)
+            if probe.counters()["missed_switch_in"] > missed_before:
+                break
+        else:
+            pytest.fail("no switch-out or exit of the spinner counted a missed switch-in in "
+                        "5 tries: it was off a CPU each time, or a lost switch-in is not "
+                        "corrected")
+    finally:
+        probe.close()
+    own = [event.own for event in published]
+    assert sum(o["on_cpu_ns"] for o in own) >= 2_000_000_000, own
+    assert sum(o["runqueue_ns"] for o in own) < 1_000_000_000, own
+
+
 def test_storm_never_blocks_the_caller_and_nothing_is_lost(pipeline_for, tmp_config,
                                                            tmp_path):
     storm = tmp_path / "storm"
