@@ -47,6 +47,7 @@ BPF_ARRAY(watch_hint, s32, HINT_SLOTS);        // kernel's own additions (births
 BPF_ARRAY(watch_hint_user, s32, HINT_SLOTS);   // user space's additions and removals
 BPF_PERCPU_ARRAY(drops, u64, 1);
 BPF_PERCPU_ARRAY(missed_switch_in, u64, 1);    // see settle()
+BPF_PERCPU_ARRAY(missed_switch_out, u64, 1);
 
 #if NUMA_NODES > 1
 struct node_key_t {
@@ -98,15 +99,22 @@ static __always_inline struct thread_t *find(u32 tid)
 // thousand on a 6.18 VM, with no recursion miss counted), and a busy worker alone on a CPU
 // then had its whole run, hundreds of ms until its next switch-out or its exit, counted as
 // waiting. It ran: it is counted so, with the wait before the lost switch-in (unknowable,
-// short beside a long run), and missed_switch_in says how often that happened.
+// short beside a long run), and missed_switch_in says how often that happened. The same lost
+// event loses the other thread's switch-out: one still taken for running is switched in.
+// Whether it then ran, waited or slept cannot be told apart, so it is only counted
+// (missed_switch_out), its time left as it was credited.
 static __always_inline void settle(struct thread_t *t, u64 now, u32 proven)
 {
     u64 delta = now - t->last_ns;
     u32 state = t->seeded ? proven : t->state;
+    int zero = 0;
     if (proven == ST_RUNNING && state == ST_RUNNABLE) {
         state = ST_RUNNING;
-        int zero = 0;
         u64 *missed = missed_switch_in.lookup(&zero);
+        if (missed)
+            (*missed)++;
+    } else if (proven == ST_RUNNABLE && state == ST_RUNNING) {
+        u64 *missed = missed_switch_out.lookup(&zero);
         if (missed)
             (*missed)++;
     }

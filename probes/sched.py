@@ -177,7 +177,8 @@ class SchedProbe:
         self._watched_reader = MapReader(self._watched)    # a flush reads it in batches
         self._hint_user = bpf[b"watch_hint_user"]
         self._drops = bpf[b"drops"]
-        self._missed_switch_in = bpf[b"missed_switch_in"]
+        self._missed = {name: bpf[name.encode()]
+                        for name in ("missed_switch_in", "missed_switch_out")}
         self._node_time = None
         if self.numa_nodes > 1:
             nodes = bpf[b"cpu_node"]
@@ -347,8 +348,9 @@ class SchedProbe:
     def counters(self) -> dict[str, int]:
         return {"watched_processes": len(self.owners), "watched_threads": len(self._last),
                 "dropped_watched_map_full": int(self._drops.sum(ctypes.c_int(0)).value),
-                # switch-outs and exits of threads we took for runnable (sched.bpf.c settle())
-                "missed_switch_in": int(self._missed_switch_in.sum(ctypes.c_int(0)).value)}
+                # sched_switch events the kernel did not hand over (sched.bpf.c settle())
+                **{name: int(table.sum(ctypes.c_int(0)).value)
+                   for name, table in self._missed.items()}}
 
     def close(self) -> None:
         if self._bpf is not None:

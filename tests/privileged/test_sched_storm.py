@@ -196,6 +196,33 @@ def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config
     assert sum(o["runqueue_ns"] for o in own) < 1_000_000_000, own
 
 
+def test_a_switch_out_the_kernel_never_delivered_is_counted(tmp_config):
+    """The lost event that hides one thread's switch-in hides the other's switch-out: a
+    thread still taken for running is switched in. What it did meanwhile cannot be known, so
+    the probe only counts it, where the host's health shows it."""
+    import ctypes
+
+    from gpuwhy.probes.sched import SchedProbe, ThreadState
+
+    probe = SchedProbe(tmp_config, lambda event: None)
+    probe.load()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\n"
+                                "print(flush=True); time.sleep(1.0)"], stdout=subprocess.PIPE)
+    try:
+        sleeper.stdout.readline()
+        time.sleep(0.3)                                   # asleep now, for 0.7 s more
+        probe.watch(process_key(sleeper.pid))
+        tid = ctypes.c_uint32(sleeper.pid)
+        thread = probe._watched[tid]
+        thread.state, thread.seeded = ThreadState.RUNNING, 0    # its switch-out never came
+        probe._watched[tid] = thread
+        sleeper.wait(10)
+        counters = probe.counters()
+    finally:
+        probe.close()
+    assert counters["missed_switch_out"] >= 1, counters
+
+
 def test_storm_never_blocks_the_caller_and_nothing_is_lost(pipeline_for, tmp_config,
                                                            tmp_path):
     storm = tmp_path / "storm"
