@@ -1,5 +1,6 @@
 """The scheduler probe against /proc's own accounting, and a storm of driver calls."""
 
+import ctypes
 import json
 import os
 import subprocess
@@ -157,8 +158,6 @@ def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config
     proves it running, and the 2 s must be on-CPU time. Were it off a CPU at that moment
     (a loaded host), its next event is a switch-in, which rightly counts the 2 s as waiting;
     that try proves nothing and another is made."""
-    import ctypes
-
     from gpuwhy.probes.sched import SchedProbe, ThreadState
 
     published = []
@@ -200,8 +199,6 @@ def test_a_switch_out_the_kernel_never_delivered_is_counted(tmp_config):
     """The lost event that hides one thread's switch-in hides the other's switch-out: a
     thread still taken for running is switched in. What it did meanwhile cannot be known, so
     the probe only counts it, where the host's health shows it."""
-    import ctypes
-
     from gpuwhy.probes.sched import SchedProbe, ThreadState
 
     probe = SchedProbe(tmp_config, lambda event: None)
