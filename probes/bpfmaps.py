@@ -21,6 +21,19 @@ CHUNK = 256                 # entries a call: the hash bucket holding most must 
 _NO_BATCH = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
+def per_cpu_words(values: Any, field: str) -> memoryview:
+    """The 8-byte ``field`` of every CPU's value in a per-CPU map's ``values`` (bcc's array
+    of one struct per possible CPU), as a view of u64 words: its ``tobytes()`` is taken in C,
+    where a Python step per CPU costs a 224-CPU host milliseconds an entry read."""
+    struct = values._type_
+    words = ctypes.sizeof(struct) // 8
+    offset = getattr(struct, field).offset
+    if ctypes.sizeof(struct) % 8 or offset % 8 or getattr(struct, field).size != 8:
+        raise ValueError(f"{struct.__name__}.{field} is not an aligned 8-byte field of a "
+                         "struct of 8-byte words")
+    return memoryview(values).cast("B").cast("Q")[offset // 8::words]
+
+
 class NoBatchLookup(OSError):
     """The kernel cannot read this map in batches."""
 

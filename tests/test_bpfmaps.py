@@ -10,7 +10,7 @@ import errno
 
 import pytest
 
-from gpuwhy.probes.bpfmaps import MapReader
+from gpuwhy.probes.bpfmaps import MapReader, per_cpu_words
 
 
 class Key(ctypes.Structure):
@@ -107,3 +107,28 @@ def test_another_failure_is_an_error_that_says_so():
     reader = MapReader(table, chunk=4, lookup_batch=Kernel(table, fail=errno.EBADF))
     with pytest.raises(OSError, match="BPF_MAP_LOOKUP_BATCH: Bad file descriptor"):
         reader.items()
+
+
+class Stats(ctypes.Structure):
+    """A per-CPU value as bcc lays it out: 8-byte counters, then u32 buckets."""
+
+    _fields_ = [("count", ctypes.c_uint64), ("latency_sum_ns", ctypes.c_uint64),
+                ("buckets", ctypes.c_uint32 * 6)]
+
+
+def test_one_field_of_every_cpu_is_read_as_words():
+    values = (Stats * 224)()
+    values[3].count, values[223].count, values[223].latency_sum_ns = 5, 9, 700
+    counts = per_cpu_words(values, "count")
+    assert len(counts) == 224 and counts[3] == 5 and counts[223] == 9 and sum(counts) == 14
+    assert list(per_cpu_words(values, "latency_sum_ns"))[223] == 700
+    values[0].count = 1
+    assert counts.tobytes() != bytes(224 * 8)        # a view: the values as they are now
+
+
+def test_a_field_that_is_not_an_aligned_word_is_refused():
+    class Odd(ctypes.Structure):
+        _fields_ = [("count", ctypes.c_uint32), ("flag", ctypes.c_uint32)]
+
+    with pytest.raises(ValueError, match="Odd.count"):
+        per_cpu_words((Odd * 2)(), "count")
