@@ -2,6 +2,7 @@
 discovery in /proc/PID/maps, the allow-list, the cookie contract with cuda.bpf.c, the kill
 switch files, the CLI, and the store's rows."""
 
+import ctypes
 import json
 import re
 import subprocess
@@ -216,3 +217,31 @@ def test_events_cross_the_bus_and_land_in_the_store(db):
     body = json.loads(db.execute("select body from events where kind = 'cuda_library'")
                       .fetchone()[0])
     assert body["state"] == "refused" and body["build_id"] == "ab"
+
+
+def test_each_word_is_summed_over_every_cpu(tmp_config):
+    """A process's figures are its per-CPU values summed word by word (a big host's CPUs
+    summed as one array, not one Python step per CPU and word)."""
+    class Leaf(ctypes.Structure):
+        _fields_ = [("hits", ctypes.c_uint64), ("prog_ns", ctypes.c_uint64),
+                    ("calls", ctypes.c_uint64)]
+
+    class Key:
+        def __init__(self, value):
+            self.value = value
+
+    cpus = 224
+    values = (Leaf * cpus)()
+    for cpu in range(0, cpus, 3):
+        values[cpu].hits, values[cpu].prog_ns, values[cpu].calls = 1, cpu, 2 ** 40
+
+    class Stats:
+        sLeaf = Leaf
+
+        def items(self):
+            return [(Key(4242), values)]
+
+    probe = cuda.CudaProbe(tmp_config, lambda event: None)
+    probe._stats = Stats()
+    busy = range(0, cpus, 3)
+    assert list(probe._totals()[4242]) == [len(busy), sum(busy), len(busy) * 2 ** 40]
