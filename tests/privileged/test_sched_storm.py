@@ -118,6 +118,25 @@ def test_scheduler_figures_agree_with_proc(pipeline_for, tmp_config, tmp_path):
     assert involuntary > 10
 
 
+def _asleep(seconds: float) -> subprocess.Popen:
+    """A process asleep from now on, for ``seconds`` less 0.3."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\n"
+                                f"print(flush=True); time.sleep({seconds})"],
+                               stdout=subprocess.PIPE)
+    sleeper.stdout.readline()
+    time.sleep(0.3)
+    return sleeper
+
+
+def _rewrite(probe, tid: int, **fields) -> None:
+    """Set fields of a watched thread's map entry, as the kernel's lost events would."""
+    key = ctypes.c_uint32(tid)
+    thread = probe._watched[key]
+    for name, value in fields.items():
+        setattr(thread, name, value)
+    probe._watched[key] = thread
+
+
 def test_a_state_read_from_proc_that_went_stale_is_corrected_by_the_kernel(tmp_config):
     """The race behind a sleeping process once counted as on CPU: user space reads a thread's
     state from /proc, the thread falls asleep before the map entry is in place, and the
@@ -128,11 +147,8 @@ def test_a_state_read_from_proc_that_went_stale_is_corrected_by_the_kernel(tmp_c
     published = []
     probe = SchedProbe(tmp_config, published.append)
     probe.load()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                                "print(flush=True); time.sleep(1.5)"], stdout=subprocess.PIPE)
+    sleeper = _asleep(1.5)                                # asleep now, for 1.2 s more
     try:
-        sleeper.stdout.readline()
-        time.sleep(0.3)                                   # asleep now, for 1.2 s more
         key = process_key(sleeper.pid)
         probe.owners[key.pid] = key
         probe._add(sleeper.pid, sleeper.pid, ThreadState.RUNNING)   # the stale /proc read
@@ -174,11 +190,8 @@ def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config
             spinner.stdout.readline()                           # spinning now
             key = process_key(spinner.pid)
             probe.watch(key)
-            tid = ctypes.c_uint32(spinner.pid)
-            thread = probe._watched[tid]
-            thread.state, thread.seeded = ThreadState.RUNNABLE, 0
-            thread.last_ns = time.monotonic_ns() - 2_000_000_000
-            probe._watched[tid] = thread
+            _rewrite(probe, spinner.pid, state=ThreadState.RUNNABLE, seeded=0,
+                     last_ns=time.monotonic_ns() - 2_000_000_000)
             spinner.wait(10)
             probe.flush()
             probe.unwatch(key.pid)
@@ -203,16 +216,10 @@ def test_a_switch_out_the_kernel_never_delivered_is_counted(tmp_config):
 
     probe = SchedProbe(tmp_config, lambda event: None)
     probe.load()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time\n"
-                                "print(flush=True); time.sleep(1.0)"], stdout=subprocess.PIPE)
+    sleeper = _asleep(1.0)                                # asleep now, for 0.7 s more
     try:
-        sleeper.stdout.readline()
-        time.sleep(0.3)                                   # asleep now, for 0.7 s more
         probe.watch(process_key(sleeper.pid))
-        tid = ctypes.c_uint32(sleeper.pid)
-        thread = probe._watched[tid]
-        thread.state, thread.seeded = ThreadState.RUNNING, 0    # its switch-out never came
-        probe._watched[tid] = thread
+        _rewrite(probe, sleeper.pid, state=ThreadState.RUNNING, seeded=0)  # no switch-out came
         sleeper.wait(10)
         counters = probe.counters()
     finally:
