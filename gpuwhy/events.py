@@ -107,8 +107,11 @@ class DriverCallStats(Event):
     ioctl request), ``op`` (the driver's name), ``sub``/``sub_name`` (RM class of an alloc,
     control command of an RM_CONTROL, heap function), ``count``, ``errors`` (syscall error or
     RM status not NV_OK), ``latency_sum_ns``, ``latency_max_ns``, ``latency_log2`` (calls per
-    power-of-two nanosecond bucket) and ``bytes``. Cumulative, so a lost message is repaired
-    by the next one."""
+    power-of-two nanosecond bucket) and ``bytes``. An event holds the entries that moved
+    since the path's last event; every entry at the first, at least every 30 s while the
+    process calls the driver, and after a subscriber (re)connects. Each entry is
+    cumulative, so a lost message is repaired by that entry's next one, and by the next
+    whole event at the latest; a consumer keeps every entry's latest figures."""
 
     topic = "ioctl"
     kind = "driver_call_stats"

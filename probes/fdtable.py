@@ -27,6 +27,9 @@ from gpuwhy.identity import ProcessKey, classify_device
 from gpuwhy.nvioctl import ioctl_name, sub_name
 
 LAT_BUCKETS = 32
+# A group's event holds every operation at least this often while it moves, not only those
+# that moved: the bound on how long an operation's figures stay wrong after a lost event.
+WHOLE_EVERY_NS = 30 * 10**9
 CLOSE_RANGE_CLOEXEC = 1 << 2
 
 
@@ -95,10 +98,13 @@ class FdTable:
         self._device_of_group: dict[Group, str] = {}
         self._live: dict[int, dict[OpKey, OpStats]] = {}            # open_seq -> stats
         self._closed: dict[Group, dict[OpKey, OpStats]] = {}
-        self._published: dict[Group, list[dict]] = {}
-        # groups whose figures may have moved since they were last published: a flush
-        # recomputes only these (a process that made no call costs nothing)
-        self._moved: set[Group] = set()
+        # each operation's figures as last published, and when a group's last went out whole
+        self._published: dict[Group, dict[OpKey, tuple]] = {}
+        self._whole_at: dict[Group, int] = {}
+        # operations whose figures may have moved since they were last published (None: all
+        # of the group's): a flush recomputes only these, so a process that made no call,
+        # or an operation it did not call, costs nothing
+        self._moved: dict[Group, set[OpKey] | None] = {}
         self._op_dicts: dict[Group, dict[OpKey, tuple[tuple, dict]]] = {}   # built, by figures
         self._retiring: set[int] = set()
         self._exiting: dict[int, ProcessExited] = {}
@@ -173,7 +179,7 @@ class FdTable:
         tracked.open_seq = open_seq
         if group is not None:
             self._group_of_seq[open_seq] = group
-            self._moved.add(group)
+            self._moved[group] = None
 
     def closed(self, tgid: int, fd: int, open_seq: int | None, ts: int) -> list[Event]:
         """``fd`` closed; ``open_seq`` None closes whatever is tracked under that number."""
@@ -253,7 +259,13 @@ class FdTable:
                      ) -> tuple[list[Event], list[int]]:
         """Apply a read of the kernel's stats map: ``(open_seq, cmd, sub, stats)``, summed
         over CPUs. Returns the events to publish and the open_seqs whose map entries can be
-        deleted now (closed, and their final figures folded in)."""
+        deleted now (closed, and their final figures folded in).
+
+        A group's event holds the operations whose figures moved since it last went out;
+        every operation of the group at its first event, at least every WHOLE_EVERY_NS
+        while it moves, and after :meth:`snapshot`. The figures are cumulative, so an
+        event the bus lost is repaired by the operation's next one, and at the latest by
+        the next whole one."""
         moved = self._moved
         for open_seq, cmd, sub, stats in entries:
             group = self._group_of_seq.get(open_seq)
@@ -262,43 +274,72 @@ class FdTable:
                 before = live.get((cmd, sub))
                 if before is None or (before is not stats and before.moved(stats)):
                     live[(cmd, sub)] = stats
-                    moved.add(group)
+                    ops = moved.setdefault(group, set())
+                    if ops is not None:
+                        ops.add((cmd, sub))
         retired = sorted(self._retiring)
         for open_seq in retired:
             group = self._group_of_seq.pop(open_seq)
-            moved.add(group)
             folded = self._closed.setdefault(group, {})
-            for op, stats in self._live.pop(open_seq, {}).items():
+            closing = self._live.pop(open_seq, {})
+            for op, stats in closing.items():
                 folded.setdefault(op, OpStats()).add(stats)
+            ops = moved.setdefault(group, set())
+            if ops is not None:
+                ops.update(closing)
         self._retiring.clear()
-
-        totals: dict[Group, dict[OpKey, OpStats]] = {
-            group: {op: s.copy() for op, s in self._closed[group].items()}
-            for group in moved if group in self._closed}
-        for open_seq, ops in self._live.items():
-            group = self._group_of_seq[open_seq]
-            if group in moved:
-                group_totals = totals.setdefault(group, {})
-                for op, stats in ops.items():
-                    group_totals.setdefault(op, OpStats()).add(stats)
+        seqs: dict[Group, list[int]] = {group: [] for group in moved}
+        for seq, group in self._group_of_seq.items():
+            if group in seqs:
+                seqs[group].append(seq)
+        events = [event for group, ops in moved.items()
+                  if (event := self._group_event(group, ops, seqs[group], ts)) is not None]
         moved.clear()
-        events: list[Event] = []
-        for group, ops in totals.items():
-            device = self._device_of_group[group]
-            made = self._op_dicts.setdefault(group, {})
-            snapshot = []
-            for (cmd, sub), stats in sorted(ops.items()):
-                mark = (stats.count, stats.errors, stats.latency_sum_ns, stats.bytes)
-                known = made.get((cmd, sub))
-                if known is None or known[0] != mark:   # else the same dict as published
-                    known = made[(cmd, sub)] = (mark, self._op_dict(cmd, sub, device, stats))
-                snapshot.append(known[1])
-            if snapshot and snapshot != self._published.get(group):
-                self._published[group] = snapshot
-                events.append(DriverCallStats(ts=ts, process=group[0], path=group[1],
-                                              device=device, ops=snapshot))
         events += self._finish_exits()
         return events, retired
+
+    def _group_event(self, group: Group, ops: set[OpKey] | None, seqs: list[int],
+                     ts: int) -> DriverCallStats | None:
+        """The group's event for this flush (see :meth:`update_stats`): ``ops`` may have
+        moved (None: any), ``seqs`` are its open fds. None if nothing it publishes moved."""
+        # (a clock set back makes it whole too, rather than never)
+        whole = not 0 <= ts - self._whole_at.get(group, ts - WHOLE_EVERY_NS) < WHOLE_EVERY_NS
+        closed = self._closed.get(group, {})
+        if whole or ops is None:
+            keys = set(closed)
+            for seq in seqs:
+                keys.update(self._live.get(seq, ()))
+        else:
+            keys = ops
+        device = self._device_of_group[group]
+        made = self._op_dicts.setdefault(group, {})
+        published = self._published.setdefault(group, {})
+        every, changed = [], False
+        for key in sorted(keys):
+            parts = [live[key] for seq in seqs
+                     if (live := self._live.get(seq)) is not None and key in live]
+            if key in closed:
+                parts.append(closed[key])
+            stats = parts[0] if len(parts) == 1 else OpStats()   # read only, not kept
+            if len(parts) > 1:
+                for part in parts:
+                    stats.add(part)
+            mark = (stats.count, stats.errors, stats.latency_sum_ns, stats.bytes)
+            known = made.get(key)
+            if known is None or known[0] != mark:   # else the same dict as published
+                known = made[key] = (mark, self._op_dict(key[0], key[1], device, stats))
+            if published.get(key) != mark:
+                published[key] = mark
+                changed = True
+                every.append(known[1])
+            elif whole:
+                every.append(known[1])
+        if not changed:
+            return None
+        if whole:
+            self._whole_at[group] = ts
+        return DriverCallStats(ts=ts, process=group[0], path=group[1], device=device,
+                               ops=every)
 
     @staticmethod
     def _op_dict(cmd: int, sub: int, device: str, stats: OpStats) -> dict:
@@ -316,6 +357,7 @@ class FdTable:
             for group in [g for g in self._closed if g[0] == exited.process]:
                 del self._closed[group]
                 self._published.pop(group, None)
+                self._whole_at.pop(group, None)
                 self._op_dicts.pop(group, None)
                 self._device_of_group.pop(group, None)
         self._exiting.clear()
@@ -326,6 +368,6 @@ class FdTable:
         events: list[Event] = list(self.processes.values())
         events += [self._opened_event(t) for t in self.fds.values()]
         self._published.clear()   # the next update_stats re-sends every figure
-        self._moved.update(self._group_of_seq.values())
-        self._moved.update(self._closed)
+        self._whole_at.clear()
+        self._moved.update(dict.fromkeys([*self._group_of_seq.values(), *self._closed]))
         return events

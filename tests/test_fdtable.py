@@ -6,11 +6,12 @@ from gpuwhy.events import (
     ProcessSeen,
 )
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.fdtable import CLOSE_RANGE_CLOEXEC, FdTable, OpStats
+from gpuwhy.probes.fdtable import CLOSE_RANGE_CLOEXEC, WHOLE_EVERY_NS, FdTable, OpStats
 
 CTL, GPU0 = "/dev/nvidiactl", "/dev/nvidia0"
 RM_CONTROL, RM_ALLOC = 0xC020462A, 0xC030462B
 GET_INFO = 0x20800102
+NS = 10**9
 
 
 def _table(start_times=None):
@@ -71,11 +72,11 @@ def test_stats_are_cumulative_across_reads_and_closed_fds():
                                        ("NV_ESC_RM_ALLOC", 0x80): 1}}
     control = next(o for o in events[0].ops if o["sub"] == GET_INFO)
     assert control["errors"] == 1
-    # the closed open's map entries are deleted now; totals must not shrink
+    # the closed open's map entries are deleted now; totals must not shrink (and the
+    # operation that did not move is not sent again)
     events, _ = table.update_stats([(2, RM_CONTROL, GET_INFO, _stats(3, errors=1)),
                                     (2, RM_ALLOC, 0x80, _stats(1))], ts=6)
-    assert _ops(events) == {(7, CTL): {("NV_ESC_RM_CONTROL", GET_INFO): 9,
-                                       ("NV_ESC_RM_ALLOC", 0x80): 1}}
+    assert _ops(events) == {(7, CTL): {("NV_ESC_RM_CONTROL", GET_INFO): 9}}
 
 
 def test_unchanged_stats_are_not_republished():
@@ -233,3 +234,44 @@ def test_idle_until_a_device_is_open_and_again_once_its_last_figures_are_out():
     assert not table.idle()                       # its final figures and exit not sent yet
     events, _ = table.update_stats([(1, RM_CONTROL, 0, _stats(6))], ts=4)
     assert isinstance(events[-1], ProcessExited) and table.idle()
+
+
+def test_an_event_holds_the_operations_that_moved_and_every_one_now_and_then():
+    table = _table()
+    table.opened(7, 3, 1, CTL, ts=0)
+    table.opened(7, 4, 2, CTL, ts=0)
+    ops = [(1, RM_CONTROL, GET_INFO, _stats(5)), (1, RM_ALLOC, 0x80, _stats(2)),
+           (2, RM_CONTROL, 0x1234, _stats(1))]
+    first, _ = table.update_stats(ops, ts=NS)
+    assert _ops(first) == {(7, CTL): {("NV_ESC_RM_CONTROL", GET_INFO): 5,
+                                      ("NV_ESC_RM_ALLOC", 0x80): 2,
+                                      ("NV_ESC_RM_CONTROL", 0x1234): 1}}
+    # one operation moves, on one of the two fds: only its (summed) figures go out
+    ops[0] = (1, RM_CONTROL, GET_INFO, _stats(8))
+    ops.append((2, RM_CONTROL, GET_INFO, _stats(1)))
+    moved, _ = table.update_stats(ops, ts=2 * NS)
+    assert _ops(moved) == {(7, CTL): {("NV_ESC_RM_CONTROL", GET_INFO): 9}}
+    assert not table.update_stats(ops, ts=3 * NS)[0]          # nothing moved: no event
+    # WHOLE_EVERY_NS after the last whole event, the next one holds every operation
+    ops[1] = (1, RM_ALLOC, 0x80, _stats(3))
+    later = NS + WHOLE_EVERY_NS
+    assert _ops(table.update_stats(ops, ts=later - 1)[0]) == {
+        (7, CTL): {("NV_ESC_RM_ALLOC", 0x80): 3}}
+    ops[1] = (1, RM_ALLOC, 0x80, _stats(4))
+    assert _ops(table.update_stats(ops, ts=later)[0]) == {
+        (7, CTL): {("NV_ESC_RM_CONTROL", GET_INFO): 9, ("NV_ESC_RM_ALLOC", 0x80): 4,
+                   ("NV_ESC_RM_CONTROL", 0x1234): 1}}
+    ops[1] = (1, RM_ALLOC, 0x80, _stats(5))
+    assert _ops(table.update_stats(ops, ts=later + NS)[0]) == {
+        (7, CTL): {("NV_ESC_RM_ALLOC", 0x80): 5}}
+
+
+def test_a_subscriber_that_reconnects_gets_every_operation_again():
+    table = _table()
+    table.opened(7, 3, 1, CTL, ts=0)
+    ops = [(1, RM_CONTROL, GET_INFO, _stats(5)), (1, RM_ALLOC, 0x80, _stats(2))]
+    table.update_stats(ops, ts=NS)
+    table.snapshot()
+    again, _ = table.update_stats(ops, ts=2 * NS)      # nothing moved, all re-sent
+    assert _ops(again) == {(7, CTL): {("NV_ESC_RM_CONTROL", GET_INFO): 5,
+                                      ("NV_ESC_RM_ALLOC", 0x80): 2}}

@@ -339,3 +339,40 @@ def test_a_busy_stream_is_read_once_then_only_what_is_new_late_rows_included(tmp
     assert seen(signals, 90) == [33, 38]                       # the window moved on
     for now_s in (40, 90):      # what a fresh reader of the whole window reads, round by round
         assert seen(StoreSignals(db), now_s) == seen(signals, now_s)
+
+
+def test_call_counts_add_up_operations_sent_only_when_they_moved(db_path):
+    """A driver_call_stats event holds the operations that moved since the last one (the
+    probes' flush): the signals of the bus and of the store both keep the others'
+    latest figures, so the totals are those of every operation on every device path."""
+    from gpuwhy.correlator.rules.signals import MemorySignals
+
+    def op(cmd, sub, name, count, errors=0):
+        return {"cmd": cmd, "op": name, "sub": sub, "sub_name": "", "count": count,
+                "errors": errors, "latency_sum_ns": 100 * count, "latency_max_ns": 100,
+                "bytes": 0, "latency_log2": [0] * 32}
+
+    control, alloc = (0xC020462A, "NV_ESC_RM_CONTROL"), (0xC030462B, "NV_ESC_RM_ALLOC")
+    base = 1_700_000_000 * NS
+    events = [
+        DriverCallStats(ts=base + NS, process=TRAINER, path="/dev/nvidiactl",
+                        device="nvidiactl", ops=[op(*control, 1, 5), op(*alloc, 2, 2, 1)]),
+        DriverCallStats(ts=base + 2 * NS, process=TRAINER, path="/dev/nvidia0",
+                        device="nvidiaN", ops=[op(*control, 1, 3)]),
+        DriverCallStats(ts=base + 3 * NS, process=TRAINER, path="/dev/nvidiactl",
+                        device="nvidiactl", ops=[op(*control, 1, 9)]),
+    ]
+    memory = MemorySignals()
+    memory.feed(events)
+    memory.begin(base + 3 * NS)
+    scope = Scope("GPU-x", TRAINER)
+    totals = [value for _, value in memory.series(scope, "proc.ioctl.total", base, base + 3 * NS)]
+    assert totals == [7, 10, 14]          # 5+2, then +3 on nvidia0, then 9+2+3
+    assert memory.series(scope, "proc.ioctl.errors", base, base + 3 * NS)[-1][1] == 1
+
+    db = open_store(db_path)
+    StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)])
+    db.close()
+    store = StoreSignals(open_store(db_path, readonly=True))
+    store.begin(base + 3 * NS)
+    assert store.series(scope, "proc.ioctl.total", base, base + 3 * NS)[-1][1] == 14

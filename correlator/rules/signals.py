@@ -316,7 +316,7 @@ class MemorySignals(Signals):
         self._sched: dict[ProcessKey, list] = defaultdict(list)
         self._calls: dict[ProcessKey, list] = defaultdict(list)
         self._cuda: dict[ProcessKey, list] = defaultdict(list)
-        self._call_paths: dict[ProcessKey, dict[str, dict]] = defaultdict(dict)
+        self._call_ops: dict[ProcessKey, dict[tuple, dict]] = defaultdict(dict)
         self._events: dict[str, list] = defaultdict(list)
 
     def now(self) -> int:
@@ -486,13 +486,12 @@ class MemorySignals(Signals):
                                              "reset": action_kind(event.gpu_action)})
 
     def _calls_of(self, event: DriverCallStats, ts: int) -> None:
-        # Cumulative per device path: the process's totals add up every path's latest.
-        self._call_paths[event.process][event.path] = call_class_totals(event.ops)
-        totals: dict[str, float] = defaultdict(float)
-        for per_path in self._call_paths[event.process].values():
-            for name, value in per_path.items():
-                totals[name] += value
-        self._append(self._calls[event.process], ts, dict(totals))
+        # Cumulative per device path and operation; an event holds those that moved: the
+        # process's totals add up every operation's latest figures.
+        ops = self._call_ops[event.process]
+        for op in event.ops:
+            ops[(event.path, op["cmd"], op["sub"])] = op
+        self._append(self._calls[event.process], ts, call_class_totals(list(ops.values())))
 
     def _gpu_for_pci(self, pci: str | None) -> str | None:
         return None if pci is None else self.pcis.get(pci_key(pci), pci)
