@@ -3,6 +3,7 @@
 
 USAGE: sudo .venv/bin/python scripts/bench_sidecar.py [--gpus 8] [--processes 16]
            [--warmup 30] [--windows 6] [--window 10] [--json FILE]
+       sudo .venv/bin/python scripts/bench_sidecar.py --against REV [--rounds 3]
        sudo .venv/bin/python scripts/bench_sidecar.py --probes-memory
 
 Starts the real `gpuwhy up` (the service: correlator, store, web view, GPU simulator,
@@ -18,6 +19,14 @@ of bcc's LLVM/clang libraries (shared, evictable, the bulk of the probes' RSS).
 The CPU that the eBPF programs spend inside traced processes' system calls is charged to
 those processes, not to gpuwhy: bench_probes.py measures it (ns per call).
 
+--against REV runs this checkout's sidecar and the sidecar of commit REV at the same time,
+each on its own store, bus and stand-ins, for --rounds rounds (the start order alternates),
+and compares their CPU window by window. A VM's pace drifts by a fifth between runs minutes
+apart, more than most changes are worth; two sidecars measured over the same seconds see
+the same pace. Each also pays for the other's eBPF programs on its own context switches,
+so both read a little higher than alone: the difference is the figure. REV is installed
+without its dependencies (this environment's) into a temporary folder.
+
 --probes-memory loads the probes alone in this process and prints their memory after
 loading and after glibc's malloc_trim(0) (what probes/service.py now does).
 """
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -241,6 +251,105 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
             "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per}
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def resolve_commit(rev: str) -> str:
+    """The full hash of ``rev`` in this checkout; ValueError when it names no commit."""
+    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet",
+                           f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise ValueError(f"not a commit of {REPO}: {rev!r}")
+    return done.stdout.strip()
+
+
+def build_commit(commit: str, work: Path) -> Path:
+    """Install ``commit``'s package (no dependencies) under ``work``; its folder, to put
+    first on a sidecar's PYTHONPATH."""
+    tree, site = work / "tree", work / "site"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet",
+                    str(tree), commit], check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                        "--no-build-isolation", "--target", str(site), str(tree)], check=True)
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                       check=False)
+    return site
+
+
+def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
+                warmup: float = 30.0, rounds: int = 3, windows: int = 6,
+                window: float = 10.0) -> dict:
+    """CPU % of one core of this checkout's sidecar and of the one installed in ``site``,
+    run at the same time: one value each per window, the windows of both the same."""
+    builds = {"this checkout": None, label: str(site)}
+    per: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
+    for number in range(rounds):
+        order = list(builds) if number % 2 == 0 else list(builds)[::-1]
+        with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-sidecar-") as tmp:
+            sidecars: dict[str, Sidecar] = {}
+            try:
+                for name in order:
+                    sidecar = Sidecar(Path(tmp) / str(order.index(name)), gpus, processes)
+                    if builds[name] is not None:
+                        sidecar.env["PYTHONPATH"] = os.pathsep.join(
+                            [builds[name], *filter(None, [os.environ.get("PYTHONPATH")])])
+                    sidecars[name] = sidecar
+                    sidecar.start()
+                time.sleep(warmup)
+                pids = {name: sidecar.pids() for name, sidecar in sidecars.items()}
+                for _ in range(windows):
+                    before = {name: {role: cpu_seconds(pid) for role, pid in roles.items()}
+                              for name, roles in pids.items()}
+                    started = time.monotonic()
+                    time.sleep(window)
+                    wall = time.monotonic() - started
+                    for name, roles in pids.items():
+                        shares = {role: (cpu_seconds(pid) - before[name][role]) / wall * 100
+                                  for role, pid in roles.items()}
+                        shares["total"] = sum(shares.values())
+                        for role, share in shares.items():
+                            per[name].setdefault(role, []).append(share)
+            finally:
+                for sidecar in sidecars.values():
+                    sidecar.stop()
+    return {"gpus": gpus, "processes": processes, "rounds": rounds, "windows": windows,
+            "window_s": window, "warmup_s": warmup, "builds": list(builds),
+            "per_build": per, "difference": compare(per["this checkout"]["total"],
+                                                    per[label]["total"])}
+
+
+def compare(this: list[float], other: list[float]) -> dict:
+    """Window by window, ``this`` − ``other``: the median and mean difference, and in how
+    many windows ``this`` was lower."""
+    differences = [a - b for a, b in zip(this, other, strict=True)]
+    return {"median": statistics.median(differences), "mean": statistics.mean(differences),
+            "lower": sum(d < 0 for d in differences), "windows": len(differences),
+            "relative": statistics.median(differences) / statistics.median(other)
+            if statistics.median(other) else None}
+
+
+def against_table(result: dict) -> str:
+    this, other = result["builds"]
+    per, difference = result["per_build"], result["difference"]
+    lines = [f"{result['gpus']} simulated GPUs, {result['processes']} stand-in processes "
+             f"each; both sidecars at once, {result['rounds']} rounds × {result['windows']} "
+             f"windows of {result['window_s']:g} s after {result['warmup_s']:g} s; "
+             "CPU % of one core, median [min–max]", "",
+             f"| process | {this} | {other} |", "|---|---|---|"]
+    for role in per[this]:
+        cells = [f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]"
+                 for v in (per[this][role], per[other].get(role, [math.nan]))]
+        lines.append(f"| {role} | {cells[0]} | {cells[1]} |")
+    relative = difference["relative"]
+    lines += ["", f"{this} − {other}, window by window: median {difference['median']:+.3f} "
+              f"(mean {difference['mean']:+.3f}"
+              + (f", {relative:+.0%} of {other}'s" if relative is not None else "")
+              + f"); lower in {difference['lower']} of {difference['windows']} windows"]
+    return "\n".join(lines)
+
+
 def _simulated_fields() -> int:
     from gpuwhy.probes.gpu.sim import SimulatedGpus
 
@@ -279,11 +388,28 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--probes-memory", action="store_true",
                         help="print the probes' memory after loading and after malloc_trim")
+    parser.add_argument("--against", metavar="REV",
+                        help="run commit REV's sidecar beside this one and compare")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.against is not None:
+        try:
+            commit = resolve_commit(args.against)
+        except ValueError as exc:
+            sys.exit(f"bench_sidecar: {exc}")
     if os.geteuid() != 0:
         sys.exit("bench_sidecar: needs root (it loads the eBPF probes)")
     if args.probes_memory:
         print(json.dumps(probes_memory()))
+        return
+    if args.against is not None:
+        with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-against-") as tmp:
+            site = build_commit(commit, Path(tmp))
+            result = run_against(site, commit[:12], args.gpus, args.processes, args.warmup,
+                                 args.rounds, args.windows, args.window)
+        print(against_table(result))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
         return
     result = run(args.gpus, args.processes, args.warmup, args.windows, args.window)
     print(table(result))

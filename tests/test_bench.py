@@ -198,3 +198,24 @@ def test_writing_benchmarks_md_replaces_only_the_last_full_run():
     assert fresh.startswith(bench_notes.HEADER) and "## What was not measurable here" in fresh
     assert bench_notes.benchmarks_md("new run", "| t |", "no such section\n") == \
         bench_notes.benchmarks_md("new run", "| t |")
+
+
+def test_against_compares_the_same_windows_of_two_builds() -> None:
+    difference = bench_sidecar.compare([1.0, 0.8, 1.2], [1.1, 1.0, 1.0])
+    assert difference["median"] == pytest.approx(-0.1)
+    assert difference["mean"] == pytest.approx(-0.1 / 3)
+    assert (difference["lower"], difference["windows"]) == (2, 3)
+    assert difference["relative"] == pytest.approx(-0.1)
+    with pytest.raises(ValueError):          # windows are paired, never matched loosely
+        bench_sidecar.compare([1.0], [1.0, 2.0])
+
+
+def test_against_refuses_what_names_no_commit() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_sidecar.py"),
+                           "--against", "no-such-revision"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "not a commit" in done.stderr and "no-such-revision" in done.stderr
+    assert bench_sidecar.resolve_commit("HEAD") == subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+        check=True).stdout.strip()
