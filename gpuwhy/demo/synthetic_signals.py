@@ -198,10 +198,11 @@ class Synthetic:
     def _calls(self, key: ProcessKey, t: float, ts: int, totals: dict) -> DriverCallStats:
         rates = {**HEALTHY_CALLS, **_at(self.calls, t)}
         ops = []
-        for cls, members in CALL_CLASSES.items():
+        for index, (cls, members) in enumerate(CALL_CLASSES.items()):
             total_key = (key, cls)
             totals[total_key] = totals.get(total_key, 0.0) + rates.get(cls, 0.0) * self.step_s
-            ops.append({"cmd": 0x2B, "sub": 0, "op": members[0], "sub_name": None,
+            # an operation is (path, cmd, sub) for the probes and the store: one each
+            ops.append({"cmd": 0x2B, "sub": index, "op": members[0], "sub_name": None,
                         "count": int(totals[total_key]), "errors": 0, "latency_sum_ns": 0,
                         "latency_max_ns": 0, "bytes": 0, "latency_log2": []})
         return DriverCallStats(ts=ts, process=key, path="/dev/nvidiactl", device="nvidiactl",
