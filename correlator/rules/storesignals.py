@@ -51,6 +51,14 @@ LIVE_STREAMS = frozenset({"driver.call", "proc.exec", "proc.exit"})
 _NOT_FIELDS = {"gpu_id", "ts", "instance", "time", "uuid", "gpu_index", "gpu"}
 
 
+def _fields(row: dict) -> dict:
+    """A sample row's fields, in place: dropping the few other columns is cheaper than
+    copying the ~50 fields of every row read."""
+    for name in _NOT_FIELDS:
+        row.pop(name, None)
+    return row
+
+
 def read_environ(process: ProcessKey, names: frozenset[str],
                  proc_root: str = "/proc") -> dict[str, str] | None:
     """The variables ``names`` of a live process's environment; None when it is gone (or
@@ -148,8 +156,8 @@ class StoreSignals(Signals):
     def gpu_rows(self, gpu_id: str, start: int, end: int,
                  instance: str = "") -> list[tuple[int, Row]]:
         rows = self._window_rows(("gpu_rows", gpu_id, instance), start, end, lambda s, e: [
-            (r["ts"], {k: v for k, v in r.items() if k not in _NOT_FIELDS})
-            for r in streams.gpu_samples_between(self.db, gpu_id, s, e, instance)])
+            (r["ts"], _fields(r)) for r in streams.gpu_samples_between(
+                self.db, gpu_id, s, e, instance)])
         return _slice(rows, start, end)
 
     def sched_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
