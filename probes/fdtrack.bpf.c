@@ -39,6 +39,7 @@ struct config_t {
     u32 off_group_leader;
     u32 off_start_boottime;
     u32 off_tgid;
+    u64 repeat_ns;           // see repeated(); 0: every failed or big call goes to the budget
 };
 
 struct fd_key_t { u32 tgid; s32 fd; };
@@ -54,6 +55,10 @@ struct decode_slot_t { struct decode_variant_t v[DECODE_VARIANTS]; };
 // The aggregate a call adds to: known at enter, kept with the call so that the exit builds
 // no key of its own (see sys_exit_ioctl on its stack).
 struct stats_key_t { u64 open_seq; u32 tgid; u32 cmd; u32 sub; u32 reserved; };
+
+// A failed or big call's kind, for repeated(): the aggregate's key, the call's result and
+// its reasons (CALL_ERROR, CALL_BIG).
+struct repeat_key_t { struct stats_key_t key; u32 status; u32 reasons; s64 ret; };
 
 struct call_t {                  // per-thread, in task storage: one ioctl in flight
     u32 active;
@@ -72,6 +77,8 @@ struct call_t {                  // per-thread, in task storage: one ioctl in fl
     s32 status_off;
     u32 status;              // at exit: the RM status in the struct
     u32 reserved;
+    struct repeat_key_t kind;   // at exit, of a failed or big call: repeated() looks it up,
+    u64 sent_at;                // from here, not the exit's stack (see sys_exit_ioctl)
 };
 struct stats_t {
     u64 count;
@@ -130,6 +137,8 @@ BPF_ARRAY(notable_hint, u32, NOTABLE_HINT_SLOTS);   // most controls are ruled o
 BPF_HASH(memory_classes, u32, u32, MAX_MEMORY_CLASSES);
 BPF_PERCPU_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_ARRAY(stats_zero, struct stats_t, 1);   // a new aggregate's first value: see sys_exit_ioctl
+BPF_TABLE("lru_hash", struct repeat_key_t, u64, recent_calls, MAX_RECENT_CALLS);
+BPF_PERCPU_ARRAY(repeats, u64, 1);         // failed or big calls only counted: repeated()
 // Tail calls of sys_enter_ioctl (slots filled by user space): ENTER_INHERIT follows a forked
 // child's first call on an fd it may have inherited, then calls ENTER_AGAIN, the enter itself.
 BPF_PROG_ARRAY(enter_tails, ENTER_TAILS);
@@ -624,6 +633,35 @@ static __always_inline int error_event_allowed(struct config_t *cfg, u64 now)
     return 1;
 }
 
+// A failed or big call like one sent less than repeat_ns ago (same open, command,
+// sub-operation, result and reasons) is only counted, in its aggregate and in `repeats`:
+// a process retrying an unsupported call 50 times a second says nothing new after the
+// first. Told here, such a call costs user space nothing and takes nothing from the
+// host-wide budget that the other processes' failures need. An entry the LRU map evicted
+// sends the call again; user space checks as well (probes/fdtrack.py, _repeated).
+static __always_inline int repeated(struct call_t *call, u32 reasons, struct config_t *cfg,
+                                    u64 now)
+{
+    if (!cfg->repeat_ns)
+        return 0;
+    struct repeat_key_t *kind = &call->kind;
+    kind->key = call->key;
+    kind->status = call->status;
+    kind->reasons = reasons;
+    kind->ret = call->ret;
+    u64 *sent = recent_calls.lookup(kind);
+    if (sent && now - *sent < cfg->repeat_ns) {
+        int zero = 0;
+        u64 *counter = repeats.lookup(&zero);
+        if (counter)
+            (*counter)++;
+        return 1;
+    }
+    call->sent_at = now;
+    recent_calls.update(kind, &call->sent_at);
+    return 0;
+}
+
 // The exit's own stack stays under 64 bytes (48): from 64 bytes on, kernels 6.13 and later
 // give a program a per-CPU private stack, and the RM status read below would land in memory
 // that hardened usercopy checks the slow way. Hence the aggregate's key kept with the call,
@@ -680,7 +718,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
     if (cfg->big_bytes && call->bytes >= cfg->big_bytes)
         flags |= CALL_BIG;
     int wanted = cfg->emit_all || (flags & (F_NOTABLE | CALL_SLOW));
-    if (!wanted && (flags & (CALL_ERROR | CALL_BIG)))
+    if (!wanted && (flags & (CALL_ERROR | CALL_BIG)) &&
+            !repeated(call, flags & (CALL_ERROR | CALL_BIG), cfg, now))
         wanted = error_event_allowed(cfg, now);
     if (cfg->filter_tgid && cfg->filter_tgid != call->key.tgid)
         wanted = 0;

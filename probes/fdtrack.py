@@ -121,6 +121,7 @@ PATH_LEN = 128             # a record's data: the path, version string or GPU id
 HINT_SLOTS = 1 << 16       # per-pid hint arrays (a power of two: the C masks)
 MAX_TRACKED = 65536
 MAX_STATS = 65536
+MAX_RECENT_CALLS = 4096    # kinds of failed or big calls remembered for repeated() in the C
 RINGBUF_PAGES = 256
 DECODE_VARIANTS = 3        # layouts per decode slot
 DECODE_SLOTS = 512         # escapes at their number, UVM commands < 256 at 256 + it, and:
@@ -149,6 +150,7 @@ def bpf_defines() -> dict[str, Define]:
     """Every constant fdtrack.bpf.c shares with Python, by its C name."""
     return {
         "HINT_SLOTS": HINT_SLOTS, "MAX_TRACKED": MAX_TRACKED, "MAX_STATS": MAX_STATS,
+        "MAX_RECENT_CALLS": MAX_RECENT_CALLS,
         "RINGBUF_PAGES": RINGBUF_PAGES, "DECODE_VARIANTS": DECODE_VARIANTS,
         "DECODE_SLOTS": DECODE_SLOTS, "UVM_SLOT_BASE": UVM_SLOT_BASE,
         "PREFIX_LEN": PREFIX_LEN, "PATH_LEN": PATH_LEN, "LAT_BUCKETS": LAT_BUCKETS,
@@ -263,7 +265,7 @@ class FdTrackProbe:
         self.table = FdTable(self._resolve)
         self.records = 0
         self.filtered = 0
-        self.repeats = 0
+        self.repeats = 0           # failed or big calls user space found repeated
         self._last_read: dict[tuple[int, int, int], tuple[int, OpStats]] = {}
         self._reported: dict[tuple, int] = {}      # a repeatable call's kind -> when sent
         self.task_offsets_error: str | None = None
@@ -291,6 +293,7 @@ class FdTrackProbe:
         self._stats = bpf[b"op_stats"]
         self._stats_reader = MapReader(self._stats)
         self._drops = bpf[b"drops"]
+        self._kernel_repeats = bpf[b"repeats"]
         self._configure(bpf)
         self._fill_tails(bpf)
         self._events.open_ring_buffer(self._on_record)
@@ -321,6 +324,7 @@ class FdTrackProbe:
         cfg.error_events_per_sec = self.error_events_per_sec
         cfg.slow_ns = self.slow_ns
         cfg.big_bytes = self.big_bytes
+        cfg.repeat_ns = self.repeat_ns
         cfg.ns_per_tick = NS_PER_SECOND // CLOCK_TICKS_PER_SECOND
         try:
             offsets = task_offsets()
@@ -601,11 +605,15 @@ class FdTrackProbe:
         """No GPU process to follow: a flush would have nothing to say."""
         return self.table.idle()
 
+    def _repeats_in_kernel(self) -> int:
+        """Failed or big calls the kernel only counted, as like one sent just before."""
+        return int(self._kernel_repeats.sum(ctypes.c_int(0)).value)
+
     def counters(self) -> dict[str, int]:
         counters = {f"dropped_{reason}": int(self._drops.sum(ctypes.c_int(drop)).value)
                     for drop, reason in DROP_REASONS.items()}
         counters.update(records=self.records, filtered=self.filtered,
-                        repeated_calls_counted=self.repeats,
+                        repeated_calls_counted=self.repeats + self._repeats_in_kernel(),
                         tracked_fds=len(self.table.fds),
                         unresolved_processes=self.table.unresolved)
         counters.update(self._bus_counters())
