@@ -190,6 +190,16 @@ def cpu_seconds(pid: int) -> float:
     return _threads_seconds(pid) + _reaped_children_seconds(pid)
 
 
+def cpu_shares(pids: dict, window: float) -> dict:
+    """% of one core that each of ``pids`` (values; keys are the caller's) spent over the
+    next ``window`` seconds (:func:`cpu_seconds`)."""
+    before = {key: cpu_seconds(pid) for key, pid in pids.items()}
+    started = time.monotonic()
+    time.sleep(window)
+    wall = time.monotonic() - started
+    return {key: (cpu_seconds(pid) - before[key]) / wall * 100 for key, pid in pids.items()}
+
+
 def _reaped_children_seconds(pid: int) -> float:
     try:
         times = psutil.Process(pid).cpu_times()
@@ -230,14 +240,10 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
                 role: {"cpu_pct": [], "rss_mb": [], "anon_mb": [], "private_dirty_mb": [],
                        "compiler_libs_mb": []} for role in [*pids, "total"]}
             for _ in range(windows):
-                before = {role: cpu_seconds(pid) for role, pid in pids.items()}
-                started = time.monotonic()
-                time.sleep(window)
-                wall = time.monotonic() - started
+                shares = cpu_shares(pids, window)
                 total: dict[str, float] = {key: 0.0 for key in per["total"]}
                 for role, pid in pids.items():
-                    figures = {"cpu_pct": (cpu_seconds(pid) - before[role]) / wall * 100,
-                               **memory(pid)}
+                    figures = {"cpu_pct": shares[role], **memory(pid)}
                     for key, value in figures.items():
                         per[role][key].append(value)
                         total[key] += value
@@ -298,18 +304,15 @@ def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
                     sidecars[name] = sidecar
                     sidecar.start()
                 time.sleep(warmup)
-                pids = {name: sidecar.pids() for name, sidecar in sidecars.items()}
+                pids = {(name, role): pid for name, sidecar in sidecars.items()
+                        for role, pid in sidecar.pids().items()}
                 for _ in range(windows):
-                    before = {name: {role: cpu_seconds(pid) for role, pid in roles.items()}
-                              for name, roles in pids.items()}
-                    started = time.monotonic()
-                    time.sleep(window)
-                    wall = time.monotonic() - started
-                    for name, roles in pids.items():
-                        shares = {role: (cpu_seconds(pid) - before[name][role]) / wall * 100
-                                  for role, pid in roles.items()}
-                        shares["total"] = sum(shares.values())
-                        for role, share in shares.items():
+                    shares = cpu_shares(pids, window)   # both builds over the same seconds
+                    for name in sidecars:
+                        mine = {role: share for (of, role), share in shares.items()
+                                if of == name}
+                        mine["total"] = sum(mine.values())
+                        for role, share in mine.items():
                             per[name].setdefault(role, []).append(share)
             finally:
                 for sidecar in sidecars.values():
