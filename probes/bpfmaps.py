@@ -13,6 +13,7 @@ import ctypes
 import errno
 import logging
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -25,17 +26,31 @@ def per_cpu_words(values: Any, field: str) -> memoryview:
     """The 8-byte ``field`` of every CPU's value in a per-CPU map's ``values`` (bcc's array
     of one struct per possible CPU), as a view of u64 words: its ``tobytes()`` is taken in C,
     where a Python step per CPU costs a 224-CPU host milliseconds an entry read."""
-    struct = values._type_
+    words, word = _word_layout(values._type_, field)
+    return memoryview(values).cast("B").cast("Q")[word::words]
+
+
+def _word_layout(struct: Any, field: str) -> tuple[int, int]:
+    """(the struct's size in 8-byte words, ``field``'s word) of an aligned 8-byte field."""
     words = ctypes.sizeof(struct) // 8
     offset = getattr(struct, field).offset
     if ctypes.sizeof(struct) % 8 or offset % 8 or getattr(struct, field).size != 8:
         raise ValueError(f"{struct.__name__}.{field} is not an aligned 8-byte field of a "
                          "struct of 8-byte words")
-    return memoryview(values).cast("B").cast("Q")[offset // 8::words]
+    return words, offset // 8
 
 
 class NoBatchLookup(OSError):
     """The kernel cannot read this map in batches."""
+
+
+class _Oversized(Exception):
+    """A hash bucket holds more entries than a chunk: this read goes key by key."""
+
+
+# (the key's bytes, the mark of its value, the key and the value or None for both): see
+# MapReader.marked
+Marked = tuple[bytes, int, Any, Any]
 
 
 class MapReader:
@@ -57,14 +72,71 @@ class MapReader:
     def items(self) -> list[tuple[Any, Any]]:
         if self.batched:
             try:
-                return self._read_batched()
+                out: list[tuple[Any, Any]] = []
+                key_type, value_type = self.table.Key, self.table.Leaf
+                key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
+                for count in self._chunks():
+                    # copied out of the buffers the next call reuses; by offset, as an
+                    # element of an array of a simple type (a u32 key) reads back as an int
+                    out += [(key_type.from_buffer_copy(self._keys, i * key_size),
+                             value_type.from_buffer_copy(self._values, i * value_size))
+                            for i in range(count)]
+                return out
+            except _Oversized:
+                pass
             except NoBatchLookup as exc:
-                self.batched = False
-                log.info("no batch lookup of BPF maps here (%s): reading them key by key", exc)
+                self._no_batch(exc)
         return self.table.items()
 
-    def _read_batched(self) -> list[tuple[Any, Any]]:
-        out: list[tuple[Any, Any]] = []
+    def marked(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
+        """Every entry of a per-CPU map as (its key's bytes, a mark of its per-CPU 8-byte
+        ``field``, its key, its value), the key and value copied out only where
+        ``moved(key bytes, mark)`` says so, None for both elsewhere. The mark is a hash of
+        every CPU's ``field``: a counter's moves on any CPU change it (a collision is one in
+        2**64). A reader that keeps what it made of an entry by its mark copies and reads
+        again only the entries that moved: a busy process calls a few of its operations
+        each second, and on a 224-CPU host each entry's value is 37 KB."""
+        if self.batched:
+            try:
+                return self._marked_batched(field, moved)
+            except _Oversized:
+                pass
+            except NoBatchLookup as exc:
+                self._no_batch(exc)
+        out = []
+        for key, value in self.table.items():
+            key_bytes, mark = bytes(key), hash(per_cpu_words(value, field).tobytes())
+            out.append((key_bytes, mark, key, value) if moved(key_bytes, mark)
+                       else (key_bytes, mark, None, None))
+        return out
+
+    def _marked_batched(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
+        key_type, value_type = self.table.Key, self.table.Leaf
+        key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
+        cpus = value_type._length_
+        words, word = _word_layout(value_type._type_, field)
+        keys = memoryview(self._keys).cast("B")
+        # the field of every CPU of every entry in the buffer, in entry order
+        marks = memoryview(self._values).cast("B").cast("Q")[word::words]
+        out: list[Marked] = []
+        for count in self._chunks():
+            for i in range(count):
+                key_bytes = keys[i * key_size:(i + 1) * key_size].tobytes()
+                mark = hash(marks[i * cpus:(i + 1) * cpus].tobytes())
+                if moved(key_bytes, mark):
+                    out.append((key_bytes, mark, key_type.from_buffer_copy(keys, i * key_size),
+                                value_type.from_buffer_copy(self._values, i * value_size)))
+                else:
+                    out.append((key_bytes, mark, None, None))
+        return out
+
+    def _no_batch(self, exc: NoBatchLookup) -> None:
+        self.batched = False
+        log.info("no batch lookup of BPF maps here (%s): reading them key by key", exc)
+
+    def _chunks(self) -> Iterator[int]:
+        """Fill the buffers a chunk at a time, yielding how many entries each holds; raises
+        _Oversized where a bucket does not fit in one chunk."""
         token, count = ctypes.c_uint32(0), ctypes.c_uint32(0)
         first = True
         while True:
@@ -74,19 +146,13 @@ class MapReader:
                                         ctypes.byref(token), ctypes.byref(self._keys),
                                         ctypes.byref(self._values), ctypes.byref(count))
             code = ctypes.get_errno() if result != 0 else 0
-            if code == errno.ENOSPC:       # a bucket larger than the chunk: this read only
-                return self.table.items()
+            if code == errno.ENOSPC:
+                raise _Oversized
             if code not in (0, errno.ENOENT):
                 if first and code in _NO_BATCH:
                     raise NoBatchLookup(code, os.strerror(code))
                 raise OSError(code, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(code)}")
-            # copied out of the buffers the next call reuses; by offset, as an element of an
-            # array of a simple type (a u32 key) reads back as a plain int
-            key_type, value_type = self.table.Key, self.table.Leaf
-            key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
-            out += [(key_type.from_buffer_copy(self._keys, i * key_size),
-                     value_type.from_buffer_copy(self._values, i * value_size))
-                    for i in range(count.value)]
+            yield count.value
             if code == errno.ENOENT:      # the end of the map
-                return out
+                return
             first = False

@@ -63,6 +63,7 @@ NAME = "fdtrack"
 BPF_STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 BPF_SOURCE = Path(__file__).with_name("fdtrack.bpf.c")
 TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
+_NOT_READ = (None,)         # the last read of a stats entry new to this one
 
 # --- what fdtrack.bpf.c shares with this file: defined here (and in gpuwhy/nvioctl.py),
 # compiled in through bpf_defines() ----------------------------------------------------
@@ -266,7 +267,8 @@ class FdTrackProbe:
         self.records = 0
         self.filtered = 0
         self.repeats = 0           # failed or big calls user space found repeated
-        self._last_read: dict[tuple[int, int, int], tuple[int, OpStats]] = {}
+        # each stats entry's last read, by its key's bytes: (its mark, what read_stats said)
+        self._last_read: dict[bytes, tuple[int, tuple]] = {}
         self._reported: dict[tuple, int] = {}      # a repeatable call's kind -> when sent
         self.task_offsets_error: str | None = None
         self._bpf = None
@@ -559,29 +561,29 @@ class FdTrackProbe:
         """The stats map summed over CPUs: (key, open_seq, cmd, sub, stats)."""
         entries = []
         last, self._last_read = self._last_read, {}
-        for key, per_cpu in self._stats_reader.items():
-            ident = (key.open_seq, key.cmd, key.sub)
-            # An entry whose calls did not move since the last read is the same sum: most
-            # of a busy process's operations are not called every second. Each CPU's count
-            # tells, by a hash of their bytes: summed in Python they took 8 ms a second for
-            # 210 entries on 224 CPUs (a DGX), most of a core's 1 % on its own, and the bytes
-            # kept would be 1.8 KB an entry there. A collision (one in 2**64) would hold an
-            # entry's figures back until its next call, the sums being cumulative.
-            counts = per_cpu_words(per_cpu, "count")
-            mark = hash(counts.tobytes())
-            before = last.get(ident)
-            if before is not None and before[0] == mark:
-                total = before[1]
-            else:
-                total = OpStats()
-                for index, count in enumerate(counts):
-                    if count:              # most CPUs of a big host never ran this call
-                        cpu = per_cpu[index]
-                        total.add(OpStats(count, cpu.errors, cpu.latency_sum_ns,
-                                          cpu.latency_max_ns, cpu.bytes,
-                                          list(cpu.latency_log2[:LAT_BUCKETS])))
-            self._last_read[ident] = (mark, total)
-            entries.append((key, key.open_seq, key.cmd, key.sub, total))
+        # An entry whose calls did not move since the last read is the same sum: most of a
+        # busy process's operations are not called every second. Each CPU's count tells, by
+        # a hash of their bytes (MapReader.marked), and such an entry is not even copied
+        # out: summed in Python they took 8 ms a second for 210 entries on 224 CPUs (a
+        # DGX), and a copy is 37 KB an entry there. A collision (one in 2**64) would hold an
+        # entry's figures back until its next call, the sums being cumulative.
+        read = self._last_read
+        for key_bytes, mark, key, per_cpu in self._stats_reader.marked(
+                "count", lambda key_bytes, mark: last.get(key_bytes, _NOT_READ)[0] != mark):
+            if key is None:
+                held = read[key_bytes] = last[key_bytes]
+                entries.append(held[1])
+                continue
+            total = OpStats()
+            for index, count in enumerate(per_cpu_words(per_cpu, "count")):
+                if count:              # most CPUs of a big host never ran this call
+                    cpu = per_cpu[index]
+                    total.add(OpStats(count, cpu.errors, cpu.latency_sum_ns,
+                                      cpu.latency_max_ns, cpu.bytes,
+                                      list(cpu.latency_log2[:LAT_BUCKETS])))
+            entry = (key, key.open_seq, key.cmd, key.sub, total)
+            read[key_bytes] = (mark, entry)
+            entries.append(entry)
         return entries
 
     def flush(self) -> None:

@@ -21,7 +21,8 @@ Leaf = ctypes.c_uint64 * 2             # a per-CPU value: one leaf for each of t
 
 
 class Table:
-    """What MapReader uses of a bcc table: Key, Leaf, map_fd, items()."""
+    """What MapReader uses of a bcc table: Key, Leaf, map_fd, items(); ``raw()`` is the
+    map's entries as the kernel stand-in reads them."""
 
     Key, Leaf, map_fd = Key, Leaf, 7
 
@@ -29,18 +30,23 @@ class Table:
         self.entries = entries
         self.walked = 0
 
+    def raw(self) -> list:
+        return [(Key(k), Leaf(*v)) for k, v in sorted(self.entries.items())]
+
     def items(self):
         self.walked += 1
-        return [(Key(k), Leaf(*v)) for k, v in self.entries.items()]
+        return self.raw()
 
 
 class Kernel:
-    """BPF_MAP_LOOKUP_BATCH over ``table``: ``count`` entries from the token on; ENOENT with
-    the last ones. ``fail``: the errno of every call."""
+    """BPF_MAP_LOOKUP_BATCH over ``table`` (any with Key, Leaf and ``raw()``): ``count``
+    entries from the token on, their bytes copied into the caller's buffers; ENOENT with the
+    last ones. ``fail``: the errno of every call."""
 
-    def __init__(self, table: Table, fail: int = 0):
-        self.items = sorted(table.entries.items())
+    def __init__(self, table, fail: int = 0):
+        self.table = table
         self.fail = fail
+        self.items: list = []
         self.calls = []
 
     def __call__(self, fd, in_batch, out_batch, keys, values, count):
@@ -48,14 +54,17 @@ class Kernel:
         if self.fail:
             ctypes.set_errno(self.fail)
             return -1
+        if in_batch is None:            # a read begins: the map as it is now
+            self.items = self.table.raw()
         start = 0 if in_batch is None else in_batch._obj.value
         room = count._obj.value
         taken = self.items[start:start + room]
-        keys_out = ctypes.cast(keys, ctypes.POINTER(Key * room)).contents
-        values_out = ctypes.cast(values, ctypes.POINTER(Leaf * room)).contents
+        key_size, value_size = ctypes.sizeof(self.table.Key), ctypes.sizeof(self.table.Leaf)
         for i, (k, v) in enumerate(taken):
-            keys_out[i] = Key(k)
-            values_out[i] = Leaf(*v)
+            ctypes.memmove(ctypes.addressof(keys._obj) + i * key_size, ctypes.addressof(k),
+                           key_size)
+            ctypes.memmove(ctypes.addressof(values._obj) + i * value_size,
+                           ctypes.addressof(v), value_size)
         count._obj.value = len(taken)
         out_batch._obj.value = start + len(taken)
         if start + room >= len(self.items):
@@ -80,7 +89,7 @@ def test_every_entry_is_read_chunk_after_chunk(size):
     assert table.walked == 1                       # only the comparison walked it
     # read again: the buffers are reused, what was read before is a copy
     first = reader.items()
-    kernel.items = [(k, (99, 99)) for k, _ in kernel.items]
+    table.entries = {k: (99, 99) for k in table.entries}
     assert all(v == (99, 99) for _, v in _plain(reader.items()))
     assert _plain(first) == sorted((k, (k, 10 * k)) for k in range(size))
 
@@ -114,6 +123,67 @@ class Stats(ctypes.Structure):
 
     _fields_ = [("count", ctypes.c_uint64), ("latency_sum_ns", ctypes.c_uint64),
                 ("buckets", ctypes.c_uint32 * 6)]
+
+
+class StatsTable:
+    """A per-CPU map of Stats on three CPUs, keyed by a u32 id."""
+
+    Key, Leaf, map_fd = Key, Stats * 3, 8
+
+    def __init__(self, counts: dict[int, tuple[int, int, int]]):
+        self.values = {}
+        for k, per_cpu in counts.items():
+            self.values[k] = self.Leaf()
+            for cpu, count in enumerate(per_cpu):
+                self.values[k][cpu].count = count
+
+    def raw(self) -> list:
+        return [(Key(k), self.Leaf.from_buffer_copy(v)) for k, v in sorted(self.values.items())]
+
+    items = raw
+
+
+def _read_marked(reader, moved=lambda key_bytes, mark: True):
+    asked = []
+
+    def ask(key_bytes, mark):
+        asked.append(key_bytes)
+        return moved(key_bytes, mark)
+
+    marked = reader.marked("count", ask)
+    assert sorted(asked) == sorted(key_bytes for key_bytes, *_ in marked)   # each one asked
+    return {Key.from_buffer_copy(key_bytes).id: (mark, key, value)
+            for key_bytes, mark, key, value in marked}
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_marked_entries_move_with_any_cpus_count_and_only_moved_ones_are_copied(batched):
+    table = StatsTable({k: (k, 0, 2 * k) for k in range(9)})
+    kernel = Kernel(table, fail=0 if batched else errno.EINVAL)
+    reader = MapReader(table, chunk=4, lookup_batch=kernel)
+    first = _read_marked(reader)
+    assert sorted(first) == list(range(9)) and reader.batched == batched
+    assert first[5][1].id == 5 and [cpu.count for cpu in first[5][2]] == [5, 0, 10]
+    assert len({mark for mark, _, _ in first.values()}) == 9
+
+    table.values[3][1].count += 1                 # one CPU of one entry called again
+    table.values[6][2].latency_sum_ns += 500      # another field only: the mark stays
+    marks = {k: mark for k, (mark, _, _) in first.items()}
+    second = _read_marked(reader, lambda key_bytes, mark:
+                          marks.get(Key.from_buffer_copy(key_bytes).id) != mark)
+    assert [k for k, (mark, _, _) in second.items() if mark != marks[k]] == [3]
+    assert {k for k, (_, key, value) in second.items() if value is not None} == {3}
+    assert all(key is None for k, (_, key, _) in second.items() if k != 3)
+    assert [cpu.count for cpu in second[3][2]] == [3, 1, 6]
+
+
+def test_marks_are_the_same_by_batches_and_key_by_key():
+    table = StatsTable({k: (k, 7, 0) for k in range(5)})
+    by_batches = _read_marked(MapReader(table, chunk=2, lookup_batch=Kernel(table)))
+    key_by_key = _read_marked(MapReader(table, chunk=2,
+                                        lookup_batch=Kernel(table, fail=errno.ENOSPC)))
+    assert {k: m for k, (m, _, _) in by_batches.items()} == \
+        {k: m for k, (m, _, _) in key_by_key.items()}
 
 
 def test_one_field_of_every_cpu_is_read_as_words():

@@ -1,13 +1,17 @@
 """fdtrack's per-operation statistics summed over CPUs (the per-CPU map stood in for at the
-MapReader it is read through; the real map runs in the privileged fdtrack tests): an entry
-is summed again only when a CPU's count moved, and a big host's idle CPUs add nothing."""
+batch lookup its MapReader calls; the real map runs in the privileged fdtrack tests): an
+entry is copied out and summed again only when a CPU's count moved, and a big host's idle
+CPUs add nothing."""
 
 from __future__ import annotations
 
 import ctypes
 
+from gpuwhy.probes.bpfmaps import MapReader
 from gpuwhy.probes.fdtable import LAT_BUCKETS
 from gpuwhy.probes.fdtrack import FdTrackProbe
+
+from .test_bpfmaps import Kernel
 
 
 class Key(ctypes.Structure):
@@ -25,13 +29,19 @@ class Stats(ctypes.Structure):      # struct stats_t of fdtrack.bpf.c
 CPUS = 224
 
 
-class Reader:
+class Table:
+    """The stats map as MapReader reads it (through the kernel stand-in): by open_seq."""
+
+    Key, Leaf, map_fd = Key, Stats * CPUS, 9
+
     def __init__(self):
         self.entries: dict[int, ctypes.Array] = {}
 
-    def items(self):
+    def raw(self):
         return [(Key(seq, 10, 0xC020462A, 0x201), values)
-                for seq, values in self.entries.items()]
+                for seq, values in sorted(self.entries.items())]
+
+    items = raw
 
 
 def _calls(values, cpu, count, latency_ns, errors=0):
@@ -42,20 +52,20 @@ def _calls(values, cpu, count, latency_ns, errors=0):
     values[cpu].latency_log2[latency_ns.bit_length() - 1] += count
 
 
-def _probe(tmp_config, reader):
+def _probe(tmp_config, table):
     probe = FdTrackProbe(tmp_config, lambda event: None)
-    probe._stats_reader = reader
+    probe._stats_reader = MapReader(table, chunk=4, lookup_batch=Kernel(table))
     return probe
 
 
 def test_every_cpu_adds_up_and_an_entry_that_did_not_move_is_not_summed_again(tmp_config):
-    reader = Reader()
+    table = Table()
     busy, idle = (Stats * CPUS)(), (Stats * CPUS)()
     _calls(busy, 0, 3, 1000, errors=1)
     _calls(busy, 223, 2, 5000)
     _calls(idle, 17, 1, 300)
-    reader.entries = {1: busy, 2: idle}
-    probe = _probe(tmp_config, reader)
+    table.entries = {1: busy, 2: idle}
+    probe = _probe(tmp_config, table)
 
     first = {seq: total for _, seq, _, _, total in probe.read_stats()}
     assert (first[1].count, first[1].errors, first[1].latency_sum_ns) == (5, 1, 13_000)
@@ -69,12 +79,12 @@ def test_every_cpu_adds_up_and_an_entry_that_did_not_move_is_not_summed_again(tm
 
 
 def test_an_entry_gone_and_back_under_a_new_open_is_summed_afresh(tmp_config):
-    reader = Reader()
+    table = Table()
     values = (Stats * CPUS)()
     _calls(values, 5, 4, 100)
-    reader.entries = {1: values}
-    probe = _probe(tmp_config, reader)
+    table.entries = {1: values}
+    probe = _probe(tmp_config, table)
     probe.read_stats()
-    reader.entries = {2: values}                  # the fd closed; a new open, the same counts
+    table.entries = {2: values}                  # the fd closed; a new open, the same counts
     (_, seq, _, _, total), = probe.read_stats()
     assert seq == 2 and total.count == 4

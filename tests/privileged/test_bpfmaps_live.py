@@ -67,3 +67,36 @@ def test_a_plain_hash_with_a_simple_key_reads_the_same_by_batches():
         assert len(table.items()) == 599
     finally:
         bpf.cleanup()
+
+
+def test_marks_of_a_real_per_cpu_map_move_with_its_counts_only():
+    """MapReader.marked on the kernel's batches: an entry whose count moved on one CPU is the
+    only one copied out again, with the values the key-by-key walk reads."""
+    from bcc import BPF
+
+    bpf = BPF(text=PROGRAM)
+    try:
+        table = bpf[b"stats"]
+        for n in range(300):                   # two chunks
+            leaf = table.Leaf()
+            for cpu in range(len(leaf)):
+                leaf[cpu].count, leaf[cpu].sum = n + cpu, 7
+            table[table.Key(a=n, b=n)] = leaf
+        reader = MapReader(table)
+        first = {bytes(key): mark for _, mark, key, _ in reader.marked("count", lambda k, m: True)}
+        assert len(first) == 300
+
+        leaf = table[table.Key(a=42, b=42)]
+        leaf[len(leaf) - 1].count += 1           # the last CPU called again
+        table[table.Key(a=42, b=42)] = leaf
+        leaf = table[table.Key(a=43, b=43)]
+        leaf[0].sum += 1                         # not the count: the mark stays
+        table[table.Key(a=43, b=43)] = leaf
+
+        again = reader.marked("count", lambda k, m: first[k] != m)
+        moved = [(key.a, [cpu.count for cpu in value]) for _, _, key, value in again
+                 if value is not None]
+        assert moved == [(42, [42 + cpu + (cpu == len(leaf) - 1) for cpu in range(len(leaf))])]
+        assert len(again) == 300
+    finally:
+        bpf.cleanup()
