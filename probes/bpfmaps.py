@@ -89,13 +89,13 @@ class MapReader:
         return self.table.items()
 
     def marked(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
-        """Every entry of a per-CPU map as (its key's bytes, a mark of its per-CPU 8-byte
-        ``field``, its key, its value), the key and value copied out only where
-        ``moved(key bytes, mark)`` says so, None for both elsewhere. The mark is a hash of
-        every CPU's ``field``: a counter's moves on any CPU change it (a collision is one in
-        2**64). A reader that keeps what it made of an entry by its mark copies and reads
-        again only the entries that moved: a busy process calls a few of its operations
-        each second, and on a 224-CPU host each entry's value is 37 KB."""
+        """Every entry as (its key's bytes, a mark of its 8-byte ``field``, its key, its
+        value), the key and value copied out only where ``moved(key bytes, mark)`` says so,
+        None for both elsewhere. The mark of a plain value is the field's value; of a
+        per-CPU one, a hash of every CPU's (a counter's move on any CPU changes it; a
+        collision is one in 2**64). A reader that keeps what it made of an entry by its mark
+        copies and reads again only the entries that moved: a busy process calls a few of
+        its operations each second."""
         if self.batched:
             try:
                 return self._marked_batched(field, moved)
@@ -103,9 +103,12 @@ class MapReader:
                 pass
             except NoBatchLookup as exc:
                 self._no_batch(exc)
+        per_cpu = issubclass(self.table.Leaf, ctypes.Array)
         out = []
         for key, value in self.table.items():
-            key_bytes, mark = bytes(key), hash(per_cpu_words(value, field).tobytes())
+            key_bytes = bytes(key)
+            mark = hash(per_cpu_words(value, field).tobytes()) if per_cpu else \
+                getattr(value, field)
             out.append((key_bytes, mark, key, value) if moved(key_bytes, mark)
                        else (key_bytes, mark, None, None))
         return out
@@ -113,16 +116,18 @@ class MapReader:
     def _marked_batched(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
         key_type, value_type = self.table.Key, self.table.Leaf
         key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
-        cpus = value_type._length_
-        words, word = _word_layout(value_type._type_, field)
+        per_cpu = issubclass(value_type, ctypes.Array)
+        cpus = value_type._length_ if per_cpu else 1
+        words, word = _word_layout(value_type._type_ if per_cpu else value_type, field)
         keys = memoryview(self._keys).cast("B")
         # the field of every CPU of every entry in the buffer, in entry order
-        marks = memoryview(self._values).cast("B").cast("Q")[word::words]
+        fields = memoryview(self._values).cast("B").cast("Q")[word::words]
         out: list[Marked] = []
         for count in self._chunks():
             for i in range(count):
                 key_bytes = keys[i * key_size:(i + 1) * key_size].tobytes()
-                mark = hash(marks[i * cpus:(i + 1) * cpus].tobytes())
+                mark = hash(fields[i * cpus:(i + 1) * cpus].tobytes()) if per_cpu else \
+                    fields[i]
                 if moved(key_bytes, mark):
                     out.append((key_bytes, mark, key_type.from_buffer_copy(keys, i * key_size),
                                 value_type.from_buffer_copy(self._values, i * value_size)))

@@ -8,8 +8,9 @@
 //    e.g. hClass) and sys_exit (latency, syscall return, the RM status inside the struct),
 //    where to look being told by the `decode` map that user space fills from
 //    gpuwhy/nvioctl.py: the knowledge of the driver's structs lives in one place;
-//  - aggregates per (open, command, sub-operation) in a per-CPU map, so its cost does not
-//    grow with the call rate; only notable calls are sent one by one.
+//  - aggregates per (open, command, sub-operation) in a map shared by the CPUs (atomic
+//    adds), so its cost does not grow with the call rate nor its memory with the host's
+//    CPUs; only notable calls are sent one by one.
 //
 // The cheap exits matter most: a process without tracked fds pays one array lookup per
 // ioctl enter and one per exit (the "hint" arrays, indexed by pid modulo HINT_SLOTS; a
@@ -135,7 +136,10 @@ BPF_ARRAY(decode, struct decode_slot_t, DECODE_SLOTS);
 BPF_HASH(notable_controls, u32, u32, MAX_NOTABLE_CONTROLS);
 BPF_ARRAY(notable_hint, u32, NOTABLE_HINT_SLOTS);   // most controls are ruled out here
 BPF_HASH(memory_classes, u32, u32, MAX_MEMORY_CLASSES);
-BPF_PERCPU_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
+// One value for all CPUs, added to atomically: a per-CPU value is kept for every possible
+// CPU and preallocated for every entry, 168 bytes x 224 x 65,536 = 2.5 GB of kernel memory
+// on a 224-CPU host, for a map that holds a few hundred entries a GPU process.
+BPF_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_ARRAY(stats_zero, struct stats_t, 1);   // a new aggregate's first value: see sys_exit_ioctl
 BPF_TABLE("lru_hash", struct repeat_key_t, u64, recent_calls, MAX_RECENT_CALLS);
 BPF_PERCPU_ARRAY(repeats, u64, 1);         // failed or big calls only counted: repeated()
@@ -693,16 +697,21 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
     struct stats_t *zero = stats_zero.lookup(&first);
     struct stats_t *stats = zero ? op_stats.lookup_or_try_init(&call->key, zero) : 0;
     if (stats) {
-        stats->count++;
-        stats->errors += failed;
-        stats->latency_sum_ns += latency;
+        // Threads of a process on other CPUs may add to the same entry at once. The max is
+        // compared and set without a lock: of two calls ending together on two CPUs, the
+        // larger may be lost from it (never from the sum or the histogram).
+        __sync_fetch_and_add(&stats->count, 1);
+        if (failed)
+            __sync_fetch_and_add(&stats->errors, 1);
+        __sync_fetch_and_add(&stats->latency_sum_ns, latency);
         if (latency > stats->latency_max_ns)
             stats->latency_max_ns = latency;
-        stats->bytes += call->bytes;
+        if (call->bytes)
+            __sync_fetch_and_add(&stats->bytes, call->bytes);
         u32 bucket = bpf_log2l(latency);
         if (bucket >= LAT_BUCKETS)
             bucket = LAT_BUCKETS - 1;
-        stats->latency_log2[bucket]++;
+        __sync_fetch_and_add(&stats->latency_log2[bucket], 1);
     } else {
         count_drop(DROP_STATS_FULL);
     }

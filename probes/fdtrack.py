@@ -51,7 +51,7 @@ from gpuwhy.probes.bpfdefs import (
     enum_defines,
     header,
 )
-from gpuwhy.probes.bpfmaps import MapReader, per_cpu_words
+from gpuwhy.probes.bpfmaps import MapReader
 from gpuwhy.probes.btf import BTFError, task_offsets
 from gpuwhy.probes.fdtable import LAT_BUCKETS, FdTable, OpStats
 from gpuwhy.probes.procscan import literal_prefix, scan_open_devices
@@ -267,7 +267,7 @@ class FdTrackProbe:
         self.records = 0
         self.filtered = 0
         self.repeats = 0           # failed or big calls user space found repeated
-        # each stats entry's last read, by its key's bytes: (its mark, what read_stats said)
+        # each stats entry's last read, by its key's bytes: (its count, what read_stats said)
         self._last_read: dict[bytes, tuple[int, tuple]] = {}
         self._reported: dict[tuple, int] = {}      # a repeatable call's kind -> when sent
         self.task_offsets_error: str | None = None
@@ -558,31 +558,24 @@ class FdTrackProbe:
     # --- statistics ------------------------------------------------------------------------
 
     def read_stats(self) -> list[tuple[object, int, int, int, OpStats]]:
-        """The stats map summed over CPUs: (key, open_seq, cmd, sub, stats)."""
+        """The stats map's entries: (key, open_seq, cmd, sub, stats)."""
         entries = []
         last, self._last_read = self._last_read, {}
-        # An entry whose calls did not move since the last read is the same sum: most of a
-        # busy process's operations are not called every second. Each CPU's count tells, by
-        # a hash of their bytes (MapReader.marked), and such an entry is not even copied
-        # out: summed in Python they took 8 ms a second for 210 entries on 224 CPUs (a
-        # DGX), and a copy is 37 KB an entry there. A collision (one in 2**64) would hold an
-        # entry's figures back until its next call, the sums being cumulative.
+        # An entry whose count did not move since the last read says the same: most of a
+        # busy process's operations are not called every second. Such an entry is not
+        # copied out of the read's buffer again (MapReader.marked).
         read = self._last_read
-        for key_bytes, mark, key, per_cpu in self._stats_reader.marked(
-                "count", lambda key_bytes, mark: last.get(key_bytes, _NOT_READ)[0] != mark):
+        for key_bytes, count, key, value in self._stats_reader.marked(
+                "count", lambda key_bytes, count: last.get(key_bytes, _NOT_READ)[0] != count):
             if key is None:
                 held = read[key_bytes] = last[key_bytes]
                 entries.append(held[1])
                 continue
-            total = OpStats()
-            for index, count in enumerate(per_cpu_words(per_cpu, "count")):
-                if count:              # most CPUs of a big host never ran this call
-                    cpu = per_cpu[index]
-                    total.add(OpStats(count, cpu.errors, cpu.latency_sum_ns,
-                                      cpu.latency_max_ns, cpu.bytes,
-                                      list(cpu.latency_log2[:LAT_BUCKETS])))
-            entry = (key, key.open_seq, key.cmd, key.sub, total)
-            read[key_bytes] = (mark, entry)
+            entry = (key, key.open_seq, key.cmd, key.sub,
+                     OpStats(value.count, value.errors, value.latency_sum_ns,
+                             value.latency_max_ns, value.bytes,
+                             list(value.latency_log2[:LAT_BUCKETS])))
+            read[key_bytes] = (count, entry)
             entries.append(entry)
         return entries
 

@@ -193,6 +193,13 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
                      f"LLVM/clang/bcc file pages" if seed else ""))
         if probes is None:
             raise RuntimeError("no probes process under gpuwhy up")
+        big = bench_sidecar.BIG_HOST_CPUS
+        rows.append(figure(
+            "P3", f"  probes: kernel memory of their BPF maps and programs ({case})", "MB",
+            probes["bpf_kernel_mb"],
+            note=f"on {bench_sidecar.possible_cpus()} possible CPUs; "
+                 f"{statistics.median(probes['bpf_kernel_mb_big_host']):.0f} MB with {big}, "
+                 f"computed: per-CPU maps hold a value for each"))
     out = subprocess.run([sys.executable, str(HERE / "bench_sidecar.py"), "--probes-memory"],
                          capture_output=True, text=True, check=True).stdout
     trim = json.loads(out.splitlines()[-1])

@@ -54,6 +54,10 @@ from gpuwhy.lifeline import child_environment
 
 MB = 1024 * 1024
 GOALS = {"cpu_pct": 1.0, "anon_mb": 80.0, "rss_mb": 200.0}
+# BPF map types whose values are kept once for every possible CPU (uapi/linux/bpf.h)
+PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH,
+                                               # PERCPU_CGROUP_STORAGE
+BIG_HOST_CPUS = 224                            # a DGX H100's logical CPUs
 # Mapped files whose clean pages are bcc's compiler (LLVM, clang) and bcc itself.
 COMPILER_LIBS = re.compile(r"lib(LLVM|clang|bcc)[^/]*\.so")
 
@@ -79,6 +83,45 @@ def memory(pid: int) -> dict[str, float]:
     return {"rss_mb": fields.get("Rss", 0.0), "anon_mb": fields.get("Anonymous", 0.0),
             "private_dirty_mb": fields.get("Private_Dirty", 0.0),
             "compiler_libs_mb": compiler}
+
+
+def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
+    """How many CPUs the kernel keeps per-CPU values for (``0-1,4-7``: 6)."""
+    with open(path) as ranges:
+        text = ranges.read().strip()
+    total = 0
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        total += int(high or low) - int(low) + 1
+    return total
+
+
+def kernel_memory(pid: int, cpus: int = BIG_HOST_CPUS) -> dict[str, float]:
+    """MB of kernel memory that the process's BPF maps and programs pin (``memlock`` in
+    /proc/PID/fdinfo, each map or program once however many fds it has), and what its maps
+    would pin on a host of ``cpus`` possible CPUs: a per-CPU map holds max_entries values
+    (their size rounded up to 8 bytes) for every possible CPU, preallocated. Neither is in
+    the process's RSS."""
+    here = possible_cpus()
+    held: dict[str, int] = {}
+    bigger = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as fdinfo:
+                info = dict(line.split(":", 1) for line in fdinfo.read().splitlines()
+                            if ":" in line)
+        except OSError:                 # closed meanwhile
+            continue
+        ident = f"map {info['map_id'].strip()}" if "map_id" in info else \
+            f"prog {info['prog_id'].strip()}" if "prog_id" in info else None
+        if ident is None or ident in held:
+            continue
+        held[ident] = int(info.get("memlock", "0"))
+        if int(info.get("map_type", "-1")) in PER_CPU_MAP_TYPES:
+            value = -(-int(info["value_size"]) // 8) * 8
+            bigger += int(info["max_entries"]) * value * (cpus - here)
+    total = sum(held.values())
+    return {"bpf_kernel_mb": total / MB, "bpf_kernel_mb_big_host": (total + bigger) / MB}
 
 
 def probes_memory() -> dict[str, dict[str, float]]:
@@ -238,12 +281,14 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
             pids = sidecar.pids()
             per: dict[str, dict[str, list[float]]] = {
                 role: {"cpu_pct": [], "rss_mb": [], "anon_mb": [], "private_dirty_mb": [],
-                       "compiler_libs_mb": []} for role in [*pids, "total"]}
+                       "compiler_libs_mb": [], "bpf_kernel_mb": [],
+                       "bpf_kernel_mb_big_host": []} for role in [*pids, "total"]}
             for _ in range(windows):
                 shares = cpu_shares(pids, window)
                 total: dict[str, float] = {key: 0.0 for key in per["total"]}
                 for role, pid in pids.items():
-                    figures = {"cpu_pct": shares[role], **memory(pid)}
+                    figures = {"cpu_pct": shares[role], **memory(pid),
+                               **kernel_memory(pid)}
                     for key, value in figures.items():
                         per[role][key].append(value)
                         total[key] += value
@@ -367,7 +412,8 @@ def table(result: dict) -> str:
              f"in the store); median [min–max] of {result['windows']} windows of "
              f"{result['window_s']:g} s after {result['warmup_s']:g} s", "",
              "| process | CPU % of one core | RSS MB | anonymous MB | private dirty MB "
-             "| LLVM/clang/bcc clean pages MB |", "|---|---|---|---|---|---|"]
+             "| LLVM/clang/bcc clean pages MB | BPF kernel MB (with "
+             f"{BIG_HOST_CPUS} CPUs) |", "|---|---|---|---|---|---|---|"]
 
     def cell(values: list[float], digits: int = 1) -> str:
         return (f"{statistics.median(values):.{digits}f} "
@@ -375,9 +421,10 @@ def table(result: dict) -> str:
     for role, figures in result["per_process"].items():
         lines.append(f"| {role} | {cell(figures['cpu_pct'], 2)} | {cell(figures['rss_mb'])} | "
                      f"{cell(figures['anon_mb'])} | {cell(figures['private_dirty_mb'])} | "
-                     f"{cell(figures['compiler_libs_mb'])} |")
+                     f"{cell(figures['compiler_libs_mb'])} | {cell(figures['bpf_kernel_mb'])} "
+                     f"({statistics.median(figures['bpf_kernel_mb_big_host']):.0f}) |")
     lines.append(f"| goal (total) | ≤ {GOALS['cpu_pct']:g} | ≤ {GOALS['rss_mb']:g} | "
-                 f"≤ {GOALS['anon_mb']:g} | | |")
+                 f"≤ {GOALS['anon_mb']:g} | | | |")
     return "\n".join(lines)
 
 

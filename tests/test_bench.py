@@ -219,3 +219,9 @@ def test_against_refuses_what_names_no_commit() -> None:
     assert bench_sidecar.resolve_commit("HEAD") == subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
         check=True).stdout.strip()
+
+
+def test_possible_cpus_reads_the_kernels_ranges(tmp_path):
+    ranges = tmp_path / "possible"
+    ranges.write_text("0-1,4-7,9\n")
+    assert bench_sidecar.possible_cpus(str(ranges)) == 7

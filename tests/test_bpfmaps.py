@@ -177,6 +177,30 @@ def test_marked_entries_move_with_any_cpus_count_and_only_moved_ones_are_copied(
     assert [cpu.count for cpu in second[3][2]] == [3, 1, 6]
 
 
+class PlainTable(StatsTable):
+    """The same values, one for all CPUs (a plain hash added to atomically)."""
+
+    Leaf = Stats
+
+    def __init__(self, counts: dict[int, int]):
+        self.values = {k: Stats(count=count) for k, count in counts.items()}
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_plain_values_mark_is_its_field(batched):
+    table = PlainTable({1: 10, 2: 20, 3: 30})
+    reader = MapReader(table, chunk=2,
+                       lookup_batch=Kernel(table, fail=0 if batched else errno.EINVAL))
+    first = _read_marked(reader)
+    assert {k: mark for k, (mark, _, _) in first.items()} == {1: 10, 2: 20, 3: 30}
+    table.values[2].count += 1
+    table.values[3].latency_sum_ns += 7
+    second = _read_marked(reader, lambda key_bytes, mark:
+                          first[Key.from_buffer_copy(key_bytes).id][0] != mark)
+    assert [(k, value.count) for k, (_, _, value) in second.items() if value is not None] \
+        == [(2, 21)]
+
+
 def test_marks_are_the_same_by_batches_and_key_by_key():
     table = StatsTable({k: (k, 7, 0) for k in range(5)})
     by_batches = _read_marked(MapReader(table, chunk=2, lookup_batch=Kernel(table)))

@@ -13,8 +13,9 @@
 //    copy. Nesting is told by the stack pointer: a call entered at or below the in-flight
 //    call's frame is nested (or a tail call); one entered above it means the in-flight
 //    call's return was never seen.
-//  - Figures accumulate per process in a per-CPU map (user space reads it every second);
-//    single calls go to the ring buffer only when slow, big or failed, within a budget.
+//  - Figures accumulate per process in a map the CPUs add to atomically (user space reads
+//    it every second); single calls go to the ring buffer only when slow, big or failed,
+//    within a budget.
 //  - Pinned host memory is known from the allocations and registrations seen since attach.
 #include <uapi/linux/ptrace.h>
 
@@ -102,8 +103,11 @@ struct record_t {
 struct budget_t { u64 window; u32 used; u32 reserved; };
 
 BPF_ARRAY(config, struct config_t, 1);
-BPF_PERCPU_HASH(stats, u32, struct cuda_stats_t, MAX_PROCS);
-BPF_PERCPU_ARRAY(zero_stats, struct cuda_stats_t, 1);
+// One value a process for all CPUs, added to atomically (ADD): a per-CPU value would be kept
+// for every possible CPU and preallocated for every entry, over 1 KB x 224 x MAX_PROCS on a
+// 224-CPU host. A uprobe's trap costs microseconds; an atomic add, nanoseconds.
+BPF_HASH(stats, u32, struct cuda_stats_t, MAX_PROCS);
+BPF_ARRAY(zero_stats, struct cuda_stats_t, 1);
 BPF_PERCPU_ARRAY(drops, u64, DROP_REASONS);
 BPF_PERCPU_ARRAY(budget, struct budget_t, 1);
 BPF_HASH(dev_allocs, struct alloc_key_t, u64, MAX_ALLOCS);
@@ -111,6 +115,8 @@ BPF_HASH(pinned, u32, struct pinned_t, MAX_PROCS);
 BPF_PERCPU_ARRAY(zero_pinned, struct pinned_t, 1);
 BPF_TASK_STORAGE(inflight, struct call_t);
 BPF_RINGBUF_OUTPUT(records, RINGBUF_PAGES);
+
+#define ADD(field, n) __sync_fetch_and_add(&(field), (n))
 
 static __always_inline void count_drop(int reason)
 {
@@ -228,9 +234,9 @@ static __always_inline int within_budget(struct config_t *cfg)
 
 static __always_inline void count_launch(struct cuda_stats_t *s, u32 which, u64 grid, u64 block)
 {
-    s->launches[which & 3]++;
-    s->grid_log2[log2_bucket(grid, GRID_BUCKETS)]++;
-    s->block_log2[log2_bucket(block, BLOCK_BUCKETS)]++;
+    ADD(s->launches[which & 3], 1);
+    ADD(s->grid_log2[log2_bucket(grid, GRID_BUCKETS)], 1);
+    ADD(s->block_log2[log2_bucket(block, BLOCK_BUCKETS)], 1);
 }
 
 // Launch dimensions are read at entry (the arguments are gone at return).
@@ -284,9 +290,9 @@ static __always_inline void finish(struct pt_regs *ctx, u32 fn, u32 shape, struc
     u64 latency = now - call->ts;
     u64 bytes = 0;
     u32 direction = DIR_UNKNOWN, host = HOST_NONE, big = 0;
-    s->calls++;
+    ADD(s->calls, 1);
     if (ret != 0)
-        s->errors++;
+        ADD(s->errors, 1);
 
     if (shape >= SH_COPY_HTOD && shape <= SH_COPY_KIND && ret == 0) {
         // a0 = dst, a1 = src, a2 = bytes, a3 = kind (SH_COPY_KIND) or async flag
@@ -318,32 +324,32 @@ static __always_inline void finish(struct pt_regs *ctx, u32 fn, u32 shape, struc
             host_ptr = dst;
         u32 d = direction < DIRECTIONS ? direction : DIR_UNKNOWN;
         struct copy_t *c = &s->copies[d];
-        c->count++;
-        c->bytes += bytes;
-        c->ns += latency;
+        ADD(c->count, 1);
+        ADD(c->bytes, bytes);
+        ADD(c->ns, latency);
         if (call->fn & ASYNC_FLAG)
-            c->async_count++;
+            ADD(c->async_count, 1);
         if (host_ptr) {
             host = host_state(tgid, host_ptr);
             if (host == HOST_PINNED)
-                c->pinned_bytes += bytes;
+                ADD(c->pinned_bytes, bytes);
             else
-                c->pageable_bytes += bytes;
+                ADD(c->pageable_bytes, bytes);
         }
         big = bytes >= cfg->big_bytes;
     } else if (shape == SH_SYNC) {
         u32 kind = (u32)call->a0;
         if (kind < 6) {
-            s->syncs[kind].count++;
-            s->syncs[kind].blocked_ns += latency;
+            ADD(s->syncs[kind].count, 1);
+            ADD(s->syncs[kind].blocked_ns, latency);
         }
-        s->sync_log2[log2_bucket(latency, LAT_BUCKETS)]++;
+        ADD(s->sync_log2[log2_bucket(latency, LAT_BUCKETS)], 1);
     } else if (shape == SH_ALLOC && ret == 0) {
         // a0 = where the new pointer is written, a1 = size
         u64 ptr = 0;
         bytes = call->a1;
-        s->allocs++;
-        s->alloc_bytes += bytes;
+        ADD(s->allocs, 1);
+        ADD(s->alloc_bytes, bytes);
         if (bpf_probe_read_user(&ptr, sizeof(ptr), (void *)call->a0) != 0) {
             count_drop(DROP_READ);
         } else {
@@ -355,17 +361,17 @@ static __always_inline void finish(struct pt_regs *ctx, u32 fn, u32 shape, struc
     } else if (shape == SH_FREE && ret == 0) {
         struct alloc_key_t key = {.tgid = tgid, .ptr = call->a0};
         u64 *size = dev_allocs.lookup(&key);
-        s->frees++;
+        ADD(s->frees, 1);
         if (size) {
-            s->free_bytes += *size;
+            ADD(s->free_bytes, *size);
             bytes = *size;
             dev_allocs.delete(&key);
         }
     } else if (shape == SH_HOST_ALLOC && ret == 0) {
         u64 ptr = 0;
         bytes = call->a1;
-        s->host_allocs++;
-        s->host_alloc_bytes += bytes;
+        ADD(s->host_allocs, 1);
+        ADD(s->host_alloc_bytes, bytes);
         if (bpf_probe_read_user(&ptr, sizeof(ptr), (void *)call->a0) != 0)
             count_drop(DROP_READ);
         else
@@ -373,14 +379,14 @@ static __always_inline void finish(struct pt_regs *ctx, u32 fn, u32 shape, struc
         big = bytes >= cfg->big_bytes;
     } else if (shape == SH_HOST_REGISTER && ret == 0) {
         bytes = call->a1;
-        s->registers++;
-        s->register_bytes += bytes;
+        ADD(s->registers, 1);
+        ADD(s->register_bytes, bytes);
         pin(tgid, call->a0, bytes);
     } else if (shape == SH_HOST_FREE && ret == 0) {
-        s->host_frees++;
+        ADD(s->host_frees, 1);
         unpin(tgid, call->a0);
     } else if (shape == SH_GRAPH) {
-        s->graph_launches[call->a0 & 1]++;
+        ADD(s->graph_launches[call->a0 & 1], 1);
     }
 
     u32 reasons = (latency >= cfg->slow_ns ? R_SLOW : 0) | (big ? R_BIG : 0) |
@@ -417,7 +423,7 @@ static __always_inline int on_enter(struct pt_regs *ctx, u32 fn, u32 shape, u32 
     struct cuda_stats_t *s = stats_of(tgid);
     if (!s)
         return 0;
-    s->hits++;
+    ADD(s->hits, 1);
     struct call_t *call = inflight.task_storage_get(bpf_get_current_task_btf(), 0,
                                                      BPF_LOCAL_STORAGE_GET_F_CREATE);
     // A call in flight from before the probes were last turned off never returns here.
@@ -449,7 +455,7 @@ static __always_inline int on_enter(struct pt_regs *ctx, u32 fn, u32 shape, u32 
             call->fn |= ASYNC_FLAG;
         call->ts = bpf_ktime_get_ns();
     }
-    s->prog_ns += bpf_ktime_get_ns() - start;
+    ADD(s->prog_ns, bpf_ktime_get_ns() - start);
     return 0;
 }
 
@@ -464,14 +470,14 @@ static __always_inline int on_return(struct pt_regs *ctx, u32 fn, u32 shape)
     struct cuda_stats_t *s = stats_of(tgid);
     if (!s)
         return 0;
-    s->hits++;
+    ADD(s->hits, 1);
     struct call_t *call = inflight.task_storage_get(bpf_get_current_task_btf(), 0, 0);
     if (call && call->active && call->epoch == cfg->epoch && (call->fn & ~ASYNC_FLAG) == fn &&
         PT_REGS_SP(ctx) >= call->sp + RET_SP_DELTA) {
         call->active = 0;
         finish(ctx, fn, shape, call, now, tgid, s, cfg);
     }
-    s->prog_ns += bpf_ktime_get_ns() - now;
+    ADD(s->prog_ns, bpf_ktime_get_ns() - now);
     return 0;
 }
 

@@ -118,7 +118,7 @@ class CudaProbe:
                                        f"later; this is {os.uname().release})") from None
         self._stats = bpf[b"stats"]
         self._drops = bpf[b"drops"]
-        leaf = self._stats.sLeaf            # one CPU's value: only u64 fields
+        leaf = self._stats.Leaf             # only u64 fields
         self._layout = {name: slice(getattr(leaf, name).offset // 8,
                                     (getattr(leaf, name).offset + getattr(leaf, name).size) // 8)
                         for name, _ in leaf._fields_}
@@ -229,15 +229,8 @@ class CudaProbe:
             reasons=[name for bit, name in REASONS if record.reasons & bit]))
 
     def _totals(self) -> dict[int, array]:
-        """Each process's words summed over the CPUs: every CPU's value taken as one array,
-        a word's total a strided slice of it (a Python step per CPU and word cost a
-        224-CPU host most of a core's 1 % a flush)."""
-        width = ctypes.sizeof(self._stats.sLeaf) // 8
-        totals = {}
-        for key, per_cpu in self._stats.items():
-            words = array("Q", bytes(per_cpu))
-            totals[key.value] = array("Q", (sum(words[i::width]) for i in range(width)))
-        return totals
+        """Each process's words (one value for all CPUs: the programs add atomically)."""
+        return {key.value: array("Q", bytes(value)) for key, value in self._stats.items()}
 
     def flush(self, only_pid: int | None = None) -> None:
         """Publish one CudaStats per process that called CUDA since the last flush; detach

@@ -100,3 +100,4 @@ def test_marks_of_a_real_per_cpu_map_move_with_its_counts_only():
         assert len(again) == 300
     finally:
         bpf.cleanup()
+

@@ -1,0 +1,32 @@
+"""bench_sidecar.kernel_memory against the kernel: the memory a process's BPF maps pin, read
+from /proc/PID/fdinfo, and a per-CPU map's values scaled to a 224-CPU host."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import bench_sidecar  # noqa: E402
+
+pytestmark = pytest.mark.root
+
+
+def test_a_per_cpu_maps_values_count_for_every_possible_cpu_and_a_plain_maps_do_not():
+    from bcc import BPF
+
+    cpus = bench_sidecar.possible_cpus()
+    before = bench_sidecar.kernel_memory(os.getpid())
+    bpf = BPF(text=b"BPF_PERCPU_HASH(per_cpu, u32, u64, 65536);\n"
+                   b"BPF_HASH(shared, u32, u64, 65536);\n")
+    try:
+        after = bench_sidecar.kernel_memory(os.getpid())
+    finally:
+        bpf.cleanup()
+    held = (after["bpf_kernel_mb"] - before["bpf_kernel_mb"]) * bench_sidecar.MB
+    assert held >= 65536 * 8 * (cpus + 1)                 # both maps' values, at least
+    grown = (after["bpf_kernel_mb_big_host"] - after["bpf_kernel_mb"]) - \
+        (before["bpf_kernel_mb_big_host"] - before["bpf_kernel_mb"])
+    assert grown * bench_sidecar.MB == pytest.approx(65536 * 8 * (224 - cpus))  # per-CPU only
+
