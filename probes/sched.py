@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import logging
+import operator
 import os
 import socket
 import time
@@ -107,6 +108,30 @@ def thread_totals(thread: object, now_ktime: int) -> tuple[int, ...]:
     if index is not None and not thread.seeded and now_ktime > thread.last_ns:
         values[index] += now_ktime - thread.last_ns
     return tuple(values)
+
+
+def said_since(totals: tuple[int, ...], said: tuple[int, ...]) -> list[int]:
+    """What to say of a thread for an interval: its ``totals`` (thread_totals) less what was
+    ``said`` of it before, never negative, the time in its states adding up as the kernel's.
+
+    A flush credits a runnable thread's slice so far to waiting; if its switch-in was lost,
+    its next switch-out proves it ran (settle() in sched.bpf.c), and the kernel's totals move
+    that slice from waiting to on-CPU. Said as waiting, it stays so: what a state lost is
+    taken from what the others gained (rather than a negative wait, or the slice counted
+    twice). The counters (switches, migrations, bytes) only grow."""
+    delta = [now - before for now, before in zip(totals, said, strict=True)]
+    states = sorted(set(_STATE_FIELD.values()))
+    owed = -sum(delta[i] for i in states if delta[i] < 0)
+    for i in range(len(delta)):
+        if delta[i] < 0:
+            delta[i] = 0
+    for i in states:
+        if not owed:
+            break
+        taken = min(delta[i], owed)
+        delta[i] -= taken
+        owed -= taken
+    return delta
 
 
 def _descendants(pid: int, proc_root: str) -> list[int]:
@@ -273,7 +298,8 @@ class SchedProbe:
                 running.setdefault(owner, [0] * self.numa_nodes)[node] += \
                     now_ktime - thread.last_ns
             previous = self._last.get(tid, (0,) * len(FIELDS))
-            self._last[tid] = totals
+            said = said_since(totals, previous)
+            self._last[tid] = tuple(map(operator.add, previous, said))
             tgid = self._tgid.get(tid) or read_tgid(tid, self.proc_root) or tid
             self._tgid[tid] = tgid
             side = "own" if tgid == owner else "workers"
@@ -281,8 +307,8 @@ class SchedProbe:
                                                  "workers": dict.fromkeys(FIELDS, 0),
                                                  "threads": {"own": 0, "workers": 0},
                                                  "worker_pids": set()})
-            for name, now_value, before in zip(FIELDS, totals, previous, strict=True):
-                group[side][name] += now_value - before
+            for name, value in zip(FIELDS, said, strict=True):
+                group[side][name] += value
             if thread.state == ThreadState.DEAD:
                 dead.append(key)
             else:

@@ -208,6 +208,48 @@ def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config
     assert sum(o["runqueue_ns"] for o in own) < 1_000_000_000, own
 
 
+def test_a_wait_said_before_a_lost_switch_in_was_proven_is_never_taken_back(tmp_config):
+    """As above, but a flush comes while the spinner is still taken for waiting: it says so
+    much run-queue time. When its exit proves it ran, that slice becomes on-CPU time in the
+    kernel's totals, whose run-queue total goes back. No interval may say a negative wait
+    (it said about -2 s), nor the slice twice: the states' time adds up to the thread's."""
+    from gpuwhy.probes.sched import SchedProbe, ThreadState
+
+    published = []
+    probe = SchedProbe(tmp_config, published.append)
+    probe.load()
+    try:
+        for _ in range(5):
+            published.clear()
+            missed_before = probe.counters()["missed_switch_in"]
+            spinner = subprocess.Popen([sys.executable, "-c", "import time\nprint(flush=True)\n"
+                                        "end = time.perf_counter() + 0.5\n"
+                                        "while time.perf_counter() < end: pass"],
+                                       stdout=subprocess.PIPE)
+            spinner.stdout.readline()
+            key = process_key(spinner.pid)
+            probe.watch(key)
+            _rewrite(probe, spinner.pid, state=ThreadState.RUNNABLE, seeded=0,
+                     last_ns=time.monotonic_ns() - 2_000_000_000)
+            probe.flush()                      # says ~2 s of waiting, not yet proven wrong
+            spinner.wait(10)
+            probe.flush()
+            probe.unwatch(key.pid)
+            if probe.counters()["missed_switch_in"] > missed_before:
+                break
+        else:
+            pytest.fail("no switch-out or exit of the spinner counted a missed switch-in in "
+                        "5 tries")
+    finally:
+        probe.close()
+    own = [event.own for event in published]
+    states = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns")
+    assert own[0]["runqueue_ns"] >= 1_500_000_000, own         # said before it was proven
+    assert all(o[name] >= 0 for o in own for name in states), own
+    lived = sum(o[name] for o in own for name in states)
+    assert 2_000_000_000 <= lived < 3_300_000_000, own         # 2 s before + 0.5 s spin
+
+
 def test_a_switch_out_the_kernel_never_delivered_is_counted(tmp_config):
     """The lost event that hides one thread's switch-in hides the other's switch-out: a
     thread still taken for running is switched in. What it did meanwhile cannot be known, so
