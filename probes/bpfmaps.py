@@ -88,6 +88,30 @@ class MapReader:
                 self._no_batch(exc)
         return self.table.items()
 
+    def words(self) -> list[tuple[bytes, list[int]]]:
+        """Every entry as (its key's bytes, its value's 8-byte words), without a ctypes
+        value an entry: a flush reads every thread of the GPU processes, thousands on a big
+        host. The value's size must be a multiple of 8 (not a per-CPU map's)."""
+        width, odd = divmod(ctypes.sizeof(self.table.Leaf), 8)
+        if odd or issubclass(self.table.Leaf, ctypes.Array):
+            raise ValueError(f"{self.table.Leaf.__name__} is not a struct of 8-byte words")
+        if self.batched:
+            try:
+                key_size = ctypes.sizeof(self.table.Key)
+                keys = memoryview(self._keys).cast("B")
+                values = memoryview(self._values).cast("B").cast("Q")
+                out: list[tuple[bytes, list[int]]] = []
+                for count in self._chunks():
+                    out += [(keys[i * key_size:(i + 1) * key_size].tobytes(),
+                             values[i * width:(i + 1) * width].tolist()) for i in range(count)]
+                return out
+            except _Oversized:
+                pass
+            except NoBatchLookup as exc:
+                self._no_batch(exc)
+        return [(bytes(key), memoryview(value).cast("B").cast("Q").tolist())
+                for key, value in self.table.items()]
+
     def marked(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
         """Every entry as (its key's bytes, a mark of its 8-byte ``field``, its key, its
         value), the key and value copied out only where ``moved(key bytes, mark)`` says so,

@@ -92,26 +92,41 @@ CFLAGS = cflags(bpf_defines())
 FIELDS = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns", "voluntary_switches",
           "involuntary_switches", "migrations", "net_rx_bytes", "net_wait_ns")
 NET_FIELDS = ("net_rx_bytes", "net_wait_ns")       # absent where nothing counts them
-_STATE_FIELD = {ThreadState.RUNNING: 0, ThreadState.RUNNABLE: 1, ThreadState.SLEEPING: 2,
-                ThreadState.BLOCKED: 3}
+# A living state's time is FIELDS[state]: RUNNING to BLOCKED are numbered as their fields.
+TIMED_STATES = (ThreadState.RUNNING, ThreadState.RUNNABLE, ThreadState.SLEEPING,
+                ThreadState.BLOCKED)
 
 
-def thread_totals(thread: object, now_ktime: int) -> tuple[int, ...]:
-    """A thread's cumulative figures, counting the time spent in its current state so far
-    (a thread alone on a CPU may not switch for seconds). Not for a thread whose state is
-    still the one read from /proc: until the kernel's first event on it proves the state
-    (sched.bpf.c's settle()), crediting it could be undone, a negative interval."""
-    values = [thread.on_cpu_ns, thread.runqueue_ns, thread.sleep_ns, thread.blocked_ns,
-              thread.voluntary, thread.involuntary, thread.migrations, thread.net_rx_bytes,
-              thread.net_wait_ns]
-    index = _STATE_FIELD.get(thread.state)
-    if index is not None and not thread.seeded and now_ktime > thread.last_ns:
-        values[index] += now_ktime - thread.last_ns
-    return tuple(values)
+# thread_t's fields behind FIELDS, in that order
+_THREAD_FIELDS = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns", "voluntary",
+                  "involuntary", "migrations", "net_rx_bytes", "net_wait_ns")
+
+
+class ThreadLayout:
+    """Where thread_t's fields sit in its 8-byte words, as MapReader.words() gives them
+    (little-endian, as x86-64 and arm64): a flush reads thousands of threads on a big host,
+    and a ctypes value an entry cost it more than the rest of its work."""
+
+    def __init__(self, struct: type) -> None:
+        def at(name: str) -> tuple[int, int, int]:
+            field = getattr(struct, name)
+            return field.offset // 8, field.offset % 8 * 8, (1 << 8 * field.size) - 1
+
+        self.last_ns, self.state, self.owner, self.seeded, self.cpu = (
+            at(name) for name in ("last_ns", "state", "owner", "seeded", "cpu"))
+        figures = [at(name) for name in _THREAD_FIELDS]
+        if any(shift or mask != (1 << 64) - 1 for _, shift, mask in figures):
+            raise ValueError(f"{struct.__name__}: a figure is not a whole 8-byte word")
+        self.figures = operator.itemgetter(*(word for word, _, _ in figures))
+
+
+def _field(words: list[int], where: tuple[int, int, int]) -> int:
+    word, shift, mask = where
+    return words[word] >> shift & mask
 
 
 def said_since(totals: tuple[int, ...], said: tuple[int, ...]) -> list[int]:
-    """What to say of a thread for an interval: its ``totals`` (thread_totals) less what was
+    """What to say of a thread for an interval: its ``totals`` (as of the flush) less what was
     ``said`` of it before, never negative, the time in its states adding up as the kernel's.
 
     A flush credits a runnable thread's slice so far to waiting; if its switch-in was lost,
@@ -120,7 +135,7 @@ def said_since(totals: tuple[int, ...], said: tuple[int, ...]) -> list[int]:
     taken from what the others gained (rather than a negative wait, or the slice counted
     twice). The counters (switches, migrations, bytes) only grow."""
     delta = [now - before for now, before in zip(totals, said, strict=True)]
-    states = sorted(set(_STATE_FIELD.values()))
+    states = range(len(TIMED_STATES))
     owed = -sum(delta[i] for i in states if delta[i] < 0)
     for i in range(len(delta)):
         if delta[i] < 0:
@@ -182,7 +197,7 @@ class SchedProbe:
         self._publish = publish
         self._bpf = None
         self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
-        self._last: dict[int, tuple[int, ...]] = {}      # tid -> totals at the last flush
+        self._last: dict[int, list[int]] = {}      # tid -> its figures said so far
         self._tgid: dict[int, int] = {}                  # tid -> its process
         self._last_flush = time.monotonic_ns()
         self.net_rx = NetRx.NONE
@@ -200,6 +215,7 @@ class SchedProbe:
         self.net_rx = hook
         self._watched = bpf[b"watched"]
         self._watched_reader = MapReader(self._watched)    # a flush reads it in batches
+        self._layout = ThreadLayout(self._watched.Leaf)
         self._hint_user = bpf[b"watch_hint_user"]
         self._drops = bpf[b"drops"]
         self._missed = {name: bpf[name.encode()]
@@ -284,58 +300,78 @@ class SchedProbe:
         flush; drop the entries of threads that ended."""
         now_ktime = time.monotonic_ns()
         interval = now_ktime - self._last_flush
-        per_owner: dict[int, dict[str, dict]] = {}
+        layout = self._layout
+        figures_of, last_at = layout.figures, layout.last_ns[0]
+        (owner_at, owner_shift, owner_mask), (state_at, state_shift, state_mask), \
+            (seeded_at, seeded_shift, seeded_mask) = layout.owner, layout.state, layout.seeded
+        # owner -> [own figures, workers' figures, own threads, workers' threads, worker pids]
+        per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
-        for key, thread in self._watched_reader.items():
-            tid, owner = key.value, thread.owner
+        zero = [0] * len(FIELDS)
+        said_before, tgids = self._last, self._tgid
+        sub, add = operator.sub, operator.add
+        for key, words in self._watched_reader.words():
+            owner = words[owner_at] >> owner_shift & owner_mask
             if only_owner is not None and owner != only_owner:
                 continue
-            totals = thread_totals(thread, now_ktime)
-            if self._node_time is not None and thread.state == ThreadState.RUNNING and \
-                    not thread.seeded and now_ktime > thread.last_ns:
-                node = self.cpu_nodes.get(thread.cpu, 0)
-                running.setdefault(owner, [0] * self.numa_nodes)[node] += \
-                    now_ktime - thread.last_ns
-            previous = self._last.get(tid, (0,) * len(FIELDS))
-            said = said_since(totals, previous)
-            self._last[tid] = tuple(map(operator.add, previous, said))
-            tgid = self._tgid.get(tid) or read_tgid(tid, self.proc_root) or tid
-            self._tgid[tid] = tgid
-            side = "own" if tgid == owner else "workers"
-            group = per_owner.setdefault(owner, {"own": dict.fromkeys(FIELDS, 0),
-                                                 "workers": dict.fromkeys(FIELDS, 0),
-                                                 "threads": {"own": 0, "workers": 0},
-                                                 "worker_pids": set()})
-            for name, value in zip(FIELDS, said, strict=True):
-                group[side][name] += value
-            if thread.state == ThreadState.DEAD:
-                dead.append(key)
+            tid = int.from_bytes(key, "little")
+            state = words[state_at] >> state_shift & state_mask
+            totals = list(figures_of(words))
+            # The time in its current state so far counts (a thread alone on a CPU may not
+            # switch for seconds); not for a thread whose state is still the one read from
+            # /proc: until the kernel's first event on it proves the state (settle() in
+            # sched.bpf.c), crediting it could be undone.
+            last_ns = words[last_at]
+            if state < len(TIMED_STATES) and now_ktime > last_ns and \
+                    not words[seeded_at] >> seeded_shift & seeded_mask:
+                totals[state] += now_ktime - last_ns
+                if state == ThreadState.RUNNING and self._node_time is not None:
+                    node = self.cpu_nodes.get(_field(words, layout.cpu), 0)
+                    running.setdefault(owner, [0] * self.numa_nodes)[node] += \
+                        now_ktime - last_ns
+            previous = said_before.get(tid, zero)
+            said = list(map(sub, totals, previous))
+            if min(said) < 0:          # a state corrected after it was said: said_since
+                said = said_since(totals, previous)
+                totals = list(map(add, previous, said))
+            said_before[tid] = totals
+            tgid = tgids.get(tid)
+            if tgid is None:
+                tgid = tgids[tid] = read_tgid(tid, self.proc_root) or tid
+            group = per_owner.get(owner)
+            if group is None:
+                group = per_owner[owner] = [zero, zero, 0, 0, set()]
+            side = 0 if tgid == owner else 1
+            group[side] = list(map(add, group[side], said))
+            if state == ThreadState.DEAD:
+                dead.append(tid)
             else:
-                group["threads"][side] += 1
-                if side == "workers":
-                    group["worker_pids"].add(tgid)
-        for key in dead:
-            del self._watched[key]
-            self._hint(key.value, -1)
-            self._last.pop(key.value, None)
-            self._tgid.pop(key.value, None)
+                group[2 + side] += 1
+                if side:
+                    group[4].add(tgid)
+        for tid in dead:
+            del self._watched[ctypes.c_uint32(tid)]
+            self._hint(tid, -1)
+            self._last.pop(tid, None)
+            self._tgid.pop(tid, None)
         if only_owner is None:
             self._last_flush = now_ktime
         ts = now_ns()
         by_node = self._node_deltas(only_owner, running)
-        for owner, group in per_owner.items():
+        for owner, (own_figures, workers_figures, own_threads, workers_threads,
+                    worker_pids) in per_owner.items():
             process = self.owners.get(owner)
             if process is None:
                 continue
-            own = {**group["own"], "threads": group["threads"]["own"]}
-            workers = {**group["workers"], "threads": group["threads"]["workers"]}
+            own = {**dict(zip(FIELDS, own_figures, strict=True)), "threads": own_threads}
+            workers = {**dict(zip(FIELDS, workers_figures, strict=True)),
+                       "threads": workers_threads}
             if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
                 for name in NET_FIELDS:
                     del own[name], workers[name]
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
-                                     workers=workers,
-                                     worker_processes=len(group["worker_pids"]),
+                                     workers=workers, worker_processes=len(worker_pids),
                                      node_on_cpu_ns=by_node.get(owner, [])))
 
     def _node_deltas(self, only_owner: int | None,

@@ -226,3 +226,21 @@ def test_a_field_that_is_not_an_aligned_word_is_refused():
 
     with pytest.raises(ValueError, match="Odd.count"):
         per_cpu_words((Odd * 2)(), "count")
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_words_are_each_values_8_byte_words_by_key(batched):
+    table = PlainTable({1: 10, 2: 20, 3: 30})
+    table.values[2].latency_sum_ns = 7
+    table.values[3].buckets[1] = 1                 # u32 buckets: two to a word
+    reader = MapReader(table, chunk=2,
+                       lookup_batch=Kernel(table, fail=0 if batched else errno.EINVAL))
+    words = {Key.from_buffer_copy(key).id: value for key, value in reader.words()}
+    assert words[1] == [10, 0, 0, 0, 0] and words[2] == [20, 7, 0, 0, 0]
+    assert words[3] == [30, 0, 1 << 32, 0, 0]
+
+
+def test_words_of_a_per_cpu_map_are_refused():
+    table = StatsTable({1: (1, 2, 3)})
+    with pytest.raises(ValueError, match="not a struct of 8-byte words"):
+        MapReader(table, lookup_batch=Kernel(table)).words()

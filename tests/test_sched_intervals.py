@@ -2,7 +2,7 @@
 kernel's cumulative figures and what was said before: never negative, and the time in its
 states adding up as the kernel's even when the kernel corrects a state after the fact."""
 
-from gpuwhy.probes.sched import FIELDS, said_since
+from gpuwhy.probes.sched import FIELDS, TIMED_STATES, said_since
 
 S = 1_000_000_000
 
@@ -49,3 +49,8 @@ def test_a_counter_that_went_back_says_nothing_rather_than_less():
     said = _figures(migrations=7, net_rx_bytes=100)
     assert _named(said_since(_figures(migrations=5, net_rx_bytes=160), said)) == \
         {"net_rx_bytes": 60}
+
+
+def test_a_living_states_time_is_the_field_of_its_number():
+    assert [FIELDS[state] for state in TIMED_STATES] == \
+        ["on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns"]
