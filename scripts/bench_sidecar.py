@@ -29,6 +29,11 @@ without its dependencies (this environment's) into a temporary folder.
 
 --probes-memory loads the probes alone in this process and prints their memory after
 loading and after glibc's malloc_trim(0) (what probes/service.py now does).
+
+--thread-flush loads the sched probe alone and times its flush (thread CPU) with
+--processes processes of --threads threads each, every thread waking every 50 ms: a real GPU
+process has tens to hundreds of threads (runtime, NCCL, OpenMP pools, data loaders), the
+stand-ins above one, and a flush reads every thread.
 """
 
 from __future__ import annotations
@@ -149,6 +154,65 @@ def probes_memory() -> dict[str, dict[str, float]]:
         probes.close()
         publisher.close()
     return result
+
+
+# A process of THREADS threads, each waking every 50 ms for a little work, that prints a
+# line once they all run.
+_THREADED = """
+import sys, threading, time
+def work():
+    while True:
+        time.sleep(0.05)
+        sum(range(2000))
+for _ in range(int(sys.argv[1]) - 1):
+    threading.Thread(target=work, daemon=True).start()
+print(flush=True)
+time.sleep(3600)
+"""
+
+
+def thread_flush(processes: int = 8, threads: int = 100, flushes: int = 30,
+                 every: float = 0.2) -> dict:
+    """The sched probe's flush, timed in this thread's CPU: ms a flush and µs a watched
+    thread, with ``processes`` processes of ``threads`` threads."""
+    from gpuwhy.config import load_config
+    from gpuwhy.probes.sched import SchedProbe
+    from gpuwhy.proc import process_key
+
+    children = [subprocess.Popen([sys.executable, "-c", _THREADED, str(threads)],
+                                 stdout=subprocess.PIPE) for _ in range(processes)]
+    try:
+        for child in children:
+            child.stdout.readline()
+        with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-threads-") as work:
+            events: list = []
+            probe = SchedProbe(load_config(environ={"GPUWHY_BUS": f"ipc://{work}/bus.sock"}),
+                               events.append)
+            probe.load()
+            try:
+                for child in children:
+                    probe.watch(process_key(child.pid))
+                for _ in range(3):                 # every thread's first interval
+                    probe.flush()
+                    time.sleep(every)
+                watched = probe.counters()["watched_threads"]
+                events.clear()
+                spent = []
+                for _ in range(flushes):
+                    time.sleep(every)
+                    started = time.thread_time()
+                    probe.flush()
+                    spent.append(time.thread_time() - started)
+            finally:
+                probe.close()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    per_flush = statistics.median(spent)
+    return {"processes": processes, "threads": threads, "watched_threads": watched,
+            "flushes": flushes, "events": len(events), "ms_a_flush": per_flush * 1e3,
+            "us_a_thread": per_flush / max(watched, 1) * 1e6}
 
 
 class Sidecar:
@@ -441,6 +505,9 @@ def main() -> None:
     parser.add_argument("--against", metavar="REV",
                         help="run commit REV's sidecar beside this one and compare")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--thread-flush", action="store_true",
+                        help="time the sched probe's flush with --processes x --threads")
+    parser.add_argument("--threads", type=int, default=100)
     args = parser.parse_args()
     if args.against is not None:
         try:
@@ -451,6 +518,9 @@ def main() -> None:
         sys.exit("bench_sidecar: needs root (it loads the eBPF probes)")
     if args.probes_memory:
         print(json.dumps(probes_memory()))
+        return
+    if args.thread_flush:
+        print(json.dumps(thread_flush(args.processes, args.threads)))
         return
     if args.against is not None:
         with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-against-") as tmp:

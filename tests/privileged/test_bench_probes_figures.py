@@ -1,5 +1,5 @@
-"""bench_sidecar.kernel_memory against the kernel: the memory a process's BPF maps pin, read
-from /proc/PID/fdinfo, and a per-CPU map's values scaled to a 224-CPU host."""
+"""bench_sidecar against the kernel: the memory a process's BPF maps pin (from
+/proc/PID/fdinfo, a per-CPU map scaled to a 224-CPU host), and the scheduler flush timed."""
 
 import os
 import sys
@@ -30,3 +30,13 @@ def test_a_per_cpu_maps_values_count_for_every_possible_cpu_and_a_plain_maps_do_
         (before["bpf_kernel_mb_big_host"] - before["bpf_kernel_mb"])
     assert grown * bench_sidecar.MB == pytest.approx(65536 * 8 * (224 - cpus))  # per-CPU only
 
+
+
+def test_the_scheduler_flush_is_timed_over_every_thread_of_its_processes():
+    """bench_sidecar.thread_flush: real processes of several threads, each watched, one
+    event a process a flush."""
+    result = bench_sidecar.thread_flush(processes=2, threads=5, flushes=4, every=0.05)
+    assert result["watched_threads"] == 10
+    assert result["events"] == 2 * 4
+    assert result["ms_a_flush"] > 0 and result["us_a_thread"] == \
+        pytest.approx(result["ms_a_flush"] * 1000 / 10)
