@@ -2,9 +2,10 @@
 at a time, and bcc's key-by-key walk where the kernel has no batch lookup (before 5.6).
 
 bcc's ``items()`` makes two system calls an entry (next key, then its value), and its own
-batch read allocates room for every entry the map may ever hold (64 Ki entries × every CPU
-for the per-operation statistics) on each call; read each second, that was half of what
-the probes process spent on a busy host.
+batch read allocates room for every entry the map may ever hold (64 Ki entries for the
+per-operation statistics, then per-CPU) on each call; read each second, that was half of
+what the probes process spent on a busy host. Readers that need less than a ctypes object
+an entry take its words (``words()``), or only the entries that moved (``marked()``).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ Marked = tuple[bytes, int, Any, Any]
 
 
 class MapReader:
-    """``items()`` of a bcc hash table (per-CPU ones included: a value is then one leaf per
-    possible CPU), by batches while the kernel allows them."""
+    """A bcc hash table read whole (per-CPU ones included: a value is then one leaf per
+    possible CPU), by batches while the kernel allows them: as ``items()``, as words
+    (``words()``), or copying out only the entries that moved (``marked()``)."""
 
     def __init__(self, table: Any, chunk: int = CHUNK, lookup_batch: Any = None):
         self.table = table
@@ -70,47 +72,21 @@ class MapReader:
         self.batched = True
 
     def items(self) -> list[tuple[Any, Any]]:
-        if self.batched:
-            try:
-                out: list[tuple[Any, Any]] = []
-                key_type, value_type = self.table.Key, self.table.Leaf
-                key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
-                for count in self._chunks():
-                    # copied out of the buffers the next call reuses; by offset, as an
-                    # element of an array of a simple type (a u32 key) reads back as an int
-                    out += [(key_type.from_buffer_copy(self._keys, i * key_size),
-                             value_type.from_buffer_copy(self._values, i * value_size))
-                            for i in range(count)]
-                return out
-            except _Oversized:
-                pass
-            except NoBatchLookup as exc:
-                self._no_batch(exc)
-        return self.table.items()
+        """Every entry as (its key, its value), ctypes objects as bcc's ``items()``."""
+        out = self._by_batches(self._items_batched)
+        return self.table.items() if out is None else out
 
     def words(self) -> list[tuple[bytes, list[int]]]:
         """Every entry as (its key's bytes, its value's 8-byte words), without a ctypes
         value an entry: a flush reads every thread of the GPU processes, thousands on a big
         host. The value's size must be a multiple of 8 (not a per-CPU map's)."""
-        width, odd = divmod(ctypes.sizeof(self.table.Leaf), 8)
-        if odd or issubclass(self.table.Leaf, ctypes.Array):
+        if ctypes.sizeof(self.table.Leaf) % 8 or issubclass(self.table.Leaf, ctypes.Array):
             raise ValueError(f"{self.table.Leaf.__name__} is not a struct of 8-byte words")
-        if self.batched:
-            try:
-                key_size = ctypes.sizeof(self.table.Key)
-                keys = memoryview(self._keys).cast("B")
-                values = memoryview(self._values).cast("B").cast("Q")
-                out: list[tuple[bytes, list[int]]] = []
-                for count in self._chunks():
-                    out += [(keys[i * key_size:(i + 1) * key_size].tobytes(),
-                             values[i * width:(i + 1) * width].tolist()) for i in range(count)]
-                return out
-            except _Oversized:
-                pass
-            except NoBatchLookup as exc:
-                self._no_batch(exc)
-        return [(bytes(key), memoryview(value).cast("B").cast("Q").tolist())
-                for key, value in self.table.items()]
+        out = self._by_batches(self._words_batched)
+        if out is None:
+            out = [(bytes(key), memoryview(value).cast("B").cast("Q").tolist())
+                   for key, value in self.table.items()]
+        return out
 
     def marked(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
         """Every entry as (its key's bytes, a mark of its 8-byte ``field``, its key, its
@@ -120,13 +96,9 @@ class MapReader:
         collision is one in 2**64). A reader that keeps what it made of an entry by its mark
         copies and reads again only the entries that moved: a busy process calls a few of
         its operations each second."""
-        if self.batched:
-            try:
-                return self._marked_batched(field, moved)
-            except _Oversized:
-                pass
-            except NoBatchLookup as exc:
-                self._no_batch(exc)
+        out = self._by_batches(lambda: self._marked_batched(field, moved))
+        if out is not None:
+            return out
         per_cpu = issubclass(self.table.Leaf, ctypes.Array)
         out = []
         for key, value in self.table.items():
@@ -135,6 +107,42 @@ class MapReader:
                 getattr(value, field)
             out.append((key_bytes, mark, key, value) if moved(key_bytes, mark)
                        else (key_bytes, mark, None, None))
+        return out
+
+    def _by_batches(self, read: Callable[[], list]) -> list | None:
+        """``read()`` by batches; None where the map is to be walked key by key instead:
+        this time (a bucket larger than a chunk), or from now on (no batch lookup here)."""
+        if not self.batched:
+            return None
+        try:
+            return read()
+        except _Oversized:
+            return None
+        except NoBatchLookup as exc:
+            self.batched = False
+            log.info("no batch lookup of BPF maps here (%s): reading them key by key", exc)
+            return None
+
+    def _items_batched(self) -> list[tuple[Any, Any]]:
+        key_type, value_type = self.table.Key, self.table.Leaf
+        key_size, value_size = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
+        out: list[tuple[Any, Any]] = []
+        for count in self._chunks():
+            # copied out of the buffers the next call reuses; by offset, as an element of an
+            # array of a simple type (a u32 key) reads back as a plain int
+            out += [(key_type.from_buffer_copy(self._keys, i * key_size),
+                     value_type.from_buffer_copy(self._values, i * value_size))
+                    for i in range(count)]
+        return out
+
+    def _words_batched(self) -> list[tuple[bytes, list[int]]]:
+        key_size, width = ctypes.sizeof(self.table.Key), ctypes.sizeof(self.table.Leaf) // 8
+        keys = memoryview(self._keys).cast("B")
+        values = memoryview(self._values).cast("B").cast("Q")
+        out: list[tuple[bytes, list[int]]] = []
+        for count in self._chunks():
+            out += [(keys[i * key_size:(i + 1) * key_size].tobytes(),
+                     values[i * width:(i + 1) * width].tolist()) for i in range(count)]
         return out
 
     def _marked_batched(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
@@ -158,10 +166,6 @@ class MapReader:
                 else:
                     out.append((key_bytes, mark, None, None))
         return out
-
-    def _no_batch(self, exc: NoBatchLookup) -> None:
-        self.batched = False
-        log.info("no batch lookup of BPF maps here (%s): reading them key by key", exc)
 
     def _chunks(self) -> Iterator[int]:
         """Fill the buffers a chunk at a time, yielding how many entries each holds; raises
