@@ -71,6 +71,12 @@ NOTES = """
   clean pages from its resident set, so the sidecar's probes RSS counts ~13 MB of them,
   not ~85.
   "GPU source alone" is the simulator runner's thread CPU (`scripts/bench_gpu_sources.py`).
+  "Kernel memory" is the `memlock` of the probes' BPF maps and programs
+  (`/proc/PID/fdinfo`): locked kernel memory, in no process's RSS; the note computes what
+  the maps would hold with 224 possible CPUs (a per-CPU map keeps a value for each). "The
+  scheduler's flush" is the sched probe's flush alone, in thread CPU, with 8 processes of
+  100 real threads (`bench_sidecar.py --thread-flush`): the stand-ins above have one thread
+  each, a real GPU process tens to hundreds, and a flush reads every watched thread.
 - **P4**: a publisher process sends a realistic mix of events as fast as it can, in batch
   messages of 256 events in runs of a topic (as the probes' flush sends its per-process
   figures), and again a message per event (the reference); the real correlator writes them
