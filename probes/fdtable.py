@@ -35,7 +35,7 @@ CLOSE_RANGE_CLOEXEC = 1 << 2
 
 @dataclass
 class OpStats:
-    """What the calls of one (command, sub-operation) cost; adds up across opens and CPUs."""
+    """What the calls of one (command, sub-operation) cost; adds up across opens."""
 
     count: int = 0
     errors: int = 0
