@@ -18,7 +18,7 @@ import operator
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwhy.clock import now_ns
@@ -125,7 +125,7 @@ def _field(words: list[int], where: tuple[int, int, int]) -> int:
     return words[word] >> shift & mask
 
 
-def said_since(totals: tuple[int, ...], said: tuple[int, ...]) -> list[int]:
+def said_since(totals: Sequence[int], said: Sequence[int]) -> list[int]:
     """What to say of a thread for an interval: its ``totals`` (as of the flush) less what was
     ``said`` of it before, never negative, the time in its states adding up as the kernel's.
 
