@@ -560,11 +560,10 @@ class FdTrackProbe:
     def read_stats(self) -> list[tuple[object, int, int, int, OpStats]]:
         """The stats map's entries: (key, open_seq, cmd, sub, stats)."""
         entries = []
-        last, self._last_read = self._last_read, {}
+        last, read = self._last_read, {}
         # An entry whose count did not move since the last read says the same: most of a
         # busy process's operations are not called every second. Such an entry is not
         # copied out of the read's buffer again (MapReader.marked).
-        read = self._last_read
         for key_bytes, count, key, value in self._stats_reader.marked(
                 "count", lambda key_bytes, count: last.get(key_bytes, _NOT_READ)[0] != count):
             if key is None:
@@ -577,6 +576,7 @@ class FdTrackProbe:
                              list(value.latency_log2[:LAT_BUCKETS])))
             read[key_bytes] = (count, entry)
             entries.append(entry)
+        self._last_read = read
         return entries
 
     def flush(self) -> None:

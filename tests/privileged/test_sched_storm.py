@@ -165,15 +165,12 @@ def test_a_state_read_from_proc_that_went_stale_is_corrected_by_the_kernel(tmp_c
     assert on_cpu < 300_000_000, own      # the wake-up and exit, not the sleep
 
 
-def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config):
-    """The kernel does not hand BPF every sched_switch (a few switches in a thousand on this
-    VM, and a program that would recurse is skipped): a thread whose switch-in is lost stays
-    runnable in the map, and its whole run until its next switch-out or its exit was counted
-    as waiting (a CI run's worker lost 430 ms of its 990 ms so). Here the lost switch-in is
-    written on purpose, as if it came 2 s before: the spinner's next switch-out or its exit
-    proves it running, and the 2 s must be on-CPU time. Were it off a CPU at that moment
-    (a loaded host), its next event is a switch-in, which rightly counts the 2 s as waiting;
-    that try proves nothing and another is made."""
+def _spin_after_a_lost_switch_in(tmp_config, flush_before_the_proof: bool) -> list[dict]:
+    """The ``own`` figures published for a spinner whose switch-in is written as lost 2 s
+    before (runnable in the map), until its next switch-out or its exit proves it running;
+    with ``flush_before_the_proof``, a flush also comes while it is still taken for waiting.
+    Were it off a CPU at that moment (a loaded host), its next event is a switch-in, which
+    rightly counts the 2 s as waiting; that try proves nothing and another is made."""
     from gpuwhy.probes.sched import SchedProbe, ThreadState
 
     published = []
@@ -192,6 +189,8 @@ def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config
             probe.watch(key)
             _rewrite(probe, spinner.pid, state=ThreadState.RUNNABLE, seeded=0,
                      last_ns=time.monotonic_ns() - 2_000_000_000)
+            if flush_before_the_proof:
+                probe.flush()                  # says ~2 s of waiting, not yet proven wrong
             spinner.wait(10)
             probe.flush()
             probe.unwatch(key.pid)
@@ -203,7 +202,17 @@ def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config
                         "corrected")
     finally:
         probe.close()
-    own = [event.own for event in published]
+    return [event.own for event in published]
+
+
+def test_a_switch_in_the_kernel_never_delivered_is_counted_as_running(tmp_config):
+    """The kernel does not hand BPF every sched_switch (a few switches in a thousand on this
+    VM, and a program that would recurse is skipped): a thread whose switch-in is lost stays
+    runnable in the map, and its whole run until its next switch-out or its exit was counted
+    as waiting (a CI run's worker lost 430 ms of its 990 ms so). Here the lost switch-in is
+    written on purpose, as if it came 2 s before: the spinner's next switch-out or its exit
+    proves it running, and the 2 s must be on-CPU time."""
+    own = _spin_after_a_lost_switch_in(tmp_config, flush_before_the_proof=False)
     assert sum(o["on_cpu_ns"] for o in own) >= 2_000_000_000, own
     assert sum(o["runqueue_ns"] for o in own) < 1_000_000_000, own
 
@@ -213,36 +222,7 @@ def test_a_wait_said_before_a_lost_switch_in_was_proven_is_never_taken_back(tmp_
     much run-queue time. When its exit proves it ran, that slice becomes on-CPU time in the
     kernel's totals, whose run-queue total goes back. No interval may say a negative wait
     (it said about -2 s), nor the slice twice: the states' time adds up to the thread's."""
-    from gpuwhy.probes.sched import SchedProbe, ThreadState
-
-    published = []
-    probe = SchedProbe(tmp_config, published.append)
-    probe.load()
-    try:
-        for _ in range(5):
-            published.clear()
-            missed_before = probe.counters()["missed_switch_in"]
-            spinner = subprocess.Popen([sys.executable, "-c", "import time\nprint(flush=True)\n"
-                                        "end = time.perf_counter() + 0.5\n"
-                                        "while time.perf_counter() < end: pass"],
-                                       stdout=subprocess.PIPE)
-            spinner.stdout.readline()
-            key = process_key(spinner.pid)
-            probe.watch(key)
-            _rewrite(probe, spinner.pid, state=ThreadState.RUNNABLE, seeded=0,
-                     last_ns=time.monotonic_ns() - 2_000_000_000)
-            probe.flush()                      # says ~2 s of waiting, not yet proven wrong
-            spinner.wait(10)
-            probe.flush()
-            probe.unwatch(key.pid)
-            if probe.counters()["missed_switch_in"] > missed_before:
-                break
-        else:
-            pytest.fail("no switch-out or exit of the spinner counted a missed switch-in in "
-                        "5 tries")
-    finally:
-        probe.close()
-    own = [event.own for event in published]
+    own = _spin_after_a_lost_switch_in(tmp_config, flush_before_the_proof=True)
     states = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns")
     assert own[0]["runqueue_ns"] >= 1_500_000_000, own         # said before it was proven
     assert all(o[name] >= 0 for o in own for name in states), own
