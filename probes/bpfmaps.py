@@ -5,7 +5,7 @@ bcc's ``items()`` makes two system calls an entry (next key, then its value), an
 batch read allocates room for every entry the map may ever hold (64 Ki entries for the
 per-operation statistics, then per-CPU) on each call; read each second, that was half of
 what the probes process spent on a busy host. Readers that need less than a ctypes object
-an entry take its words (``words()``), or only the entries that moved (``marked()``).
+an entry take its bytes (``raw()``), or only the entries that moved (``marked()``).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ Marked = tuple[bytes, int, Any, Any]
 
 class MapReader:
     """A bcc hash table read whole (per-CPU ones included: a value is then one leaf per
-    possible CPU), by batches while the kernel allows them: as ``items()``, as words
-    (``words()``), or copying out only the entries that moved (``marked()``)."""
+    possible CPU), by batches while the kernel allows them: as ``items()``, as bytes
+    (``raw()``), or copying out only the entries that moved (``marked()``)."""
 
     def __init__(self, table: Any, chunk: int = CHUNK, lookup_batch: Any = None):
         self.table = table
@@ -76,16 +76,14 @@ class MapReader:
         out = self._by_batches(self._items_batched)
         return self.table.items() if out is None else out
 
-    def words(self) -> list[tuple[bytes, list[int]]]:
-        """Every entry as (its key's bytes, its value's 8-byte words), without a ctypes
-        value an entry: a flush reads every thread of the GPU processes, thousands on a big
-        host. The value's size must be a multiple of 8 (not a per-CPU map's)."""
-        if ctypes.sizeof(self.table.Leaf) % 8 or issubclass(self.table.Leaf, ctypes.Array):
-            raise ValueError(f"{self.table.Leaf.__name__} is not a struct of 8-byte words")
-        out = self._by_batches(self._words_batched)
+    def raw(self) -> list[tuple[bytes, bytes]]:
+        """Every entry as (its key's bytes, its value's bytes; every CPU's, one after the
+        other, in a per-CPU map), without a ctypes object an entry: a flush reads every
+        thread of the GPU processes, thousands on a big host, and tells the few that moved
+        from the rest by their bytes alone."""
+        out = self._by_batches(self._raw_batched)
         if out is None:
-            out = [(bytes(key), memoryview(value).cast("B").cast("Q").tolist())
-                   for key, value in self.table.items()]
+            out = [(bytes(key), bytes(value)) for key, value in self.table.items()]
         return out
 
     def marked(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:
@@ -135,14 +133,14 @@ class MapReader:
                     for i in range(count)]
         return out
 
-    def _words_batched(self) -> list[tuple[bytes, list[int]]]:
-        key_size, width = ctypes.sizeof(self.table.Key), ctypes.sizeof(self.table.Leaf) // 8
-        keys = memoryview(self._keys).cast("B")
-        values = memoryview(self._values).cast("B").cast("Q")
-        out: list[tuple[bytes, list[int]]] = []
+    def _raw_batched(self) -> list[tuple[bytes, bytes]]:
+        key_size, value_size = ctypes.sizeof(self.table.Key), ctypes.sizeof(self.table.Leaf)
+        keys, values = memoryview(self._keys).cast("B"), memoryview(self._values).cast("B")
+        out: list[tuple[bytes, bytes]] = []
         for count in self._chunks():
             out += [(keys[i * key_size:(i + 1) * key_size].tobytes(),
-                     values[i * width:(i + 1) * width].tolist()) for i in range(count)]
+                     values[i * value_size:(i + 1) * value_size].tobytes())
+                    for i in range(count)]
         return out
 
     def _marked_batched(self, field: str, moved: Callable[[bytes, int], bool]) -> list[Marked]:

@@ -103,9 +103,9 @@ _THREAD_FIELDS = ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns", "volunta
 
 
 class ThreadLayout:
-    """Where thread_t's fields sit in its 8-byte words, as MapReader.words() gives them
-    (little-endian, as x86-64 and arm64): a flush reads thousands of threads on a big host,
-    and a ctypes value an entry cost it more than the rest of its work."""
+    """Where thread_t's fields sit in its 8-byte words (little-endian, as x86-64 and arm64):
+    a flush reads thousands of threads on a big host, and a ctypes value an entry cost it
+    more than the rest of its work."""
 
     def __init__(self, struct: type) -> None:
         def at(name: str) -> tuple[int, int, int]:
@@ -118,6 +118,24 @@ class ThreadLayout:
         if any(shift or mask != (1 << 64) - 1 for _, shift, mask in figures):
             raise ValueError(f"{struct.__name__}: a figure is not a whole 8-byte word")
         self.figures = operator.itemgetter(*(word for word, _, _ in figures))
+
+
+# A Seen's credit beside the TIMED_STATES indexes: a thread credited no time between flushes
+# (its state is still the one read from /proc); one that ended.
+NO_CREDIT = len(TIMED_STATES)
+DEAD = NO_CREDIT + 1
+
+
+# What a flush keeps of a thread, a tuple (a thread read in full costs its making, once a
+# second for each of thousands on a big host): a thread whose entry has the same bytes at
+# the next flush did nothing but stay in its state, and is said without a step of its own.
+#   raw     its entry as read; b"" where the next flush must read it in full anyway
+#   owner   the GPU process it is accounted to
+#   side    0: a thread of the GPU process, 1: of a worker
+#   credit  the TIMED_STATES index its time goes to while it stays; NO_CREDIT; DEAD
+#   tgid    its process
+#   totals  what was said of it up to the flush ``at`` (monotonic ns) that read it
+Seen = tuple[bytes, int, int, int, int, list[int], int]
 
 
 def _field(words: list[int], where: tuple[int, int, int]) -> int:
@@ -185,6 +203,19 @@ def _current_state(proc_root: str, pid: int, tid: int) -> int:
     return _PROC_STATES.get(state, ThreadState.SLEEPING)
 
 
+def _group() -> list:
+    """A GPU process's figures in a flush (see SchedProbe.flush)."""
+    zero = [0] * len(FIELDS)
+    return [zero, zero, 0, 0, set(), [0] * (NO_CREDIT + 1), [0] * (NO_CREDIT + 1)]
+
+
+def _with_quiet(figures: list[int], quiet: list[int], interval: int) -> list[int]:
+    """``figures`` with the ``interval`` of each thread that stayed in a state (``quiet``:
+    how many, by the state credited) added to that state's time."""
+    return [figure + quiet[i] * interval if i < NO_CREDIT else figure
+            for i, figure in enumerate(figures)]
+
+
 class SchedProbe:
     """``watch(process)`` a GPU process; ``flush()`` publishes a SchedStats per process."""
 
@@ -197,7 +228,7 @@ class SchedProbe:
         self._publish = publish
         self._bpf = None
         self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
-        self._last: dict[int, list[int]] = {}      # tid -> its figures said so far
+        self._seen: dict[bytes, Seen] = {}         # the tid's bytes (the map's key) -> Seen
         self._tgid: dict[int, int] = {}                  # tid -> its process
         self._last_flush = time.monotonic_ns()
         self.net_rx = NetRx.NONE
@@ -288,63 +319,99 @@ class SchedProbe:
             if which(thread.owner):
                 del self._watched[key]
                 self._hint(key.value, -1)
-                self._last.pop(key.value, None)
+                self._seen.pop(bytes(key), None)
                 self._tgid.pop(key.value, None)
 
     def idle(self) -> bool:
         """Nothing watched, nothing left to report."""
-        return not self.owners and not self._last
+        return not self.owners and not self._seen
 
     def flush(self, only_owner: int | None = None) -> None:
         """Publish, per watched GPU process, what its threads and workers did since the last
-        flush; drop the entries of threads that ended."""
+        flush; drop the entries of threads that ended.
+
+        Most threads of a GPU process wait at any moment (pools between parallel sections,
+        runtime threads): an entry read with the same bytes as at the last flush stayed in
+        its state all along, and is only counted, the interval credited to its state once
+        for all such threads of its process and side."""
         now_ktime = time.monotonic_ns()
-        interval = now_ktime - self._last_flush
+        last_flush = self._last_flush
+        interval = now_ktime - last_flush
         layout = self._layout
         figures_of, last_at = layout.figures, layout.last_ns[0]
         (owner_at, owner_shift, owner_mask), (state_at, state_shift, state_mask), \
             (seeded_at, seeded_shift, seeded_mask) = layout.owner, layout.state, layout.seeded
-        # owner -> [own figures, workers' figures, own threads, workers' threads, worker pids]
+        # owner -> [own figures, workers' figures, own threads, workers' threads, worker
+        # pids, own quiet threads by credit, workers' quiet threads by credit]
         per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
         zero = [0] * len(FIELDS)
-        said_before, tgids = self._last, self._tgid
+        seen_before, tgids = self._seen, self._tgid
         sub, add = operator.sub, operator.add
-        for key, words in self._watched_reader.words():
+        numa = self._node_time is not None
+        for key, raw in self._watched_reader.raw():
+            seen = seen_before.get(key)
+            if seen is not None and seen[0] == raw:       # it stayed in its state
+                _, owner, side, credit, tgid, _, _ = seen
+                if only_owner is not None and owner != only_owner:
+                    continue
+                group = per_owner.get(owner)
+                if group is None:
+                    group = per_owner[owner] = _group()
+                group[5 + side][credit] += 1
+                group[2 + side] += 1
+                if side:
+                    group[4].add(tgid)
+                continue
+            words = memoryview(raw).cast("Q").tolist()
             owner = words[owner_at] >> owner_shift & owner_mask
             if only_owner is not None and owner != only_owner:
                 continue
-            tid = int.from_bytes(key, "little")
             state = words[state_at] >> state_shift & state_mask
             totals = list(figures_of(words))
             # The time in its current state so far counts (a thread alone on a CPU may not
             # switch for seconds); not for a thread whose state is still the one read from
             # /proc: until the kernel's first event on it proves the state (settle() in
             # sched.bpf.c), crediting it could be undone.
-            last_ns = words[last_at]
-            if state < len(TIMED_STATES) and now_ktime > last_ns and \
-                    not words[seeded_at] >> seeded_shift & seeded_mask:
-                totals[state] += now_ktime - last_ns
-                if state == ThreadState.RUNNING and self._node_time is not None:
+            if state >= len(TIMED_STATES):
+                credit = DEAD
+            elif words[seeded_at] >> seeded_shift & seeded_mask:
+                credit = NO_CREDIT
+            else:
+                credit = state
+                last_ns = words[last_at]
+                if now_ktime > last_ns:
+                    totals[state] += now_ktime - last_ns
+                else:          # settled after this flush began: read it in full next time
+                    raw = b""
+                if numa and state == ThreadState.RUNNING:
                     node = self.cpu_nodes.get(_field(words, layout.cpu), 0)
                     running.setdefault(owner, [0] * self.numa_nodes)[node] += \
-                        now_ktime - last_ns
-            previous = said_before.get(tid, zero)
+                        max(0, now_ktime - last_ns)
+                    raw = b""      # its running slice goes to a node at each flush
+            if seen is None:
+                previous = zero
+            else:       # what was said of it up to the last flush, quiet ones included
+                previous = seen[5]
+                if seen[3] < NO_CREDIT and last_flush > seen[6]:
+                    previous = list(previous)
+                    previous[seen[3]] += last_flush - seen[6]
             said = list(map(sub, totals, previous))
             if min(said) < 0:          # a state corrected after it was said: said_since
                 said = said_since(totals, previous)
                 totals = list(map(add, previous, said))
-            said_before[tid] = totals
+            tid = int.from_bytes(key, "little")
             tgid = tgids.get(tid)
             if tgid is None:
                 tgid = tgids[tid] = read_tgid(tid, self.proc_root) or tid
+            side = 0 if tgid == owner else 1
+            seen_before[key] = (raw, owner, side, credit, tgid, totals, now_ktime)
             group = per_owner.get(owner)
             if group is None:
-                group = per_owner[owner] = [zero, zero, 0, 0, set()]
-            side = 0 if tgid == owner else 1
+                group = per_owner[owner] = _group()
             group[side] = list(map(add, group[side], said))
-            if state == ThreadState.DEAD:
+            if credit == DEAD:
                 dead.append(tid)
             else:
                 group[2 + side] += 1
@@ -353,25 +420,24 @@ class SchedProbe:
         for tid in dead:
             del self._watched[ctypes.c_uint32(tid)]
             self._hint(tid, -1)
-            self._last.pop(tid, None)
+            self._seen.pop(tid.to_bytes(4, "little"), None)
             self._tgid.pop(tid, None)
         if only_owner is None:
             self._last_flush = now_ktime
         ts = now_ns()
         by_node = self._node_deltas(only_owner, running)
-        for owner, (own_figures, workers_figures, own_threads, workers_threads,
-                    worker_pids) in per_owner.items():
+        for owner, group in per_owner.items():
             process = self.owners.get(owner)
             if process is None:
                 continue
-            own = {**dict(zip(FIELDS, own_figures, strict=True)), "threads": own_threads}
-            workers = {**dict(zip(FIELDS, workers_figures, strict=True)),
-                       "threads": workers_threads}
+            own, workers = ({**dict(zip(FIELDS, _with_quiet(group[side], group[5 + side],
+                                                            interval), strict=True)),
+                             "threads": group[2 + side]} for side in (0, 1))
             if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
                 for name in NET_FIELDS:
                     del own[name], workers[name]
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
-                                     workers=workers, worker_processes=len(worker_pids),
+                                     workers=workers, worker_processes=len(group[4]),
                                      node_on_cpu_ns=by_node.get(owner, [])))
 
     def _node_deltas(self, only_owner: int | None,
@@ -408,7 +474,7 @@ class SchedProbe:
         return self._bpf
 
     def counters(self) -> dict[str, int]:
-        return {"watched_processes": len(self.owners), "watched_threads": len(self._last),
+        return {"watched_processes": len(self.owners), "watched_threads": len(self._seen),
                 "dropped_watched_map_full": int(self._drops.sum(ctypes.c_int(0)).value),
                 # sched_switch events the kernel did not hand over (sched.bpf.c settle())
                 **{name: int(table.sum(ctypes.c_int(0)).value)

@@ -201,16 +201,20 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
                  f"{statistics.median(probes['bpf_kernel_mb_big_host']):.0f} MB with {big}, "
                  f"computed: per-CPU maps hold a value for each"))
     threads = 50 if quick else 100
-    out = subprocess.run([sys.executable, str(HERE / "bench_sidecar.py"), "--thread-flush",
-                          "--processes", "8", "--threads", str(threads)],
-                         capture_output=True, text=True, check=True).stdout
-    flush = json.loads(out.splitlines()[-1])
-    raw["thread_flush"] = flush
-    rows.append(figure(
-        "P3", f"probes: the scheduler's flush, 8 processes × {threads} threads", "ms",
-        [flush["ms_a_flush"]],
-        note=f"{flush['us_a_thread']:.1f} µs a watched thread, once a second; P3's stand-ins "
-             f"have one thread each, a real GPU process tens to hundreds"))
+    raw["thread_flush"] = {}
+    for busy, what in ((threads, "every thread waking every 50 ms"),
+                       (threads // 10, f"{threads // 10} of each {threads} waking every "
+                                       f"50 ms, the others asleep")):
+        out = subprocess.run([sys.executable, str(HERE / "bench_sidecar.py"), "--thread-flush",
+                              "--processes", "8", "--threads", str(threads),
+                              "--busy", str(busy)],
+                             capture_output=True, text=True, check=True).stdout
+        flush = raw["thread_flush"][busy] = json.loads(out.splitlines()[-1])
+        rows.append(figure(
+            "P3", f"probes: the scheduler's flush, 8 processes × {threads} threads, {what}",
+            "ms", [flush["ms_a_flush"]],
+            note=f"{flush['us_a_thread']:.1f} µs a watched thread, once a second; P3's "
+                 f"stand-ins have one thread each, a real GPU process tens to hundreds"))
     out = subprocess.run([sys.executable, str(HERE / "bench_sidecar.py"), "--probes-memory"],
                          capture_output=True, text=True, check=True).stdout
     trim = json.loads(out.splitlines()[-1])

@@ -75,8 +75,11 @@ NOTES = """
   (`/proc/PID/fdinfo`): locked kernel memory, in no process's RSS; the note computes what
   the maps would hold with 224 possible CPUs (a per-CPU map keeps a value for each). "The
   scheduler's flush" is the sched probe's flush alone, in thread CPU, with 8 processes of
-  100 real threads (`bench_sidecar.py --thread-flush`): the stand-ins above have one thread
-  each, a real GPU process tens to hundreds, and a flush reads every watched thread.
+  100 real threads (`bench_sidecar.py --thread-flush`), every thread waking every 50 ms (the
+  worst case: every entry moved) and 10 of each 100 (the others asleep on a futex, as a
+  runtime's pools between parallel sections): the stand-ins above have one thread each, a
+  real GPU process tens to hundreds. A flush copies every watched thread's entry out of the
+  kernel, and reads in full only those that moved.
 - **P4**: a publisher process sends a realistic mix of events as fast as it can, in batch
   messages of 256 events in runs of a topic (as the probes' flush sends its per-process
   figures), and again a message per event (the reference); the real correlator writes them

@@ -31,9 +31,10 @@ without its dependencies (this environment's) into a temporary folder.
 loading and after glibc's malloc_trim(0) (what probes/service.py now does).
 
 --thread-flush loads the sched probe alone and times its flush (thread CPU) with
---processes processes of --threads threads each, every thread waking every 50 ms: a real GPU
-process has tens to hundreds of threads (runtime, NCCL, OpenMP pools, data loaders), the
-stand-ins above one, and a flush reads every thread.
+--processes processes of --threads threads each, --busy of them (default all) waking every
+50 ms and the others asleep: a real GPU process has tens to hundreds of threads (runtime,
+NCCL, OpenMP pools, data loaders), most of them waiting at any moment; the stand-ins above
+have one.
 """
 
 from __future__ import annotations
@@ -156,30 +157,35 @@ def probes_memory() -> dict[str, dict[str, float]]:
     return result
 
 
-# A process of THREADS threads, each waking every 50 ms for a little work, that prints a
-# line once they all run.
+# A process of THREADS threads, BUSY of them (the main thread counted) waking every 50 ms
+# for a little work and the others asleep on a futex until it ends, as the pool threads of a
+# runtime between its parallel sections; it prints a line once they all run.
 _THREADED = """
 import sys, threading, time
 def work():
     while True:
         time.sleep(0.05)
         sum(range(2000))
-for _ in range(int(sys.argv[1]) - 1):
-    threading.Thread(target=work, daemon=True).start()
+threads, busy = int(sys.argv[1]), int(sys.argv[2])
+for i in range(threads - 1):
+    target = work if i < busy - 1 else threading.Event().wait
+    threading.Thread(target=target, daemon=True).start()
 print(flush=True)
-time.sleep(3600)
+work()
 """
 
 
 def thread_flush(processes: int = 8, threads: int = 100, flushes: int = 30,
-                 every: float = 0.2) -> dict:
+                 every: float = 0.2, busy: int | None = None) -> dict:
     """The sched probe's flush, timed in this thread's CPU: ms a flush and µs a watched
-    thread, with ``processes`` processes of ``threads`` threads."""
+    thread, with ``processes`` processes of ``threads`` threads, ``busy`` of each (all by
+    default) waking every 50 ms and the others asleep."""
+    busy = threads if busy is None else busy
     from gpuwhy.config import load_config
     from gpuwhy.probes.sched import SchedProbe
     from gpuwhy.proc import process_key
 
-    children = [subprocess.Popen([sys.executable, "-c", _THREADED, str(threads)],
+    children = [subprocess.Popen([sys.executable, "-c", _THREADED, str(threads), str(busy)],
                                  stdout=subprocess.PIPE) for _ in range(processes)]
     try:
         for child in children:
@@ -210,7 +216,7 @@ def thread_flush(processes: int = 8, threads: int = 100, flushes: int = 30,
             child.kill()
             child.wait()
     per_flush = statistics.median(spent)
-    return {"processes": processes, "threads": threads, "watched_threads": watched,
+    return {"processes": processes, "threads": threads, "busy": busy, "watched_threads": watched,
             "flushes": flushes, "events": len(events), "ms_a_flush": per_flush * 1e3,
             "us_a_thread": per_flush / max(watched, 1) * 1e6}
 
@@ -508,6 +514,8 @@ def main() -> None:
     parser.add_argument("--thread-flush", action="store_true",
                         help="time the sched probe's flush with --processes x --threads")
     parser.add_argument("--threads", type=int, default=100)
+    parser.add_argument("--busy", type=int, default=None,
+                        help="--thread-flush: threads of each process that wake (default all)")
     args = parser.parse_args()
     if args.against is not None:
         try:
@@ -520,7 +528,7 @@ def main() -> None:
         print(json.dumps(probes_memory()))
         return
     if args.thread_flush:
-        print(json.dumps(thread_flush(args.processes, args.threads)))
+        print(json.dumps(thread_flush(args.processes, args.threads, busy=args.busy)))
         return
     if args.against is not None:
         with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-against-") as tmp:

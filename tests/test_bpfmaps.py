@@ -229,18 +229,19 @@ def test_a_field_that_is_not_an_aligned_word_is_refused():
 
 
 @pytest.mark.parametrize("batched", [True, False])
-def test_words_are_each_values_8_byte_words_by_key(batched):
+def test_raw_entries_are_each_keys_and_values_bytes(batched):
     table = PlainTable({1: 10, 2: 20, 3: 30})
     table.values[2].latency_sum_ns = 7
-    table.values[3].buckets[1] = 1                 # u32 buckets: two to a word
     reader = MapReader(table, chunk=2,
                        lookup_batch=Kernel(table, fail=0 if batched else errno.EINVAL))
-    words = {Key.from_buffer_copy(key).id: value for key, value in reader.words()}
-    assert words[1] == [10, 0, 0, 0, 0] and words[2] == [20, 7, 0, 0, 0]
-    assert words[3] == [30, 0, 1 << 32, 0, 0]
+    raw = {Key.from_buffer_copy(key).id: value for key, value in reader.raw()}
+    assert raw == {tid: bytes(value) for tid, value in table.values.items()}
+    assert len(raw[2]) == ctypes.sizeof(PlainTable.Leaf)
+    assert PlainTable.Leaf.from_buffer_copy(raw[2]).latency_sum_ns == 7
 
 
-def test_words_of_a_per_cpu_map_are_refused():
+def test_raw_entries_of_a_per_cpu_map_hold_every_cpus_value():
     table = StatsTable({1: (1, 2, 3)})
-    with pytest.raises(ValueError, match="not a struct of 8-byte words"):
-        MapReader(table, lookup_batch=Kernel(table)).words()
+    (key, value), = MapReader(table, lookup_batch=Kernel(table)).raw()
+    assert Key.from_buffer_copy(key).id == 1
+    assert [cpu.count for cpu in StatsTable.Leaf.from_buffer_copy(value)] == [1, 2, 3]
