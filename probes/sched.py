@@ -205,13 +205,14 @@ def _current_state(proc_root: str, pid: int, tid: int) -> int:
 
 def _group() -> list:
     """A GPU process's figures in a flush (see SchedProbe.flush)."""
-    zero = [0] * len(FIELDS)
-    return [zero, zero, 0, 0, set(), [0] * (NO_CREDIT + 1), [0] * (NO_CREDIT + 1)]
+    return [[], [], 0, 0, set(), [0] * (NO_CREDIT + 1), [0] * (NO_CREDIT + 1)]
 
 
-def _with_quiet(figures: list[int], quiet: list[int], interval: int) -> list[int]:
-    """``figures`` with the ``interval`` of each thread that stayed in a state (``quiet``:
+def _figures(said: list[list[int]], quiet: list[int], interval: int) -> list[int]:
+    """The FIELDS of one side of a GPU process for a flush: what was ``said`` of each thread
+    read in full, added up, and the ``interval`` of each that stayed in a state (``quiet``:
     how many, by the state credited) added to that state's time."""
+    figures = [sum(column) for column in zip(*said, strict=True)] if said else [0] * len(FIELDS)
     return [figure + quiet[i] * interval if i < NO_CREDIT else figure
             for i, figure in enumerate(figures)]
 
@@ -341,8 +342,8 @@ class SchedProbe:
         figures_of, last_at = layout.figures, layout.last_ns[0]
         (owner_at, owner_shift, owner_mask), (state_at, state_shift, state_mask), \
             (seeded_at, seeded_shift, seeded_mask) = layout.owner, layout.state, layout.seeded
-        # owner -> [own figures, workers' figures, own threads, workers' threads, worker
-        # pids, own quiet threads by credit, workers' quiet threads by credit]
+        # owner -> [what was said of each own thread read in full, of each worker's, own
+        # threads, workers' threads, worker pids, own quiet threads by credit, workers']
         per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
@@ -401,18 +402,21 @@ class SchedProbe:
             if min(said) < 0:          # a state corrected after it was said: said_since
                 said = said_since(totals, previous)
                 totals = list(map(add, previous, said))
-            tid = int.from_bytes(key, "little")
-            tgid = tgids.get(tid)
-            if tgid is None:
-                tgid = tgids[tid] = read_tgid(tid, self.proc_root) or tid
+            if seen is not None:
+                tgid = seen[4]
+            else:
+                tid = int.from_bytes(key, "little")
+                tgid = tgids.get(tid)
+                if tgid is None:
+                    tgid = tgids[tid] = read_tgid(tid, self.proc_root) or tid
             side = 0 if tgid == owner else 1
             seen_before[key] = (raw, owner, side, credit, tgid, totals, now_ktime)
             group = per_owner.get(owner)
             if group is None:
                 group = per_owner[owner] = _group()
-            group[side] = list(map(add, group[side], said))
+            group[side].append(said)
             if credit == DEAD:
-                dead.append(tid)
+                dead.append(int.from_bytes(key, "little"))
             else:
                 group[2 + side] += 1
                 if side:
@@ -430,8 +434,8 @@ class SchedProbe:
             process = self.owners.get(owner)
             if process is None:
                 continue
-            own, workers = ({**dict(zip(FIELDS, _with_quiet(group[side], group[5 + side],
-                                                            interval), strict=True)),
+            own, workers = ({**dict(zip(FIELDS, _figures(group[side], group[5 + side],
+                                                         interval), strict=True)),
                              "threads": group[2 + side]} for side in (0, 1))
             if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
                 for name in NET_FIELDS:
