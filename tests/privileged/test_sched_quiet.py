@@ -72,6 +72,10 @@ def test_threads_that_stayed_asleep_are_said_asleep_for_the_whole_interval(tmp_c
         time.sleep(0.15)
         probe.flush()
         after = published[-1]
+        time.sleep(0.15)
+        probe.unwatch(pool.pid)       # its last figures, then its threads are forgotten
+        last = published[-1]
+        left = probe.counters()["watched_threads"], probe.idle()
     finally:
         probe.close()
         pool.kill()
@@ -87,3 +91,7 @@ def test_threads_that_stayed_asleep_are_said_asleep_for_the_whole_interval(tmp_c
     assert sum(woken.own[state] for state in STATES) == threads * woken.interval_ns, woken
     assert woken.own["on_cpu_ns"] > 0 and woken.own["voluntary_switches"] >= threads, woken
     assert after.own["sleep_ns"] == threads * after.interval_ns, after
+    # unwatched: said up to then, though no flush of all processes moved the interval's start
+    assert last is not after and last.own["threads"] == threads
+    assert last.own["sleep_ns"] == threads * last.interval_ns >= threads * 100_000_000, last
+    assert left == (0, True)
