@@ -30,6 +30,10 @@ class Setting:
         return type(self.default)
 
 
+# The probes' kernel maps a setting sizes: a map is created whole, preallocated.
+MIN_MAP_ENTRIES, MAX_MAP_ENTRIES = 256, 1 << 20
+MAP_SIZES = ("probes.max_threads", "probes.max_call_stats")
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("store.path", "/var/lib/gpuwhy/gpuwhy.db", "GPUWHY_DB",
             "SQLite database file (WAL mode; the -wal and -shm files sit beside it)"),
@@ -73,6 +77,16 @@ SETTINGS: tuple[Setting, ...] = (
             "is counted in the statistics (0: report each)"),
     Setting("probes.sched", True, "GPUWHY_SCHED",
             "trace the scheduler for processes that use the GPU, their threads and workers"),
+    Setting("probes.max_threads", 16384, "GPUWHY_MAX_THREADS",
+            "threads (of GPU processes and their workers) the scheduler probe follows at most: "
+            "the size of its kernel map, locked memory whose every slot each flush walks. "
+            "Past it new threads are not followed, counted as dropped_watched_map_full "
+            f"({MIN_MAP_ENTRIES} to {MAX_MAP_ENTRIES})"),
+    Setting("probes.max_call_stats", 16384, "GPUWHY_MAX_CALL_STATS",
+            "driver-call statistics (one per process, file, command and sub-operation) the "
+            "kernel keeps at most: the size of its map, locked memory whose every slot each "
+            "flush walks. Past it a new one is not kept, counted as stats_map_full "
+            f"({MIN_MAP_ENTRIES} to {MAX_MAP_ENTRIES})"),
     # --- cuda settings ---
     Setting("probes.cuda_uprobes", False, "GPUWHY_CUDA_UPROBES",
             "attach uprobes to the CUDA libraries (libcuda, libcudart) of GPU processes: "
@@ -337,6 +351,9 @@ def _coerce(setting: Setting, value: Any, source: str) -> Any:
                           source=source, key=setting.name)
     if setting.name == "web.port" and not 0 <= value <= 65535:
         raise ConfigError(f"port out of range: {value}", source=source, key=setting.name)
+    if setting.name in MAP_SIZES and not MIN_MAP_ENTRIES <= value <= MAX_MAP_ENTRIES:
+        raise ConfigError(f"expected {MIN_MAP_ENTRIES} to {MAX_MAP_ENTRIES}, got {value}",
+                          source=source, key=setting.name)
     if setting.name == "web.max_connections" and not 1 <= value <= MAX_WEB_CONNECTIONS:
         raise ConfigError(f"expected 1 to {MAX_WEB_CONNECTIONS}, got {value}", source=source,
                           key=setting.name)

@@ -138,7 +138,8 @@ BPF_ARRAY(notable_hint, u32, NOTABLE_HINT_SLOTS);   // most controls are ruled o
 BPF_HASH(memory_classes, u32, u32, MAX_MEMORY_CLASSES);
 // One value for all CPUs, added to atomically: a per-CPU value is kept for every possible
 // CPU and preallocated for every entry, 168 bytes x 224 x 65,536 = 2.5 GB of kernel memory
-// on a 224-CPU host, for a map that holds a few hundred entries a GPU process.
+// on a 224-CPU host, for a map that holds a few hundred entries a GPU process. MAX_STATS
+// is probes.max_call_stats: each flush's batch read walks every slot, used or not.
 BPF_HASH(op_stats, struct stats_key_t, struct stats_t, MAX_STATS);
 BPF_ARRAY(stats_zero, struct stats_t, 1);   // a new aggregate's first value: see sys_exit_ioctl
 BPF_TABLE("lru_hash", struct repeat_key_t, u64, recent_calls, MAX_RECENT_CALLS);

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpuwhy.caps import can_load_bpf
 from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter, now_ns
-from gpuwhy.config import Config
+from gpuwhy.config import SETTINGS_BY_NAME, Config
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
 from gpuwhy.events import DriverCall, Event, ProcessSeen, SourceHealth
 from gpuwhy.identity import classify_device
@@ -121,7 +121,6 @@ PREFIX_LEN = 64            # of the device path, compared in the kernel
 PATH_LEN = 128             # a record's data: the path, version string or GPU ids
 HINT_SLOTS = 1 << 16       # per-pid hint arrays (a power of two: the C masks)
 MAX_TRACKED = 65536
-MAX_STATS = 65536
 MAX_RECENT_CALLS = 4096    # kinds of failed or big calls remembered for repeated() in the C
 RINGBUF_PAGES = 256
 DECODE_VARIANTS = 3        # layouts per decode slot
@@ -147,10 +146,12 @@ def notable_hint_slot(control: int) -> int:
     return ((control * NOTABLE_HASH_MULTIPLIER) & 0xFFFFFFFF) >> (32 - NOTABLE_HINT_BITS)
 
 
-def bpf_defines() -> dict[str, Define]:
-    """Every constant fdtrack.bpf.c shares with Python, by its C name."""
+def bpf_defines(max_stats: int = SETTINGS_BY_NAME["probes.max_call_stats"].default
+                ) -> dict[str, Define]:
+    """Every constant fdtrack.bpf.c shares with Python, by its C name; ``max_stats``: the
+    driver-call statistics it keeps at most (probes.max_call_stats)."""
     return {
-        "HINT_SLOTS": HINT_SLOTS, "MAX_TRACKED": MAX_TRACKED, "MAX_STATS": MAX_STATS,
+        "HINT_SLOTS": HINT_SLOTS, "MAX_TRACKED": MAX_TRACKED, "MAX_STATS": max_stats,
         "MAX_RECENT_CALLS": MAX_RECENT_CALLS,
         "RINGBUF_PAGES": RINGBUF_PAGES, "DECODE_VARIANTS": DECODE_VARIANTS,
         "DECODE_SLOTS": DECODE_SLOTS, "UVM_SLOT_BASE": UVM_SLOT_BASE,
@@ -252,6 +253,7 @@ class FdTrackProbe:
         self.device_glob: str = config["probes.device_glob"]
         self.poll_interval: float = config["probes.poll_interval"]
         self.proc_root: str = config["probes.proc_root"]
+        self.max_call_stats: int = config["probes.max_call_stats"]
         self.slow_ns = int(config["probes.slow_call_ms"] * 1_000_000)
         self.big_bytes: int = config["probes.big_alloc_bytes"]
         self.error_events_per_sec: int = config["probes.error_events_per_second"]
@@ -288,7 +290,7 @@ class FdTrackProbe:
 
     def load(self) -> None:
         """Compile, attach, configure, then scan /proc (attach first: no gap)."""
-        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, cflags(bpf_defines(self.max_call_stats)))
         self._events = bpf[b"events"]
         self._tracked = bpf[b"tracked"]
         self._hint_user = bpf[b"proc_hint_user"]

@@ -42,6 +42,7 @@ struct thread_t {
     u64 slept_ns;            // its last sleep, until it switches out again or receives
 };
 
+// MAX_WATCHED is probes.max_threads: each flush's batch read walks every slot, used or not.
 BPF_HASH(watched, u32, struct thread_t, MAX_WATCHED);
 BPF_ARRAY(watch_hint, s32, HINT_SLOTS);        // kernel's own additions (births)
 BPF_ARRAY(watch_hint_user, s32, HINT_SLOTS);   // user space's additions and removals

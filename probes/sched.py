@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwhy.clock import now_ns
-from gpuwhy.config import Config
+from gpuwhy.config import SETTINGS_BY_NAME, Config
 from gpuwhy.events import Event, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 NAME = "sched"
 BPF_SOURCE = Path(__file__).with_name("sched.bpf.c")
 HINT_SLOTS = 1 << 16       # a power of two: the C masks
-MAX_WATCHED = 65536
 MAX_CPUS = 4096            # CPUs the node map holds (a CPU above it counts as node 0)
 MAX_NODE_KEYS = 8192       # (GPU process, node) pairs
 
@@ -76,11 +75,14 @@ def net_rx_hook(tracefs: tuple[str, ...] = TRACEFS) -> NetRx:
     return NetRx.KPROBE
 
 
-def bpf_defines(numa_nodes: int = 1, net_rx: NetRx = NetRx.TRACEPOINT) -> dict[str, Define]:
+def bpf_defines(numa_nodes: int = 1, net_rx: NetRx = NetRx.TRACEPOINT,
+                max_watched: int = SETTINGS_BY_NAME["probes.max_threads"].default
+                ) -> dict[str, Define]:
     """Every constant sched.bpf.c shares with Python, by its C name; ``numa_nodes`` is the
     host's (the per-node accounting is compiled in only where there are several), ``net_rx``
-    the hook the kernel offers for received bytes."""
-    return {"HINT_SLOTS": HINT_SLOTS, "MAX_WATCHED": MAX_WATCHED, "NUMA_NODES": numa_nodes,
+    the hook the kernel offers for received bytes, ``max_watched`` the threads it follows
+    at most (probes.max_threads)."""
+    return {"HINT_SLOTS": HINT_SLOTS, "MAX_WATCHED": max_watched, "NUMA_NODES": numa_nodes,
             "MAX_CPUS": MAX_CPUS, "MAX_NODE_KEYS": MAX_NODE_KEYS,
             **enum_defines("ST_", ThreadState), **enum_defines("NET_RX_", NetRx),
             "NET_RX": net_rx, "NET_WAIT_WINDOW_NS": NET_WAIT_WINDOW_NS,
@@ -222,6 +224,7 @@ class SchedProbe:
 
     def __init__(self, config: Config, publish: Callable[[Event], object]):
         self.proc_root: str = config["probes.proc_root"]
+        self.max_threads: int = config["probes.max_threads"]
         self.cpu_nodes = cpu_nodes(config["probes.sys_root"])
         self.numa_nodes = max(self.cpu_nodes.values(), default=0) + 1
         self._node_last: dict[tuple[int, int], int] = {}  # (owner, node) -> ns at last flush
@@ -236,7 +239,8 @@ class SchedProbe:
 
     def load(self) -> None:
         hook = net_rx_hook()
-        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, cflags(bpf_defines(self.numa_nodes, hook)))
+        self._bpf = bpf = load_bpf(NAME, BPF_SOURCE, cflags(bpf_defines(self.numa_nodes, hook,
+                                                                        self.max_threads)))
         if hook == NetRx.KPROBE:
             try:
                 bpf.attach_kprobe(event=NET_RX_KPROBE.encode(), fn_name=b"on_tcp_cleanup_rbuf")

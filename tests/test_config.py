@@ -41,6 +41,8 @@ def test_config_path_from_environment(tmp_path):
     ("[web]\nport = \"eighty\"\n", "expected int"),
     ("[web]\nport = true\n", "boolean"),
     ("[web]\nport = 70000\n", "out of range"),
+    ("[probes]\nmax_threads = 16\n", "expected 256 to 1048576, got 16"),
+    ("[probes]\nmax_call_stats = 4194304\n", "expected 256 to 1048576"),
     ("[log]\nlevel = \"loud\"\n", "expected one of"),
     ("[web\nport = 1\n", "invalid TOML"),
     ("surprise = 1\n", "surprise"),
@@ -61,6 +63,11 @@ def test_unreadable_and_non_utf8_files(tmp_path):
     binary.write_bytes(b"\xff\xfe[web]")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config(binary, environ={})
+
+
+def test_the_probes_map_sizes_are_read_from_the_environment():
+    config = load_config(environ={"GPUWHY_MAX_THREADS": "4096", "GPUWHY_MAX_CALL_STATS": "512"})
+    assert (config["probes.max_threads"], config["probes.max_call_stats"]) == (4096, 512)
 
 
 def test_bad_environment_value():
