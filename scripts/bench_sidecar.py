@@ -171,7 +171,7 @@ for i in range(threads - 1):
     target = work if i < busy - 1 else threading.Event().wait
     threading.Thread(target=target, daemon=True).start()
 print(flush=True)
-work()
+work() if busy else time.sleep(3600)
 """
 
 

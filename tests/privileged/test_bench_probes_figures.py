@@ -35,8 +35,8 @@ def test_a_per_cpu_maps_values_count_for_every_possible_cpu_and_a_plain_maps_do_
 def test_the_scheduler_flush_is_timed_over_every_thread_of_its_processes():
     """bench_sidecar.thread_flush: real processes of several threads, each watched, one
     event a process a flush."""
-    result = bench_sidecar.thread_flush(processes=2, threads=5, flushes=4, every=0.05)
-    assert result["watched_threads"] == 10
+    result = bench_sidecar.thread_flush(processes=2, threads=5, flushes=4, every=0.05, busy=1)
+    assert result["watched_threads"] == 10 and result["busy"] == 1
     assert result["events"] == 2 * 4
     assert result["ms_a_flush"] > 0 and result["us_a_thread"] == \
         pytest.approx(result["ms_a_flush"] * 1000 / 10)
