@@ -340,91 +340,35 @@ class SchedProbe:
         its state all along, and is only counted, the interval credited to its state once
         for all such threads of its process and side."""
         now_ktime = time.monotonic_ns()
-        last_flush = self._last_flush
-        interval = now_ktime - last_flush
-        layout = self._layout
-        figures_of, last_at = layout.figures, layout.last_ns[0]
-        (owner_at, owner_shift, owner_mask), (state_at, state_shift, state_mask), \
-            (seeded_at, seeded_shift, seeded_mask) = layout.owner, layout.state, layout.seeded
+        interval = now_ktime - self._last_flush
         # owner -> [what was said of each own thread read in full, of each worker's, own
         # threads, workers' threads, worker pids, own quiet threads by credit, workers']
         per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
-        zero = [0] * len(FIELDS)
-        seen_before, tgids = self._seen, self._tgid
-        sub, add = operator.sub, operator.add
-        numa = self._node_time is not None
+        seen_before = self._seen
         for key, raw in self._watched_reader.raw():
             seen = seen_before.get(key)
-            if seen is not None and seen[0] == raw:       # it stayed in its state
-                _, owner, side, credit, tgid, _, _ = seen
-                if only_owner is not None and owner != only_owner:
-                    continue
-                group = per_owner.get(owner)
-                if group is None:
-                    group = per_owner[owner] = _group()
-                group[5 + side][credit] += 1
-                group[2 + side] += 1
-                if side:
-                    group[4].add(tgid)
-                continue
-            words = memoryview(raw).cast("Q").tolist()
-            owner = words[owner_at] >> owner_shift & owner_mask
+            said = None                    # None: it stayed in its state since the last flush
+            if seen is None or seen[0] != raw:
+                seen, said = self._read(key, raw, seen, now_ktime, running)
+            _, owner, side, credit, tgid, _, _ = seen
             if only_owner is not None and owner != only_owner:
                 continue
-            state = words[state_at] >> state_shift & state_mask
-            totals = list(figures_of(words))
-            # The time in its current state so far counts (a thread alone on a CPU may not
-            # switch for seconds); not for a thread whose state is still the one read from
-            # /proc: until the kernel's first event on it proves the state (settle() in
-            # sched.bpf.c), crediting it could be undone.
-            if state >= len(TIMED_STATES):
-                credit = DEAD
-            elif words[seeded_at] >> seeded_shift & seeded_mask:
-                credit = NO_CREDIT
-            else:
-                credit = state
-                last_ns = words[last_at]
-                if now_ktime > last_ns:
-                    totals[state] += now_ktime - last_ns
-                else:          # settled after this flush began: read it in full next time
-                    raw = b""
-                if numa and state == ThreadState.RUNNING:
-                    node = self.cpu_nodes.get(_field(words, layout.cpu), 0)
-                    running.setdefault(owner, [0] * self.numa_nodes)[node] += \
-                        max(0, now_ktime - last_ns)
-                    raw = b""      # its running slice goes to a node at each flush
-            if seen is None:
-                previous = zero
-            else:       # what was said of it up to the last flush, quiet ones included
-                previous = seen[5]
-                if seen[3] < NO_CREDIT and last_flush > seen[6]:
-                    previous = list(previous)
-                    previous[seen[3]] += last_flush - seen[6]
-            said = list(map(sub, totals, previous))
-            if min(said) < 0:          # a state corrected after it was said: said_since
-                said = said_since(totals, previous)
-                totals = list(map(add, previous, said))
-            if seen is not None:
-                tgid = seen[4]
-            else:
-                tid = int.from_bytes(key, "little")
-                tgid = tgids.get(tid)
-                if tgid is None:
-                    tgid = tgids[tid] = read_tgid(tid, self.proc_root) or tid
-            side = 0 if tgid == owner else 1
-            seen_before[key] = (raw, owner, side, credit, tgid, totals, now_ktime)
             group = per_owner.get(owner)
             if group is None:
                 group = per_owner[owner] = _group()
-            group[side].append(said)
-            if credit == DEAD:
-                dead.append(int.from_bytes(key, "little"))
+            if said is None:
+                group[5 + side][credit] += 1
             else:
-                group[2 + side] += 1
-                if side:
-                    group[4].add(tgid)
+                seen_before[key] = seen
+                group[side].append(said)
+                if credit == DEAD:
+                    dead.append(int.from_bytes(key, "little"))
+                    continue
+            group[2 + side] += 1
+            if side:
+                group[4].add(tgid)
         for tid in dead:
             del self._watched[ctypes.c_uint32(tid)]
             self._hint(tid, -1)
@@ -447,6 +391,55 @@ class SchedProbe:
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
                                      workers=workers, worker_processes=len(group[4]),
                                      node_on_cpu_ns=by_node.get(owner, [])))
+
+    def _read(self, key: bytes, raw: bytes, seen: Seen | None, now_ktime: int,
+              running: dict[int, list[int]]) -> tuple[Seen, list[int]]:
+        """A thread's entry that moved since the last flush (or is new), read in full at
+        ``now_ktime``: what to keep of it, and what it did since it was last said (``seen``:
+        what the last flush kept). Its running slice so far goes to ``running`` by node."""
+        layout = self._layout
+        (owner_at, owner_shift, owner_mask), (state_at, state_shift, state_mask), \
+            (seeded_at, seeded_shift, seeded_mask) = layout.owner, layout.state, layout.seeded
+        words = memoryview(raw).cast("Q").tolist()
+        owner = words[owner_at] >> owner_shift & owner_mask
+        state = words[state_at] >> state_shift & state_mask
+        totals = list(layout.figures(words))
+        # The time in its current state so far counts (a thread alone on a CPU may not
+        # switch for seconds); not for a thread whose state is still the one read from
+        # /proc: until the kernel's first event on it proves the state (settle() in
+        # sched.bpf.c), crediting it could be undone.
+        if state >= len(TIMED_STATES):
+            credit = DEAD
+        elif words[seeded_at] >> seeded_shift & seeded_mask:
+            credit = NO_CREDIT
+        else:
+            credit = state
+            last_ns = words[layout.last_ns[0]]
+            if now_ktime > last_ns:
+                totals[state] += now_ktime - last_ns
+            else:              # settled after this flush began: read it in full next time
+                raw = b""
+            if self._node_time is not None and state == ThreadState.RUNNING:
+                node = self.cpu_nodes.get(_field(words, layout.cpu), 0)
+                running.setdefault(owner, [0] * self.numa_nodes)[node] += \
+                    max(0, now_ktime - last_ns)
+                raw = b""          # its running slice goes to a node at each flush
+        if seen is None:
+            previous = [0] * len(FIELDS)
+            tid = int.from_bytes(key, "little")
+            tgid = self._tgid.get(tid)
+            if tgid is None:
+                tgid = self._tgid[tid] = read_tgid(tid, self.proc_root) or tid
+        else:           # what was said of it up to the last flush, quiet ones included
+            previous, tgid = seen[5], seen[4]
+            if seen[3] < NO_CREDIT and self._last_flush > seen[6]:
+                previous = list(previous)
+                previous[seen[3]] += self._last_flush - seen[6]
+        said = list(map(operator.sub, totals, previous))
+        if min(said) < 0:              # a state corrected after it was said: said_since
+            said = said_since(totals, previous)
+            totals = list(map(operator.add, previous, said))
+        return (raw, owner, 0 if tgid == owner else 1, credit, tgid, totals, now_ktime), said
 
     def _node_deltas(self, only_owner: int | None,
                      running: dict[int, list[int]]) -> dict[int, list[int]]:
