@@ -238,10 +238,19 @@ def test_a_switch_out_the_kernel_never_delivered_is_counted(tmp_config):
 
     probe = SchedProbe(tmp_config, lambda event: None)
     probe.load()
-    sleeper = _asleep(1.0)                                # asleep now, for 0.7 s more
+    # Three naps, each announced by a line: the kernel itself loses a few switches in a
+    # thousand, and a lost switch-in here would lose the one event the test is about.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\n"
+                                "for _ in range(3):\n"
+                                "    print(flush=True); time.sleep(0.4)\n"
+                                "print(flush=True)"], stdout=subprocess.PIPE)
     try:
+        sleeper.stdout.readline()
         probe.watch(process_key(sleeper.pid))
-        _rewrite(probe, sleeper.pid, state=ThreadState.RUNNING, seeded=0)  # no switch-out came
+        for _ in range(3):
+            time.sleep(0.1)                               # asleep now, for 0.3 s more
+            _rewrite(probe, sleeper.pid, state=ThreadState.RUNNING, seeded=0)  # no switch-out
+            sleeper.stdout.readline()                     # it woke and ran
         sleeper.wait(10)
         counters = probe.counters()
     finally:
