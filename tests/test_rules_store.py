@@ -13,7 +13,7 @@ from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.runner import env_keys, run_rules
-from gpuwhy.correlator.rules.signals import Scope
+from gpuwhy.correlator.rules.signals import FORGET_NS, TRIM_NS, Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals, read_environ
 from gpuwhy.events import (
     DeviceOpened,
@@ -376,3 +376,40 @@ def test_call_counts_add_up_operations_sent_only_when_they_moved(db_path):
     store = StoreSignals(open_store(db_path, readonly=True))
     store.begin(base + 3 * NS)
     assert store.series(scope, "proc.ioctl.total", base, base + 3 * NS)[-1][1] == 14
+
+
+def test_rows_are_held_only_as_far_back_as_the_windows_asked_lately(db_path):
+    """Between rounds the signals hold what the rules' windows reach, not every hour since
+    the start: a minute's window asked for 40 minutes holds about a minute of rows; a half
+    hour asked once holds its half hour until nobody asked for it in FORGET_NS; a process
+    nobody asks about any more is let go. Every answer is what a fresh reader reads."""
+    db = open_store(db_path)
+    start = 1_764_000_000 * NS
+    fill(db, "healthy-training", 5400, start)
+    gpu = db.execute("select id from gpus order by id").fetchone()[0]
+    signals = StoreSignals(db)
+
+    def ask(t: int, seconds: int, reader: StoreSignals = signals,
+            process: bool = False) -> list:
+        now = start + t * NS
+        reader.begin(now)
+        if process:
+            reader.call_rows(TRAINER, now - seconds * NS, now)
+            return reader.series(Scope(gpu, TRAINER), "proc.oncpu_frac", now - seconds * NS,
+                                 now)
+        return reader.series(Scope(gpu, None), "gpu.util", now - seconds * NS, now)
+
+    assert ask(600, 60, process=True) == ask(600, 60, StoreSignals(db), process=True) != []
+    for t in range(610, 3000, 10):              # 40 minutes of one-minute windows
+        assert len(ask(t, 60)) == 61
+    held_minute = signals.held_rows()
+    assert 61 <= held_minute <= 61 + TRIM_NS // NS + 2 + 400    # + the process's, for now
+
+    half_hour = ask(3000, 1800)
+    assert half_hour == ask(3000, 1800, StoreSignals(db)) and len(half_hour) == 1801
+    assert signals.held_rows() >= 1801
+    forgotten = 3000 + FORGET_NS // NS + 20
+    for t in range(3010, forgotten + 1, 10):    # one-minute windows again
+        assert ask(t, 60) == ask(t, 60, StoreSignals(db))
+    assert signals.held_rows() <= 61 + TRIM_NS // NS + 1    # the half hour and the process gone
+    assert TRAINER not in signals._snapshots

@@ -51,7 +51,11 @@ from gpuwhy.rules.vocabulary import (
 Series = list[tuple[int, float]]
 MAX_TEXT = 4096
 LATE_NS = 5 * 10**9          # rows may reach the store this late: derived again
-KEEP_NS = 2 * 3600 * 10**9   # derived series are kept this far back (windows are shorter)
+# Rows are held back as far as the longest window asked of them in the last FORGET_NS (longer
+# than a rule's cadence: a rule asks at each of its rounds); a series nobody asked for that
+# long (its process or GPU gone) is dropped. Held longer, they would grow with the hours.
+FORGET_NS = 15 * 60 * 10**9
+TRIM_NS = 60 * 10**9         # rows past the reach are cut in one go at most this often
 
 
 # A compute-process list older than this is not current (the sources send one a sample).
@@ -186,13 +190,17 @@ class Signals:
         raise NotImplementedError
 
     def begin(self, now: int) -> None:
-        """Start one evaluation round at ``now``: derived series nobody read for KEEP_NS
+        """Start one evaluation round at ``now``: derived series nobody read for FORGET_NS
         (a process or GPU gone) are dropped."""
         self._round = now
         derived = getattr(self, "_derived", None)
         if derived:
-            for key in [k for k, held in derived.items() if held.high < now - KEEP_NS]:
+            for key in [k for k, held in derived.items() if held.high < now - FORGET_NS]:
                 del derived[key]
+
+    def held_rows(self) -> int:
+        """How many rows the derived series hold between rounds (their memory)."""
+        return sum(len(held.rows) for held in getattr(self, "_derived", {}).values())
 
     # The interface rules use.
     def series(self, scope: Scope, name: str, start: int, end: int) -> Series:
@@ -265,16 +273,21 @@ class RowWindow:
     """Rows of one source, (ts, ...) in time order, read for [low, high] and kept between
     rounds: extended with what arrived since, the last LATE_NS read again (rows reach the
     store that late) once a round, not at every rule that reads them in it (nothing
-    arrives within a round); what no window reaches (KEEP_NS) forgotten."""
+    arrives within a round). Held back only as far as the longest window asked in the last
+    FORGET_NS (its ``reach``): an hour's window asked once is read again if asked again."""
 
     def __init__(self, start: int):
         self.low, self.high = start, start - 1
         self.rows: list = []
         self.round: int | None = None
+        self.reach = 0
+        self.reach_at = start
 
     def rows_in(self, start: int, end: int, round_now: int | None,
                 load: Callable[[int, int], list]) -> list:
         """The rows in [start, end]; ``load(start, end)`` reads those of a span."""
+        if end - start >= self.reach or end - self.reach_at > FORGET_NS:
+            self.reach, self.reach_at = end - start, end
         if start < self.low:
             self.rows[:0] = load(start, self.low - 1)
             self.low = start
@@ -284,9 +297,9 @@ class RowWindow:
             del self.rows[bisect.bisect_left(self.rows, redo, key=_ts):]
             self.rows += load(redo, end)
             self.high, self.round = end, round_now
-        if self.low < end - KEEP_NS:
-            del self.rows[:bisect.bisect_left(self.rows, end - KEEP_NS, key=_ts)]
-            self.low = end - KEEP_NS
+        if self.low < end - self.reach - TRIM_NS:
+            del self.rows[:bisect.bisect_left(self.rows, end - self.reach, key=_ts)]
+            self.low = end - self.reach
         return _slice(self.rows, start, end)
 
 

@@ -23,7 +23,7 @@ from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.signals import (
-    KEEP_NS,
+    FORGET_NS,
     ProcessFacts,
     RowWindow,
     Scope,
@@ -93,14 +93,30 @@ class StoreSignals(Signals):
             lambda: deque(maxlen=SNAPSHOTS_KEPT))
         self._environ: dict[ProcessKey, dict[str, str] | None] = {}
         self._events: dict[str, RowWindow] = {}   # per live stream, kept between rounds
+        # the processes asked about since the last prune: the others' figures are let go
+        self._asked: set[ProcessKey] = set()
+        self._pruned_at: int | None = None
 
     def begin(self, now: int) -> None:
         super().begin(now)
         self._now = now
         self._cache.clear()
+        if self._pruned_at is None:
+            self._pruned_at = now
+        elif now - self._pruned_at > FORGET_NS:      # the gone processes' snapshots, environ
+            for held in (self._snapshots, self._environ):
+                for process in [p for p in held if p not in self._asked]:
+                    del held[process]
+            self._asked, self._pruned_at = set(), now
 
     def now(self) -> int:
         return self._now if self._now is not None else now_ns()
+
+    def held_rows(self) -> int:
+        """How many rows are held between rounds: derived series, the busy streams' rows
+        and the driver-call snapshots of each process."""
+        return super().held_rows() + sum(len(held.rows) for held in self._events.values()) \
+            + sum(len(snapshots) for snapshots in self._snapshots.values())
 
     def _cached(self, key: tuple, load):  # noqa: ANN001, ANN202
         if key not in self._cache:
@@ -139,6 +155,7 @@ class StoreSignals(Signals):
         row = rows[0]
         env = None
         if self.env_keys:
+            self._asked.add(process)
             if process not in self._environ:
                 self._environ[process] = read_environ(process, self.env_keys, self.proc_root)
             env = self._environ[process]
@@ -184,6 +201,7 @@ class StoreSignals(Signals):
 
     def call_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         snapshots = self._snapshots[process]
+        self._asked.add(process)
         if ("calls", process) not in self._cache:
             self._cache[("calls", process)] = True
             ops = streams.call_totals_by_op(self.db, process)
@@ -197,7 +215,7 @@ class StoreSignals(Signals):
         """The stream's rows in [start, end]: read once, then only what is new each round,
         not every window again at every rule and round."""
         held = self._events.get(stream)
-        if held is None or end - KEEP_NS > held.high:
+        if held is None or end - FORGET_NS > held.high:
             held = self._events[stream] = RowWindow(start)
         return held.rows_in(start, end, self._now,
                             lambda s, e: self._load_events(stream, s, e))
