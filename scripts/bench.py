@@ -27,7 +27,8 @@ means). Benchmarks (--only takes these names):
   cron        P7 cron `nvidia-smi -r` -> complete causal chain (waits for a cron minute)
   store       P5 bytes per GPU-day of raw samples and rollups; P6 p95 of incident list,
               reset history, 1-hour process timeline on a 7-day, 8-GPU store
-  rules       rules evaluation cost, % of one core (30 rules, 8 GPUs, 32 processes)
+  rules       rules evaluation cost, % of one core (30 rules, 8 GPUs, 32 processes);
+              rows the rules hold between rounds after 35 and 70 minutes
   answers     A the right first answer: `gpuwhy rules eval` over the built-in corpus
               (accuracy on faults, false alarms on healthy hosts, time to answer)
   webui       GPU chart API latency over 7 days of samples
@@ -150,6 +151,24 @@ def bench_probes(quick: bool) -> tuple[Figures, dict]:
 SEED_BCC = {"rss_mb": 131.0, "compiler_libs_mb": 83.0, "anon_mb": 19.0}
 
 
+CHURN_RATE = 20.0     # short-lived host processes a second: health checks, scripts, agents
+
+
+def churn_rows(churn: dict, case: str) -> Figures:
+    """P3 with a host's short-lived processes, against the windows between without them."""
+    rate = statistics.median(churn["processes_per_s"])
+    quiet = statistics.median(churn["quiet_pct"])
+    added = [(busy - calm) * 1e4 / got for busy, calm, got in
+             zip(churn["churn_pct"], churn["quiet_pct"], churn["processes_per_s"], strict=True)]
+    return [
+        figure("P3", f"CPU, whole sidecar, with {rate:.0f} short-lived host processes a second "
+               f"(`sh -c true`) ({case})", "% of one core", churn["churn_pct"],
+               reference="the windows between, without", reference_value=quiet),
+        figure("P3", "  added per short-lived host process (its exec, fork and exit seen, "
+               "sent and stored)", "µs of CPU", added,
+               note="window by window: (with − without) ÷ processes a second")]
+
+
 def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
     """QUICK: the 8-GPU case only, 3 windows of 3 s after 6 s (full: both cases, 6 windows
     of 10 s after 30 s)."""
@@ -163,7 +182,8 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
     goals = bench_sidecar.GOALS
     rows, raw = [], {}
     for gpus, processes in cases:
-        result = bench_sidecar.run(gpus, processes, **sizes)
+        result = bench_sidecar.run(gpus, processes, **sizes,
+                                   churn_rate=CHURN_RATE if gpus > 1 else 0.0)
         raw[f"{gpus}x{processes}"] = result
         case = f"{gpus} GPU{'s' if gpus > 1 else ''} × {result['fields']} fields, " \
                f"{processes} processes"
@@ -172,6 +192,8 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
         rows.append(figure("P3", f"CPU, whole sidecar ({case})", "% of one core",
                            total["cpu_pct"], goal=f"≤ {goals['cpu_pct']:g}",
                            goal_value=goals["cpu_pct"]))
+        if result["churn"]:
+            rows += churn_rows(result["churn"], case)
         rows.append(figure("P3", f"anonymous memory, total ({case})", "MB", total["anon_mb"],
                            goal=f"≤ {goals['anon_mb']:g}", goal_value=goals["anon_mb"]))
         rows.append(figure("P3", f"RSS, total ({case})", "MB", total["rss_mb"],
@@ -404,6 +426,15 @@ def bench_rules(quick: bool) -> tuple[Figures, dict]:
             [100 * c / interval for c in costs], goal=f"≤ {bench_rules.GOAL_PCT:g}",
             goal_value=bench_rules.GOAL_PCT,
             note=f"every {interval} s; {len(costs)} rounds; {r['instances']} instances"))
+    h = bench_rules.held(70, interval)
+    (half, half_rows), (end, end_rows) = h["held"].items()
+    rows.append(figure(
+        "R", f"rows the rules hold between rounds after {end} min, every shipped rule "
+        f"({h['rules']}), signals from store", "rows", [end_rows],
+        reference=f"after {half} min: {half_rows:,}", reference_value=half_rows,
+        note="the same once the longest window asked is full: held by the windows, not by "
+             "the time since start"))
+    r["held"] = h
     return rows, r
 
 

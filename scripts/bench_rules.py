@@ -9,7 +9,11 @@ that do not need CUDA uprobe figures (the synthetic host has none). Both signal 
 are measured: in memory (fed by events) and over the store (the service's path: a SQLite
 file written by the StoreWriter, read through StoreSignals).
 
+Also measured (``held()``, ``--held MINUTES``): the rows the rules hold between rounds, half-way
+and at the end, which must follow the windows asked and not grow with the time since start.
+
 Usage: .venv/bin/python scripts/bench_rules.py [--rules 30] [--seconds 600] [--interval 10]
+       .venv/bin/python scripts/bench_rules.py --held 70
 """
 
 from __future__ import annotations
@@ -103,12 +107,44 @@ def run(rules: int = 30, seconds: int = 600, interval: int = 10) -> dict:
             "costs": {name: costs for name, costs, _ in rows}}
 
 
+def held(minutes: int = 70, interval: int = 10) -> dict:
+    """The rows the service's rules hold between rounds (their memory) with every shipped
+    rule, signals from the store, half-way through ``minutes`` of rounds and at their end.
+    Past the longest window asked (30 minutes here, when nothing is firing) the two must be
+    alike: what is held follows the windows asked, not the time since start."""
+    rules = load_rules()
+    spec = host(minutes * 60)
+    events = spec.events()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "held.db"
+        db = open_store(path)
+        StoreWriter(db).write_batch(Envelope("bench", i, e) for i, e in enumerate(events))
+        db.close()
+        reader = open_store(path, readonly=True)
+        signals = StoreSignals(reader)
+        engine = Engine(rules, signals, interval_ns=interval * NS)
+        held = {}
+        for t in range(interval, minutes * 60 + 1, interval):
+            engine.evaluate(BASE_TS + t * NS)
+            if t in (minutes * 30, minutes * 60):
+                held[t // 60] = signals.held_rows()
+        reader.close()
+    return {"rules": len(rules), "held": held}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rules", type=int, default=30)
     parser.add_argument("--seconds", type=int, default=600)
     parser.add_argument("--interval", type=int, default=10)
+    parser.add_argument("--held", type=int, metavar="MINUTES",
+                        help="only measure the rows held after MINUTES of rounds")
     args = parser.parse_args()
+    if args.held:
+        h = held(args.held, args.interval)
+        print(f"{h['rules']} rules; rows held between rounds: " + ", ".join(
+            f"{rows:,} after {minutes} min" for minutes, rows in h["held"].items()))
+        return 0
     r = run(args.rules, args.seconds, args.interval)
     print(f"rules={r['rules']} gpus={r['gpus']} processes={r['processes']} "
           f"data=1 Hz instances={r['instances']} interval={args.interval}s rounds measured="

@@ -339,10 +339,53 @@ def _threads_seconds(pid: int) -> float:
     return total / 1e9
 
 
+class Spawner:
+    """Short-lived host processes (`sh -c true`, one exec each) at ``rate`` a second, as a
+    host's health checks, shell scripts and agents start them: the lifecycle probe sees
+    every exec, fork and exit, and the service stores them."""
+
+    def __init__(self, rate: float):
+        self.rate, self.started = rate, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while not self._stop.is_set():
+            pid = os.posix_spawn("/bin/sh", ["sh", "-c", "true"], os.environ)
+            os.waitpid(pid, 0)
+            self.started += 1
+            due += 1 / self.rate
+            self._stop.wait(max(0.0, due - time.monotonic()))
+
+    def __enter__(self) -> Spawner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def churn(pids: dict, rate: float, pairs: int, window: float) -> dict:
+    """The sidecar's CPU % without and with ``rate`` short-lived host processes a second,
+    windows alternated, and the processes a second each churn window got."""
+    quiet, busy, rates = [], [], []
+    for _ in range(pairs):
+        quiet.append(sum(cpu_shares(pids, window).values()))
+        with Spawner(rate) as spawner:
+            time.sleep(min(3.0, window))        # their records reach the service meanwhile
+            before, started = spawner.started, time.monotonic()
+            busy.append(sum(cpu_shares(pids, window).values()))
+            rates.append((spawner.started - before) / (time.monotonic() - started))
+    return {"rate": rate, "quiet_pct": quiet, "churn_pct": busy, "processes_per_s": rates}
+
+
 def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int = 6,
-        window: float = 10.0) -> dict:
+        window: float = 10.0, churn_rate: float = 0.0) -> dict:
     """Steady-state CPU % of one core and memory (MB) of each gpuwhy process and in total,
-    one value per window."""
+    one value per window; with ``churn_rate``, then :func:`churn` over ``windows // 2``
+    pairs of windows."""
     with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-sidecar-") as tmp:
         sidecar = Sidecar(Path(tmp), gpus, processes)
         sidecar.start()
@@ -365,11 +408,14 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
                 for key, value in total.items():
                     per["total"][key].append(value)
             traced = sidecar.traced()
+            churned = churn(pids, churn_rate, max(1, windows // 2), window) \
+                if churn_rate else None
         finally:
             sidecar.stop()
     fields = _simulated_fields()
     return {"gpus": gpus, "fields": fields, "processes": processes, "traced_in_store": traced,
-            "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per}
+            "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per,
+            "churn": churned}
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -514,6 +560,9 @@ def main() -> None:
     parser.add_argument("--thread-flush", action="store_true",
                         help="time the sched probe's flush with --processes x --threads")
     parser.add_argument("--threads", type=int, default=100)
+    parser.add_argument("--churn", type=float, default=0.0, metavar="RATE",
+                        help="then alternate windows without and with RATE short-lived "
+                             "host processes a second")
     parser.add_argument("--busy", type=int, default=None,
                         help="--thread-flush: threads of each process that wake (default all)")
     args = parser.parse_args()
@@ -539,8 +588,13 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
         return
-    result = run(args.gpus, args.processes, args.warmup, args.windows, args.window)
+    result = run(args.gpus, args.processes, args.warmup, args.windows, args.window, args.churn)
     print(table(result))
+    if result["churn"]:
+        c = result["churn"]
+        print(f"with {statistics.median(c['processes_per_s']):.1f} short-lived processes a "
+              f"second: {statistics.median(c['churn_pct']):.2f} % of a core, against "
+              f"{statistics.median(c['quiet_pct']):.2f} % in the windows between")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 
