@@ -205,6 +205,7 @@ def test_the_service_runs_the_rules_and_findings_reach_the_bus(tmp_config):
         assert found is not None and found.rule_id == "R32_xid79_fallen_off_bus"
         assert health is not None and health.state == "ok"
         assert f"{len(RULES)} rules" in health.detail
+        assert health.counters["rows_held"] > 90     # a round read the GPUs' 90 s already
     finally:
         stop.set()
         thread.join(5)

@@ -100,6 +100,8 @@ class RulesRunner:
             ts=now_ns(), source="rules",
             state="degraded" if self.error or self.problems else "ok",
             detail=detail, counters={**self.counters, "rule_problems": len(self.problems),
+                                     # what the signals keep between rounds: their memory
+                                     "rows_held": self.signals.held_rows(),
                                      **{f"instances_{k}": v for k, v in states.items()}}))
 
     def run(self, stop: threading.Event) -> None:
