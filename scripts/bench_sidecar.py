@@ -382,13 +382,15 @@ def churn(pids: dict, rate: float, pairs: int, window: float) -> dict:
 
 
 def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int = 6,
-        window: float = 10.0, churn_rate: float = 0.0) -> dict:
+        window: float = 10.0, churn_rate: float = 0.0, settle: float = 0.0) -> dict:
     """Steady-state CPU % of one core and memory (MB) of each gpuwhy process and in total,
     one value per window; with ``churn_rate``, then :func:`churn` over ``windows // 2``
-    pairs of windows."""
+    pairs of windows; with ``settle``, the memory again ``settle`` seconds after the start
+    (the rules' windows and the store's caches fill for minutes)."""
     with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-sidecar-") as tmp:
         sidecar = Sidecar(Path(tmp), gpus, processes)
         sidecar.start()
+        started = time.monotonic()
         try:
             time.sleep(warmup)
             pids = sidecar.pids()
@@ -410,12 +412,17 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
             traced = sidecar.traced()
             churned = churn(pids, churn_rate, max(1, windows // 2), window) \
                 if churn_rate else None
+            settled = None
+            if settle:
+                time.sleep(max(0.0, started + settle - time.monotonic()))
+                settled = {"after_s": time.monotonic() - started,
+                           **{role: memory(pid) for role, pid in pids.items()}}
         finally:
             sidecar.stop()
     fields = _simulated_fields()
     return {"gpus": gpus, "fields": fields, "processes": processes, "traced_in_store": traced,
             "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per,
-            "churn": churned}
+            "churn": churned, "settled": settled}
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -563,6 +570,8 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=0.0, metavar="RATE",
                         help="then alternate windows without and with RATE short-lived "
                              "host processes a second")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="then read the memory again SECONDS after the start")
     parser.add_argument("--busy", type=int, default=None,
                         help="--thread-flush: threads of each process that wake (default all)")
     args = parser.parse_args()
@@ -588,8 +597,15 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
         return
-    result = run(args.gpus, args.processes, args.warmup, args.windows, args.window, args.churn)
+    result = run(args.gpus, args.processes, args.warmup, args.windows, args.window, args.churn,
+                 args.settle)
     print(table(result))
+    if result["settled"]:
+        settled = dict(result["settled"])
+        after = settled.pop("after_s")
+        print(f"after {after / 60:.1f} min: " + ", ".join(
+            f"{role} {m['anon_mb']:.1f} MB anonymous, {m['rss_mb']:.1f} MB RSS"
+            for role, m in settled.items()))
     if result["churn"]:
         c = result["churn"]
         print(f"with {statistics.median(c['processes_per_s']):.1f} short-lived processes a "

@@ -225,3 +225,25 @@ def test_possible_cpus_reads_the_kernels_ranges(tmp_path):
     ranges = tmp_path / "possible"
     ranges.write_text("0-1,4-7,9\n")
     assert bench_sidecar.possible_cpus(str(ranges)) == 7
+
+
+def test_the_spawner_starts_short_lived_processes_at_its_rate() -> None:
+    with bench_sidecar.Spawner(40.0) as spawner:
+        time.sleep(1.0)
+    assert 20 <= spawner.started <= 45         # generous: a loaded machine falls behind
+
+
+def test_churn_and_settled_rows_judge_the_goals_and_say_each_process_cost() -> None:
+    churn = {"rate": 20.0, "quiet_pct": [0.8, 0.9], "churn_pct": [1.1, 1.3],
+             "processes_per_s": [20.0, 20.0]}
+    busy, added = bench.churn_rows(churn, "8 GPUs")
+    assert busy["reference_value"] == pytest.approx(0.85) and busy["pass"] is None
+    assert added["min"] == pytest.approx(150.0)      # (1.1 − 0.8) % of a core ÷ 20 a second
+    assert added["max"] == pytest.approx(200.0)
+    settled = {"after_s": 601.0, "service (gpuwhy up)": {"anon_mb": 53.2, "rss_mb": 69.8},
+               "probes": {"anon_mb": 37.3, "rss_mb": 55.2}}
+    anon, rss = bench.settled_rows(settled, "8 GPUs", bench_sidecar.GOALS)
+    assert anon["name"].startswith("anonymous memory, total, after 10 minutes")
+    assert anon["median"] == pytest.approx(90.5) and anon["pass"] is False
+    assert rss["median"] == pytest.approx(125.0) and rss["pass"] is True
+    assert "service 53.2, probes 37.3" in anon["note"]
