@@ -452,7 +452,7 @@ def bench_rules(quick: bool) -> tuple[Figures, dict]:
     rows.append(figure(
         "R", f"rows the rules hold between rounds after {end} min, every shipped rule "
         f"({h['rules']}), signals from store", "rows", [end_rows],
-        reference=f"after {half} min: {half_rows:,}", reference_value=half_rows,
+        reference=f"after {half} min", reference_value=half_rows,
         note="the same once the longest window asked is full: held by the windows, not by "
              "the time since start"))
     r["held"] = h

@@ -80,6 +80,15 @@ NOTES = """
   runtime's pools between parallel sections): the stand-ins above have one thread each, a
   real GPU process tens to hundreds. A flush copies every watched thread's entry out of the
   kernel, and reads in full only those that moved.
+  "With 20 short-lived host processes a second": after the windows above, windows without
+  and with a thread that starts `sh -c true` 20 times a second (a host's health checks,
+  scripts and agents: the lifecycle probe sees every process's exec, fork and exit, and the
+  service stores them), alternated; "added per short-lived host process" is, window by
+  window, the difference over the processes a second. "After 10 minutes" (full run only):
+  the memory of the 8-GPU case read again 10 minutes after its start. The service's memory
+  grows for minutes after start (the rules' windows fill up to their longest window asked,
+  30 minutes here, and the store's page caches fill), so the memory rows above, read in
+  the first two minutes, are lower than what a running host holds.
 - **P4**: a publisher process sends a realistic mix of events as fast as it can, in batch
   messages of 256 events in runs of a topic (as the probes' flush sends its per-process
   figures), and again a message per event (the reference); the real correlator writes them
@@ -104,7 +113,10 @@ NOTES = """
   50 ms, so the figure is up to 50 ms late). Each run waits for a cron minute.
 - **R**: CPU per evaluation round of 30 shipped rules over 8 GPUs and 32 processes with 1 Hz
   data, as % of one core at the default 10 s interval, with signals held in memory and read
-  from the store (the service's path).
+  from the store (the service's path). "Rows the rules hold between rounds": what the
+  signals keep from one round to the next (`Signals.held_rows()`, also the rules' health
+  counter `rows_held`), every shipped rule over the same host for 70 minutes of rounds,
+  against the figure after 35: the same once the longest window asked is full.
 - **W**: p95 of the web view's GPU chart API over the stored days (downsampled to
   `web.max_points`).
 - **C**: what the opt-in CUDA uprobes add per call of a stand-in libcuda (uprobes trap into
