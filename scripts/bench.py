@@ -172,9 +172,12 @@ def churn_rows(churn: dict, case: str) -> Figures:
 SETTLE_S = 600.0      # the rules' windows and the store's caches fill for minutes
 
 
-def settled_rows(settled: dict, case: str, goals: dict) -> Figures:
-    """P3's memory goals read again once the service's memory has levelled."""
+def settled_rows(settled: dict, case: str, goals: dict, churn: dict | None) -> Figures:
+    """P3's memory goals read again once the service's memory has levelled (``churn``: the
+    short-lived processes' windows run meanwhile, if any)."""
     settled = dict(settled)
+    busy = f"; {churn['rate']:g} short-lived processes a second for " \
+        f"{len(churn['churn_pct'])} windows of it" if churn else ""
     minutes = settled.pop("after_s") / 60
     rows = []
     for key, name in (("anon_mb", "anonymous memory"), ("rss_mb", "RSS")):
@@ -183,7 +186,7 @@ def settled_rows(settled: dict, case: str, goals: dict) -> Figures:
             "P3", f"{name}, total, after {minutes:.0f} minutes ({case})", "MB", [total],
             goal=f"≤ {goals[key]:g}", goal_value=goals[key],
             note=", ".join(f"{role.split(' ')[0]} {m[key]:.1f}" for role, m in settled.items())
-            + f"; {CHURN_RATE:g} short-lived processes a second for a minute of it"))
+            + busy))
     return rows
 
 
@@ -214,7 +217,7 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
         if result["churn"]:
             rows += churn_rows(result["churn"], case)
         if result["settled"]:
-            rows += settled_rows(result["settled"], case, goals)
+            rows += settled_rows(result["settled"], case, goals, result["churn"])
         rows.append(figure("P3", f"anonymous memory, total ({case})", "MB", total["anon_mb"],
                            goal=f"≤ {goals['anon_mb']:g}", goal_value=goals["anon_mb"]))
         rows.append(figure("P3", f"RSS, total ({case})", "MB", total["rss_mb"],

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlite_utils import Database
+
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.correlator.rules.storesignals import StoreSignals
@@ -67,6 +69,16 @@ def measured_rules(count: int) -> list:
     return fed[:count]
 
 
+def stored(events: list, folder: Path) -> Database:
+    """A store in ``folder`` holding ``events`` (through the StoreWriter), opened read-only as
+    the service's rules open it."""
+    path = folder / "bench.db"
+    db = open_store(path)
+    StoreWriter(db).write_batch(Envelope("bench", i, e) for i, e in enumerate(events))
+    db.close()
+    return open_store(path, readonly=True)
+
+
 def run(rules: int = 30, seconds: int = 600, interval: int = 10) -> dict:
     """CPU seconds of each measured evaluation round, signals from memory and from the store."""
     args = argparse.Namespace(rules=rules, seconds=seconds, interval=interval)
@@ -89,14 +101,10 @@ def run(rules: int = 30, seconds: int = 600, interval: int = 10) -> dict:
                  engine))
 
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "bench.db"
-        db = open_store(path)
         written = time.monotonic()
-        StoreWriter(db).write_batch(Envelope("bench", i, e) for i, e in enumerate(events))
-        db.close()
+        reader = stored(events, Path(folder))
         print(f"# wrote {len(events)} events to the store in {time.monotonic() - written:.1f} s",
               file=sys.stderr)
-        reader = open_store(path, readonly=True)
         engine = Engine(rules, StoreSignals(reader), interval_ns=args.interval * NS)
         rows.append(("store", measure(engine, lambda now: None, warm, args.seconds,
                                       args.interval), engine))
@@ -116,11 +124,7 @@ def held(minutes: int = 70, interval: int = 10) -> dict:
     spec = host(minutes * 60)
     events = spec.events()
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "held.db"
-        db = open_store(path)
-        StoreWriter(db).write_batch(Envelope("bench", i, e) for i, e in enumerate(events))
-        db.close()
-        reader = open_store(path, readonly=True)
+        reader = stored(events, Path(folder))
         signals = StoreSignals(reader)
         engine = Engine(rules, signals, interval_ns=interval * NS)
         held = {}

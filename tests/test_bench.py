@@ -242,7 +242,7 @@ def test_churn_and_settled_rows_judge_the_goals_and_say_each_process_cost() -> N
     assert added["max"] == pytest.approx(200.0)
     settled = {"after_s": 601.0, "service (gpuwhy up)": {"anon_mb": 53.2, "rss_mb": 69.8},
                "probes": {"anon_mb": 37.3, "rss_mb": 55.2}}
-    anon, rss = bench.settled_rows(settled, "8 GPUs", bench_sidecar.GOALS)
+    anon, rss = bench.settled_rows(settled, "8 GPUs", bench_sidecar.GOALS, churn)
     assert anon["name"].startswith("anonymous memory, total, after 10 minutes")
     assert anon["median"] == pytest.approx(90.5) and anon["pass"] is False
     assert rss["median"] == pytest.approx(125.0) and rss["pass"] is True
