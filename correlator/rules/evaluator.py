@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 import operator
 import statistics
-from collections.abc import Mapping
+from array import array
+from collections.abc import Mapping, Sequence
 
-from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Series, Signals
+from gpuwhy.correlator.rules.series import Series
+from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Signals
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.rules import model as m
 from gpuwhy.rules.model import children
@@ -96,7 +98,7 @@ class Evaluation:
                 self._refs(child, out)
         return out
 
-    def samples(self, node: m.Node, window_ns: int) -> list[tuple[int, Value]] | None:
+    def samples(self, node: m.Node, window_ns: int) -> Sequence[tuple[int, Value]] | None:
         if isinstance(node, m.Ref) and node.kind == "signal":   # the common case: one series
             series = self.series(node.name, window_ns)
             return series if self._covered(node.name, series, window_ns) else None
@@ -113,14 +115,14 @@ class Evaluation:
         return list(zip(times, values, strict=True))
 
     def _aligned(self, names: list[str], window_ns: int
-                 ) -> tuple[list[int], dict[str, list]] | None:
+                 ) -> tuple[array, dict[str, list]] | None:
         """The signals' samples on one timeline (the longest series'), or None when one of
         them does not cover the window (it is noted as missing)."""
         data = {name: self.series(name, window_ns) for name in names}
         for name in names:
             if not self._covered(name, data[name], window_ns):
                 return None
-        times = [ts for ts, _ in max(data.values(), key=len)]
+        times = max(data.values(), key=len).times
         return times, {name: _align(series, times) for name, series in data.items()}
 
     def _vector(self, node: m.Node, columns: Mapping[str, list]) -> object:
@@ -304,7 +306,9 @@ class Evaluation:
         samples = self.samples(args[0], window)
         if samples is None:
             return None
-        if isinstance(args[0], m.Ref):   # a signal's own samples: floats, never None
+        if isinstance(samples, Series):   # a signal's own samples: floats, never None
+            values = samples.values.tolist()
+        elif isinstance(args[0], m.Ref):
             values = [v for _, v in samples]
         else:
             values = [float(v) for _, v in samples if v is not None and not isinstance(v, str)]
@@ -373,14 +377,18 @@ class Evaluation:
         return any(abs(ta - tb) <= tolerance for ta, _ in firsts for tb in seconds)
 
 
-def _align(series: Series, times: list[int]) -> list:
+def _align(series: Series, times: array) -> list:
     """Values of ``series`` at ``times``: the latest sample at or before each, within
-    ASOF_TOLERANCE_NS, else None (one merge pass)."""
-    out, i, n = [], -1, len(series)
+    ASOF_TOLERANCE_NS, else None (one merge pass; none when they share the timeline, as a
+    GPU's fields do)."""
+    if series.times == times:
+        return series.values.tolist()
+    own, values = series.times.tolist(), series.values
+    out, i, n = [], -1, len(own)
     for ts in times:
-        while i + 1 < n and series[i + 1][0] <= ts:
+        while i + 1 < n and own[i + 1] <= ts:
             i += 1
-        out.append(series[i][1] if i >= 0 and ts - series[i][0] <= ASOF_TOLERANCE_NS else None)
+        out.append(values[i] if i >= 0 and ts - own[i] <= ASOF_TOLERANCE_NS else None)
     return out
 
 

@@ -16,6 +16,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwhy.correlator.rules.series import Series
 from gpuwhy.events import (
     CronExecution,
     CudaStats,
@@ -48,7 +49,6 @@ from gpuwhy.rules.vocabulary import (
     gpu_model,
 )
 
-Series = list[tuple[int, float]]
 MAX_TEXT = 4096
 LATE_NS = 5 * 10**9          # rows may reach the store this late: derived again
 # Rows are held back as far as the longest window asked of them in the last FORGET_NS (longer
@@ -124,13 +124,15 @@ def mig_order(instance: str) -> tuple:
 
 
 def derive_series(name: str, rows: Iterable[tuple[int, Row]]) -> Series:
-    signal = SIGNALS[name]
-    out = []
+    derive = SIGNALS[name].derive
+    series = Series()
+    times, values = series.times, series.values
     for ts, row in rows:
-        value = signal.derive(row)
+        value = derive(row)
         if value is not None:
-            out.append((ts, float(value)))
-    return out
+            times.append(ts)
+            values.append(value)
+    return series
 
 
 class Signals:
@@ -222,7 +224,7 @@ class Signals:
             derived = self._derived = {}
         held = derived.get((owner, name))
         if held is None:
-            held = derived[(owner, name)] = RowWindow(start)
+            held = derived[(owner, name)] = RowWindow(start, Series())
         return held.rows_in(start, end, getattr(self, "_round", None),
                             lambda s, e: self._derive(signal, owner, s, e))
 
@@ -269,38 +271,63 @@ def _slice(rows: deque | list, start: int, end: int) -> list:
     return [rows[i] for i in range(low, high)]
 
 
-class RowWindow:
-    """Rows of one source, (ts, ...) in time order, read for [low, high] and kept between
-    rounds: extended with what arrived since, the last LATE_NS read again (rows reach the
-    store that late) once a round, not at every rule that reads them in it (nothing
-    arrives within a round). Held back only as far as the longest window asked in the last
-    FORGET_NS (its ``reach``): an hour's window asked once is read again if asked again."""
+class EventRows(list):
+    """(ts, row) rows in time order, with the operations a :class:`RowWindow` uses (those
+    of a :class:`Series`)."""
 
-    def __init__(self, start: int):
+    def position(self, ts: int) -> int:
+        return bisect.bisect_left(self, ts, key=_ts)
+
+    def between(self, start: int, end: int) -> list:
+        return _slice(self, start, end)
+
+    def prepend(self, earlier: list) -> None:
+        self[:0] = earlier
+
+    def cut_before(self, index: int) -> None:
+        del self[:index]
+
+    def cut_from(self, index: int) -> None:
+        del self[index:]
+
+
+class RowWindow:
+    """Rows of one source, (ts, ...) in time order (a derived :class:`Series`, or
+    :class:`EventRows`), read for [low, high] and kept between rounds: extended with what
+    arrived since, the last LATE_NS read again (rows reach the store that late) once a
+    round, not at every rule that reads them in it (nothing arrives within a round). Held
+    back only as far as the longest window asked in the last FORGET_NS (its ``reach``): an
+    hour's window asked once is read again if asked again."""
+
+    __slots__ = ("low", "high", "rows", "round", "reach", "reach_at")
+
+    def __init__(self, start: int, rows: Series | EventRows | None = None):
         self.low, self.high = start, start - 1
-        self.rows: list = []
+        self.rows = EventRows() if rows is None else rows
         self.round: int | None = None
         self.reach = 0
         self.reach_at = start
 
     def rows_in(self, start: int, end: int, round_now: int | None,
-                load: Callable[[int, int], list]) -> list:
-        """The rows in [start, end]; ``load(start, end)`` reads those of a span."""
+                load: Callable[[int, int], Series | list]) -> Series | list:
+        """The rows in [start, end]; ``load(start, end)`` reads those of a span (of the
+        rows' own kind)."""
+        rows = self.rows
         if end - start >= self.reach or end - self.reach_at > FORGET_NS:
             self.reach, self.reach_at = end - start, end
         if start < self.low:
-            self.rows[:0] = load(start, self.low - 1)
+            rows.prepend(load(start, self.low - 1))
             self.low = start
         if end > self.high or (end > self.high - LATE_NS
                                and (self.round != round_now or round_now is None)):
             redo = max(self.low, self.high - LATE_NS + 1)
-            del self.rows[bisect.bisect_left(self.rows, redo, key=_ts):]
-            self.rows += load(redo, end)
+            rows.cut_from(rows.position(redo))
+            rows.extend(load(redo, end))
             self.high, self.round = end, round_now
         if self.low < end - self.reach - TRIM_NS:
-            del self.rows[:bisect.bisect_left(self.rows, end - self.reach, key=_ts)]
+            rows.cut_before(rows.position(end - self.reach))
             self.low = end - self.reach
-        return _slice(self.rows, start, end)
+        return rows.between(start, end)
 
 
 class MemorySignals(Signals):
