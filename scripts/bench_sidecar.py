@@ -454,11 +454,15 @@ def build_commit(commit: str, work: Path) -> Path:
 
 def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
                 warmup: float = 30.0, rounds: int = 3, windows: int = 6,
-                window: float = 10.0) -> dict:
+                window: float = 10.0, settle: float = 0.0) -> dict:
     """CPU % of one core of this checkout's sidecar and of the one installed in ``site``,
-    run at the same time: one value each per window, the windows of both the same."""
+    run at the same time: one value each per window, the windows of both the same; their
+    anonymous MB after the windows of each round and, with ``settle``, ``settle`` seconds
+    after the start."""
     builds = {"this checkout": None, label: str(site)}
     per: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
+    anon: dict[str, dict[str, dict[str, list[float]]]] = {
+        when: {name: {} for name in builds} for when in ("windows", "settled")}
     for number in range(rounds):
         order = list(builds) if number % 2 == 0 else list(builds)[::-1]
         with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-sidecar-") as tmp:
@@ -471,6 +475,7 @@ def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
                             [builds[name], *filter(None, [os.environ.get("PYTHONPATH")])])
                     sidecars[name] = sidecar
                     sidecar.start()
+                started = time.monotonic()
                 time.sleep(warmup)
                 pids = {(name, role): pid for name, sidecar in sidecars.items()
                         for role, pid in sidecar.pids().items()}
@@ -482,13 +487,28 @@ def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
                         mine["total"] = sum(mine.values())
                         for role, share in mine.items():
                             per[name].setdefault(role, []).append(share)
+                _read_anon(pids, anon["windows"])
+                if settle:
+                    time.sleep(max(0.0, started + settle - time.monotonic()))
+                    _read_anon(pids, anon["settled"])
             finally:
                 for sidecar in sidecars.values():
                     sidecar.stop()
     return {"gpus": gpus, "processes": processes, "rounds": rounds, "windows": windows,
             "window_s": window, "warmup_s": warmup, "builds": list(builds),
             "per_build": per, "difference": compare(per["this checkout"]["total"],
-                                                    per[label]["total"])}
+                                                    per[label]["total"]),
+            "anon_mb": anon, "settle_s": settle}
+
+
+def _read_anon(pids: dict[tuple[str, str], int],
+               into: dict[str, dict[str, list[float]]]) -> None:
+    """Each (build, role)'s anonymous MB now, and each build's total, into ``into``."""
+    for name, of in into.items():
+        mine = {role: memory(pid)["anon_mb"] for (build, role), pid in pids.items()
+                if build == name}
+        for role, value in [*mine.items(), ("total", sum(mine.values()))]:
+            of.setdefault(role, []).append(value)
 
 
 def compare(this: list[float], other: list[float]) -> dict:
@@ -518,6 +538,17 @@ def against_table(result: dict) -> str:
               f"(mean {difference['mean']:+.3f}"
               + (f", {relative:+.0%} of {other}'s" if relative is not None else "")
               + f"); lower in {difference['lower']} of {difference['windows']} windows"]
+    anon = result.get("anon_mb", {})
+    for when, title in (("windows", "after the windows"),
+                        ("settled", f"{result.get('settle_s', 0) / 60:g} min after the start")):
+        if not anon.get(when, {}).get(this):
+            continue
+        lines += ["", f"anonymous MB {title}, median [min–max] of the rounds", "",
+                  f"| process | {this} | {other} |", "|---|---|---|"]
+        for role in anon[when][this]:
+            cells = [f"{statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]"
+                     for v in (anon[when][this][role], anon[when][other].get(role, [math.nan]))]
+            lines.append(f"| {role} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
@@ -592,7 +623,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-against-") as tmp:
             site = build_commit(commit, Path(tmp))
             result = run_against(site, commit[:12], args.gpus, args.processes, args.warmup,
-                                 args.rounds, args.windows, args.window)
+                                 args.rounds, args.windows, args.window, args.settle)
         print(against_table(result))
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))

@@ -210,6 +210,34 @@ def test_against_compares_the_same_windows_of_two_builds() -> None:
         bench_sidecar.compare([1.0], [1.0, 2.0])
 
 
+def test_against_reads_both_builds_memory_apart_and_tabulates_it() -> None:
+    me = os.getpid()
+    pids = {("this checkout", "service"): me, ("abc123", "service"): me,
+            ("abc123", "probes"): me}
+    anon: dict = {"this checkout": {}, "abc123": {}}
+    bench_sidecar._read_anon(pids, anon)
+    bench_sidecar._read_anon(pids, anon)
+    mine = bench_sidecar.memory(me)["anon_mb"]
+    assert len(anon["abc123"]["total"]) == 2 and set(anon["this checkout"]) == {
+        "service", "total"}
+    assert anon["abc123"]["total"][0] == pytest.approx(2 * anon["abc123"]["service"][0])
+    assert anon["this checkout"]["service"][0] == pytest.approx(mine, rel=0.5)
+    result = {"gpus": 8, "processes": 16, "rounds": 1, "windows": 1, "window_s": 10,
+              "warmup_s": 30, "builds": ["this checkout", "abc123"],
+              "per_build": {"this checkout": {"total": [1.0]}, "abc123": {"total": [2.0]}},
+              "difference": bench_sidecar.compare([1.0], [2.0]), "settle_s": 600,
+              "anon_mb": {"windows": {"this checkout": {"total": [70.0, 72.0]},
+                                      "abc123": {"total": [75.0, 80.0]}},
+                          "settled": {"this checkout": {}, "abc123": {}}}}
+    text = bench_sidecar.against_table(result)
+    assert "| total | 71.0 [70.0–72.0] | 77.5 [75.0–80.0] |" in text
+    assert "anonymous MB after the windows" in text and "10 min after" not in text
+    result["anon_mb"]["settled"] = {"this checkout": {"total": [74.0]},
+                                    "abc123": {"total": [83.0]}}
+    assert "| total | 74.0 [74.0–74.0] | 83.0 [83.0–83.0] |" in \
+        bench_sidecar.against_table(result).split("10 min after the start")[1]
+
+
 def test_against_refuses_what_names_no_commit() -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_sidecar.py"),
                            "--against", "no-such-revision"],
