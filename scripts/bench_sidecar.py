@@ -242,10 +242,12 @@ class Sidecar:
 
     def start(self, timeout: float = 120.0) -> None:
         # child_environment: `gpuwhy up` stops (SIGTERM) when the thread that started it
-        # ends, so a killed benchmark leaves no probes attached (gpuwhy.lifeline)
+        # ends, so a killed benchmark leaves no probes attached (gpuwhy.lifeline). Not run
+        # from the checkout: `python -m` puts its folder first on sys.path, before the
+        # PYTHONPATH of another build (--against would have run this checkout twice).
         self.up = subprocess.Popen([sys.executable, "-m", "gpuwhy", "up", "--port", "0"],
                                    env=child_environment(self.env), stderr=subprocess.PIPE,
-                                   text=True, start_new_session=True)
+                                   text=True, start_new_session=True, cwd=self.work)
         loaded = threading.Event()
 
         def read_log() -> None:
@@ -261,7 +263,7 @@ class Sidecar:
             standin = subprocess.Popen(
                 [sys.executable, "-m", "gpuwhy.demo.standin", "train",
                  str(self.devices), "--minor", str(n % self.gpus), "--starved"],
-                stdout=subprocess.PIPE, text=True)
+                stdout=subprocess.PIPE, text=True, cwd=self.work)
             standin.stdout.readline()             # its pid: the device files are open
             self.standins.append(standin)
 

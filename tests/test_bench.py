@@ -238,6 +238,29 @@ def test_against_reads_both_builds_memory_apart_and_tabulates_it() -> None:
         bench_sidecar.against_table(result).split("10 min after the start")[1]
 
 
+def test_a_sidecar_runs_the_build_on_its_pythonpath_even_from_the_checkout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --against puts another build first on PYTHONPATH; `python -m` started from the
+    # checkout would put the checkout before it and run this build twice.
+    site = tmp_path / "site" / "gpuwhy"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    (site / "__main__.py").write_text(
+        "import os, sys, time\n"
+        "open(os.environ['GPUWHY_DB'] + '.ran', 'w').write(__file__)\n"
+        "print('start-up scan done', file=sys.stderr, flush=True)\n"
+        "time.sleep(60)\n")
+    monkeypatch.chdir(REPO)
+    sidecar = bench_sidecar.Sidecar(tmp_path / "work", 1, 0)
+    sidecar.env["PYTHONPATH"] = str(site.parent)
+    sidecar.start(timeout=60)
+    try:
+        ran = (tmp_path / "work" / "bench.db.ran").read_text()
+    finally:
+        sidecar.stop()
+    assert Path(ran).parent == site
+
+
 def test_against_refuses_what_names_no_commit() -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_sidecar.py"),
                            "--against", "no-such-revision"],
