@@ -159,7 +159,7 @@ class Service:
         self.sources = unprivileged_sources(config) if sources is None else sources
         self._sources_stop = threading.Event()
         self._correlator_stop = threading.Event()
-        self.db = open_store(config["store.path"])
+        self.db = open_store(config["store.path"], cache_kib=config["store.cache_kib"])
         self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
         # Before our own probes start: an orphan would publish every event a second time.
         # After the bind, so that both spellings of the endpoint are known (a child is given
@@ -332,7 +332,7 @@ class Pipeline:
         self.config = config
         self.stop = threading.Event()
         self.loaded = threading.Event()
-        self.db = open_store(config["store.path"])
+        self.db = open_store(config["store.path"], cache_kib=config["store.cache_kib"])
         self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
         self.correlator = Correlator(config, self.db, self.subscriber)
         self.errors: list[BaseException] = []

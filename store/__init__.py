@@ -20,10 +20,14 @@ from gpuwhy.errors import StoreError
 from gpuwhy.store.migrations import migrations
 
 
-def open_store(path: str | os.PathLike[str], *, readonly: bool = False) -> Database:
+def open_store(path: str | os.PathLike[str], *, readonly: bool = False,
+               cache_kib: int | None = None) -> Database:
     """Open the database at ``path``: WAL mode, busy timeout, every migration applied.
 
     ``readonly`` opens an existing database for the views without migrating it.
+    ``cache_kib`` sizes the connection's page cache (SQLite's default: 2,000 KiB): each of
+    the service's long-lived connections fills it as the store grows (setting
+    ``store.cache_kib``).
     Raises :class:`StoreError` with the path when it cannot be opened or migrated.
     """
     path = Path(path)
@@ -31,10 +35,14 @@ def open_store(path: str | os.PathLike[str], *, readonly: bool = False) -> Datab
         if readonly:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout = 5000")
+            if cache_kib is not None:
+                conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
             return Database(conn)
         path.parent.mkdir(parents=True, exist_ok=True)
         db = Database(sqlite3.connect(path, check_same_thread=False))
         db.execute("PRAGMA busy_timeout = 5000")
+        if cache_kib is not None:
+            db.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
         db.enable_wal()
         db.execute("PRAGMA synchronous = NORMAL")
         migrations.apply(db)

@@ -43,6 +43,7 @@ def test_config_path_from_environment(tmp_path):
     ("[web]\nport = 70000\n", "out of range"),
     ("[probes]\nmax_threads = 16\n", "expected 256 to 1048576, got 16"),
     ("[probes]\nmax_call_stats = 4194304\n", "expected 256 to 1048576"),
+    ("[store]\ncache_kib = 0\n", "expected 64 to 1048576 KiB, got 0"),
     ("[log]\nlevel = \"loud\"\n", "expected one of"),
     ("[web\nport = 1\n", "invalid TOML"),
     ("surprise = 1\n", "surprise"),

@@ -53,6 +53,25 @@ def test_migrations_are_applied_once(tmp_path):
     assert len(names) == len(set(names)) >= 1
 
 
+def test_a_long_lived_connection_keeps_the_page_cache_it_is_given(tmp_path, tmp_config):
+    path = tmp_path / "a.db"
+    default = open_store(path)
+    assert default.execute("PRAGMA cache_size").fetchone()[0] == -2000    # SQLite's own
+    for readonly in (False, True):
+        db = open_store(path, readonly=readonly, cache_kib=128)
+        assert db.execute("PRAGMA cache_size").fetchone()[0] == -128
+        db.close()
+    default.close()
+    from gpuwhy.service import Service
+
+    service = Service(tmp_config.replace({"web.port": 0, "store.cache_kib": 96}),
+                      with_probes=False, sources={})
+    try:
+        assert service.db.execute("PRAGMA cache_size").fetchone()[0] == -96   # the writer's
+    finally:
+        service.stop()
+
+
 def test_session_is_stored_and_queryable(db):
     StoreWriter(db).write_batch(_session())
     [row] = processes_holding_devices(db)

@@ -126,7 +126,7 @@ def run_rules(config: Config, stop: threading.Event) -> None:
         rules, problems = loaded.rules, [str(p) for p in loaded.problems]
         for problem in problems:
             log.warning("rule not loaded: %s", problem)
-        db = open_store(config["store.path"], readonly=True)
+        db = open_store(config["store.path"], readonly=True, cache_kib=config["store.cache_kib"])
         try:
             signals = StoreSignals(db, proc_root=config["probes.proc_root"],
                                    env_keys=env_keys(rules))
