@@ -35,6 +35,7 @@ from gpuwhy.correlator.service import Correlator
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
+from gpuwhy.memory import release_freed_memory
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
 from gpuwhy.threads import Thread
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 PROBE_STOP_TIMEOUT = 3.0
 SOURCE_STOP_TIMEOUT = 2.0
 WATCH_EVERY = 1.0    # seconds between looks at the threads and the probes (watchdog pings)
+# seconds between giving the heap the threads freed back to the kernel (0.1-0.3 ms each):
+# glibc keeps it, and a long-running service's churn (rounds, batches, pages) leaves a MB
+RELEASE_EVERY = 60.0
 
 SourceRunner = Callable[[Config, threading.Event], None]
 
@@ -273,9 +277,15 @@ class Service:
         return "running" if code is None else f"exited with status {code}"
 
     def wait(self) -> None:
-        """Block until ``shutdown`` is set (a signal handler sets it)."""
+        """Block until ``shutdown`` is set (a signal handler sets it), watching the threads
+        and the probes each WATCH_EVERY (the watchdog's pings) and giving the heap freed
+        since back to the kernel each RELEASE_EVERY."""
         reported = False
+        release_at = time.monotonic() + RELEASE_EVERY
         while not self.shutdown.wait(WATCH_EVERY):
+            if time.monotonic() >= release_at:
+                release_freed_memory()
+                release_at = time.monotonic() + RELEASE_EVERY
             stopped = [t.name for t in self._threads if not t.is_alive()]
             self.notifier.alive(not stopped, f"{', '.join(stopped)} stopped")
             if self.probes is not None and self.probes.poll() is not None and not reported:
