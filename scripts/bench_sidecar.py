@@ -3,7 +3,7 @@
 
 USAGE: sudo .venv/bin/python scripts/bench_sidecar.py [--gpus 8] [--processes 16]
            [--warmup 30] [--windows 6] [--window 10] [--json FILE]
-       sudo .venv/bin/python scripts/bench_sidecar.py --against REV [--rounds 3]
+       sudo .venv/bin/python scripts/bench_sidecar.py --against REV [--rounds 3] [--settle 600]
        sudo .venv/bin/python scripts/bench_sidecar.py --probes-memory
 
 Starts the real `gpuwhy up` (the service: correlator, store, web view, GPU simulator,
@@ -21,7 +21,8 @@ those processes, not to gpuwhy: bench_probes.py measures it (ns per call).
 
 --against REV runs this checkout's sidecar and the sidecar of commit REV at the same time,
 each on its own store, bus and stand-ins, for --rounds rounds (the start order alternates),
-and compares their CPU window by window. A VM's pace drifts by a fifth between runs minutes
+and compares their CPU window by window, and their anonymous memory after the windows and,
+with --settle SECONDS, that long after the start. A VM's pace drifts by a fifth between runs minutes
 apart, more than most changes are worth; two sidecars measured over the same seconds see
 the same pace. Each also pays for the other's eBPF programs on its own context switches,
 so both read a little higher than alone: the difference is the figure. REV is installed
