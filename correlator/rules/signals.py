@@ -218,7 +218,7 @@ class Signals:
         elif signal.source == "gpu":   # a MIG instance's series apart from the whole GPU's
             owner = (scope.gpu_id, scope.instance) if scope.instance else scope.gpu_id
         if owner is None:
-            return []
+            return Series()
         derived = getattr(self, "_derived", None)
         if derived is None:
             derived = self._derived = {}
