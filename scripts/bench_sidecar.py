@@ -21,12 +21,13 @@ those processes, not to gpuwhy: bench_probes.py measures it (ns per call).
 
 --against REV runs this checkout's sidecar and the sidecar of commit REV at the same time,
 each on its own store, bus and stand-ins, for --rounds rounds (the start order alternates),
-and compares their CPU window by window, and their anonymous memory after the windows and,
-with --settle SECONDS, that long after the start. A VM's pace drifts by a fifth between runs minutes
-apart, more than most changes are worth; two sidecars measured over the same seconds see
-the same pace. Each also pays for the other's eBPF programs on its own context switches,
-so both read a little higher than alone: the difference is the figure. REV is installed
-without its dependencies (this environment's) into a temporary folder.
+and compares their CPU window by window, and their anonymous memory after the windows
+and, with --settle SECONDS, that long after the start. A VM's pace drifts by a fifth
+between runs minutes apart, more than most changes are worth; two sidecars measured over
+the same seconds see the same pace. Each also pays for the other's eBPF programs on its
+own context switches, so both read a little higher than alone: the difference is the
+figure. REV is installed without its dependencies (this environment's) into a temporary
+folder.
 
 --probes-memory loads the probes alone in this process and prints their memory after
 loading and after glibc's malloc_trim(0) (what probes/service.py now does).

@@ -34,15 +34,15 @@ def open_store(path: str | os.PathLike[str], *, readonly: bool = False,
     try:
         if readonly:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 5000")
-            if cache_kib is not None:
-                conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
-            return Database(conn)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = Database(sqlite3.connect(path, check_same_thread=False))
-        db.execute("PRAGMA busy_timeout = 5000")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 5000")
         if cache_kib is not None:
-            db.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
+            conn.execute(f"PRAGMA cache_size = {-int(cache_kib)}")
+        db = Database(conn)
+        if readonly:
+            return db
         db.enable_wal()
         db.execute("PRAGMA synchronous = NORMAL")
         migrations.apply(db)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 
 class Series:
@@ -22,12 +22,6 @@ class Series:
     def __init__(self, times: array | None = None, values: array | None = None):
         self.times = array("q") if times is None else times
         self.values = array("d") if values is None else values
-
-    @classmethod
-    def of(cls, samples: Iterable[tuple[int, float]]) -> Series:
-        """A series from ``(ts, value)`` pairs in time order."""
-        pairs = list(samples)
-        return cls(array("q", [ts for ts, _ in pairs]), array("d", [v for _, v in pairs]))
 
     def __len__(self) -> int:
         return len(self.times)
