@@ -17,7 +17,8 @@ WORKLOAD = r"""
 import json, os, sys, time
 device, kind = sys.argv[1], sys.argv[2]
 fd = os.open(device, os.O_RDWR)         # now a GPU process: the probes watch it
-time.sleep(0.7)
+print(os.getpid(), flush=True)
+sys.stdin.readline()                    # the test saw the open stored: it is watched
 def schedstat():
     on_cpu, waited, _ = open("/proc/self/schedstat").read().split()
     return int(on_cpu), int(waited)
@@ -63,8 +64,15 @@ def _run(pipe, device, kind, pin=None):
         command = ["taskset", "-c", str(pin), *command]
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        # Measured from the moment the open is stored: the probe watches a process from the
+        # open it publishes, and a loaded machine can take a second to carry that through.
+        key = process_key(int(proc.stdout.readline()))
+        opened = pipe.wait_for("select count(*) from device_fds where pid = ? and start_time = ?",
+                               [key.pid, key.start_time], lambda r: r[0][0] > 0)
+        assert opened[0][0] > 0, "the device open was not stored"
+        proc.stdin.write("\n")
+        proc.stdin.flush()
         truth = json.loads(proc.stdout.readline())
-        key = process_key(truth["pid"])
         time.sleep(1.0)               # the idle tail after the workload: a few more flushes
     finally:
         proc.communicate("\n", timeout=10)
