@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from gpuwhy.events import Envelope, KernelLogRecord
-from gpuwhy.probes.klog.journald import has_kernel_line_this_boot
+from gpuwhy.probes.klog.journald import has_kernel_line_this_boot, line_of
 from gpuwhy.probes.klog.kmsg import KmsgKernelLog, current_boot_id, parse_record
 from gpuwhy.probes.klog.source import ReaderLiveness, open_reader
 from gpuwhy.probes.klog.tail import FileKernelLog
@@ -167,3 +167,14 @@ def test_uuid_line_maps_pci_to_gpu_for_later_xids_and_duplicates_are_ignored(db)
     assert db.execute("select gpu_id, kind from kernel_log where cursor = 'c2'").fetchall() == \
         [(uuid, "xid")]
     assert db.execute("select count(*) from events where topic = 'klog'").fetchone() == (0,)
+
+
+def test_a_journal_line_is_timed_when_its_sender_logged_it():
+    """journald's receive stamp can fall after what the sender did next (cron's job exec'ing
+    its command, ~2 ms later on a busy host): the sender's own stamp comes first."""
+    entry = {"MESSAGE": "(root) CMD ([7] nvidia-smi -r)", "SYSLOG_IDENTIFIER": "CRON",
+             "__CURSOR": "c", "_BOOT_ID": "b", "__MONOTONIC_TIMESTAMP": (5, b"\x00" * 16),
+             "__REALTIME_TIMESTAMP": 1_700_000_000_002_300}
+    assert line_of(entry).realtime_ns == 1_700_000_000_002_300_000
+    sent = line_of({**entry, "_SOURCE_REALTIME_TIMESTAMP": 1_700_000_000_000_100})
+    assert sent.realtime_ns == 1_700_000_000_000_100_000

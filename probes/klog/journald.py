@@ -48,6 +48,7 @@ def _raw_monotonic(value: tuple) -> tuple[int, str]:
 
 _CONVERTERS = {
     "__REALTIME_TIMESTAMP": int,
+    "_SOURCE_REALTIME_TIMESTAMP": int,
     "__MONOTONIC_TIMESTAMP": _raw_monotonic,
     "_SOURCE_MONOTONIC_TIMESTAMP": int,
     "_BOOT_ID": bytes.decode,
@@ -65,7 +66,12 @@ def line_of(entry: dict) -> RawLine:
     if not isinstance(source_us, int):
         source_us = monotonic_us
     boot_id = _text(entry.get("_BOOT_ID", monotonic_boot)).replace("-", "")
-    realtime_us = entry.get("__REALTIME_TIMESTAMP")
+    # The sender's stamp (the socket's receive time) first: journald's own is when it got
+    # round to the line, which on a busy host falls after what the sender did next (cron's
+    # job exec'ing its command).
+    realtime_us = entry.get("_SOURCE_REALTIME_TIMESTAMP")
+    if not isinstance(realtime_us, int):
+        realtime_us = entry.get("__REALTIME_TIMESTAMP")
     sender = entry.get("SYSLOG_PID", entry.get("_PID"))
     return RawLine(message, entry["__CURSOR"], boot_id,
                    source_us * 1000 if isinstance(source_us, int) else None,

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 class RawLine:
     """``cursor`` names the line's position in its source (journald cursor, ``kmsg:BOOT:SEQ``,
     ``file:INODE:OFFSET``); ``monotonic_ns`` is the printk time (boot-relative, per boot);
-    ``realtime_ns`` is the source's own realtime stamp when it has one (journald's receive
-    time), used when the line is from another boot and its monotonic time cannot be converted;
+    ``realtime_ns`` is the source's own realtime stamp when it has one (when the sender
+    logged the line, as journald keeps it; else journald's receive time), used when the
+    line is from another boot and its monotonic time cannot be converted;
     ``sender_pid`` is the logging process (journald's ``SYSLOG_PID``/``_PID``; None for
     the kernel).
     """

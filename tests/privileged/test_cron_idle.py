@@ -1,6 +1,8 @@
 """The cron source on a host with journald: it sleeps on journald's own wake-up (it looked
-at the journal ten times a second), and a CRON line logged meanwhile is still read."""
+at the journal ten times a second), and a CRON line logged meanwhile is still read, timed
+when it was sent."""
 
+import json
 import os
 import subprocess
 import threading
@@ -56,6 +58,12 @@ def test_the_cron_source_waits_on_the_journal_and_still_reads_a_line(system_jour
             seen = [e for e in subscriber.receive_many(0.5, 100)
                     if e.event.kind == "cron_execution" and marker in e.event.command]
         assert seen, "the CRON line was not read"
+        # Its time is when logger sent it, as journald keeps it, not when journald stored it.
+        [entry] = [json.loads(line) for line in subprocess.run(
+            ["journalctl", "-o", "json", "--no-pager", "SYSLOG_IDENTIFIER=CRON",
+             f"MESSAGE=(root) CMD (: {marker})"], capture_output=True, text=True,
+            check=True).stdout.splitlines()]
+        assert seen[0].event.ts == int(entry["_SOURCE_REALTIME_TIMESTAMP"]) * 1000
     finally:
         stop.set()
         source.join(5)
