@@ -6,7 +6,6 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpuwhy.clock import realtime_from_ticks
 from gpuwhy.errors import NoSuchProcess
@@ -20,7 +19,8 @@ MAX_CGROUP_FILE = 16384   # cgroup v1 lists one line per hierarchy: read them al
 TAG_VARIABLES = (b"GPUWHY_TAG", b"AI_PROFILER_TAG")
 
 
-def _read(path: Path, limit: int) -> bytes:
+def _read(path: str, limit: int) -> bytes:
+    # str paths: pathlib's parsing was a third of reading a process (every exec on the host)
     with open(path, "rb") as f:
         return f.read(limit)
 
@@ -32,7 +32,7 @@ def _text(raw: bytes, limit: int = MAX_FIELD) -> str:
 def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int, int]:
     """``(comm, ppid, start_time)`` from /proc/PID/stat; start_time in clock ticks since boot."""
     try:
-        raw = _read(Path(proc_root, str(pid), "stat"), 4096)
+        raw = _read(f"{proc_root}/{pid}/stat", 4096)
     except (FileNotFoundError, ProcessLookupError):
         raise NoSuchProcess(pid) from None
     # comm may itself hold ')' and spaces: it ends at the last ')'.
@@ -50,24 +50,21 @@ def process_key(pid: int, proc_root: str = "/proc") -> ProcessKey:
 def read_tag(pid: int, proc_root: str = "/proc") -> str | None:
     """The value of GPUWHY_TAG (or AI_PROFILER_TAG) in the process's environment, if any."""
     try:
-        environ = _read(Path(proc_root, str(pid), "environ"), 1 << 20)
+        environ = b"\0" + _read(f"{proc_root}/{pid}/environ", 1 << 20)
     except OSError:
         return None
-    found = {}
-    for entry in environ.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if sep and name in TAG_VARIABLES:
-            found[name] = value
-    for name in TAG_VARIABLES:
-        if name in found:
-            return _text(found[name], MAX_TAG)
+    for name in TAG_VARIABLES:     # searched, not split: an environment can be a megabyte
+        at = environ.rfind(b"\0" + name + b"=")     # the last one set is the one in force
+        if at >= 0:
+            value = environ[at + len(name) + 2:]
+            return _text(value[:value.find(b"\0")] if b"\0" in value else value, MAX_TAG)
     return None
 
 
 def read_tgid(pid: int, proc_root: str = "/proc") -> int | None:
     """The thread group (process) a task id belongs to; None when the task is gone."""
     try:
-        for line in _read(Path(proc_root, str(pid), "status"), 8192).splitlines():
+        for line in _read(f"{proc_root}/{pid}/status", 8192).splitlines():
             if line.startswith(b"Tgid:"):
                 return int(line.split()[1])
     except OSError:
@@ -76,7 +73,7 @@ def read_tgid(pid: int, proc_root: str = "/proc") -> int | None:
 
 
 def _uid(pid: int, proc_root: str) -> int:
-    for line in _read(Path(proc_root, str(pid), "status"), 8192).splitlines():
+    for line in _read(f"{proc_root}/{pid}/status", 8192).splitlines():
         if line.startswith(b"Uid:"):
             return int(line.split()[1])
     return -1
@@ -144,16 +141,16 @@ def parse_cgroup(text: str) -> CgroupIdentity:
 def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
     """Everything gpuwhy records about a live process; raises :class:`NoSuchProcess`."""
     comm, ppid, start_time = read_stat(pid, proc_root)
-    base = Path(proc_root, str(pid))
+    base = f"{proc_root}/{pid}"
     try:
-        cmdline = _text(_read(base / "cmdline", MAX_CMDLINE).rstrip(b"\0").replace(b"\0", b" "),
+        cmdline = _text(_read(f"{base}/cmdline", MAX_CMDLINE).rstrip(b"\0").replace(b"\0", b" "),
                         MAX_CMDLINE)
-        cgroup_text = _text(_read(base / "cgroup", MAX_CGROUP_FILE).strip(), MAX_CGROUP_FILE)
+        cgroup_text = _text(_read(f"{base}/cgroup", MAX_CGROUP_FILE).strip(), MAX_CGROUP_FILE)
         uid = _uid(pid, proc_root)
     except (FileNotFoundError, ProcessLookupError):
         raise NoSuchProcess(pid, start_time) from None
     try:
-        exe = _text(os.fsencode(os.readlink(base / "exe")))
+        exe = _text(os.fsencode(os.readlink(f"{base}/exe")))
     except OSError:
         exe = ""
     owner = parse_cgroup(cgroup_text)

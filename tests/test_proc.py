@@ -5,7 +5,7 @@ import pytest
 
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.identity import ProcessKey
-from gpuwhy.proc import MAX_CMDLINE, process_key, read_process, read_stat
+from gpuwhy.proc import MAX_CMDLINE, MAX_TAG, process_key, read_process, read_stat, read_tag
 
 PROC = str(Path(__file__).parent / "data" / "proc")
 
@@ -42,3 +42,19 @@ def test_long_cmdline_is_bounded(tmp_path):
     seen = read_process(1, ts=1, proc_root=str(tmp_path))
     assert len(seen.cmdline) == MAX_CMDLINE
     assert seen.tag is None
+
+
+@pytest.mark.parametrize("environ,tag", [
+    (b"GPUWHY_TAG=first\0PATH=/bin\0", "first"),                  # the first entry
+    (b"PATH=/bin\0GPUWHY_TAG=last", "last"),                       # the last, unterminated
+    (b"GPUWHY_TAG=old\0GPUWHY_TAG=new\0", "new"),                  # set twice: the later one
+    (b"XGPUWHY_TAG=no\0GPUWHY_TAG\0AI_PROFILER_TAG=yes\0", "yes"),  # not the name, no '='
+    (b"AI_PROFILER_TAG=b\0GPUWHY_TAG=a=b\0", "a=b"),               # GPUWHY_TAG first; '=' kept
+    (b"GPUWHY_TAG=\0", ""),
+    (b"HOME=/root\0", None),
+    (b"GPUWHY_TAG=" + b"t" * 1000, "t" * MAX_TAG),
+])
+def test_the_tag_is_the_variable_in_force(tmp_path, environ, tag):
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "environ").write_bytes(environ)
+    assert read_tag(7, str(tmp_path)) == tag
