@@ -7,7 +7,10 @@ are written in the order they came (events' ids follow arrival order); tables ar
 one after the other, which is safe because none has a trigger and the writer reads none of
 them back within a batch (the decide stage, which does, runs after; the writer writes what is
 held before the one read it makes). Statements held with ``add_after`` run after every row:
-an update that must find the rows this batch inserts (a device's close, its open).
+an update that must find the rows this batch inserts (a device's close, its open). They run
+statement by statement, in the order given to ``HeldRows`` and then as they first came,
+each with every value held for it: a host's short-lived processes alternate their exec's
+and their exit's statements, and in arrival order each ran alone.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from operator import itemgetter
 class HeldRows:
     """Statements and their values, per table, waiting for ``write``."""
 
-    def __init__(self) -> None:
+    def __init__(self, after_order: Sequence[str] = ()) -> None:
+        """``after_order``: statements held with ``add_after`` that must run before others
+        (a close of one fd before its process's exit closes the rest), in that order."""
         self._rows: dict[str, list[tuple[str, Sequence]]] = {}
         self._latest: dict[tuple, tuple[str, Sequence]] = {}
-        self._after: list[tuple[str, Sequence]] = []
+        self._after_order = tuple(after_order)
+        self._after: dict[str, list[Sequence]] = {}
 
     def add(self, table: str, sql: str, values: Sequence) -> None:
         rows = self._rows.get(table)
@@ -41,15 +47,22 @@ class HeldRows:
         self._latest[key] = (sql, values)
 
     def add_after(self, sql: str, values: Sequence) -> None:
-        """A statement run after every row held (these in the order they came)."""
-        self._after.append((sql, values))
+        """A statement run after every row held, with the others held for the same SQL."""
+        runs = self._after.get(sql)
+        if runs is None:
+            runs = self._after[sql] = []
+        runs.append(values)
 
     def write(self, conn: sqlite3.Connection) -> None:
         """Write everything held and forget it (also when a statement fails)."""
         try:
-            for rows in (*self._rows.values(), self._latest.values(), self._after):
+            for rows in (*self._rows.values(), self._latest.values()):
                 for sql, run in groupby(rows, key=itemgetter(0)):
                     conn.executemany(sql, [values for _, values in run])
+            if self._after:
+                first = [sql for sql in self._after_order if sql in self._after]
+                for sql in (*first, *(sql for sql in self._after if sql not in first)):
+                    conn.executemany(sql, self._after[sql])
         finally:
             self.clear()
 

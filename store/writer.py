@@ -85,6 +85,17 @@ _DRIVER_CALL_STATS_PK = ("pid", "start_time", "path", "cmd", "sub")
 _JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
 UNKNOWN_PROCESS_FACT = {"ppid": (0, None), "uid": (-1, None)}
+_SEEN_FACTS = ("comm", "cmdline", "exe", "ppid", "uid", "cgroup", "tag", "container_id",
+               "pod_uid", "unit", "started_at")
+# A sighting's row: a process seen again keeps its first sighting, and each fact it knew
+# where this sighting's is unknown (UNKNOWN_PROCESS_FACT, else "" or NULL).
+_SEEN = (
+    f"insert into processes (pid, start_time, {', '.join(_SEEN_FACTS)}, first_seen, last_seen) "
+    f"values ({', '.join('?' * (len(_SEEN_FACTS) + 4))}) on conflict (pid, start_time) do "
+    "update set " + ", ".join(
+        f"{name} = coalesce(nullif(excluded.{name}, "
+        f"{UNKNOWN_PROCESS_FACT.get(name, ('',))[0]!r}), {name})" for name in _SEEN_FACTS)
+    + ", last_seen = excluded.last_seen")
 
 
 @functools.lru_cache(maxsize=512)
@@ -105,13 +116,19 @@ _DEVICE_FD_COLUMNS = ("pid", "start_time", "fd", "opened_at", "path", "device", 
 _OPEN_FD = _statement("device_fds", _DEVICE_FD_COLUMNS, "insert",
                       ("pid", "start_time", "fd", "opened_at"))
 # A close (and a process's exit) ends the opens of that fd (of any fd) made before it: held
-# after the batch's opens (HeldRows.add_after), it needs no order among them, and a late open
-# that came after its close is not left open.
+# after the batch's opens (HeldRows.add_after), so that a late open that came after its
+# close is not left open. The closes of single fds run before the exits (after_order): an
+# fd closed before its process exited keeps its own close time.
 _CLOSE_FD = ("update device_fds set closed_at = ? where pid = ? and start_time = ? and fd = ? "
              "and closed_at is null and opened_at <= ?")
 _CLOSE_PROCESS_FDS = ("update device_fds set closed_at = ? where pid = ? and start_time = ? "
                       "and closed_at is null and opened_at <= ?")
 _SET_EXE_FILENAME = "update processes set exe_filename = ? where pid = ? and start_time = ?"
+_SET_EXITED = ("update processes set exited_at = ?, last_seen = ?, exit_code = "
+               "coalesce(?, exit_code), signal = coalesce(?, signal) where pid = ? and "
+               "start_time = ?")
+_END_BINDINGS = ("update gpu_bindings set until = ? where pid = ? and start_time = ? and "
+                 "until is null")
 _DRIVER_CALL_STATS_COLUMNS = ("pid", "start_time", "path", "device", "cmd", "sub", "op",
                               "sub_name", "count", "errors", "latency_sum_ns",
                               "latency_max_ns", "bytes", "latency_log2", "updated_at")
@@ -162,7 +179,7 @@ class StoreWriter:
         # sched_stats statements by the figures' names, (own, workers): see _sched_plan
         self._sched_plans: dict[tuple, tuple] = {}
         self._sample_sql: dict[tuple[str, ...], str] = {}    # by the sample's columns
-        self._held = HeldRows()
+        self._held = HeldRows(after_order=(_CLOSE_FD, _CLOSE_PROCESS_FDS))
         self._handlers = methods_by_kind(self, "_on_")
         # driver_call_stats figures already in the store, per process then (path, cmd, sub):
         # a flush re-sends a file's every operation when one moved, and rewriting the rest
@@ -298,30 +315,20 @@ class StoreWriter:
             handler(envelope, event)
 
     def _on_process_seen(self, envelope: Envelope, event: ProcessSeen) -> None:
-        key = {"pid": event.process.pid, "start_time": event.process.start_time}
-        existing = self.db.execute(
-            "select first_seen from processes where pid = ? and start_time = ?",
-            [key["pid"], key["start_time"]]).fetchone()
-        facts = {"comm": event.comm, "cmdline": event.cmdline, "exe": event.exe,
-                 "ppid": event.ppid, "uid": event.uid, "cgroup": event.cgroup, "tag": event.tag,
-                 "container_id": event.container_id, "pod_uid": event.pod_uid,
-                 "unit": event.unit, "started_at": event.started_at}
-        if existing:        # a later sighting that could not read /proc keeps what was known
-            facts = {name: value for name, value in facts.items()
-                     if value not in UNKNOWN_PROCESS_FACT.get(name, ("", None))}
-        self._upsert("processes", {
-            **key, **facts, "first_seen": existing[0] if existing else event.ts,
-            "last_seen": event.ts}, pk=("pid", "start_time"))
+        # one statement: a later sighting that could not read /proc keeps what was known
+        self.db.conn.execute(_SEEN, [
+            event.process.pid, event.process.start_time, event.comm, event.cmdline, event.exe,
+            event.ppid, event.uid, event.cgroup, event.tag, event.container_id, event.pod_uid,
+            event.unit, event.started_at, event.ts, event.ts])
 
     def _on_process_exited(self, envelope: Envelope, event: ProcessExited) -> None:
         key = [event.process.pid, event.process.start_time]
-        self.db.execute("update processes set exited_at = ?, last_seen = ?, "
-                        "exit_code = coalesce(?, exit_code), signal = coalesce(?, signal) "
-                        "where pid = ? and start_time = ?",
-                        [event.ts, event.ts, event.exit_code, event.signal, *key])
-        self.db.execute("update gpu_bindings set until = ? where pid = ? and start_time = ? "
-                        "and until is null", [event.ts, *key])
-        self._bound = {b for b in self._bound if b[:2] != tuple(key)}
+        # held, with the batch's other exits: one statement each for all of them
+        self._held.add_after(_SET_EXITED, [event.ts, event.ts, event.exit_code, event.signal,
+                                           *key])
+        self._held.add_after(_END_BINDINGS, [event.ts, *key])
+        if self._bound:
+            self._bound = {b for b in self._bound if b[:2] != tuple(key)}
         self._held.add_after(_CLOSE_PROCESS_FDS, [event.ts, *key, event.ts])
         self._insert_process_event(_event_row(envelope), ONCE_PER_PROCESS)
         # its final figures came before its exit; a late one would only be written again

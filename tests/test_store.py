@@ -397,6 +397,36 @@ def test_a_close_ends_the_opens_of_its_fd_made_before_it_and_no_later_one(db, tm
     late.close()
 
 
+def test_exits_held_together_keep_each_fd_its_own_close(db, tmp_path):
+    """A batch's exits run as one statement each for all of them, after every row: a fd
+    closed before its process exited keeps its close time, whichever exit came first."""
+    other, short = ProcessKey(5000, 1), ProcessKey(5001, 2)
+    events = [ProcessSeen(ts=1, process=other, comm="sh"),
+              ProcessExited(ts=2, process=other, exit_code=3),       # an exit before the close
+              ProcessSeen(ts=3, process=KEY, comm="python"),
+              DeviceOpened(ts=4, process=KEY, fd=3, path="/dev/nvidia0", device="nvidiaN",
+                           minor=0),
+              DeviceOpened(ts=5, process=KEY, fd=4, path="/dev/nvidiactl", device="nvidiactl"),
+              DeviceClosed(ts=6, process=KEY, fd=3, path="/dev/nvidia0"),
+              ProcessSeen(ts=7, process=short, comm="true"),
+              ProcessExited(ts=8, process=short, signal=9),
+              ProcessExited(ts=9, process=KEY, exit_code=0)]
+    facts = ("select pid, exited_at, last_seen, exit_code, signal from processes order by pid",
+             "select fd, opened_at, closed_at from device_fds order by fd",
+             "select pid, since, until from gpu_bindings")
+    StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)])
+    assert db.execute(facts[0]).fetchall() == [(KEY.pid, 9, 9, 0, None), (5000, 2, 2, 3, None),
+                                                (5001, 8, 8, None, 9)]
+    assert db.execute(facts[1]).fetchall() == [(3, 4, 6), (4, 5, 9)]
+    assert db.execute(facts[2]).fetchall() == [(KEY.pid, 4, 9)]
+    each = open_store(tmp_path / "each.db")       # the same, one batch per event
+    for i, event in enumerate(events):
+        StoreWriter(each).write_batch([Envelope("t", i, event)])
+    for sql in facts:
+        assert each.execute(sql).fetchall() == db.execute(sql).fetchall()
+    each.close()
+
+
 def test_a_kernel_log_line_sent_twice_in_a_batch_is_stored_once(db):
     from gpuwhy.events import KernelLogRecord
 
