@@ -147,6 +147,18 @@ def process_events_between(db: Database, kind: str, start: int, end: int) -> lis
         "and e.ts <= ? order by e.ts", [kind, start, end])
 
 
+def gpu_process_exits_between(db: Database, start: int, end: int) -> list[dict]:
+    """Exits in the window of processes bound to a GPU (through its device files) before
+    they ended: one row per exit and GPU (ts, pid, start_time, json body, comm, cmdline,
+    gpu_id). The host's other exits, most of them, are not read."""
+    return _rows(db,
+        "select distinct e.id, e.ts, e.pid, e.start_time, e.body, p.comm, p.cmdline, "
+        "b.gpu_id from events e join gpu_bindings b on b.pid = e.pid and "
+        "b.start_time = e.start_time and b.since <= e.ts left join processes p on "
+        "p.pid = e.pid and p.start_time = e.start_time where e.kind = 'process_exited' "
+        "and e.ts >= ? and e.ts <= ? order by e.ts, e.id", [start, end])
+
+
 def driver_calls_between(db: Database, start: int, end: int) -> list[dict]:
     """Single driver calls recorded in the window."""
     return _rows(db,

@@ -264,6 +264,35 @@ def test_rule_stays_quiet_on_a_near_miss(rule_id):
     assert {s["status"] for s in engine.status()} & {"ok", "pending"}, engine.status()
 
 
+def _host_churn(until: float = 400.0) -> list:
+    """The host's own short-lived processes (health checks, scripts), one in ten failing:
+    none of them opens a GPU."""
+    out = []
+    for n in range(int(until // 2)):
+        key = ProcessKey(40_000 + n, 700_000 + n)
+        out += [(2.0 * n, ProcessSeen(ts=0, process=key, comm="sh", cmdline="sh -c check")),
+                (2.0 * n + 0.1, ProcessExited(ts=0, process=key, exit_code=int(n % 10 == 0)))]
+    return out
+
+
+def test_a_reset_is_under_load_only_when_the_gpus_own_processes_held_it():
+    # between two rounds: by the next one the reset's victim is gone, only its exit says so
+    reset = [(200.5, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
+                              simulated=True))]
+    idle = Synthetic(processes=0, extra=sorted(reset + _host_churn(), key=lambda p: p[0]))
+    firing, engine = fired("R40b_gpu_reset_under_load", idle)
+    assert not firing, engine.status()
+    trainer = ProcessKey(30_000, 600_000)      # it held the GPU and the reset killed it
+    killed = [(150, ProcessSeen(ts=0, process=trainer, comm="python3", cmdline="train.py")),
+              (150.5, DeviceOpened(ts=0, process=trainer, fd=5, path="/dev/nvidia0",
+                                   device="nvidiaN", minor=0)),
+              (201, ProcessExited(ts=0, process=trainer, signal=9))]
+    loaded = Synthetic(processes=0, extra=sorted(reset + killed + _host_churn(),
+                                                 key=lambda p: p[0]))
+    firing, _ = fired("R40b_gpu_reset_under_load", loaded)
+    assert firing and firing[0].evidence["failed_exits"] == 1
+
+
 def test_a_healthy_host_fires_nothing():
     findings, engine = run(Synthetic(duration_s=600), RULES.values())
     assert findings == []
@@ -397,15 +426,20 @@ def test_a_driver_call_counts_as_an_intervention_only_when_it_resets_the_gpu(con
 
 
 # --- R45: the NVLink fabric ---------------------------------------------------------------
-def failed_starts(every_s: float = 40.0, until: float = 400.0) -> list:
-    """A job's rank dying at CUDA init (exit 1) and started again every ``every_s``."""
+def failed_starts(every_s: float = 40.0, until: float = 400.0, opens_gpu: bool = True) -> list:
+    """A job's rank dying at CUDA init (exit 1) and started again every ``every_s``: CUDA's
+    init opens the GPU's device file before it fails. ``opens_gpu=False``: a host process
+    that fails as often without touching a GPU (a health check, a script)."""
     out, t, n = [], 20.0, 0
     while t < until:
         key = ProcessKey(20_000 + n, 900_000 + n)
         out += [(t, ProcessSeen(ts=0, process=key, comm="python3", cmdline="python3 train.py")),
                 (t + 6, ProcessExited(ts=0, process=key, exit_code=1))]
+        if opens_gpu:
+            out.append((t + 5, DeviceOpened(ts=0, process=key, fd=5, path="/dev/nvidia0",
+                                            device="nvidiaN", minor=0)))
         t, n = t + every_s, n + 1
-    return out
+    return sorted(out, key=lambda pair: pair[0])
 
 
 @pytest.mark.parametrize("gpu, severity, after_s", [
@@ -438,6 +472,8 @@ def test_r45_fires_on_ranks_failing_at_cuda_init_with_none_on_the_gpu_now():
     Synthetic(gpu={"fabric_state": 1.0}),
     Synthetic(gpu={**FABRIC_DOWN, "fb_used_mib": 30000.0}),   # a context: CUDA started
     Synthetic(gpu=FABRIC_DOWN, processes=0),                 # nothing tries to use it
+    # the host's own processes fail as often, none of them on the GPU (a health check)
+    Synthetic(gpu=FABRIC_DOWN, processes=0, extra=failed_starts(opens_gpu=False)),
     # a slow training at boot (2 minutes InProgress) while a job's ranks fail and restart
     Synthetic(gpu=lambda t: {**FABRIC_DOWN, "fabric_state": 2.0 if t < 120 else 3.0},
               extra=failed_starts(until=120.0)),

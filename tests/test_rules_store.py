@@ -20,6 +20,7 @@ from gpuwhy.events import (
     DriverCall,
     DriverCallStats,
     Envelope,
+    ProcessExited,
     ProcessSeen,
     RuleFinding,
     SchedStats,
@@ -308,6 +309,53 @@ def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
         findings += engine.evaluate(BASE_TS + t * NS)
     assert [f.rule_id for f in findings if f.state == "firing"] == ["R05b_cuda_sync_bound"]
 
+
+
+def test_a_gpus_exits_are_those_of_its_own_processes_from_the_store_as_from_the_bus(db_path):
+    """proc.exit in a GPU's rules: exits of processes bound to that GPU, once a GPU each, the
+    same read back from the store as fed from the bus; the host's other processes and the
+    GPU monitors are not there."""
+    from gpuwhy.correlator.rules.signals import MemorySignals
+    from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
+
+    def opened(key, minor):
+        return DeviceOpened(ts=0, process=key, fd=5 + minor, path=f"/dev/nvidia{minor}",
+                            device="nvidiaN", minor=minor)
+
+    both, one, host, smi = (ProcessKey(30_000 + n, 500_000 + n) for n in range(4))
+    extra = [(10, ProcessSeen(ts=0, process=both, comm="python3", cmdline="train.py")),
+             (11, opened(both, 0)), (11, opened(both, 1)),
+             (12, ProcessSeen(ts=0, process=one, comm="python3", cmdline="eval.py")),
+             (13, opened(one, 1)),
+             (14, ProcessSeen(ts=0, process=host, comm="sh", cmdline="sh -c check")),
+             (15, ProcessSeen(ts=0, process=smi, comm="nvidia-smi", cmdline="nvidia-smi")),
+             (16, opened(smi, 0)),
+             (20, ProcessExited(ts=0, process=host, exit_code=1)),
+             (21, ProcessExited(ts=0, process=smi, exit_code=0)),
+             (30, ProcessExited(ts=0, process=one, exit_code=2)),
+             (40, ProcessExited(ts=0, process=both, signal=9))]
+    spec = Synthetic(duration_s=60, gpus=2, processes=0, extra=extra)
+    events = spec.events()
+    db = open_store(db_path)
+    assert StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)]) \
+        == len(events)
+    db.close()
+    memory = MemorySignals()
+    memory.feed(events)
+    store = StoreSignals(open_store(db_path, readonly=True))
+    end = BASE_TS + 60 * NS
+    expected = {0: [(40, both, None, 9)], 1: [(30, one, 2, None), (40, both, None, 9)]}
+    for gpu in (0, 1):
+        for scope in (Scope(spec.gpu_id(gpu)), Scope(spec.gpu_id(gpu), both)):
+            read = []
+            for signals in (memory, store):
+                signals.begin(end)
+                rows = signals.events(scope, "proc.exit", BASE_TS, end)
+                read.append([((ts - BASE_TS) // NS, row["_process"], row["exit_code"],
+                              row["signal"], row["own"]) for ts, row in rows])
+            own = [float(scope.process == key) for _, key, *_ in expected[gpu]]
+            assert read[0] == read[1] == [(*row, mine) for row, mine
+                                          in zip(expected[gpu], own, strict=True)], scope
 
 
 def _call(ts: int) -> Envelope:

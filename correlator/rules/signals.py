@@ -474,10 +474,13 @@ class MemorySignals(Signals):
         elif isinstance(event, ProcessExited):
             self.exited.add(event.process)
             facts = self.process_facts.get(event.process)
-            self._event("proc.exit", ts, {"_process": event.process,
-                                          "exit_code": event.exit_code,
-                                          "signal": event.signal,
-                                          "comm": facts.comm if facts else ""})
+            if not is_monitor(facts):      # a GPU's processes only: one row per GPU
+                for gpu, bound in self.bindings.items():
+                    if event.process in bound:
+                        self._event("proc.exit", ts, {
+                            "_process": event.process, "_gpu": gpu,
+                            "exit_code": event.exit_code, "signal": event.signal,
+                            "comm": facts.comm if facts else ""})
         elif isinstance(event, ProcessExec):
             facts = self.process_facts.get(event.process)
             cmdline = facts.cmdline if facts else ""

@@ -30,6 +30,7 @@ from gpuwhy.correlator.rules.signals import (
     Signals,
     _slice,
     mig_order,
+    names_a_monitor,
     pci_key,
 )
 from gpuwhy.errors import NoSuchProcess
@@ -224,6 +225,8 @@ class StoreSignals(Signals):
                    end: int) -> list[tuple[int, dict]]:
         load = self._stream if stream in LIVE_STREAMS else self._load_events
         rows = self._cached(("events", stream, start, end), lambda: load(stream, start, end))
+        if stream == "proc.exit":        # one row per GPU the process was bound to
+            return [(ts, row) for ts, row in rows if row["_gpu"] == scope.gpu_id]
         if stream not in ("journal.xid", "journal.nvrm", "gpu.xid", "gpu.state"):
             return rows
         gpu = self._gpu(scope.gpu_id)
@@ -261,18 +264,27 @@ class StoreSignals(Signals):
                                "gpu_action": r["gpu_action"] or "",
                                "reset": action_kind(r["gpu_action"])})
                     for r in streams.cron_starts_between(self.db, start, end)]
-        if stream in ("proc.exec", "proc.exit"):
-            kind = "process_exec" if stream == "proc.exec" else "process_exited"
+        if stream == "proc.exec":
             out = []
-            for r in streams.process_events_between(self.db, kind, start, end):
-                body = json.loads(r["body"] or "{}")
+            for r in streams.process_events_between(self.db, "process_exec", start, end):
                 cmdline = r["cmdline"] or ""
                 action = gpu_action(cmdline) or ""
                 out.append((r["ts"], {
                     "_process": ProcessKey(r["pid"], r["start_time"]),
-                    "filename": body.get("filename", ""), "cmdline": cmdline,
-                    "comm": r["comm"] or "", "gpu_action": action, "reset": action_kind(action),
-                    "exit_code": body.get("exit_code"), "signal": body.get("signal")}))
+                    "filename": json.loads(r["body"] or "{}").get("filename", ""),
+                    "cmdline": cmdline, "comm": r["comm"] or "", "gpu_action": action,
+                    "reset": action_kind(action)}))
+            return out
+        if stream == "proc.exit":
+            out = []
+            for r in streams.gpu_process_exits_between(self.db, start, end):
+                if names_a_monitor(r["comm"], r["cmdline"]):
+                    continue
+                body = json.loads(r["body"] or "{}")
+                out.append((r["ts"], {
+                    "_process": ProcessKey(r["pid"], r["start_time"]), "_gpu": r["gpu_id"],
+                    "comm": r["comm"] or "", "exit_code": body.get("exit_code"),
+                    "signal": body.get("signal")}))
             return out
         if stream == "driver.call":
             return [(r["ts"], {"_process": ProcessKey(r["pid"], r["start_time"]),

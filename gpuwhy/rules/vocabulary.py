@@ -393,9 +393,10 @@ STREAMS: dict[str, Stream] = {s.name: s for s in (
     Stream("proc.exec", "host", {"filename": "text", "cmdline": "text", "comm": "text",
                                  "gpu_action": "text", "reset": "text", "own": "num"},
            "a process replaced its image (exec); gpu_action and reset as for cron.run"),
-    Stream("proc.exit", "host", {"exit_code": "num", "signal": "num", "comm": "text",
-                                 "own": "num"},
-           "a process ended"),
+    Stream("proc.exit", "gpu", {"exit_code": "num", "signal": "num", "comm": "text",
+                                "own": "num"},
+           "a process that had opened the GPU's device files ended (GPU monitors such as "
+           "nvidia-smi not counted); the host's other processes are not this stream's"),
     Stream("driver.call", "host", {"op": "text", "sub_name": "text", "reasons": "text",
                                    "status": "text", "latency_ms": "num", "reset": "text",
                                    "own": "num"},
