@@ -42,6 +42,7 @@ have one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -458,11 +459,12 @@ def build_commit(commit: str, work: Path) -> Path:
 
 def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
                 warmup: float = 30.0, rounds: int = 3, windows: int = 6,
-                window: float = 10.0, settle: float = 0.0) -> dict:
+                window: float = 10.0, settle: float = 0.0, churn_rate: float = 0.0) -> dict:
     """CPU % of one core of this checkout's sidecar and of the one installed in ``site``,
     run at the same time: one value each per window, the windows of both the same; their
     anonymous MB after the windows of each round and, with ``settle``, ``settle`` seconds
-    after the start."""
+    after the start. With ``churn_rate``, the windows run while the host starts that many
+    short-lived processes a second, which both sidecars see."""
     builds = {"this checkout": None, label: str(site)}
     per: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
     anon: dict[str, dict[str, dict[str, list[float]]]] = {
@@ -483,14 +485,17 @@ def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
                 time.sleep(warmup)
                 pids = {(name, role): pid for name, sidecar in sidecars.items()
                         for role, pid in sidecar.pids().items()}
-                for _ in range(windows):
-                    shares = cpu_shares(pids, window)   # both builds over the same seconds
-                    for name in sidecars:
-                        mine = {role: share for (of, role), share in shares.items()
-                                if of == name}
-                        mine["total"] = sum(mine.values())
-                        for role, share in mine.items():
-                            per[name].setdefault(role, []).append(share)
+                with Spawner(churn_rate) if churn_rate else contextlib.nullcontext():
+                    if churn_rate:
+                        time.sleep(min(3.0, window))    # their records reach both services
+                    for _ in range(windows):
+                        shares = cpu_shares(pids, window)   # both builds, the same seconds
+                        for name in sidecars:
+                            mine = {role: share for (of, role), share in shares.items()
+                                    if of == name}
+                            mine["total"] = sum(mine.values())
+                            for role, share in mine.items():
+                                per[name].setdefault(role, []).append(share)
                 _read_anon(pids, anon["windows"])
                 if settle:
                     time.sleep(max(0.0, started + settle - time.monotonic()))
@@ -502,7 +507,7 @@ def run_against(site: Path, label: str, gpus: int = 8, processes: int = 16,
             "window_s": window, "warmup_s": warmup, "builds": list(builds),
             "per_build": per, "difference": compare(per["this checkout"]["total"],
                                                     per[label]["total"]),
-            "anon_mb": anon, "settle_s": settle}
+            "anon_mb": anon, "settle_s": settle, "churn_rate": churn_rate}
 
 
 def _read_anon(pids: dict[tuple[str, str], int],
@@ -530,8 +535,10 @@ def against_table(result: dict) -> str:
     per, difference = result["per_build"], result["difference"]
     lines = [f"{result['gpus']} simulated GPUs, {result['processes']} stand-in processes "
              f"each; both sidecars at once, {result['rounds']} rounds × {result['windows']} "
-             f"windows of {result['window_s']:g} s after {result['warmup_s']:g} s; "
-             "CPU % of one core, median [min–max]", "",
+             f"windows of {result['window_s']:g} s after {result['warmup_s']:g} s"
+             + (f", {result['churn_rate']:g} short-lived host processes a second"
+                if result.get("churn_rate") else "")
+             + "; CPU % of one core, median [min–max]", "",
              f"| process | {this} | {other} |", "|---|---|---|"]
     for role in per[this]:
         cells = [f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]"
@@ -604,7 +611,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--churn", type=float, default=0.0, metavar="RATE",
                         help="then alternate windows without and with RATE short-lived "
-                             "host processes a second")
+                             "host processes a second (with --against: every window has "
+                             "them)")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
                         help="then read the memory again SECONDS after the start")
     parser.add_argument("--busy", type=int, default=None,
@@ -627,7 +635,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-against-") as tmp:
             site = build_commit(commit, Path(tmp))
             result = run_against(site, commit[:12], args.gpus, args.processes, args.warmup,
-                                 args.rounds, args.windows, args.window, args.settle)
+                                 args.rounds, args.windows, args.window, args.settle,
+                                 args.churn)
         print(against_table(result))
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))

@@ -236,6 +236,9 @@ def test_against_reads_both_builds_memory_apart_and_tabulates_it() -> None:
                                     "abc123": {"total": [83.0]}}
     assert "| total | 74.0 [74.0–74.0] | 83.0 [83.0–83.0] |" in \
         bench_sidecar.against_table(result).split("10 min after the start")[1]
+    assert "short-lived" not in bench_sidecar.against_table(result)
+    result["churn_rate"] = 20.0      # --churn with --against: both sidecars see them
+    assert "20 short-lived host processes a second" in bench_sidecar.against_table(result)
 
 
 def test_a_sidecar_runs_the_build_on_its_pythonpath_even_from_the_checkout(
