@@ -8,6 +8,7 @@ compounds (``a && b; c | d``) are split and each simple command checked, after
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 
@@ -91,6 +92,9 @@ def _simple_action(words: list[str]) -> str | None:
     return None
 
 
+# A host runs the same few commands over and over (health checks, agents, cron jobs): each
+# exec's command is asked about once by the rules; 256 commands of at most 4 KiB stay small.
+@functools.lru_cache(maxsize=256)
 def gpu_action(command: str) -> str | None:
     """What a command does to GPUs, in words, or None when it does nothing to them.
 
