@@ -151,7 +151,7 @@ def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:
 def _pump(reader: object, publisher: Publisher, stop: threading.Event,
           clock: ClockConverter, counters: dict[str, int]) -> None:
     for raw in reader.lines(500):    # type: ignore[attr-defined]
-        ts = raw.realtime_ns or now_ns()    # when the job logged it, just before its exec
+        ts = raw.realtime_ns or now_ns()    # when cron logged it, as it started the job
         event = execution_event(raw, ts, clock)
         if event is None:
             continue
