@@ -49,6 +49,8 @@ HITS = {
     "numa-pod-wrong-socket": "R46_cpu_on_far_numa_node",
     # GPU 0 in MIG mode: a notebook holds a 1g.10gb instance idle among busy tenants
     "mig-idle-notebook": "R47_mig_instance_allocated_but_idle",
+    # a cron job resets an idle GPU while the host's own processes come and go
+    "cron-reset-idle-gpu": "R40_operator_or_cron_intervention",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
@@ -77,6 +79,14 @@ def test_the_top_answer_of_a_scenario_that_hits(written, name):
     # the goal: the right answer within 5 minutes of the fault (capture time, not wall time)
     assert written[name].onset_s <= outcome.time_to_answer_s <= written[name].onset_s + 300
     assert outcome.timeline[-1][1] == HITS[name]
+
+
+def test_an_idle_gpus_reset_is_not_a_reset_under_load(written):
+    """GPU 3 is reset with no process on it, on a host whose health checks and metrics
+    scripts end all the time (some failing): their exits are not the GPU's processes'."""
+    outcome = evaluate_case(written["cron-reset-idle-gpu"], RULES, ranking()[1])
+    assert "R40_operator_or_cron_intervention" in outcome.fired
+    assert "R40b_gpu_reset_under_load" not in outcome.fired
 
 
 @pytest.mark.parametrize("name", QUIET)

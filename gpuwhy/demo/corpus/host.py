@@ -516,6 +516,47 @@ class Host:
                                                              exit_code=exit_code))]
         return key
 
+    # What a GPU node runs besides its jobs, all day: an orchestrator's exec probes, a
+    # metrics script that asks nvidia-smi, a textfile collector, a service check that is
+    # sometimes refused. (command, seconds apart, exit codes and how often each, opens GPUs)
+    CHATTER = (
+        ("/bin/sh -c /usr/local/bin/node-health.sh", 10.0, ((0, 1.0),), False),
+        ("nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader",
+         30.0, ((0, 1.0),), True),
+        ("/usr/local/bin/smartmon.sh", 60.0, ((0, 1.0),), False),
+        ("curl -sf http://127.0.0.1:9400/metrics -o /dev/null", 15.0, ((0, 0.9), (7, 0.1)),
+         False),
+        ("systemctl is-active --quiet nvidia-dcgm-exporter", 20.0, ((0, 0.8), (3, 0.2)),
+         False),
+    )
+
+    def chatter(self) -> None:
+        """The host's own short-lived processes over the whole capture (``CHATTER``), one in
+        ten of some failing; nvidia-smi's queries open every GPU's device file, as the real
+        one does. Drawn from their own random stream: the jobs' draws stay the same."""
+        rng = random.Random(f"chatter:{self.seed}")
+        for cmdline, every_s, exits, opens in self.CHATTER:
+            t = rng.uniform(0, every_s)
+            while t < self.n - 1:
+                pid = rng.randrange(2000, 4_000_000)
+                if pid in self._pids:
+                    continue
+                self._pids.add(pid)
+                key = ProcessKey(pid, int((self.uptime_s + t) * TICKS))
+                exe = "/usr/bin/" + cmdline.split()[0].rsplit("/", 1)[-1]
+                code = rng.choices([c for c, _ in exits], [w for _, w in exits])[0]
+                lasts = rng.uniform(0.02, 0.4)
+                self.extra += [
+                    (t, "probes", ProcessSeen(ts=0, process=key, comm=exe.rsplit("/", 1)[-1][:15],
+                                              cmdline=cmdline, exe=exe, ppid=1, uid=0)),
+                    (t + 0.001, "probes", ProcessExec(ts=0, process=key, filename=exe, ppid=1)),
+                    (t + lasts, "probes", ProcessExited(ts=0, process=key, exit_code=code))]
+                if opens:
+                    self.extra += [(t + 0.01 + 0.001 * g, "probes", DeviceOpened(
+                        ts=0, process=key, fd=3 + g, path=f"/dev/nvidia{g}", device="nvidiaN",
+                        minor=g)) for g in range(self.count)]
+                t += every_s * rng.uniform(0.97, 1.03)
+
     def monitors(self, hostengine: bool | None = None) -> None:
         """nvidia-persistenced, and nv-hostengine under a DCGM source: both hold every GPU."""
         every = list(range(self.count))

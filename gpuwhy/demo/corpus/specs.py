@@ -33,9 +33,11 @@ from gpuwhy.demo.corpus.host import (
     Steady,
     Training,
     cuda_start_fails,
+    gpu_state,
     gpu_xid,
     pci,
     power_speed,
+    reset_call,
     thermal_speed,
 )
 from gpuwhy.gpufields import FABRIC_IN_PROGRESS, FABRIC_NOT_STARTED, FABRIC_SUCCESS
@@ -62,6 +64,7 @@ def node(seed: int, board: Board, gpus: int, minutes: float = MINUTES,
          source: str = "dcgm", numa_nodes: int = 1) -> Host:
     host = Host(seed, board, gpus, int(minutes * 60), source, numa_nodes=numa_nodes)
     host.monitors()
+    host.chatter()
     return host
 
 
@@ -155,6 +158,7 @@ def _(seed: int) -> Host:
     host = Host(seed, H100, 8, MINUTES * 60)
     host.uptime_s = 75.0
     host.monitors()
+    host.chatter()
     for g in range(8):   # the GPUs finish registering with the fabric a little apart
         host.conditions[g].fabric_state = lambda t, up=44.0 + 0.4 * g: \
             FABRIC_IN_PROGRESS if t < up else FABRIC_SUCCESS
@@ -838,6 +842,7 @@ def _(seed: int) -> Host:
     host = Host(seed, H100, 8, MINUTES * 60)
     host.uptime_s = 75.0          # gpuwhy starts with the node
     host.monitors()
+    host.chatter()
     for g in range(8):
         host.conditions[g].fabric_state = lambda t: FABRIC_NOT_STARTED
     rng = random.Random(f"retries:{seed}")
@@ -998,6 +1003,23 @@ def _(seed: int) -> Host:
     host.add(llm_fsdp(list(range(8)), speed=lambda r, t: speed if t >= 200.5 else 1.0))
     host.cron(200.0, "/usr/local/sbin/gpu-power-policy peak", gpu_action=None)
     host.command(200.1, "nvidia-smi -pl 500")
+    return host
+
+
+@scenario("cron-reset-idle-gpu", 903,
+          "a nightly 'GPU hygiene' cron job resets GPU 3, which no job holds, while GPUs 0-2 "
+          "train; the node's health checks and metrics scripts come and go as every minute",
+          ("R40_operator_or_cron_intervention",), "operator", onset_s=180,
+          notes="not a reset under load: no process of GPU 3's ends, only the host's own")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4)
+    for g in range(3):
+        host.add(resnet50([g], comm_bytes=0.0, cores=28))
+    host.cron(180.0, "/usr/local/sbin/gpu-hygiene.sh", gpu_action=None)
+    smi = host.command(180.3, "nvidia-smi -r -i 3", lasts_s=3.5)
+    reset_call(host, 180.4, smi)
+    gpu_state(host, 180.5, 3, "resetting", "nvidia-smi -r")
+    gpu_state(host, 183.6, 3, "back")
     return host
 
 
