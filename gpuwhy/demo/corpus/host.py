@@ -505,7 +505,11 @@ class Host:
     def command(self, t: float, cmdline: str, ppid: int = 1, uid: int = 0,
                 exit_code: int = 0, lasts_s: float = 0.9) -> ProcessKey:
         """A short command run at ``t`` (seen, exec'd; it exits ``lasts_s`` later)."""
-        key = ProcessKey(self.pid(), int((self.uptime_s + t) * TICKS))
+        return self._short_lived(self.pid(), t, cmdline, ppid, uid, exit_code, lasts_s)
+
+    def _short_lived(self, pid: int, t: float, cmdline: str, ppid: int, uid: int,
+                     exit_code: int, lasts_s: float) -> ProcessKey:
+        key = ProcessKey(pid, int((self.uptime_s + t) * TICKS))
         exe = "/usr/bin/" + cmdline.split()[0].rsplit("/", 1)[-1]
         comm = exe.rsplit("/", 1)[-1][:15]
         self.extra += [(t, "probes", ProcessSeen(ts=0, process=key, comm=comm, cmdline=cmdline,
@@ -542,15 +546,8 @@ class Host:
                 if pid in self._pids:
                     continue
                 self._pids.add(pid)
-                key = ProcessKey(pid, int((self.uptime_s + t) * TICKS))
-                exe = "/usr/bin/" + cmdline.split()[0].rsplit("/", 1)[-1]
                 code = rng.choices([c for c, _ in exits], [w for _, w in exits])[0]
-                lasts = rng.uniform(0.02, 0.4)
-                self.extra += [
-                    (t, "probes", ProcessSeen(ts=0, process=key, comm=exe.rsplit("/", 1)[-1][:15],
-                                              cmdline=cmdline, exe=exe, ppid=1, uid=0)),
-                    (t + 0.001, "probes", ProcessExec(ts=0, process=key, filename=exe, ppid=1)),
-                    (t + lasts, "probes", ProcessExited(ts=0, process=key, exit_code=code))]
+                key = self._short_lived(pid, t, cmdline, 1, 0, code, rng.uniform(0.02, 0.4))
                 if opens:
                     self.extra += [(t + 0.01 + 0.001 * g, "probes", DeviceOpened(
                         ts=0, process=key, fd=3 + g, path=f"/dev/nvidia{g}", device="nvidiaN",
