@@ -41,6 +41,7 @@ from gpuwhy.demo.corpus.host import (
     thermal_speed,
 )
 from gpuwhy.gpufields import FABRIC_IN_PROGRESS, FABRIC_NOT_STARTED, FABRIC_SUCCESS
+from gpuwhy.reset import BACK_STATES, RESET_STATES
 
 CORPUS: list[Scenario] = []
 MINUTES = 12
@@ -1018,8 +1019,8 @@ def _(seed: int) -> Host:
     host.cron(180.0, "/usr/local/sbin/gpu-hygiene.sh", gpu_action=None)
     smi = host.command(180.3, "nvidia-smi -r -i 3", lasts_s=3.5)
     reset_call(host, 180.4, smi)
-    gpu_state(host, 180.5, 3, "resetting", "nvidia-smi -r")
-    gpu_state(host, 183.6, 3, "back")
+    gpu_state(host, 180.5, 3, RESET_STATES[0], "nvidia-smi -r")
+    gpu_state(host, 183.6, 3, BACK_STATES[0])
     return host
 
 
