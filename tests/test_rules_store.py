@@ -268,17 +268,11 @@ def test_a_broken_extra_rule_file_costs_only_its_rules_and_status_names_it(tmp_c
     assert part["state"] == "degraded" and f"{folder / 'broken.rules'}:4:24" in part["detail"]
 
 
-def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
-    """The CUDA uprobes' intervals through the StoreWriter and cuda_stats, read back by
-    StoreSignals, give the same cuda.* series as MemorySignals fed the same events; a
-    sync-bound process fires R05b over the store."""
-    from gpuwhy.correlator.rules.signals import MemorySignals, Scope
-    from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
-    from gpuwhy.rules.vocabulary import SIGNALS
+def _fed_both_ways(spec, db_path) -> tuple:
+    """The synthetic host's events fed to MemorySignals and, through the StoreWriter, to the
+    store a StoreSignals reads: the two signals a test compares."""
+    from gpuwhy.correlator.rules.signals import MemorySignals
 
-    spec = Synthetic(duration_s=300, gpu={"gr_engine_active": 0.5},
-                     cuda=lambda t: {"syncs": 40, "sync_frac": 0.5, "pageable_frac": 0.25,
-                                     "launches": 1000 + t, "allocs": t % 3, "frees": 1})
     events = spec.events()
     db = open_store(db_path)
     assert StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)]) \
@@ -286,7 +280,20 @@ def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
     db.close()
     memory = MemorySignals()
     memory.feed(events)
-    store = StoreSignals(open_store(db_path, readonly=True))
+    return memory, StoreSignals(open_store(db_path, readonly=True))
+
+
+def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
+    """The CUDA uprobes' intervals through the StoreWriter and cuda_stats, read back by
+    StoreSignals, give the same cuda.* series as MemorySignals fed the same events; a
+    sync-bound process fires R05b over the store."""
+    from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
+    from gpuwhy.rules.vocabulary import SIGNALS
+
+    spec = Synthetic(duration_s=300, gpu={"gr_engine_active": 0.5},
+                     cuda=lambda t: {"syncs": 40, "sync_frac": 0.5, "pageable_frac": 0.25,
+                                     "launches": 1000 + t, "allocs": t % 3, "frees": 1})
+    memory, store = _fed_both_ways(spec, db_path)
     end = BASE_TS + 300 * NS
     memory.begin(end)
     store.begin(end)
@@ -315,7 +322,6 @@ def test_a_gpus_exits_are_those_of_its_own_processes_from_the_store_as_from_the_
     """proc.exit in a GPU's rules: exits of processes bound to that GPU, once a GPU each, the
     same read back from the store as fed from the bus; the host's other processes and the
     GPU monitors are not there."""
-    from gpuwhy.correlator.rules.signals import MemorySignals
     from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
 
     def opened(key, minor):
@@ -335,14 +341,7 @@ def test_a_gpus_exits_are_those_of_its_own_processes_from_the_store_as_from_the_
              (30, ProcessExited(ts=0, process=one, exit_code=2)),
              (40, ProcessExited(ts=0, process=both, signal=9))]
     spec = Synthetic(duration_s=60, gpus=2, processes=0, extra=extra)
-    events = spec.events()
-    db = open_store(db_path)
-    assert StoreWriter(db).write_batch([Envelope("t", i, e) for i, e in enumerate(events)]) \
-        == len(events)
-    db.close()
-    memory = MemorySignals()
-    memory.feed(events)
-    store = StoreSignals(open_store(db_path, readonly=True))
+    memory, store = _fed_both_ways(spec, db_path)
     end = BASE_TS + 60 * NS
     expected = {0: [(40, both, None, 9)], 1: [(30, one, 2, None), (40, both, None, 9)]}
     for gpu in (0, 1):
