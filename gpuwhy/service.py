@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 
 PROBE_STOP_TIMEOUT = 3.0
 SOURCE_STOP_TIMEOUT = 2.0
-WATCH_EVERY = 1.0    # seconds between looks at the threads and the probes (watchdog pings)
+# seconds between looks at the threads and the probes: the watchdog's pings are due every
+# WatchdogSec/2 (15 s as shipped), and a part that stopped is said within this
+WATCH_EVERY = 5.0
 # seconds between giving the heap the threads freed back to the kernel (0.1-0.3 ms each):
 # glibc keeps it, and a long-running service's churn (rounds, batches, pages) leaves a MB
 RELEASE_EVERY = 60.0

@@ -53,7 +53,9 @@ NOTES = """
   `gpuwhy probes` child) with 8 simulated GPUs at 1 Hz and 16 stand-in GPU processes
   (`gpuwhy.demo.standin train --starved`: each holds nvidiactl/nvidiaN/nvidia-uvm
   look-alikes and sends about 20 driver calls a second), then the seed tool's case of
-  1 GPU and 3 processes. CPU is CPU seconds per wall second of those two processes
+  1 GPU and 3 processes, then an idle host: 2 GPUs and no GPU process, a host between
+  jobs (goal ≤ 0.3 %; its memory is the 1-GPU case's, so only its CPU is shown). CPU is
+  CPU seconds per wall second of those two processes
   (their threads' nanosecond counts in `/proc/PID/task/*/schedstat`; psutil's 10 ms ticks
   read a few-second window in 0.33 % steps), per window after the warm-up; the eBPF
   programs' own time runs inside the

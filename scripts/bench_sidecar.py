@@ -62,7 +62,7 @@ import psutil
 from gpuwhy.lifeline import child_environment
 
 MB = 1024 * 1024
-GOALS = {"cpu_pct": 1.0, "anon_mb": 80.0, "rss_mb": 200.0}
+GOALS = {"cpu_pct": 1.0, "anon_mb": 80.0, "rss_mb": 200.0, "idle_cpu_pct": 0.3}
 # BPF map types whose values are kept once for every possible CPU (uapi/linux/bpf.h)
 PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH,
                                                # PERCPU_CGROUP_STORAGE

@@ -4,7 +4,7 @@ import threading
 import time
 
 from gpuwhy import service as service_module
-from gpuwhy.service import WATCH_EVERY, Service
+from gpuwhy.service import Service
 
 
 def _anon_mb() -> float:
@@ -16,6 +16,7 @@ def test_a_waiting_service_gives_freed_heap_back_to_the_kernel(tmp_config, monke
     # glibc keeps what threads free; the service hands it back while it waits, not only at
     # start-up (a day's rounds, batches and pages would leave it holding megabytes)
     monkeypatch.setattr(service_module, "RELEASE_EVERY", 0.2)
+    monkeypatch.setattr(service_module, "WATCH_EVERY", 0.5)
     service = Service(tmp_config.replace({"web.port": 0}), with_probes=False, sources={})
     blocks = [bytes(2000) for _ in range(40_000)]       # ~80 MB of malloc'ed blocks
     kept = blocks[::16]                                  # holes glibc keeps by itself
@@ -24,7 +25,7 @@ def test_a_waiting_service_gives_freed_heap_back_to_the_kernel(tmp_config, monke
     waiting = threading.Thread(target=service.wait)
     waiting.start()
     try:
-        time.sleep(WATCH_EVERY + 0.5)
+        time.sleep(1.0)    # two looks
         after = _anon_mb()
     finally:
         service.shutdown.set()
