@@ -21,7 +21,9 @@ means). Benchmarks (--only takes these names):
   sidecar     P3 `gpuwhy up` steady-state CPU % and memory (RSS, anonymous), per process
               and in total: 8 simulated GPUs / 16 processes, the seed's 1 GPU / 3, and
               an idle host's 2 GPUs and no GPU process (CPU only, goal <= 0.3 %);
-              the probes' anonymous memory before and after malloc_trim(0)
+              each case's memory touched a second and this machine's charge for a
+              page left a second (beside one read at once); the probes' anonymous
+              memory before and after malloc_trim(0)
   gpu         the GPU source's CPU share (8 simulated GPUs at 1 Hz), a part of P3
   correlator  P4 sustained bus -> correlator -> store events/s and losses;
               P7 kernel Xid line -> stored incident and -> journal alert
@@ -192,6 +194,23 @@ def settled_rows(settled: dict, case: str, goals: dict, churn: dict | None) -> F
     return rows
 
 
+def pace_rows(result: dict, case: str) -> Figures:
+    """The memory the sidecar touched a second, and what this machine charged for a page
+    left a second, beside a page read a moment ago: on a VM whose host reclaims idle guest
+    memory the second is tens of times the first, and P3's CPU follows it."""
+    touched = result["touched_mb_per_s"]
+    total = [sum(values) for values in zip(*touched.values(), strict=True)]
+    pace = result["pace"]
+    return [
+        figure("P3", f"  memory touched a second, total ({case})", "MB", total,
+               note=", ".join(f"{role.split(' ')[0]} {statistics.median(values):.1f}"
+                              for role, values in touched.items())),
+        figure("P3", f"  this machine: CPU to read a page left {pace[0]['gap_s']:g} s, "
+               f"before and after the windows ({case})", "µs",
+               [p["cold_us_per_page"] for p in pace], reference="a page read just before",
+               reference_value=statistics.median(p["hot_us_per_page"] for p in pace))]
+
+
 def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
     """QUICK: the 8-GPU case only, 3 windows of 3 s after 6 s (full: the 8-GPU, 1-GPU and
     idle-host cases, 6 windows of 10 s after 30 s, and the 8-GPU case's memory again after
@@ -218,6 +237,7 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
         cpu_goal = goals["cpu_pct"] if busy else goals["idle_cpu_pct"]
         rows.append(figure("P3", f"CPU, whole sidecar ({case})", "% of one core",
                            total["cpu_pct"], goal=f"≤ {cpu_goal:g}", goal_value=cpu_goal))
+        rows += pace_rows(result, case)
         if not busy:     # its memory is the 1-GPU case's: only the CPU has a goal of its own
             rows += [figure("P3", f"  {role}: CPU", "% of one core", figures["cpu_pct"])
                      for role, figures in per.items() if role != "total"]

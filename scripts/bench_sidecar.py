@@ -14,7 +14,10 @@ look-alike nvidiactl/nvidiaN/nvidia-uvm files and sends about 20 driver calls a 
 After --warmup seconds it measures, over --windows windows of --window seconds, the CPU
 seconds per wall second of every gpuwhy process (its threads' schedstat) and their memory from
 /proc/PID/smaps_rollup: RSS, anonymous and private dirty pages, and the clean file pages
-of bcc's LLVM/clang libraries (shared, evictable, the bulk of the probes' RSS).
+of bcc's LLVM/clang libraries (shared, evictable, the bulk of the probes' RSS). Then the
+memory each process touches a second, and what this machine charges for reading a page left
+alone for a second (in the warm-up and after the windows): on a VM whose host reclaims idle
+guest memory that charge swings tenfold within an hour, and an idle sidecar's CPU with it.
 
 The CPU that the eBPF programs spend inside traced processes' system calls is charged to
 those processes, not to gpuwhy: bench_probes.py measures it (ns per call).
@@ -92,6 +95,47 @@ def memory(pid: int) -> dict[str, float]:
     return {"rss_mb": fields.get("Rss", 0.0), "anon_mb": fields.get("Anonymous", 0.0),
             "private_dirty_mb": fields.get("Private_Dirty", 0.0),
             "compiler_libs_mb": compiler}
+
+
+PAGE = 4096
+
+
+def touched(pids: dict[str, int], window: float = 1.0) -> dict[str, float]:
+    """MB of its memory each process read or wrote over ``window`` s: the accessed bits of
+    its pages cleared (/proc/PID/clear_refs), then its pages with the bit set again counted
+    (smaps_rollup's Referenced). A page shared by two processes counts in each."""
+    for pid in pids.values():
+        Path(f"/proc/{pid}/clear_refs").write_text("1")
+    time.sleep(window)
+    out = {}
+    for role, pid in pids.items():
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Referenced:"):
+                out[role] = int(line.split()[1]) * 1024 / MB / window
+    return out
+
+
+def host_pace(gap: float = 1.0, runs: int = 5, pages: int = 256) -> dict[str, float]:
+    """What memory left alone costs here: CPU µs to read again a page of this process's
+    memory that sat unused for ``gap`` s ("cold"), and one read a moment ago ("hot"). On a
+    VM whose host reclaims or ages its guests' idle memory, a cold page costs tens of µs
+    against a fraction of one: a once-a-second chore then costs what it touches, whatever
+    its work, and the sidecar's idle CPU follows the host's memory pressure."""
+    buf = bytearray(b"\1" * (pages * PAGE))     # written: every page is there
+
+    def read_all() -> float:
+        started, total = time.thread_time(), 0
+        for offset in range(0, len(buf), PAGE):
+            total += buf[offset]
+        return (time.thread_time() - started) * 1e6 / pages
+    read_all()
+    hot = [read_all() for _ in range(runs)]
+    cold = []
+    for _ in range(runs):
+        time.sleep(gap)
+        cold.append(read_all())
+    return {"gap_s": gap, "cold_us_per_page": statistics.median(cold),
+            "hot_us_per_page": statistics.median(hot)}
 
 
 def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
@@ -386,6 +430,9 @@ def churn(pids: dict, rate: float, pairs: int, window: float) -> dict:
     return {"rate": rate, "quiet_pct": quiet, "churn_pct": busy, "processes_per_s": rates}
 
 
+TOUCH_WINDOWS = 3   # of 1 s, after the CPU windows (clearing the accessed bits costs a little)
+
+
 def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int = 6,
         window: float = 10.0, churn_rate: float = 0.0, settle: float = 0.0) -> dict:
     """Steady-state CPU % of one core and memory (MB) of each gpuwhy process and in total,
@@ -397,7 +444,8 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
         sidecar.start()
         started = time.monotonic()
         try:
-            time.sleep(warmup)
+            pace = [host_pace()]                     # in the warm-up, and after the windows
+            time.sleep(max(0.0, started + warmup - time.monotonic()))
             pids = sidecar.pids()
             per: dict[str, dict[str, list[float]]] = {
                 role: {"cpu_pct": [], "rss_mb": [], "anon_mb": [], "private_dirty_mb": [],
@@ -415,6 +463,8 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
                 for key, value in total.items():
                     per["total"][key].append(value)
             traced = sidecar.traced()
+            touches = [touched(pids) for _ in range(TOUCH_WINDOWS)]
+            pace.append(host_pace())
             churned = churn(pids, churn_rate, max(1, windows // 2), window) \
                 if churn_rate else None
             settled = None
@@ -427,7 +477,8 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
     fields = _simulated_fields()
     return {"gpus": gpus, "fields": fields, "processes": processes, "traced_in_store": traced,
             "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per,
-            "churn": churned, "settled": settled}
+            "touched_mb_per_s": {role: [t[role] for t in touches] for role in pids},
+            "pace": pace, "churn": churned, "settled": settled}
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -590,7 +641,25 @@ def table(result: dict) -> str:
                      f"({statistics.median(figures['bpf_kernel_mb_big_host']):.0f}) |")
     lines.append(f"| goal (total) | ≤ {GOALS['cpu_pct']:g} | ≤ {GOALS['rss_mb']:g} | "
                  f"≤ {GOALS['anon_mb']:g} | | | |")
+    if result.get("pace"):
+        lines += ["", pace_line(result)]
     return "\n".join(lines)
+
+
+def pace_line(result: dict) -> str:
+    """The memory each process touched a second and what this machine charged for it."""
+    touched_mb = {role: statistics.median(values)
+                  for role, values in result["touched_mb_per_s"].items()}
+    cold = [p["cold_us_per_page"] for p in result["pace"]]
+    hot = statistics.median(p["hot_us_per_page"] for p in result["pace"])
+    gap = result["pace"][0]["gap_s"]
+    pages = sum(touched_mb.values()) * MB / PAGE
+    return ("Memory touched a second: " + ", ".join(
+        f"{role.split(' ')[0]} {mb:.1f} MB" for role, mb in touched_mb.items()) +
+        f". This machine read a page left {gap:g} s in "
+        f"{' then '.join(f'{c:.2f}' for c in cold)} µs of CPU (before, after the windows; "
+        f"{hot:.2f} µs hot): at that pace reading those pages again once a second costs up "
+        f"to {pages * max(cold) / 1e4:.2f} % of a core by itself.")
 
 
 def main() -> None:

@@ -301,3 +301,49 @@ def test_churn_and_settled_rows_judge_the_goals_and_say_each_process_cost() -> N
     assert anon["median"] == pytest.approx(90.5) and anon["pass"] is False
     assert rss["median"] == pytest.approx(125.0) and rss["pass"] is True
     assert "service 53.2, probes 37.3" in anon["note"]
+
+
+_READER = """
+import sys, time
+buf = bytearray(b"\\1" * (int(sys.argv[1]) << 20))
+print("ready", flush=True)
+while True:
+    if sys.argv[2] == "read":
+        sum(buf[i] for i in range(0, len(buf), 4096))
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("what", ["read", "sleep"])
+def test_touched_counts_the_memory_a_process_reads_each_second(what: str) -> None:
+    """bench_sidecar.touched: a process reading its 32 MB buffer over and over touches it
+    all within the second; one asleep beside the same buffer touches next to nothing."""
+    child = subprocess.Popen([sys.executable, "-c", _READER, "32", what],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        [mb] = bench_sidecar.touched({"child": child.pid}, window=1.0).values()
+    finally:
+        child.kill()
+        child.wait()
+    if what == "read":
+        assert 32 <= mb < 64, mb
+    else:
+        assert mb < 4, mb
+
+
+def test_host_pace_and_its_rows_say_what_a_page_left_alone_costs() -> None:
+    pace = bench_sidecar.host_pace(gap=0.05, runs=2, pages=64)
+    assert pace["gap_s"] == 0.05
+    assert pace["cold_us_per_page"] > 0 and pace["hot_us_per_page"] > 0
+    result = {"touched_mb_per_s": {"service (gpuwhy up)": [6.0, 8.0, 7.0],
+                                   "probes": [1.0, 1.0, 2.0]},
+              "pace": [{"gap_s": 1.0, "cold_us_per_page": 20.0, "hot_us_per_page": 0.2},
+                       {"gap_s": 1.0, "cold_us_per_page": 10.0, "hot_us_per_page": 0.1}]}
+    line = bench_sidecar.pace_line(result)
+    # 8 MB a second is 2048 pages; at the worse of the two paces, 20 µs each: 4.1 % of a core
+    assert "service 7.0 MB, probes 1.0 MB" in line and "20.00 then 10.00 µs" in line
+    assert "up to 4.10 % of a core" in line
+    touched, cold = bench.pace_rows(result, "idle")
+    assert (touched["median"], touched["min"], touched["max"]) == (9.0, 7.0, 9.0)  # 7, 9, 9
+    assert cold["median"] == 15.0 and cold["ratio"] == pytest.approx(15.0 / 0.15)
