@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 WINDOW_S = 8.0         # more than a 5 s health beat: one beat more or less does not decide
 # per-second bounds; the figures measured on an idle 2-core machine are in the comments
 BOUNDS = {
-    "probes": 6.0,          # all threads of the probes process: ~3.5 (~97 with each record read)
+    # all threads of the probes process: ~3.5, up to ~5 in the VM's slow hours (preempted
+    # more); ~97 with each record read, the regression this bound is for
+    "probes": 10.0,
     "web-deadlines": 1.0,   # ~0 with no request being read (was 4: a 0.25 s tick)
     "correlator": 9.0,      # ~4.5: the simulated GPUs' samples, the decide beat, health
     "main": 2.0,            # the main thread: ~0.5 (thread and watchdog checks every 5 s)
