@@ -74,14 +74,20 @@ BIG_HOST_CPUS = 224                            # a DGX H100's logical CPUs
 COMPILER_LIBS = re.compile(r"lib(LLVM|clang|bcc)[^/]*\.so")
 
 
-def memory(pid: int) -> dict[str, float]:
-    """MB of RSS, anonymous, private dirty and compiler-library (clean file) pages."""
+def rollup(pid: int) -> dict[str, float]:
+    """/proc/PID/smaps_rollup's figures in MB, by name (Rss, Anonymous, Referenced, ...)."""
     fields: dict[str, float] = {}
-    with open(f"/proc/{pid}/smaps_rollup") as rollup:
-        for line in rollup:
+    with open(f"/proc/{pid}/smaps_rollup") as lines:
+        for line in lines:
             parts = line.split()
             if len(parts) == 3 and parts[2] == "kB":
                 fields[parts[0].rstrip(":")] = int(parts[1]) * 1024 / MB
+    return fields
+
+
+def memory(pid: int) -> dict[str, float]:
+    """MB of RSS, anonymous, private dirty and compiler-library (clean file) pages."""
+    fields = rollup(pid)
     compiler = 0.0
     current = ""
     with open(f"/proc/{pid}/smaps") as smaps:
@@ -107,12 +113,7 @@ def touched(pids: dict[str, int], window: float = 1.0) -> dict[str, float]:
     for pid in pids.values():
         Path(f"/proc/{pid}/clear_refs").write_text("1")
     time.sleep(window)
-    out = {}
-    for role, pid in pids.items():
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Referenced:"):
-                out[role] = int(line.split()[1]) * 1024 / MB / window
-    return out
+    return {role: rollup(pid)["Referenced"] / window for role, pid in pids.items()}
 
 
 def host_pace(gap: float = 1.0, runs: int = 5, pages: int = 256) -> dict[str, float]:
