@@ -302,6 +302,19 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
     return rows, raw
 
 
+def threads_profile(raw: dict) -> str:
+    """P3's thread-by-thread table (bench_sidecar.threads_table), a column pair per case;
+    '' when the sidecar benchmark did not run."""
+    import bench_sidecar
+
+    titles = {f"{gpus}x{processes}": (f"{gpus}×{processes}" if (gpus, processes) != IDLE_HOST
+                                      else "idle host")
+              for gpus, processes in [(8, 16), (1, 3), IDLE_HOST]}
+    cases = {title: raw["sidecar"][key]["threads"] for key, title in titles.items()
+             if raw.get("sidecar", {}).get(key, {}).get("threads")}
+    return bench_sidecar.threads_table(cases) if cases else ""
+
+
 def bench_gpu(quick: bool) -> tuple[Figures, dict]:
     """QUICK: 1 run of 3 s (full: 3 runs of 10 s)."""
     import bench_gpu_sources
@@ -735,7 +748,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tempfile.tempdir, ignore_errors=True)
     text = table(results["figures"])
-    print(f"{describe(results['meta'])}\n\n{text}")
+    threads = threads_profile(results["raw"])
+    print(f"{describe(results['meta'])}\n\n{text}" + (f"\n\n{threads}" if threads else ""))
     if args.json == "-":
         print(json.dumps(results, indent=2))
     elif args.json:
@@ -744,7 +758,8 @@ def main() -> int:
         from bench_notes import benchmarks_md
 
         existing = args.write_md.read_text() if args.write_md.exists() else None
-        args.write_md.write_text(benchmarks_md(describe(results["meta"]), text, existing))
+        args.write_md.write_text(benchmarks_md(describe(results["meta"]), text, existing,
+                                               threads))
     failed = [row for row in results["figures"] if "error" in row]
     return 1 if failed else 0
 

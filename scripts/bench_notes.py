@@ -136,11 +136,30 @@ its issue quotes, measured on this kind of machine.
 """
 
 
-def benchmarks_md(description: str, table: str, existing: str | None = None) -> str:
-    """The whole file: header, when and where it ran, the table, the notes. Given the file
-    as it is (``existing``), only its "Last full run" section is replaced: the sections
-    written by hand after it (what each pass measured and changed) are kept."""
-    run = f"## Last full run\n\n{description}.\n\n{table}\n"
+THREADS = """### Where P3's CPU goes, thread by thread
+
+Each thread's CPU (`/proc/PID/task/*/schedstat`) and context switches (`status`: a
+wake-up each, so a GIL hand-off counts too) over P3's windows above, per case, by the
+name gpuwhy gives it in the kernel (`gpuwhy/threads.py`: `top -H` shows the same).
+- service: `correlator` receives the bus, writes the store a batch at a time and decides
+  (incidents, GPU health, chains); `source-gpu` asks for the 1 Hz GPU read and publishes it
+  and the source's health, `gpu-read` reads (here the simulator; DCGM or NVML on a GPU
+  host); `source-rules` runs a rules round every 10 s; `source-klog` and `source-cron`
+  sleep on the kernel log and journald; `web` is the web view's server; `python` is the
+  main thread (threads' watch, systemd's watchdog).
+- probes: `python`, their one thread, polls the ring buffers and flushes the maps.
+- `ZMQbg/IO/0`: each process's ZeroMQ I/O thread (the bus).
+"""
+
+
+def benchmarks_md(description: str, table: str, existing: str | None = None,
+                  threads: str = "") -> str:
+    """The whole file: header, when and where it ran, the table (and P3's thread-by-thread
+    one, ``threads``), the notes. Given the file as it is (``existing``), only its "Last
+    full run" section is replaced: the sections written by hand after it (what each pass
+    measured and changed) are kept."""
+    run = f"## Last full run\n\n{description}.\n\n{table}\n" + \
+        (f"\n{THREADS}\n{threads}\n" if threads else "")
     start = existing.find("## Last full run\n") if existing else -1
     if start == -1:
         return f"{HEADER}\n{run}{NOTES}"

@@ -389,6 +389,48 @@ def _threads_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def thread_counts(pid: int) -> dict[int, tuple[str, int, int]]:
+    """Each live thread of ``pid``: its kernel name (gpuwhy names its threads, see
+    gpuwhy/threads.py), its CPU in ns (``schedstat``) and its context switches, voluntary
+    and not (``status``): a wake-up each, a GIL hand-off included, so an upper bound."""
+    found = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as comm, \
+                    open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat, \
+                    open(f"/proc/{pid}/task/{tid}/status") as status:
+                name, ns = comm.read().strip(), int(schedstat.read().split()[0])
+                switches = sum(int(line.split()[1]) for line in status
+                               if line.partition(":")[0].endswith("ctxt_switches"))
+        except (OSError, ValueError, IndexError):    # the thread ended meanwhile
+            continue
+        found[int(tid)] = (name, ns, switches)
+    return found
+
+
+def thread_profile(before: dict[str, dict], after: dict[str, dict],
+                   seconds: float) -> dict[str, dict[str, dict[str, float]]]:
+    """Per process role and thread name (threads of one name summed): % of one core and
+    wake-ups a second between two :func:`thread_counts` of each role's process. A thread
+    that started or ended in between counts for the part both saw."""
+    profile: dict[str, dict[str, dict[str, float]]] = {}
+    for role, threads in after.items():
+        named: dict[str, dict[str, float]] = {}
+        for tid, (name, ns, switches) in threads.items():
+            if tid not in before.get(role, {}):
+                continue
+            _, ns_before, switches_before = before[role][tid]
+            figures = named.setdefault(name, {"cpu_pct": 0.0, "wakeups_per_s": 0.0})
+            figures["cpu_pct"] += (ns - ns_before) / 1e9 / seconds * 100
+            figures["wakeups_per_s"] += (switches - switches_before) / seconds
+        profile[role] = dict(sorted(named.items(), key=lambda item: -item[1]["cpu_pct"]))
+    return profile
+
+
 class Spawner:
     """Short-lived host processes (`sh -c true`, one exec each) at ``rate`` a second, as a
     host's health checks, shell scripts and agents start them: the lifecycle probe sees
@@ -452,6 +494,8 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
                 role: {"cpu_pct": [], "rss_mb": [], "anon_mb": [], "private_dirty_mb": [],
                        "compiler_libs_mb": [], "bpf_kernel_mb": [],
                        "bpf_kernel_mb_big_host": []} for role in [*pids, "total"]}
+            threads_before = {role: thread_counts(pid) for role, pid in pids.items()}
+            profiled_from = time.monotonic()
             for _ in range(windows):
                 shares = cpu_shares(pids, window)
                 total: dict[str, float] = {key: 0.0 for key in per["total"]}
@@ -463,6 +507,9 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
                         total[key] += value
                 for key, value in total.items():
                     per["total"][key].append(value)
+            threads = thread_profile(threads_before,
+                                     {role: thread_counts(pid) for role, pid in pids.items()},
+                                     time.monotonic() - profiled_from)
             traced = sidecar.traced()
             touches = [touched(pids) for _ in range(TOUCH_WINDOWS)]
             pace.append(host_pace())
@@ -478,6 +525,7 @@ def run(gpus: int = 8, processes: int = 16, warmup: float = 30.0, windows: int =
     fields = _simulated_fields()
     return {"gpus": gpus, "fields": fields, "processes": processes, "traced_in_store": traced,
             "warmup_s": warmup, "windows": windows, "window_s": window, "per_process": per,
+            "threads": threads,
             "touched_mb_per_s": {role: [t[role] for t in touches] for role in pids},
             "pace": pace, "churn": churned, "settled": settled}
 
@@ -644,6 +692,37 @@ def table(result: dict) -> str:
                  f"≤ {GOALS['anon_mb']:g} | | | |")
     if result.get("pace"):
         lines += ["", pace_line(result)]
+    if result.get("threads"):
+        lines += ["", threads_table({"": result["threads"]})]
+    return "\n".join(lines)
+
+
+def threads_table(cases: dict[str, dict], least_pct: float = 0.001) -> str:
+    """Thread by thread, for each case (its title: the process role -> thread name ->
+    figures of :func:`thread_profile`): % of one core and wake-ups a second, the threads
+    under ``least_pct`` in every case left out."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    totals = []
+    for column, case in enumerate(cases.values()):
+        pct = wakeups = 0.0
+        for role, threads in case.items():
+            for name, figures in threads.items():
+                row = rows.setdefault((role.split(" ")[0], name), ["", ""] * len(cases))
+                row[2 * column] = f"{figures['cpu_pct']:.3f}"
+                row[2 * column + 1] = f"{figures['wakeups_per_s']:.1f}"
+                pct += figures["cpu_pct"]
+                wakeups += figures["wakeups_per_s"]
+        totals += [f"**{pct:.3f}**", f"**{wakeups:.1f}**"]
+
+    def largest(row: list[str]) -> float:
+        return max((float(cell) for cell in row[::2] if cell), default=0.0)
+    heads = [f"{title} {what}".strip() for title in cases for what in ("% core", "wake-ups/s")]
+    lines = ["| process | thread | " + " | ".join(heads) + " |",
+             "|---|---|" + "---:|" * len(heads)]
+    for (role, name), row in sorted(rows.items(), key=lambda item: -largest(item[1])):
+        if largest(row) >= least_pct:
+            lines.append(f"| {role} | {name} | " + " | ".join(row) + " |")
+    lines.append("| **all** | | " + " | ".join(totals) + " |")
     return "\n".join(lines)
 
 

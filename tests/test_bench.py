@@ -347,3 +347,63 @@ def test_host_pace_and_its_rows_say_what_a_page_left_alone_costs() -> None:
     touched, cold = bench.pace_rows(result, "idle")
     assert (touched["median"], touched["min"], touched["max"]) == (9.0, 7.0, 9.0)  # 7, 9, 9
     assert cold["median"] == 15.0 and cold["ratio"] == pytest.approx(15.0 / 0.15)
+
+
+_THREADS = """
+import sys, threading, time
+from gpuwhy.threads import Thread
+def spin():
+    while True:
+        sum(range(1000))
+def tick():
+    while True:
+        time.sleep(0.02)
+Thread(target=spin, name="gpuwhy-spinner", daemon=True).start()
+Thread(target=tick, name="gpuwhy-ticker", daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_thread_profile_says_which_thread_runs_and_which_wakes() -> None:
+    """bench_sidecar's thread-by-thread figures: a thread that spins takes most of a core
+    and a thread that sleeps 20 ms at a time wakes about 50 times a second, each by the
+    name gpuwhy gave it in the kernel; the table puts the busiest first and totals them."""
+    child = subprocess.Popen([sys.executable, "-c", _THREADS], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        before = {"service (gpuwhy up)": bench_sidecar.thread_counts(child.pid)}
+        time.sleep(1.0)
+        after = {"service (gpuwhy up)": bench_sidecar.thread_counts(child.pid)}
+    finally:
+        child.kill()
+        child.wait()
+    profile = bench_sidecar.thread_profile(before, after, 1.0)["service (gpuwhy up)"]
+    assert {"spinner", "ticker", "python"} <= set(profile)
+    assert list(profile)[0] == "spinner"                # sorted by CPU, most first
+    assert profile["spinner"]["cpu_pct"] > 20
+    assert profile["ticker"]["cpu_pct"] < profile["spinner"]["cpu_pct"] / 4
+    assert 15 <= profile["ticker"]["wakeups_per_s"] <= 150
+    table = bench_sidecar.threads_table({"busy": {"service (gpuwhy up)": profile},
+                                         "idle": {"probes": {"python": {
+                                             "cpu_pct": 0.0001, "wakeups_per_s": 3.0}}}})
+    lines = table.splitlines()
+    assert lines[0] == ("| process | thread | busy % core | busy wake-ups/s | idle % core "
+                        "| idle wake-ups/s |")
+    assert lines[2].startswith("| service | spinner | ")
+    assert not any(line.startswith("| probes |") for line in lines)   # under 0.001 % in both
+    assert lines[-1].startswith("| **all** | | **")
+
+
+def test_benchmarks_md_keeps_the_thread_table_within_the_last_full_run() -> None:
+    import bench_notes
+
+    existing = "# Benchmarks\n\n## Last full run\n\nold.\n\n| old |\n\n## A pass\n\nkept\n"
+    once = bench_notes.benchmarks_md("run", "| t |", existing, "| thread | table |")
+    twice = bench_notes.benchmarks_md("run", "| t |", once, "| thread | table 2 |")
+    for written, table in ((once, "| thread | table |"), (twice, "| thread | table 2 |")):
+        assert written.count("### Where P3's CPU goes, thread by thread") == 1
+        section = written[written.index("## Last full run"):written.index("## A pass")]
+        assert section.endswith(f"{table}\n\n")
+    assert "table |" not in twice and twice.endswith("## A pass\n\nkept\n")
