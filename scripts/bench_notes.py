@@ -144,9 +144,9 @@ name gpuwhy gives it in the kernel (`gpuwhy/threads.py`: `top -H` shows the same
 - service: `correlator` receives the bus, writes the store a batch at a time and decides
   (incidents, GPU health, chains); `source-gpu` asks for the 1 Hz GPU read and publishes it
   and the source's health, `gpu-read` reads (here the simulator; DCGM or NVML on a GPU
-  host); `source-rules` runs a rules round every 10 s; `source-klog` and `source-cron`
-  sleep on the kernel log and journald; `web` is the web view's server; `python` is the
-  main thread (threads' watch, systemd's watchdog).
+  host); `source-rules` runs a rules round every 10 s; `source-klog` waits on the kernel
+  log, `source-cron` on journald until its next job is due; `web` is the web view's server;
+  `python` is the main thread (the threads' watch, systemd's watchdog).
 - probes: `python`, their one thread, polls the ring buffers and flushes the maps.
 - `ZMQbg/IO/0`: each process's ZeroMQ I/O thread (the bus).
 """
