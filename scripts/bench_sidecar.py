@@ -372,17 +372,7 @@ def _reaped_children_seconds(pid: int) -> float:
 
 
 def _threads_seconds(pid: int) -> float:
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        tasks = []
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat:
-                total += int(schedstat.read().split()[0])
-        except (OSError, ValueError, IndexError):    # the thread ended meanwhile
-            continue
+    total = sum(ns for _, ns, _ in thread_counts(pid).values())
     if not total:                                    # no schedstat (CONFIG_SCHEDSTATS off)
         times = psutil.Process(pid).cpu_times()
         return times.user + times.system
