@@ -33,7 +33,8 @@ from gpuwhy.probes.klog.parse import (
 from gpuwhy.probes.klog.source import KernelLogPump
 from gpuwhy.rules.loader import load_rules
 from gpuwhy.store.writer import StoreWriter
-from gpuwhy.wire import from_frames, to_payload
+
+from .klog_pump import FakeReader, WirePublisher
 
 SAMPLES = Path(__file__).parent / "data" / "klog" / "driver-stack-samples.txt"
 A, R, P = "api_mismatch", "rm_init_failed", "probe_failed"
@@ -362,30 +363,6 @@ def test_plain_words_for_the_new_kinds():
 
 # --- the source's pump into the store -----------------------------------------------------
 
-class FakeReader:
-    origin = "file"
-
-    def __init__(self, lines: list[RawLine]):
-        self._lines = iter(lines)
-
-    def lines(self, limit: int = 1000):
-        for _ in range(limit):
-            line = next(self._lines, None)
-            if line is None:
-                return
-            yield line
-
-
-class WirePublisher:
-    def __init__(self):
-        self.envelopes = []
-
-    def publish(self, event) -> bool:
-        self.envelopes.append(from_frames([event.topic.encode(), to_payload(
-            event, src="klog", seq=len(self.envelopes) + 1)]))
-        return True
-
-
 def test_the_pump_stores_one_record_per_report_each_under_its_own_cursor(db):
     texts = sample_lines()
     # a report cut short by an Xid: two records from one line, both stored
@@ -395,7 +372,8 @@ def test_the_pump_stores_one_record_per_report_each_under_its_own_cursor(db):
     lines = [RawLine(text, f"file:1:{n}", boot, 1_000_000 + n, None)
              for n, text in enumerate(texts)]
     publisher = WirePublisher()
-    pump = KernelLogPump(FakeReader(lines), publisher, threading.Event(), boot_id=boot)
+    pump = KernelLogPump(FakeReader(lines, origin="file"), publisher, threading.Event(),
+                         boot_id=boot)
     while pump.pump(limit=50):
         pass
     records = [e.event for e in publisher.envelopes if isinstance(e.event, KernelLogRecord)]

@@ -30,8 +30,9 @@ from gpuwhy.probes.klog.parse import (
 )
 from gpuwhy.probes.klog.source import MAX_LINE_STORED, KernelLogPump
 from gpuwhy.store.writer import StoreWriter
-from gpuwhy.wire import from_frames, to_payload
 from gpuwhy.xid import _CATALOGUE
+
+from .klog_pump import FakeReader, WirePublisher
 
 SAMPLES = Path(__file__).parent / "data" / "klog" / "xid-log-samples.txt"
 KINDS = {"xid", "sxid", "fallen_off_bus", "rm_init_failed", "gpu_uuid", "gpu_serial",
@@ -220,35 +221,6 @@ def test_a_failing_parser_is_one_unparsed_line_not_an_exception(monkeypatch):
 
 
 # --- the pump: fake reader, the real wire format, the real store writer --------------------
-
-class FakeReader:
-    origin = "kmsg"
-
-    def __init__(self, lines: list[RawLine]):
-        self._lines = iter(lines)
-
-    def lines(self, limit: int = 1000):
-        for _ in range(limit):
-            line = next(self._lines, None)
-            if line is None:
-                return
-            yield line
-
-
-class WirePublisher:
-    """Publishes through the real wire encoding (as the bus does) into a list."""
-
-    def __init__(self):
-        self.envelopes = []
-        self.seq = 0
-        self.dropped = 0
-
-    def publish(self, event) -> bool:
-        self.seq += 1
-        self.envelopes.append(from_frames([event.topic.encode(),
-                                           to_payload(event, src="klog", seq=self.seq)]))
-        return True
-
 
 def raw_lines(texts: list[str], boot: str = "b" * 32) -> list[RawLine]:
     return [RawLine(text, f"kmsg:{boot}:{n}", boot, 1_000_000 + n, None)

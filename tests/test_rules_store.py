@@ -182,9 +182,10 @@ def test_environment_is_read_only_for_the_same_process_and_named_variables(tmp_p
     assert env_keys(RULES) >= {"CUDA_LAUNCH_BLOCKING", "NCCL_P2P_DISABLE"}
 
 
-def test_the_service_runs_the_rules_and_findings_reach_the_bus(tmp_config):
-    assert unprivileged_sources(tmp_config)["rules"] is run_rules
-    config = tmp_config.replace({"rules.interval": 0.2})
+def _first_finding_and_health(config) -> tuple:
+    """Run the rules runner over a store holding 90 s of a GPU fallen off the bus, until
+    the bus has carried its first finding and its health (envelopes; None for what did not
+    come within 20 s); the runner must then stop when told."""
     db = open_store(config["store.path"])
     fill(db, "xid-79", 90, start=now_ns() - 90 * NS, with_host=False)
     db.close()
@@ -192,47 +193,8 @@ def test_the_service_runs_the_rules_and_findings_reach_the_bus(tmp_config):
     stop = threading.Event()
     thread = threading.Thread(target=run_rules, args=(config, stop), daemon=True)
     thread.start()
+    found, health = None, None
     try:
-        found, health = None, None
-        deadline = now_ns() + 20 * NS
-        while now_ns() < deadline and (found is None or health is None):
-            envelope = subscriber.receive(0.2)
-            if envelope is None:
-                continue
-            if isinstance(envelope.event, RuleFinding):
-                found = found or envelope.event
-            elif envelope.event.source == "rules":
-                health = envelope.event
-        assert found is not None and found.rule_id == "R32_xid79_fallen_off_bus"
-        assert health is not None and health.state == "ok"
-        assert f"{len(RULES)} rules" in health.detail
-        assert health.counters["rows_held"] > 90     # a round read the GPUs' 90 s already
-    finally:
-        stop.set()
-        thread.join(5)
-        subscriber.close()
-    assert not thread.is_alive()
-
-
-def test_a_broken_extra_rule_file_costs_only_its_rules_and_status_names_it(tmp_config,
-                                                                           tmp_path):
-    folder = tmp_path / "rules.d"
-    folder.mkdir()
-    (folder / "good.rules").write_text('rule X1_extra { title: "t" when: gpu.util > 2 }\n')
-    (folder / "broken.rules").write_text(
-        'rule X2_extra { title: "t" when: gpu.util > 2 }\n'
-        'rule X3_broken {\n  title: "t"\n  when: mean(gpu.util, ' + "9" * 309 + 's) > 1\n}\n'
-        'rule R32_xid79_fallen_off_bus { title: "replaced?" when: gpu.util > 2 }\n')
-    config = tmp_config.replace({"rules.interval": 0.2, "rules.paths": str(folder)})
-    db = open_store(config["store.path"])
-    fill(db, "xid-79", 90, start=now_ns() - 90 * NS, with_host=False)
-    db.close()
-    subscriber = Subscriber(config["bus.endpoint"], topics=("rule", "health"))
-    stop = threading.Event()
-    thread = threading.Thread(target=run_rules, args=(config, stop), daemon=True)
-    thread.start()
-    try:
-        found, health = None, None
         deadline = now_ns() + 20 * NS
         while now_ns() < deadline and (found is None or health is None):
             envelope = subscriber.receive(0.2)
@@ -247,6 +209,29 @@ def test_a_broken_extra_rule_file_costs_only_its_rules_and_status_names_it(tmp_c
         thread.join(5)
         subscriber.close()
     assert not thread.is_alive()
+    return found, health
+
+
+def test_the_service_runs_the_rules_and_findings_reach_the_bus(tmp_config):
+    assert unprivileged_sources(tmp_config)["rules"] is run_rules
+    found, health = _first_finding_and_health(tmp_config.replace({"rules.interval": 0.2}))
+    assert found is not None and found.event.rule_id == "R32_xid79_fallen_off_bus"
+    assert health is not None and health.event.state == "ok"
+    assert f"{len(RULES)} rules" in health.event.detail
+    assert health.event.counters["rows_held"] > 90     # a round read the GPUs' 90 s already
+
+
+def test_a_broken_extra_rule_file_costs_only_its_rules_and_status_names_it(tmp_config,
+                                                                           tmp_path):
+    folder = tmp_path / "rules.d"
+    folder.mkdir()
+    (folder / "good.rules").write_text('rule X1_extra { title: "t" when: gpu.util > 2 }\n')
+    (folder / "broken.rules").write_text(
+        'rule X2_extra { title: "t" when: gpu.util > 2 }\n'
+        'rule X3_broken {\n  title: "t"\n  when: mean(gpu.util, ' + "9" * 309 + 's) > 1\n}\n'
+        'rule R32_xid79_fallen_off_bus { title: "replaced?" when: gpu.util > 2 }\n')
+    config = tmp_config.replace({"rules.interval": 0.2, "rules.paths": str(folder)})
+    found, health = _first_finding_and_health(config)
     # Every shipped rule still runs (and the shipped R32 is not replaced), with the good extras.
     assert found is not None and found.event.rule_id == "R32_xid79_fallen_off_bus"
     assert found.event.title == "GPU has fallen off the bus (Xid 79)"
