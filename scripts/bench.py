@@ -303,15 +303,13 @@ def bench_sidecar(quick: bool) -> tuple[Figures, dict]:
 
 
 def threads_profile(raw: dict) -> str:
-    """P3's thread-by-thread table (bench_sidecar.threads_table), a column pair per case;
-    '' when the sidecar benchmark did not run."""
+    """P3's thread-by-thread table (bench_sidecar.threads_table), a column pair per case in
+    the order they ran; '' when the sidecar benchmark did not run."""
     import bench_sidecar
 
-    titles = {f"{gpus}x{processes}": (f"{gpus}×{processes}" if (gpus, processes) != IDLE_HOST
-                                      else "idle host")
-              for gpus, processes in [(8, 16), (1, 3), IDLE_HOST]}
-    cases = {title: raw["sidecar"][key]["threads"] for key, title in titles.items()
-             if raw.get("sidecar", {}).get(key, {}).get("threads")}
+    cases = {("idle host" if (case["gpus"], case["processes"]) == IDLE_HOST
+              else f"{case['gpus']}×{case['processes']}"): case["threads"]
+             for case in raw.get("sidecar", {}).values() if "threads" in case}
     return bench_sidecar.threads_table(cases) if cases else ""
 
 
