@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,7 +104,11 @@ def publish(endpoint: str, total: int, batch: int, ready: multiprocessing.Event)
 def throughput(total: int, batch: int = 1) -> dict:
     """``total`` events through a real bus into a correlator, ``batch`` events a message."""
     tune_gc()        # as `gpuwhy up` does: this process runs the correlator
-    work = Path(tempfile.mkdtemp(prefix="gpuwhy-bench-"))
+    with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-") as folder:
+        return _throughput(Path(folder), total, batch)
+
+
+def _throughput(work: Path, total: int, batch: int) -> dict:
     config = load_config(environ={"GPUWHY_DB": str(work / "bench.db"),
                                   "GPUWHY_BUS": f"ipc://{work}/bus.sock",
                                   "GPUWHY_BUS_HWM": "1000000", "GPUWHY_ALERTS": "false",
@@ -153,7 +158,11 @@ def floor(total: int, batch: int = 256) -> dict:
     """As ``throughput``, with the least consumer instead of the correlator: the bus's
     receive + decode, then one executemany'd ``events`` row an event."""
     tune_gc()
-    work = Path(tempfile.mkdtemp(prefix="gpuwhy-bench-"))
+    with tempfile.TemporaryDirectory(prefix="gpuwhy-bench-") as folder:
+        return _floor(Path(folder), total, batch)
+
+
+def _floor(work: Path, total: int, batch: int) -> dict:
     subscriber = Subscriber(f"ipc://{work}/bus.sock", hwm=1_000_000)
     db = open_store(str(work / "floor.db"))
     insert = ("insert into events (ts, topic, kind, src, pid, start_time, body) "
@@ -192,6 +201,20 @@ def floor(total: int, batch: int = 256) -> dict:
     db.close()
     return {"events": total, "received": received, "seconds": elapsed, "busy": cpu / elapsed,
             "rate": received / elapsed, "us_per_event": elapsed / max(1, received) * 1e6}
+
+
+def paired(total: int, repeats: int) -> tuple[list[dict], list[dict]]:
+    """``repeats`` runs of ``throughput`` (batch messages) and of ``floor``, each pair side by
+    side and in turn first: a ratio of two runs minutes apart measured how the VM's pace
+    drifts between them (0.70-0.79 for three in a row of each, 0.81-0.92 in pairs, the same
+    build, 12-06)."""
+    runs, floors = [], []
+    for n in range(repeats):
+        first, second = (throughput, floor) if n % 2 == 0 else (floor, throughput)
+        done = {first: first(total, 256), second: second(total, 256)}
+        runs.append(done[throughput])
+        floors.append(done[floor])
+    return runs, floors
 
 
 def latency(lines: int) -> dict:
@@ -258,6 +281,7 @@ def latency(lines: int) -> dict:
         if started_journald is not None:
             started_journald.terminate()
             started_journald.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
 
     def pct(values: list[float], p: float) -> float:
         return sorted(values)[min(len(values) - 1, int(p * len(values)))]

@@ -100,8 +100,9 @@ NOTES = """
   The floor row replaces the correlator with the least any consumer of this bus on
   Python's sqlite3 does (receive and decode each event, one `executemany`'d `events` row
   an event; the correlator writes ~1.3 rows an event and decides). The goal is the first
-  row: the correlator's pace over the floor's, run by run, at least 0.8 (issue #23); an
-  absolute rate would judge the machine, not the correlator.
+  row: the correlator's pace over the floor's, pair by pair, at least 0.8 (issue #23); an
+  absolute rate would judge the machine, not the correlator. Each pair's two runs go side
+  by side, in turn first: the VM's pace drifts over minutes.
 - **P5**: bytes of the raw-sample and rollup tables (`dbstat`) per GPU-day, filled through
   the real StoreWriter with the simulator's samples; the reference is the GPU-sources
   schema before the store's compact samples table.

@@ -410,3 +410,25 @@ def test_benchmarks_md_keeps_the_thread_table_within_the_last_full_run() -> None
         section = written[written.index("## Last full run"):written.index("## A pass")]
         assert section.endswith(f"{table}\n\n")
     assert "table |" not in twice and twice.endswith("## A pass\n\nkept\n")
+
+
+def test_correlator_pace_is_paired_side_by_side_and_leaves_no_store_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    import bench_correlator
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    order: list[str] = []
+    for name in ("throughput", "floor"):
+        real = getattr(bench_correlator, name)
+        monkeypatch.setattr(bench_correlator, name,
+                            lambda total, batch, real=real, name=name:
+                            order.append(name) or real(total, batch))
+    runs, floors = bench_correlator.paired(3_000, 3)
+    # each pair side by side, the one run first in turn: the VM's drift falls on both
+    assert order == ["throughput", "floor", "floor", "throughput", "throughput", "floor"]
+    assert [r["batch"] for r in runs] == [256] * 3
+    assert all(r["written"] == 3_000 and r["unwritten"] == 0 for r in runs)
+    assert all(f["received"] == 3_000 and f["rate"] > 0 for f in floors)
+    assert list(tmp_path.iterdir()) == []       # every run's store and bus socket removed
