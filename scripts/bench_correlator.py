@@ -216,10 +216,12 @@ def paired(total: int, repeats: int) -> tuple[list[dict], list[dict]]:
     build, 12-06)."""
     runs, floors = [], []
     for n in range(repeats):
-        first, second = (throughput, floor) if n % 2 == 0 else (floor, throughput)
-        done = {first: first(total, 256), second: second(total, 256)}
-        runs.append(done[throughput])
-        floors.append(done[floor])
+        if n % 2 == 0:
+            runs.append(throughput(total, 256))
+            floors.append(floor(total, 256))
+        else:
+            floors.append(floor(total, 256))
+            runs.append(throughput(total, 256))
     return runs, floors
 
 
