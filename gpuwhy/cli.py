@@ -105,6 +105,8 @@ LAZY_COMMANDS = {
     # the kernel log and cron sources
     "xid": "gpuwhy.probes.klog.cli:xid",
     "cron": "gpuwhy.probes.cron.cli:cron",
+    # the answer
+    "why": "gpuwhy.why_cli:why",
     # the correlator
     "incidents": "gpuwhy.correlator.cli:incidents",
     "incident": "gpuwhy.correlator.cli:incident",

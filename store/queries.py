@@ -16,9 +16,12 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from gpuwhy.clock import now_ns as _now_ns
+from gpuwhy.events import RuleFinding
 from gpuwhy.gpu_health import is_live
 from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
 from gpuwhy.lifecycle import sql_active
+from gpuwhy.rules.answer import GpuFacts
 
 Row = dict[str, Any]
 _CONTAINER = "coalesce(p.container_id, p.pod_uid, p.unit)"
@@ -674,3 +677,86 @@ def holders_between(db: Database, since: int, until: int) -> list[tuple]:
         "p.pid = b.pid and p.start_time = b.start_time where b.since <= ? and "
         "(coalesce(b.until, p.exited_at) is null or coalesce(b.until, p.exited_at) > ?)",
         [until, since]).fetchall()
+
+
+# --- what the answer on each GPU is computed from (gpuwhy.rules.answer.verdicts) -----------
+# Causes that cleared this long before the moment asked about are still read: one that held
+# inside a firing symptom's window answers for it (the longest shipped window is minutes).
+ANSWER_LOOKBACK_NS = 3600 * 1_000_000_000
+
+
+def _finding_event(row: Row, at: int | None) -> RuleFinding:
+    """A stored finding as the rules sent it, in the state it was in at ``at`` (now: None)."""
+    cleared = row["cleared_at"] is not None and (at is None or row["cleared_at"] <= at)
+    try:
+        processes = [ProcessKey(int(p[0]), int(p[1])) if isinstance(p, list)
+                     else ProcessKey(int(p["pid"]), int(p["start_time"]))
+                     for p in json.loads(row["processes"] or "[]")]
+    except (ValueError, TypeError, KeyError, IndexError):
+        processes = []     # an older row's shape: the answer does not need them
+    evidence = row["evidence"] if isinstance(row["evidence"], dict) else {}
+    fixes = [str(f) for f in row["fixes"]] if isinstance(row["fixes"], list) else []
+    return RuleFinding(
+        ts=row["cleared_at"] if cleared else (row["last_ts"] or 0),
+        finding_id=row["finding_id"], rule_id=row["rule_id"] or "", title=row["title"] or "",
+        severity=row["severity"] or "warning", state="cleared" if cleared else "firing",
+        gpu_id=row["gpu_id"] or "",
+        process=ProcessKey(row["pid"], row["start_time"]) if row["pid"] is not None
+        and row["start_time"] is not None else None,
+        window_start=row["window_start"] or 0, window_end=row["window_end"] or 0,
+        evidence=evidence, root_cause=row["root_cause"] or "", fixes=fixes,
+        verify=row["verify"] or "", shadow=bool(row["shadow"]), group=row["rule_group"] or "",
+        since=row.get("since") or row["first_ts"] or 0, processes=processes,
+        instance=row.get("instance") or "", mig_profile=row.get("mig_profile") or "")
+
+
+def answer_findings(db: Database, at: int | None = None,
+                    lookback_ns: int = ANSWER_LOOKBACK_NS) -> list[RuleFinding]:
+    """The findings the answer weighs: those firing at ``at`` (now when None) and those
+    cleared within ``lookback_ns`` before it, each as it stood then."""
+    if not db["rule_findings"].exists():
+        return []
+    if at is None:
+        rows = db.execute_returning_dicts(
+            "select * from rule_findings where state = 'firing' or cleared_at >= ?",
+            [_now_ns() - lookback_ns])
+    else:
+        rows = db.execute_returning_dicts(
+            "select * from rule_findings where first_ts <= ? and "
+            "(cleared_at is null or cleared_at >= ?)", [at, at - lookback_ns])
+    return [_finding_event(_decode_finding(r), at) for r in rows]
+
+
+def answer_gpus(db: Database, at: int | None = None) -> list[GpuFacts]:
+    """Every GPU as the answer names it, with its health now, or at ``at`` (the last
+    transition at or before it in ``gpu_health_history``; ok before any)."""
+    if not db["gpus"].exists():
+        return []
+    then: dict[str, Row] = {}
+    if at is not None and db["gpu_health_history"].exists():
+        for row in db.execute_returning_dicts(
+                "select gpu_id, state, ts, cause, clears from gpu_health_history h where "
+                "ts <= ? and id = (select id from gpu_health_history where gpu_id = h.gpu_id "
+                "and ts <= ? order by ts desc, id desc limit 1)", [at, at]):
+            then[row["gpu_id"]] = row
+    facts = []
+    for g in gpus(db):
+        if at is not None and g["first_seen"] is not None and g["first_seen"] > at:
+            continue      # not known yet then
+        if at is None:
+            health, since = g["health"], g["health_since"]
+            cause = (g["health_evidence"] or {}).get("cause", "") if isinstance(
+                g["health_evidence"], dict) else ""
+            clears = g["health_clears"] or ""
+        else:
+            row = then.get(g["id"], {})
+            health, since = row.get("state") or "ok", row.get("ts")
+            cause, clears = row.get("cause") or "", row.get("clears") or ""
+        if not cause and health != "ok" and db["gpu_health_history"].exists():
+            last = gpu_health_history(db, g["id"], limit=1)
+            cause = last[0]["cause"] or "" if last else ""
+        facts.append(GpuFacts(
+            gpu_id=g["id"], index=g["gpu_index"], model=g["model"] or "",
+            pci=g["pci_bus_id"] or pci_and_uuid(db, g["id"])[0] or "", health=health or "ok",
+            health_since=since, health_cause=str(cause), health_clears=clears))
+    return facts

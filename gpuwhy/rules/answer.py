@@ -21,9 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwhy import gpu_health as gh
 from gpuwhy import severity as sev
 from gpuwhy.events import RuleFinding
 from gpuwhy.rules.model import CAUSE, KINDS, SYMPTOM, Rule
+from gpuwhy.text import format_ts
+from gpuwhy.xid import xid_info
 
 # A kind's rank: higher is a better answer; an unknown kind is read as a cause, as the
 # parser reads a rule without 'kind:'.
@@ -209,3 +212,198 @@ def top_answer(findings: Iterable[RuleFinding], rules: Mapping[str, Rule],
         if gpu_id is None or answer.gpu_id == gpu_id:
             return answer
     return None
+
+
+# --- the answer per GPU: rule answers and the GPU's health together --------------------------
+# How bad each health state is on the severity scale. A GPU that needs a reset or a reboot,
+# or no longer answers, is unusable: critical, as its Xid's catalogue entry is. A reset under
+# way and a degraded GPU still run work.
+HEALTH_SEVERITY = {gh.OK: "", gh.DEGRADED: "warning", gh.RESETTING: "warning",
+                   gh.RESET_REQUIRED: "critical", gh.REBOOT_REQUIRED: "critical",
+                   gh.LOST: "critical"}
+# In words, for the sentence that leads when the health state is the answer.
+HEALTH_WORDS = {gh.DEGRADED: "degraded", gh.RESETTING: "a reset is under way",
+                gh.RESET_REQUIRED: "unusable until a GPU reset",
+                gh.REBOOT_REQUIRED: "unusable until the node reboots",
+                gh.LOST: "lost: it no longer answers"}
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What the answer needs to know of one GPU besides the findings: how a person names
+    it, and its health state (:mod:`gpuwhy.gpu_health`) with what put it there."""
+
+    gpu_id: str
+    index: int | None = None
+    model: str = ""
+    pci: str = ""
+    health: str = gh.OK
+    health_since: int | None = None
+    health_cause: str = ""          # e.g. "xid 79", "throttling"
+    health_clears: str = ""
+
+    @property
+    def label(self) -> str:
+        """``GPU 2 · H100 80GB HBM3 · 0000:38:00.0``: index, model, PCI address, as known."""
+        parts = [f"GPU {self.index}" if self.index is not None else f"GPU {self.gpu_id}"]
+        if self.model:
+            parts.append(self.model)
+        if self.pci and self.pci != self.gpu_id:
+            parts.append(self.pci)
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The one answer on one GPU: the rule answer that leads (``lead``; None when the GPU's
+    health leads or nothing holds), whether the health state leads instead, and every
+    candidate on the GPU best first (the lead among them)."""
+
+    gpu: GpuFacts
+    severity: str                   # "" when healthy
+    lead: Answer | None
+    health_leads: bool
+    candidates: tuple[Answer, ...] = ()
+    explains: tuple[str, ...] = ()  # titles of the symptoms the lead explains
+
+    @property
+    def healthy(self) -> bool:
+        return not self.severity
+
+    @property
+    def since(self) -> int | None:
+        """When what leads began: the health state's entry, or the finding's onset."""
+        if self.health_leads:
+            return self.gpu.health_since
+        if self.lead is not None:
+            f = self.lead.finding
+            return f.since or f.window_end or f.ts
+        return None
+
+
+def _leads_over_health(answer: Answer, rules: Mapping[str, Rule]) -> bool:
+    """A failure finding (an Xid, an ECC error, a reset) names what the health state is
+    about, with evidence and a fix: it leads rather than the bare state."""
+    return answer.kind == CAUSE and _group(answer.finding, rules) == FAILURES
+
+
+def verdicts(gpus: Iterable[GpuFacts], findings: Iterable[RuleFinding],
+             rules: Mapping[str, Rule]) -> list[Verdict]:
+    """The answer on every GPU, worst first (then by index and id): the GPU's best rule
+    answer (:func:`answers`), unless its health state is worse than that answer's severity
+    and no failure finding speaks for it: then the health state leads (a GPU that fell off
+    the bus stays the answer after the rule that saw its Xid line has cleared). A GPU a
+    finding names but ``gpus`` does not is answered too (known only from its finding)."""
+    known = {g.gpu_id: g for g in gpus}
+    findings = list(findings)
+    titles = {f.finding_id: f.title for f in findings}
+    by_gpu = answers_by_gpu(findings, rules)
+    for gpu_id in by_gpu:
+        known.setdefault(gpu_id, GpuFacts(gpu_id))
+    found = []
+    for gpu in known.values():
+        mine = tuple(by_gpu.get(gpu.gpu_id, ()))
+        top = mine[0] if mine else None
+        health_sev = HEALTH_SEVERITY.get(gpu.health, "")
+        top_sev = top.finding.severity if top is not None else ""
+        failure_speaks = any(_leads_over_health(a, rules) for a in mine)
+        health_leads = bool(health_sev) and not failure_speaks and (
+            top is None or sev.rank(health_sev) > sev.rank(sev.worst([top_sev or "info"])))
+        lead = None if health_leads else top
+        if failure_speaks and top is not None and not _leads_over_health(top, rules):
+            lead = next(a for a in mine if _leads_over_health(a, rules))
+        severity = sev.worst([s for s in (health_sev, top_sev) if s]) if (
+            health_sev or top_sev) else ""
+        explains = tuple(dict.fromkeys(titles[i] for i in lead.explained if i in titles)) \
+            if lead is not None else ()
+        found.append(Verdict(gpu, severity, lead, health_leads, mine, explains))
+    return sorted(found, key=lambda v: (sev.sort_key(v.severity) if v.severity else 1,
+                                        v.gpu.index is None, v.gpu.index or 0, v.gpu.gpu_id))
+
+
+def _health_cause(gpu: GpuFacts) -> tuple[str, str]:
+    """The health state's cause in words and its fix: an Xid's catalogue title and action."""
+    cause = gpu.health_cause
+    kind, _, code = cause.partition(" ")
+    if kind == "xid" and code.isdigit():
+        info = xid_info(int(code))
+        return f"Xid {code}: {info.title}", info.action
+    return cause.replace("_", " "), f"clears on {gpu.health_clears}" if gpu.health_clears else ""
+
+
+def sentence(verdict: Verdict, *, utc: bool = False) -> str:
+    """The answer on one GPU in one line, as `gpuwhy why` prints it, worst first:
+    ``GPU 2 · H100 · 0000:38:00.0 — <what leads>; explains <symptoms>; since <time>;
+    fix: <first fix>``; ``GPU 0 · … — healthy`` when nothing holds."""
+    gpu = verdict.gpu
+    if verdict.healthy:
+        return f"{gpu.label} — healthy"
+    parts: list[str] = []
+    if verdict.health_leads:
+        cause, fix = _health_cause(gpu)
+        parts.append(f"{HEALTH_WORDS.get(gpu.health, gpu.health)}"
+                     + (f" ({cause})" if cause else ""))
+    else:
+        answer = verdict.lead
+        assert answer is not None      # not healthy and health does not lead
+        f = answer.finding
+        title = f.title or f.rule_id
+        if not answer.cause_established:
+            title += " (cause not established)"
+        parts.append(title)
+        fix = f.fixes[0] if f.fixes else ""
+    if verdict.explains:
+        parts.append("explains " + ", ".join(t[:1].lower() + t[1:] for t in verdict.explains))
+    if verdict.since:
+        parts.append("since " + format_ts(verdict.since, "min", utc=utc))
+    if fix:
+        parts.append(f"fix: {fix}")
+    return f"{gpu.label} — [{verdict.severity}] " + "; ".join(parts)
+
+
+def ranks_lower(candidate: Answer, lead: Answer) -> str:
+    """Why ``candidate`` is not the answer while ``lead`` is, in words (``rank_key``'s
+    terms, first difference first)."""
+    if candidate.finding.finding_id in lead.explained:
+        return "a symptom the answer explains"
+    if lead.held_until is None and candidate.held_until is not None:
+        return "a cause that has cleared"
+    if candidate.kind != lead.kind:
+        return "a symptom; the answer is a cause"
+    if len(candidate.explained) != len(lead.explained):
+        return (f"explains {len(candidate.explained)} present symptom(s), the answer "
+                f"{len(lead.explained)}")
+    if sev.rank(sev.worst([candidate.finding.severity])) != sev.rank(
+            sev.worst([lead.finding.severity])):
+        return f"less severe ({candidate.finding.severity} against {lead.finding.severity})"
+    return "ranked after it by rule id (otherwise equal)"
+
+
+def _answer_dict(answer: Answer) -> dict[str, object]:
+    f = answer.finding
+    return {"rule_id": f.rule_id, "finding_id": f.finding_id, "title": f.title,
+            "kind": answer.kind, "severity": f.severity, "group": f.group,
+            "cause_established": answer.cause_established, "missing": list(answer.missing),
+            "explains": list(answer.explained), "held_until": answer.held_until,
+            "since": f.since or None, "process": None if f.process is None else
+            {"pid": f.process.pid, "start_time": f.process.start_time},
+            "instance": f.instance, "root_cause": f.root_cause, "evidence": f.evidence,
+            "fixes": list(f.fixes), "verify": f.verify}
+
+
+def verdict_dict(verdict: Verdict) -> dict[str, object]:
+    """A verdict as JSON-ready values: what `gpuwhy why --json` prints and the API serves."""
+    gpu = verdict.gpu
+    lead = verdict.lead
+    return {
+        "gpu": {"id": gpu.gpu_id, "index": gpu.index, "model": gpu.model, "pci": gpu.pci,
+                "label": gpu.label, "health": gpu.health, "health_since": gpu.health_since,
+                "health_cause": gpu.health_cause, "health_clears": gpu.health_clears},
+        "severity": verdict.severity or None, "healthy": verdict.healthy,
+        "sentence": sentence(verdict, utc=True), "since": verdict.since,
+        "health_leads": verdict.health_leads,
+        "lead": None if lead is None else _answer_dict(lead),
+        "explains": list(verdict.explains),
+        "candidates": [{**_answer_dict(a), "ranks_lower": None if a is lead or lead is None
+                        else ranks_lower(a, lead)} for a in verdict.candidates],
+    }
