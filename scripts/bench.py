@@ -726,7 +726,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("--quick", action="store_true",
-                        help="smaller sizes, fewer repeats: under 2 minutes")
+                        help="smaller sizes, fewer repeats: about 11 minutes on 2 CPUs")
     parser.add_argument("--only", help=f"comma-separated: {', '.join(BENCHMARKS)}")
     parser.add_argument("--json", help="write the results as JSON here ('-': stdout)")
     parser.add_argument("--write-md", type=Path, help="write BENCHMARKS.md here")

@@ -6,12 +6,14 @@ from __future__ import annotations
 HEADER = """# Benchmarks
 
 What gpuwhy costs a host, and how fast it answers: every figure of `scripts/bench.py`
-(`sudo gpuwhy bench`, the same), from its last full run. Reproduce it with
+(`sudo gpuwhy bench`, the same), from its last full run, what each figure means, and how
+to reproduce it. What was tried, kept and dropped to reach these figures is in the
+[decision records](docs/decisions/README.md).
 
 ```sh
-sudo .venv/bin/python scripts/bench.py --json bench.json --write-md BENCHMARKS.md
-sudo .venv/bin/python scripts/bench.py --quick            # under 2 minutes, smaller sizes
-sudo .venv/bin/python scripts/bench.py --only sidecar     # one benchmark (see --help)
+sudo .venv/bin/python scripts/bench.py --json bench.json --write-md BENCHMARKS.md  # full run
+sudo .venv/bin/python scripts/bench.py --quick                 # smaller sizes, fewer repeats
+sudo .venv/bin/python scripts/bench.py --only sidecar,correlator   # some benchmarks (see --help)
 ```
 
 Each figure is the median over repeated runs (the `runs` column) with the min and max; the

@@ -6,8 +6,8 @@
 #   scripts/gpu-kit.sh --out DIR --seconds 10   # seconds of each sampled phase (default 10)
 #   scripts/gpu-kit.sh --tar FILE               # also pack the folder into FILE (.tar.gz)
 #   scripts/gpu-kit.sh --venv .venv             # use this venv, install nothing
-# Under the device tool ($OUT set, no --out), the folder is recorded in $TMPDIR and packed
-# into $OUT/gpu-kit.tar.gz (the tool brings back 8 files at most), summary.json beside it.
+# When $OUT is set (a remote runner that brings back what it finds there) and no --out, the
+# folder is recorded in $TMPDIR and packed into $OUT/gpu-kit.tar.gz, summary.json beside it.
 #
 # On the GPU machine (Python 3.12, PyTorch, nvidia-ml-py, no registry): first, here,
 # scripts/gpu-kit-wheels.sh; then run this with build/gpu-kit/wheels carried. It makes a
