@@ -1,10 +1,10 @@
 """`gpuwhy why [GPU | PID-START]`: the one answer per GPU, worst first, from the service's store.
 
-The answer is :func:`gpuwhy.rules.answer.verdicts` over what the store holds (the findings
-firing, causes cleared lately, each GPU's health): the same ranking `gpuwhy rules eval`
-measures. Exit status: 0 when every GPU is healthy (or answers only at info), 1 when an
-answer of warning or worse holds, 2 on a usage or environment error (no store, an unknown
-GPU or process).
+The answer is :func:`gpuwhy.store.queries.gpu_verdicts`: :func:`gpuwhy.rules.answer.verdicts`
+over what the store holds (the findings firing, causes cleared lately, each GPU's health), the
+same read `gpuwhy rules eval` scores on its replayed stores. Exit status: 0 when every GPU is
+healthy (or answers only at info), 1 when an answer of warning or worse holds, 2 on a usage or
+environment error (no store, an unknown GPU or process).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpuwhy import severity as sev
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
-from gpuwhy.rules.answer import Answer, Verdict, ranks_lower, sentence, verdict_dict, verdicts
+from gpuwhy.rules.answer import Answer, Verdict, ranks_lower, sentence, verdict_dict
 from gpuwhy.text import format_ts, parse_ts, printable
 
 HEALTHY, ANSWERED, UNUSABLE = 0, 1, 2
@@ -31,21 +31,28 @@ class Unanswerable(click.ClickException):
     exit_code = UNUSABLE
 
 
-def _rules(config: object) -> dict:
-    """The rules the service runs, by id (a broken rule file is said on stderr, skipped)."""
+def service_rules(config: object) -> tuple[dict, list[str]]:
+    """The rules the service runs, by id, and the problems of the rule files skipped (the
+    one loading `gpuwhy why` and `gpuwhy mcp` share)."""
     from gpuwhy.rules.loader import load_rule_set
 
     paths = [p for p in config["rules.paths"].split(":") if p]
     loaded = load_rule_set(paths, builtin=config["rules.builtin"])
-    for problem in loaded.problems:
+    return {r.id: r for r in loaded.rules}, [str(p) for p in loaded.problems]
+
+
+def _rules(config: object) -> dict:
+    """The rules the service runs, by id (a broken rule file is said on stderr, skipped)."""
+    rules, problems = service_rules(config)
+    for problem in problems:
         click.echo(f"warning: {problem} (rule skipped)", err=True)
-    return {r.id: r for r in loaded.rules}
+    return rules
 
 
-def _read(path: str, at: int | None) -> tuple[list, list, object]:
-    """(GPU facts, findings, open store) for the moment ``at`` (now: None)."""
+def _read(path: str, rules: dict, at: int | None) -> tuple[list[Verdict], object]:
+    """(the answer on every GPU, the open store) at the moment ``at`` (now: None)."""
     from gpuwhy.store import open_store
-    from gpuwhy.store.queries import answer_findings, answer_gpus
+    from gpuwhy.store.queries import gpu_verdicts
 
     if not Path(path).exists():
         raise Unanswerable(
@@ -53,7 +60,7 @@ def _read(path: str, at: int | None) -> tuple[list, list, object]:
             "`gpuwhy up` (or `systemctl start gpuwhy`), or name its store with --config")
     try:
         db = open_store(path, readonly=True)
-        return answer_gpus(db, at), answer_findings(db, at), db
+        return gpu_verdicts(db, rules, at), db
     except GpuwhyError as exc:
         raise Unanswerable(str(exc)) from None
     except sqlite3.Error as exc:
@@ -142,9 +149,8 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--at") from None
     rules = _rules(config)
-    gpus, findings, db = _read(config["store.path"], at)
+    shown, db = _read(config["store.path"], rules, at)
     try:
-        shown = verdicts(gpus, findings, rules)
         key = None
         if target:
             shown, key = _select(db, shown, target)
@@ -166,9 +172,14 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
     ctx.exit(_exit_status(shown))
 
 
-def _select(db: object, shown: list[Verdict], target: str
-            ) -> tuple[list[Verdict], ProcessKey | None]:
-    """The verdicts ``target`` names: one GPU, or each GPU a process's findings are on."""
+class NotNamed(GpuwhyError):
+    """The target names no GPU or process the answers know (the message lists the GPUs)."""
+
+
+def select_verdicts(db: object, shown: list[Verdict], target: str
+                    ) -> tuple[list[Verdict], ProcessKey | None]:
+    """The verdicts ``target`` names: one GPU, or each GPU a process's findings are on
+    (shared by `gpuwhy why TARGET` and `gpuwhy mcp`'s ``why``). Raises :class:`NotNamed`."""
     from gpuwhy.store.queries import gpu_named, gpu_of_process
 
     try:
@@ -181,11 +192,19 @@ def _select(db: object, shown: list[Verdict], target: str
             gpu = gpu_of_process(db, key)
             mine = [v for v in shown if v.gpu.gpu_id == gpu]
         if not mine:
-            raise Unanswerable(f"no GPU answer names process {key} (not seen on a GPU)")
+            raise NotNamed(f"no GPU answer names process {key} (not seen on a GPU)")
         return mine, key
     gpu_id = gpu_named(db, target)
     mine = [v for v in shown if v.gpu.gpu_id == gpu_id]
     if not mine:
         known = ", ".join(v.gpu.label for v in shown) or "none"
-        raise Unanswerable(f"no GPU known as {printable(target, 80)} (known: {known})")
+        raise NotNamed(f"no GPU known as {printable(target, 80)} (known: {known})")
     return mine, None
+
+
+def _select(db: object, shown: list[Verdict], target: str
+            ) -> tuple[list[Verdict], ProcessKey | None]:
+    try:
+        return select_verdicts(db, shown, target)
+    except NotNamed as exc:
+        raise Unanswerable(str(exc)) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from sqlite_utils import Database
@@ -21,7 +22,8 @@ from gpuwhy.events import RuleFinding
 from gpuwhy.gpu_health import is_live
 from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
 from gpuwhy.lifecycle import sql_active
-from gpuwhy.rules.answer import GpuFacts
+from gpuwhy.rules.answer import GpuFacts, Verdict, verdicts
+from gpuwhy.rules.model import Rule
 
 Row = dict[str, Any]
 _CONTAINER = "coalesce(p.container_id, p.pod_uid, p.unit)"
@@ -597,15 +599,18 @@ def latest_gpu_process_lists(db: Database) -> list[tuple]:
 
 
 def incident_counts(db: Database) -> list[tuple[str, str, int]]:
-    """``(kind, severity, incidents)``; a repeat merged into an incident is not counted."""
-    return db.execute("select kind, severity, count(*) from incidents where cause_id is null "
-                      "group by kind, severity").fetchall()
+    """``(kind, severity, incidents)``; a repeat merged into an incident is not counted.
+    Rows stored before kinds and severities were required (schema m001) have none: they
+    count as ``unknown``, as a /metrics label must be text."""
+    return db.execute("select coalesce(kind, 'unknown'), coalesce(severity, 'unknown'), "
+                      "count(*) from incidents where cause_id is null "
+                      "group by 1, 2").fetchall()
 
 
 def open_incident_counts(db: Database) -> list[tuple[str, int]]:
     """``(kind, incidents not resolved yet)``: open or acknowledged."""
-    return db.execute(f"select kind, count(*) from incidents where {sql_active()} and "
-                      f"cause_id is null group by kind").fetchall()
+    return db.execute(f"select coalesce(kind, 'unknown'), count(*) from incidents where "
+                      f"{sql_active()} and cause_id is null group by 1").fetchall()
 
 
 def process_driver_version(db: Database, key: ProcessKey) -> str | None:
@@ -760,3 +765,10 @@ def answer_gpus(db: Database, at: int | None = None) -> list[GpuFacts]:
             pci=g["pci_bus_id"] or pci_and_uuid(db, g["id"])[0] or "", health=health or "ok",
             health_since=since, health_cause=str(cause), health_clears=clears))
     return facts
+
+
+def gpu_verdicts(db: Database, rules: Mapping[str, Rule], at: int | None = None
+                 ) -> list[Verdict]:
+    """The answer on every GPU, worst first, now or at ``at``: the one read that `gpuwhy
+    why`, the API and `gpuwhy rules eval` share (:func:`gpuwhy.rules.answer.verdicts`)."""
+    return verdicts(answer_gpus(db, at), answer_findings(db, at), rules)

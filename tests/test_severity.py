@@ -26,8 +26,10 @@ NAMES = set(sev.SEVERITIES) | set(sev.LEGACY_NAMES)
 # A constant that says it holds severities or their order (a field named ``severity``
 # holds one value, not a scale).
 OWN_SCALE_NAME = re.compile(r"^[A-Z_]*SEVERIT[A-Z_]*$")
-# Other vocabularies that share a word with the scale: Python's logging levels.
-OTHER_VOCABULARIES = {("gpuwhy/config.py", "LOG_LEVELS")}
+# Other vocabularies that share a word with the scale: Python's logging levels; GPU health
+# states placed on the scale (its names as values, not a scale of their own).
+OTHER_VOCABULARIES = {("gpuwhy/config.py", "LOG_LEVELS"),
+                      ("gpuwhy/rules/answer.py", "HEALTH_SEVERITY")}
 
 
 def test_the_scale_is_ordered_and_maps_the_legacy_names():
@@ -127,7 +129,8 @@ def _own_scales(path: Path, root: Path = REPO) -> list[str]:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             found += [f"{where}:{node.lineno}: {t.id}" for t in targets
-                      if isinstance(t, ast.Name) and OWN_SCALE_NAME.search(t.id)]
+                      if isinstance(t, ast.Name) and OWN_SCALE_NAME.search(t.id)
+                      and (where, t.id) not in OTHER_VOCABULARIES]
     return found
 
 

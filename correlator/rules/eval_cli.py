@@ -1,16 +1,17 @@
-"""`gpuwhy rules eval`: how often the shipped rules give the right first answer.
+"""`gpuwhy rules eval`: how often the answer a person reads is the right one.
 
 Each scenario of a corpus is a capture (JSON lines of bus payloads, as `gpuwhy record`
 writes them) and a manifest beside it (``NAME.json``: the planted cause, the rule ids that
 are acceptable top answers, or none for a healthy host; gpuwhy.demo.corpus describes the
-format). Every capture is replayed through the real engine with the shipped rules (the loop
-of `gpuwhy rules test --replay`), and after every round the findings still firing, with the
-causes cleared lately (they answer only for a firing symptom whose window they held in, as
-its incident stays theirs), are ranked (gpuwhy.rules.answer.answers; where that module is
-missing, a fallback: worst severity, then earliest). A fault scenario is a hit when the top
-answer at the end is an acceptable one; its time to answer is the capture second the right
-answer first led. A healthy scenario raises a false alarm when any warning-or-worse finding
-fired at any time.
+format). By default every capture is replayed through the live path on a private store
+(gpuwhy.correlator.rules.live_replay: the real writer and decide stage, the shipped rules
+over the store, as the service runs them), and after every round the answer is read with
+the call `gpuwhy why` makes (gpuwhy.store.queries.gpu_verdicts); what leads the worst GPU's
+answer is the top answer. ``--path engine`` replays through the rules engine alone, in
+memory, ranking the findings still firing and the causes cleared lately with
+gpuwhy.rules.answer.answers. A fault scenario is a hit when the top answer at the end is an
+acceptable one; its time to answer is the capture second the right answer first led. A
+healthy scenario raises a false alarm when any warning-or-worse finding fired at any time.
 """
 
 from __future__ import annotations
@@ -146,10 +147,18 @@ def read_corpus(directory: Path) -> list[Case]:
 
 
 # --- one scenario -------------------------------------------------------------------------
-def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * NS) -> Outcome:
-    """Replay one capture through the engine and score its answers over time."""
+LIVE, ENGINE = "live", "engine"
+PATHS = (LIVE, ENGINE)
+
+
+def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * NS,
+                  path: str = LIVE) -> Outcome:
+    """Replay one capture and score its answers over time: through the live path (writer,
+    decide stage, store, the rules over the store, the answer as `gpuwhy why` reads it), or
+    through the engine alone with in-memory signals and ``rank`` (``path`` ``engine``)."""
     from gpuwhy import severity as sev
     from gpuwhy.correlator.rules.cli import read_capture, replay
+    from gpuwhy.correlator.rules.live_replay import replay_live, top_of
     from gpuwhy.correlator.rules.runner import env_keys
 
     started = time.monotonic()
@@ -168,31 +177,46 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
     alarms: set[str] = set()
     current: list = [None, None]      # top rule id, its kind
 
-    def each_round(now: int, new: list) -> None:
-        if not new and out.timeline:
-            return
+    def observe(new: list) -> None:
         for f in new:
             if f.state == "firing":
-                open_findings[f.finding_id] = f
                 fired.add(f.rule_id)
                 if not f.shadow and sev.rank(f.severity) >= sev.rank("warning"):
                     alarms.add(f.rule_id)
-            else:
-                open_findings.pop(f.finding_id, None)
-                cleared[f.finding_id] = f
-            if f.state == "firing":
-                cleared.pop(f.finding_id, None)
-        for finding_id in [k for k, f in cleared.items() if now - f.ts > CLEARED_KEPT_NS]:
-            del cleared[finding_id]
-        ranked = rank([*open_findings.values(), *cleared.values()], by_id)
-        top, kind = (ranked[0][0].rule_id, ranked[0][1]) if ranked else (None, None)
+
+    def lead(now: int, top: str | None, kind: str | None) -> None:
         if not out.timeline or top != current[0]:
             out.timeline.append((round((now - start) / NS, 1), top))
         current[:] = [top, kind]
         if out.first_led_s is None and top in case.expected:
             out.first_led_s = round((now - start) / NS, 1)
 
-    replay(events, rules, every_ns, each_round)
+    def engine_round(now: int, new: list) -> None:
+        if not new and out.timeline:
+            return
+        observe(new)
+        for f in new:
+            if f.state == "firing":
+                open_findings[f.finding_id] = f
+                cleared.pop(f.finding_id, None)
+            else:
+                open_findings.pop(f.finding_id, None)
+                cleared[f.finding_id] = f
+        for finding_id in [k for k, f in cleared.items() if now - f.ts > CLEARED_KEPT_NS]:
+            del cleared[finding_id]
+        ranked = rank([*open_findings.values(), *cleared.values()], by_id)
+        lead(now, *((ranked[0][0].rule_id, ranked[0][1]) if ranked else (None, None)))
+
+    def live_round(now: int, new: list, answer: list) -> None:
+        observe(new)
+        top, kind, _ = top_of(answer)
+        lead(now, top, kind)
+
+    if path == LIVE:
+        with tempfile.TemporaryDirectory(prefix="gpuwhy-eval-") as folder:
+            replay_live(events, rules, every_ns, Path(folder), live_round)
+    else:
+        replay(events, rules, every_ns, engine_round)
     if not case.healthy and case.expected and all(
             r in by_id and env_keys([by_id[r]]) for r in case.expected):
         out.evaluable = False
@@ -249,7 +273,11 @@ def _line(o: Outcome) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--only", multiple=True, metavar="NAME",
               help="Only these scenarios (repeat, or separate with commas).")
-def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...]) -> None:
+@click.option("--path", "path", type=click.Choice(PATHS), default=LIVE, show_default=True,
+              help="live: each capture through the writer, decide stage and store, the "
+                   "answer read as `gpuwhy why` reads it; engine: the rules engine alone, "
+                   "in memory (faster; no health, no incidents).")
+def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...], path: str) -> None:
     """Replay a scenario corpus through the shipped rules and score the first answers.
 
     Per scenario: the expected cause(s), the top answer at the end, hit or miss, and the
@@ -270,6 +298,8 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...]) -> No
     started = time.monotonic()
     rules = load_rules()
     how, rank = ranking()
+    if path == LIVE:
+        how = "gpuwhy.rules.answer.verdicts over the store (the live path, as gpuwhy why)"
     with tempfile.TemporaryDirectory(prefix="gpuwhy-corpus-") as scratch:
         try:
             if corpus_dir is None:
@@ -294,7 +324,7 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...]) -> No
                            f"{'RESULT':<6} TIME")
             outcomes = []
             for case in cases:
-                outcome = evaluate_case(case, rules, rank)
+                outcome = evaluate_case(case, rules, rank, path=path)
                 outcomes.append(outcome)
                 if not as_json:
                     click.echo(_line(outcome))

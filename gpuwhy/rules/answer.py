@@ -287,13 +287,38 @@ def _leads_over_health(answer: Answer, rules: Mapping[str, Rule]) -> bool:
     return answer.kind == CAUSE and _group(answer.finding, rules) == FAILURES
 
 
+def _failure_behind(gpu: GpuFacts, findings: list[RuleFinding],
+                    rules: Mapping[str, Rule]) -> Answer | None:
+    """The failure finding behind a health state that outlived it: the latest failure cause
+    on the GPU that cleared after the state was entered (R32 reads its Xid line for one
+    minute; the GPU stays lost until a reboot, and the finding keeps its evidence and fix)."""
+    behind = [f for f in findings if f.gpu_id == gpu.gpu_id and f.state != "firing"
+              and not f.shadow and kind_of(f, rules) == CAUSE and _group(f, rules) == FAILURES
+              and (gpu.health_since is None or f.ts >= gpu.health_since)]
+    if not behind:
+        return None
+    latest = max(behind, key=lambda f: (f.ts, f.finding_id))
+    return Answer(latest, CAUSE, held_until=latest.ts)
+
+
+def _verdict_order(verdict: Verdict) -> tuple:
+    """Worst first; between equal severities the better answer (as :func:`answers` ranks
+    them: a cause before a symptom, ...), then the GPU's index."""
+    lead = verdict.lead
+    return (sev.sort_key(verdict.severity) if verdict.severity else 1,
+            not verdict.health_leads, _order(lead) if lead is not None else (),
+            verdict.gpu.index is None, verdict.gpu.index or 0, verdict.gpu.gpu_id)
+
+
 def verdicts(gpus: Iterable[GpuFacts], findings: Iterable[RuleFinding],
              rules: Mapping[str, Rule]) -> list[Verdict]:
-    """The answer on every GPU, worst first (then by index and id): the GPU's best rule
-    answer (:func:`answers`), unless its health state is worse than that answer's severity
-    and no failure finding speaks for it: then the health state leads (a GPU that fell off
-    the bus stays the answer after the rule that saw its Xid line has cleared). A GPU a
-    finding names but ``gpus`` does not is answered too (known only from its finding)."""
+    """The answer on every GPU, worst first: the GPU's best rule answer (:func:`answers`),
+    unless its health state is worse than that answer's severity and no failure finding
+    speaks for it. A failure finding speaks for it while firing, or after it cleared while
+    the state it caused holds (a GPU that fell off the bus stays the answer after the rule
+    that saw its Xid line has cleared); without one the health state itself leads, worded
+    from the Xid catalogue. A GPU a finding names but ``gpus`` does not is answered too
+    (known only from its finding)."""
     known = {g.gpu_id: g for g in gpus}
     findings = list(findings)
     titles = {f.finding_id: f.title for f in findings}
@@ -305,20 +330,22 @@ def verdicts(gpus: Iterable[GpuFacts], findings: Iterable[RuleFinding],
         mine = tuple(by_gpu.get(gpu.gpu_id, ()))
         top = mine[0] if mine else None
         health_sev = HEALTH_SEVERITY.get(gpu.health, "")
+        failure = next((a for a in mine if _leads_over_health(a, rules)), None)
+        if failure is None and health_sev:
+            failure = _failure_behind(gpu, findings, rules)
+            if failure is not None:
+                mine = (failure, *mine)
         top_sev = top.finding.severity if top is not None else ""
-        failure_speaks = any(_leads_over_health(a, rules) for a in mine)
-        health_leads = bool(health_sev) and not failure_speaks and (
+        health_leads = bool(health_sev) and failure is None and (
             top is None or sev.rank(health_sev) > sev.rank(sev.worst([top_sev or "info"])))
-        lead = None if health_leads else top
-        if failure_speaks and top is not None and not _leads_over_health(top, rules):
-            lead = next(a for a in mine if _leads_over_health(a, rules))
-        severity = sev.worst([s for s in (health_sev, top_sev) if s]) if (
-            health_sev or top_sev) else ""
+        lead = None if health_leads else failure or top
+        severities = [s for s in (health_sev, top_sev,
+                                  lead.finding.severity if lead is not None else "") if s]
+        severity = sev.worst(severities) if severities else ""
         explains = tuple(dict.fromkeys(titles[i] for i in lead.explained if i in titles)) \
             if lead is not None else ()
         found.append(Verdict(gpu, severity, lead, health_leads, mine, explains))
-    return sorted(found, key=lambda v: (sev.sort_key(v.severity) if v.severity else 1,
-                                        v.gpu.index is None, v.gpu.index or 0, v.gpu.gpu_id))
+    return sorted(found, key=_verdict_order)
 
 
 def _health_cause(gpu: GpuFacts) -> tuple[str, str]:

@@ -43,6 +43,11 @@ def test_a_lost_gpu_is_the_answer_after_its_rule_has_cleared():
     # R32 saw the Xid line for a minute and cleared; a starved loader fires on the same GPU
     found = [finding(XID79, state="cleared", ts=60 * S), finding(STARVED)]
     [verdict] = verdicts([lost], found, SHIPPED)
+    assert verdict.lead.finding.rule_id == XID79 and verdict.lead.held_until == 60 * S
+    assert verdict.severity == "critical" and not verdict.health_leads
+    # a failure finding that cleared before the GPU entered its state is another story
+    earlier = [finding(XID79, state="cleared", ts=40 * S), finding(STARVED)]
+    [verdict] = verdicts([lost], earlier, SHIPPED)
     assert verdict.health_leads and verdict.lead is None
     assert verdict.severity == "critical"
     line = sentence(verdict, utc=True)
@@ -63,15 +68,19 @@ def test_the_cause_leads_with_the_symptoms_it_explains_and_worst_gpu_first():
                                                 health_cause="throttling")]
     found = [finding(STARVED, "G0"), finding(BURSTY, "G0")]
     first, second = verdicts(gpus, found, SHIPPED)
-    # G1 degraded (warning) and G0 starved (warning): equal severity, index order
-    assert (first.gpu.gpu_id, second.gpu.gpu_id) == ("G0", "G1")
-    assert first.lead.finding.rule_id == STARVED
-    assert first.explains == (SHIPPED[BURSTY].title,)
-    assert "explains " + SHIPPED[BURSTY].title[:1].lower() in sentence(first)
-    assert second.health_leads and "degraded (throttling)" in sentence(second)
+    # G1 degraded (warning) and G0 starved (warning): the GPU's own state first
+    assert (first.gpu.gpu_id, second.gpu.gpu_id) == ("G1", "G0")
+    assert first.health_leads and "degraded (throttling)" in sentence(first)
+    assert second.lead.finding.rule_id == STARVED
+    assert second.explains == (SHIPPED[BURSTY].title,)
+    assert "explains " + SHIPPED[BURSTY].title[:1].lower() in sentence(second)
     worst = verdicts(gpus + [GpuFacts("G2", index=2, health="reset_required",
                                       health_cause="xid 48")], found, SHIPPED)
-    assert [v.gpu.gpu_id for v in worst] == ["G2", "G0", "G1"]
+    assert [v.gpu.gpu_id for v in worst] == ["G2", "G1", "G0"]
+    # between two rule answers of one severity, a cause ranks before a lone symptom
+    two = verdicts([GpuFacts("G0", index=0), GpuFacts("G1", index=1)],
+                   [finding(BURSTY, "G0"), finding(STARVED, "G1")], SHIPPED)
+    assert [v.gpu.gpu_id for v in two] == ["G1", "G0"]
 
 
 def test_healthy_gpus_and_gpus_known_only_from_a_finding():

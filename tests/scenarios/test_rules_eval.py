@@ -144,3 +144,29 @@ def test_a_fault_whose_rules_read_env_is_listed_not_scored(tmp_path):
     assert rows["cuda-launch-blocking"]["result"] == "not evaluable"
     assert report["summary"]["faults"] == 1 and report["summary"]["hits"] == 1
     assert report["summary"]["not_evaluable"] == ["cuda-launch-blocking"]
+
+
+def test_the_live_paths_answer_is_what_gpuwhy_why_prints(written, tmp_path):
+    """The evaluation scores the store the replay wrote, read as `gpuwhy why` reads it."""
+    from gpuwhy.correlator.rules.cli import read_capture
+    from gpuwhy.correlator.rules.live_replay import replay_live, top_of
+
+    events = read_capture(str(written["xid48-dbe"].capture))
+    rounds = []
+    answer = replay_live(events, RULES, 10 * 10**9, tmp_path,
+                         lambda now, new, verdicts: rounds.append(now))
+    top, kind, gpu = top_of(answer)
+    assert top == "R33_xid48_double_bit_ecc" and kind == "cause"
+    result = CliRunner().invoke(cli, ["why", "--json", "--at", str(rounds[-1])],
+                                env={"GPUWHY_DB": str(tmp_path / "replay.db")})
+    assert result.exit_code == 1, result.output
+    first = json.loads(result.output)["verdicts"][0]
+    assert (first["lead"]["rule_id"], first["gpu"]["id"]) == (top, gpu)
+    assert first["severity"] == "critical" and first["gpu"]["health"] == "reset_required"
+
+
+def test_the_engine_path_is_still_there(tmp_path):
+    result = invoke(tmp_path, "--only", "stuck-on-lock", "--path", "engine")
+    assert result.exit_code == 0, result.output
+    assert "ranking: gpuwhy.rules.answer.answers" in result.output
+    assert "accuracy: 1/1 faults = 1.00" in result.output
