@@ -25,6 +25,10 @@ def test_recovery_needs():
     assert xid_info(48).gpu_reset and xid_info(119).gpu_reset and xid_info(95).gpu_reset
     assert not xid_info(13).gpu_reset and not xid_info(94).gpu_reset
     assert xid_info(74).mnemonic == "NVLINK_ERROR"       # not swallowed by the CE range
+    # NVIDIA's catalogue: 73 is the unused NVENC2 code, not a copy engine; 156 asks for a
+    # GPU reset, so it is critical like every reset
+    assert xid_info(73).mnemonic == "ROBUST_CHANNEL_NVENC2_ERROR"
+    assert xid_info(156).gpu_reset and xid_info(156).severity == "critical"
 
 
 def test_xid_154_takes_its_needs_from_the_line():

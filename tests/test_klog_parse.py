@@ -32,10 +32,12 @@ EXPECTED = {
     28: dict(kind=X, xid=154, pci="0000:9c:00", details={"recovery_to": "Drain and Reset",
                                                           "recovery_to_code": 4}),
     30: dict(kind=X, xid=144, pci="0000:01:00",
-             details={"subcode": "SAW_MVB", "fatal": False, "link": 0}),
+             details={"subcode": "SAW_MVB", "fatal": False, "link": 0,
+                      "intrinfo": "0x00000001", "error_status": "0x00000008"}),
     31: dict(kind=X, xid=149, pci="0000:00:00", details={"subcode": "NETIR_LINK_EVT",
                                                           "fatal": True}),
-    32: dict(kind=X, xid=149, pci="0019:01:00", details={"link": -1, "fatal": True}),
+    32: dict(kind=X, xid=149, pci="0019:01:00", details={"link": -1, "fatal": True,
+                                                          "intrinfo": "0x000fe406"}),
     33: dict(kind=X, xid=145, pci="0018:01:00", details={"subcode": "RLW_RXPIPE", "link": 13}),
     35: dict(kind=X, xid=31, pci="0000:3b:00", pid=41235, name="python3", gpu_instance=1,
              compute_instance=0),
@@ -137,12 +139,10 @@ def test_every_sample_line_is_either_a_comment_blank_or_recognised():
     "NVRM: loading out-of-tree module taints kernel.",
     "nvidia: module license 'NVIDIA' taints kernel.",
     "NVRM: Xid without a parenthesis: 79",
-    "NVRM: Xid (PCI:zzzz:0a:00): 79, GPU has fallen off the bus.",
-    "NVRM: Xid (PCI:0000:0a:00): seventy-nine",
+    "Xid (PCI:0000:0a:00): seventy-nine (not the driver's line)",
     "MyXid (PCI:0000:0a:00): 79, not an Xid",
     "The NVIDIA GPU is great",
     "NVRM: GPU at PCI:0000:2b:00: not-a-uuid",
-    "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): not-a-number",
     "GPU 0000:0a:00.0: RmInitAdapter worked fine",
     "kernel: [ 12.3] EXT4-fs (sda1): mounted filesystem",
     "\x00\x01\x02NVRM\xff",
@@ -150,6 +150,20 @@ def test_every_sample_line_is_either_a_comment_blank_or_recognised():
 def test_lines_that_are_not_nvidia_facts_give_nothing(line):
     assert parse_line(line) is None
     assert KernelLogParser().feed(line) == []
+
+
+@pytest.mark.parametrize("line,kind", [
+    ("NVRM: Xid (PCI:zzzz:0a:00): 79, GPU has fallen off the bus.", "xid"),
+    ("NVRM: Xid (PCI:0000:0a:00): seventy-nine", "xid"),
+    ("[ 12.3] NVRM: Xid (0000:0a:00) 79 GPU has fallen off the bus", "xid"),
+    ("nvidia-nvswitch3: SXid (PCI:0000:04:00.0): not-a-number", "sxid"),
+])
+def test_a_driver_line_naming_an_xid_in_no_known_format_is_kept_unparsed(line, kind):
+    [(_, record)] = KernelLogParser().feed(line)
+    assert record == parse_line(line)
+    assert record.kind == "unparsed" and record.details["parsed_as"] == kind
+    assert "no known format" in record.details["reason"]
+    assert (record.xid, record.sxid, record.pci) == (None, None, None)
 
 
 def test_the_same_xid_in_every_prefix_form_gives_the_same_record():

@@ -136,7 +136,8 @@ _CONTAINED = re.compile(r"(?P<kind>Contained|Uncontained): (?P<unit>[^(.]{1,200}
                         r"(?: \([^)]*\))?\.(?: physAddr: (?P<pa>0x[0-9a-fA-F]+))? RST: "
                         r"(?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)", _A)
 _NVLINK5 = re.compile(r"^(?P<sub>\w+) (?P<sev>Fatal|Nonfatal) XC(?P<xc>\d+) i(?P<inst>\d+) "
-                      r"Link (?P<link>-?\d+)", _A)
+                      r"Link (?P<link>-?\d+)(?: \((?P<intr>0x[0-9a-fA-F]+) "
+                      r"(?P<status>0x[0-9a-fA-F]+))?", _A)
 _CAUSED_BY = re.compile(r" caused by previous Xid (?P<root>\d+)\s*$", _A)
 _PHYS_ADDR = re.compile(r"physAddr (?P<pa>0x[0-9a-fA-F]+)", _A)
 _NVLINK_LINK = re.compile(r"NVLink: .{0,200}? on link (?P<link>\d+)", _A)
@@ -262,6 +263,9 @@ def _xid_details(code: int, message: str) -> dict[str, str | int | bool]:
     if 144 <= code <= 150 and (match := _NVLINK5.search(message)):
         details.update(subcode=_token(match["sub"], "the NVLink sub-code"),
                        fatal=match["sev"] == "Fatal", link=_int(match["link"], "the link"))
+        if match["intr"]:   # NVIDIA's 144-150 decode reads these two words (gpuwhy.xid)
+            details.update(intrinfo=_hex(match["intr"], "IntrInfo"),
+                           error_status=_hex(match["status"], "the error status"))
     if code == 48 and (match := _PHYS_ADDR.search(message)):
         details["phys_addr"] = _hex(match["pa"], "physAddr")
     if code == 74 and (match := _NVLINK_LINK.search(message)):
