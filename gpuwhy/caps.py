@@ -17,7 +17,6 @@ CAPABILITY_BITS = {
 PROBE_CAPABILITIES = {
     "CAP_BPF": "load BPF programs and create maps",
     "CAP_PERFMON": "attach to tracepoints, read kernel memory from BPF",
-    "CAP_SYS_RESOURCE": "raise RLIMIT_MEMLOCK for BPF maps (kernels before 5.11)",
     "CAP_DAC_READ_SEARCH": "list /proc/PID/fd of every process, read tracefs",
     "CAP_SYS_PTRACE": "read /proc/PID/fd links, environ and exe of other users' processes",
 }

@@ -123,6 +123,13 @@ HINT_SLOTS = 1 << 16       # per-pid hint arrays (a power of two: the C masks)
 MAX_TRACKED = 65536
 MAX_RECENT_CALLS = 4096    # kinds of failed or big calls remembered for repeated() in the C
 RINGBUF_PAGES = 256
+# Records one poll reads at most. A poll's events are held in one batch until it ends, each
+# held payload ~8 KB (orjson leaves its output buffer's spare room allocated), and libbpf
+# reads a ring until it is empty: a process issuing a million notable calls a second kept
+# one poll reading for the whole storm, 60,000 events in one batch, and the probes grew
+# from 48 MB to 3 GB. Past this the read stops (the callback returns -1); the rest waits in
+# the ring, and what the ring cannot hold is dropped there and counted (dropped_ringbuf_full).
+RECORDS_PER_POLL = 512
 DECODE_VARIANTS = 3        # layouts per decode slot
 DECODE_SLOTS = 512         # escapes at their number, UVM commands < 256 at 256 + it, and:
 UVM_SLOT_BASE = 256
@@ -268,6 +275,8 @@ class FdTrackProbe:
         self.table = FdTable(self._resolve)
         self.records = 0
         self.filtered = 0
+        self.capped_polls = 0      # polls that stopped at RECORDS_PER_POLL, the ring not empty
+        self._budget = RECORDS_PER_POLL
         self.repeats = 0           # failed or big calls user space found repeated
         # each stats entry's last read, by its key's bytes: (its count, what read_stats said)
         self._last_read: dict[bytes, tuple[int, tuple]] = {}
@@ -408,15 +417,17 @@ class FdTrackProbe:
 
     # --- records ---------------------------------------------------------------------------
 
-    def _on_record(self, ctx: object, data: object, size: int) -> None:
+    def _on_record(self, ctx: object, data: object, size: int) -> int:
         record = self._events.event(data)
         self.records += 1
+        self._budget -= 1
         ts = self._clock.realtime_from_monotonic(record.ktime_ns)
         handler = self._handlers.get(record.type)
         if handler is None:
             log.warning("unknown fdtrack record type %d", record.type)
-            return
-        self._emit(handler(self, record, ts))
+        else:
+            self._emit(handler(self, record, ts))
+        return -1 if self._budget <= 0 else 0     # < 0: libbpf stops reading the ring
 
     def _on_open(self, record: object, ts: int) -> list[Event]:
         path = bytes(record.data).split(b"\0", 1)[0].decode("utf-8", errors="replace")
@@ -610,6 +621,7 @@ class FdTrackProbe:
         counters = {f"dropped_{reason}": int(self._drops.sum(ctypes.c_int(drop)).value)
                     for drop, reason in DROP_REASONS.items()}
         counters.update(records=self.records, filtered=self.filtered,
+                        capped_polls=self.capped_polls,
                         repeated_calls_counted=self.repeats + self._repeats_in_kernel(),
                         tracked_fds=len(self.table.fds),
                         unresolved_processes=self.table.unresolved)
@@ -641,13 +653,19 @@ class FdTrackProbe:
         """The loaded bcc program (None before ``load()``): its ring buffers are waited on."""
         return self._bpf
 
-    def poll(self, timeout_ms: int = 100) -> None:
+    def poll(self, timeout_ms: int = 100) -> bool:
         """Take the ring buffer's records, waiting up to ``timeout_ms`` for one that wakes
         us; those sent without a wake-up (BPF_RB_NO_WAKEUP: slow and failed calls) are
-        taken too, whatever woke us (epoll never reports them)."""
+        taken too, whatever woke us (epoll never reports them). At most RECORDS_PER_POLL:
+        True when it stopped there (the ring may hold more: a storm)."""
+        self._budget = RECORDS_PER_POLL
         if timeout_ms:
             self._bpf.ring_buffer_poll(timeout_ms)
-        self._bpf.ring_buffer_consume()
+        if self._budget > 0:
+            self._bpf.ring_buffer_consume()
+        capped = self._budget <= 0
+        self.capped_polls += capped
+        return capped
 
     def run(self, stop: threading.Event, on_tick: Callable[[], None] | None = None) -> None:
         """Poll records until ``stop`` is set; flush statistics every ``poll_interval`` s."""
@@ -661,7 +679,7 @@ class FdTrackProbe:
                 next_flush = now + self.poll_interval
             if on_tick is not None:
                 on_tick()
-        self._bpf.ring_buffer_consume()
+        self.poll(0)
         self.flush()
         self._publish(self.health())
 

@@ -35,6 +35,10 @@ NAME = "lifecycle"
 BPF_SOURCE = Path(__file__).with_name("lifecycle.bpf.c")
 RINGBUF_PAGES = 128
 RINGBUF_HEADER_BYTES = 8           # BPF_RINGBUF_HDR_SZ: the kernel's header on each record
+# Records one poll reads at most (see RECORDS_PER_POLL in fdtrack.py: a poll's events are
+# held in one batch, ~8 KB each, and libbpf reads a ring a fork storm keeps filling until it
+# is empty). Past it the rest waits in the ring; what it cannot hold is dropped and counted.
+RECORDS_PER_POLL = 512
 
 
 class EventType(enum.IntEnum):
@@ -80,6 +84,7 @@ class LifecycleProbe:
         self._bpf = None
         self.records = 0
         self.enrich_failures = 0
+        self._budget = RECORDS_PER_POLL
         self.ring_records = 0       # how many records the ring holds, once loaded
 
     def load(self) -> None:
@@ -111,8 +116,12 @@ class LifecycleProbe:
         if self._on_event is not None:
             self._on_event(event)
 
-    def _on_record(self, ctx: object, data: object, size: int) -> None:
-        record = self._events.event(data)
+    def _on_record(self, ctx: object, data: object, size: int) -> int:
+        self._budget -= 1
+        self._handle(self._events.event(data))
+        return -1 if self._budget <= 0 else 0     # < 0: libbpf stops reading the ring
+
+    def _handle(self, record: object) -> None:
         self.records += 1
         ts = self._clock.realtime_from_monotonic(record.ktime_ns)
         key = ProcessKey(record.tgid, record.start_ticks)
@@ -148,10 +157,13 @@ class LifecycleProbe:
         return self._bpf
 
     def poll(self, timeout_ms: int = 0) -> None:
+        """Read the ring's records, RECORDS_PER_POLL at most."""
+        self._budget = RECORDS_PER_POLL
         self._bpf.ring_buffer_poll(timeout_ms)
 
     def close(self) -> None:
         if self._bpf is not None:
+            self._budget = RECORDS_PER_POLL
             self._bpf.ring_buffer_consume()
             self._bpf.cleanup()
             self._bpf = None

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpuwhy.bus import Publisher
+from gpuwhy.bus import BATCH_BYTES, Publisher
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import ProbeLoadError
@@ -48,6 +48,26 @@ HEALTH_EVERY_S = HEALTH_PERIOD_S["probes"]
 LIFECYCLE_HOLD_S = 1.0
 LIFECYCLE_FULL_HOLD_S = 0.1
 
+# Memory, bounded whatever the host does (issue #54). A poll reads at most RECORDS_PER_POLL
+# of a ring (fdtrack.py, lifecycle.py); after a poll that stopped there (a storm: a million
+# notable ioctls or opens a second from any process that may open /dev/nvidiactl), fdtrack's
+# ring is left alone FDTRACK_FULL_HOLD_S: the probes read at most ~10,000 of its records a
+# second, what the correlator stores with room to spare, and the rest is dropped in the
+# kernel and counted (dropped_ringbuf_full). The bus's send queue is bounded in messages
+# (bus.hwm); a batch message holds up to BATCH_BYTES, so the probes' queue gets
+# SEND_QUEUE_BYTES / BATCH_BYTES messages at most (128: 32 MB), past which batches are
+# dropped and counted (dropped_bus_hwm). Before: 2.5 M ioctls in 5 s grew the probes from
+# 48 MB to 3 GB; after, measured in tests/privileged/test_probe_memory.py.
+FDTRACK_FULL_HOLD_S = 0.05
+SEND_QUEUE_BYTES = 32 << 20
+
+
+def send_hwm(configured: int) -> int:
+    """The probes' bus high-water mark: ``bus.hwm``, at most SEND_QUEUE_BYTES of full batch
+    messages (0, ZeroMQ's "no limit", gets that bound too)."""
+    bound = SEND_QUEUE_BYTES // BATCH_BYTES
+    return min(configured, bound) if configured > 0 else bound
+
 
 def warn_if_bpf_stats_enabled(sysctl: Path = BPF_STATS_SYSCTL) -> bool:
     """Say so when the kernel times every BPF program run (see ``bpf_stats_enabled``)."""
@@ -77,6 +97,7 @@ class Probes:
         self._released_fds: list[int] = []
         self._next_health = 0.0
         self.lifecycle_held_until = 0.0     # monotonic; 0: its ring is waited on
+        self.fdtrack_held_until = 0.0       # monotonic; set after a poll stopped at its cap
 
     def _publish_fd(self, event: Event) -> None:
         self.publisher.publish(event)
@@ -171,8 +192,7 @@ class Probes:
         for name, probe in (("lifecycle", self.lifecycle), ("sched", self.sched),
                             ("printk", self.printk)):
             if probe is not None:
-                self.publisher.publish(SourceHealth(ts=now_ns(), source=name, state="ok",
-                                                    counters=probe.counters()))
+                self.publisher.publish(counted_health(name, probe.counters()))
         for name, reason in self.failed.items():
             self.publisher.publish(SourceHealth(ts=now_ns(), source=name, state="failed",
                                                 detail=reason))
@@ -182,13 +202,24 @@ class Probes:
         What one poll finds goes out in batch messages as it ends (microseconds later): a
         busy process's driver calls sent one message each cost the bus more than they say."""
         with self.publisher.batched():
-            self.fdtrack.poll(timeout_ms)
+            self._poll_fdtrack(timeout_ms)
             if self.lifecycle is not None:
                 before = self.lifecycle.records
                 self.lifecycle.poll(0)
                 self._pace_lifecycle(self.lifecycle.records - before)
             if self.cuda is not None:
                 self.cuda.poll(0)
+
+    def _poll_fdtrack(self, timeout_ms: int) -> None:
+        """Read fdtrack's ring unless it is held after a poll that stopped at its cap (then
+        wait out the hold, within ``timeout_ms``, instead of reading)."""
+        now = time.monotonic()
+        if now < self.fdtrack_held_until:
+            if timeout_ms:
+                time.sleep(min(timeout_ms / 1000, self.fdtrack_held_until - now))
+            return
+        capped = self.fdtrack.poll(timeout_ms)
+        self.fdtrack_held_until = time.monotonic() + FDTRACK_FULL_HOLD_S if capped else 0.0
 
     def _pace_lifecycle(self, read: int) -> None:
         """Hold the lifecycle ring out of the wait after a read that found records; let it
@@ -213,9 +244,16 @@ class Probes:
         return None if None in fds.values() else fds
 
     def waited_on(self, fds: dict[str, int]) -> list[int]:
-        """Of ``ring_fds()``, those to wait on now: not the lifecycle ring while it is held."""
-        held = time.monotonic() < self.lifecycle_held_until
-        return [fd for name, fd in fds.items() if not (held and name == "lifecycle")]
+        """Of ``ring_fds()``, those to wait on now: not a ring while it is held."""
+        now = time.monotonic()
+        held = {name for name, until in (("lifecycle", self.lifecycle_held_until),
+                                         ("fdtrack", self.fdtrack_held_until)) if now < until}
+        return [fd for name, fd in fds.items() if name not in held]
+
+    def held_until(self, default: float) -> float:
+        """When the first ring held out of the wait comes back (``default`` if none is)."""
+        return min(self.lifecycle_held_until or default, self.fdtrack_held_until or default,
+                   default)
 
     def close(self) -> None:
         """Detach everything; in parallel, because each tracepoint detach waits for an RCU
@@ -232,10 +270,19 @@ class Probes:
         self._released_fds = []
 
 
+def counted_health(source: str, counters: dict[str, int]) -> SourceHealth:
+    """A probe's health from its counters: degraded, and said, once it lost records (a
+    lifecycle ring that overflowed said "ok" before)."""
+    lost = sum(value for key, value in counters.items() if key.startswith("dropped_"))
+    return SourceHealth(ts=now_ns(), source=source, state="degraded" if lost else "ok",
+                        detail=f"{lost} records or map entries lost" if lost else "",
+                        counters=counters)
+
+
 def run_probes(config: Config, stop: threading.Event,
                loaded: threading.Event | None = None) -> None:
     """Load every probe, then publish until ``stop`` is set. Raises ProbeLoadError."""
-    publisher = Publisher(config["bus.endpoint"], src="probes", hwm=config["bus.hwm"])
+    publisher = Publisher(config["bus.endpoint"], src="probes", hwm=send_hwm(config["bus.hwm"]))
     probes = Probes(config, publisher)
     lender = lend_kmsg(config)      # before the probes' slow load: the source asks early
     try:
@@ -283,7 +330,7 @@ def _publish_until(stop: threading.Event, probes: Probes, publisher: Publisher,
             else:
                 # Until a record, a subscriber, a signal, the next flush or the end of the
                 # lifecycle ring's hold: an idle host costs one wake-up a flush.
-                until = min(next_flush, probes.lifecycle_held_until or next_flush)
+                until = probes.held_until(next_flush)
                 publisher.wait([*probes.waited_on(fds), *wakeup.fds],
                                max(0.0, until - time.monotonic()))
                 wakeup.drain()

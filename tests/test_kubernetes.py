@@ -57,6 +57,24 @@ def test_capabilities_instead_of_privileged():
     assert {"probes", "serve"} <= set(cli.list_commands(click.Context(cli)))
 
 
+def _mebibytes(quantity: str) -> int:
+    return int(quantity[:-2]) * {"Mi": 1, "Gi": 1024}[quantity[-2:]]
+
+
+def test_memory_limits_match_the_units_budgets():
+    """Each container's limit is its unit's MemoryMax= (#54: measured, then budgeted)."""
+    units = Path(__file__).resolve().parent.parent / "systemd"
+    for name, unit in (("probes", "gpuwhy-probes.service"), ("serve", "gpuwhy.service")):
+        limit = _containers()[name]["resources"]["limits"]["memory"]
+        max_line = next(line for line in (units / unit).read_text().splitlines()
+                        if line.startswith("MemoryMax="))
+        assert limit.removesuffix("i") == max_line.partition("=")[2], (name, limit, max_line)
+        request = _containers()[name]["resources"]["requests"]["memory"]
+        assert _mebibytes(request) <= _mebibytes(limit), (name, request, limit)
+    added = _containers()["probes"]["securityContext"]["capabilities"]["add"]
+    assert "SYS_RESOURCE" not in added
+
+
 def test_host_pid_and_read_only_host_mounts():
     spec = _daemonset()["spec"]["template"]["spec"]
     assert spec["hostPID"] is True

@@ -60,6 +60,28 @@ def test_probes_get_exactly_their_capabilities():
     assert probes["User"] == ["gpuwhy-probes"] and probes["SupplementaryGroups"] == ["gpuwhy"]
     assert probes["NoNewPrivileges"] == ["yes"]
     assert "ProtectKernelModules" not in probes    # it would hide the headers bcc needs
+    # LimitMEMLOCK=infinity does what CAP_SYS_RESOURCE was held for (#54)
+    assert "CAP_SYS_RESOURCE" not in PROBE_CAPABILITIES and probes["LimitMEMLOCK"] == ["infinity"]
+    # CAP_SYS_PTRACE is for reading other users' /proc files, never for reaching into them
+    denied = {call for line in probes["SystemCallFilter"] if line.startswith("~")
+              for call in line[1:].split()}
+    assert {"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
+            "kcmp"} <= denied
+
+
+def _bytes(size: str) -> int:
+    return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]]
+
+
+# What the units' comments say was measured (MB resident, at rest and at the peak) must fit
+# under MemoryHigh=, itself under MemoryMax= (#54: memory bounded, and budgeted).
+@pytest.mark.parametrize(("unit", "measured_peak_mb"), [("gpuwhy-probes.service", 200),
+                                                       ("gpuwhy.service", 68)])
+def test_each_unit_has_a_memory_budget_above_what_was_measured(unit, measured_peak_mb):
+    settings = _settings(unit)
+    high, peak = _bytes(settings["MemoryHigh"][0]), _bytes(settings["MemoryMax"][0])
+    assert measured_peak_mb << 20 < high < peak
+    assert f"{measured_peak_mb}" in (REPO / "systemd" / unit).read_text()
 
 
 def test_the_service_is_unprivileged_notify_with_a_watchdog():

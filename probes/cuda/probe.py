@@ -39,7 +39,7 @@ from gpuwhy.probes.cuda.libraries import (
 )
 from gpuwhy.probes.cuda.uprobe_multi import BPF_TRACE_UPROBE_MULTI, close_all
 from gpuwhy.probes.cuda.uprobe_multi import attach as attach_multi
-from gpuwhy.probes.fdtrack import load_bpf
+from gpuwhy.probes.fdtrack import RECORDS_PER_POLL, load_bpf
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class CudaProbe:
         self.trap_ns = DEFAULT_TRAP_NS
         self.counts = {"attached_probes": 0, "attach_failures": 0, "refused_libraries": 0,
                        "detached_overhead": 0, "records": 0}
+        self._budget = RECORDS_PER_POLL
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -209,12 +210,18 @@ class CudaProbe:
                 return
 
     def poll(self, timeout_ms: int = 0) -> None:
+        """Read the ring's records, RECORDS_PER_POLL at most (fdtrack.py says why: memory)."""
         if self._ready.is_set():
+            self._budget = RECORDS_PER_POLL
             self._bpf.ring_buffer_poll(timeout_ms)
         self._drain()
 
-    def _on_record(self, ctx: object, data: object, size: int) -> None:
-        record = self._bpf[b"records"].event(data)
+    def _on_record(self, ctx: object, data: object, size: int) -> int:
+        self._budget -= 1
+        self._handle(self._bpf[b"records"].event(data))
+        return -1 if self._budget <= 0 else 0     # < 0: libbpf stops reading the ring
+
+    def _handle(self, record: object) -> None:
         self.counts["records"] += 1
         process = self._keys.get(record.tgid)
         if process is None:
