@@ -5,11 +5,15 @@ A token comes as ``Authorization: Bearer TOKEN`` or as the form field ``token``.
 logs in once through ``/login``: the signed session cookie then lets it read pages; changes
 still carry the token in their form (that also stops cross-site requests).
 
-Every token presented (login form, change form, Bearer header) is charged to the client's
-address first (gpuwhy.webui.throttle): after a few quick attempts the address gets 429 with
-Retry-After, whatever it sends, the right token included, until its bucket has drained;
-comparing the token meanwhile would answer the guess and defeat the limit. A success empties
-the bucket, so a scraper that always sends the right token is never slowed.
+A wrong token (login form, change form, Bearer header) is charged to the client's address
+(gpuwhy.webui.throttle): after a few quick failures the address gets 429 with Retry-After for
+every wrong token until its bucket has drained. The right token always passes, whatever
+failures came before from its address: a scraper or browser sharing an address (a NAT, a
+node, a proxy) with a guesser, or with a colleague who mistyped, is never locked out. A
+success does not empty the bucket either: it would hand the guesser beside it fresh attempts.
+The price, accepted (issue #54): a limited address still tells a right guess (200) from a
+wrong one (429) at whatever rate it sends, so the limit slows honest mistakes and noisy
+scanners, and the token's own length (16 random characters or more) is what stops guessing.
 """
 
 from __future__ import annotations
@@ -54,19 +58,17 @@ def auth_token(config: Config) -> str:
 
 
 def _matches(presented: str | None) -> bool:
-    """Whether ``presented`` is the token; raises TooManyRequests (429) for an address that
-    tried too often, before comparing anything."""
+    """Whether ``presented`` is the token; a wrong one is charged to the client's address,
+    and raises TooManyRequests (429) once the address has failed too often."""
     token = current_app.config["AUTH_TOKEN"]
     if not token or presented is None:
         return False
-    throttle: Throttle = current_app.extensions["gpuwhy.throttle"]
-    client = client_key(request.remote_addr)
-    if wait := throttle.attempt(client):
-        raise TooManyRequests("too many token attempts from this address; wait and retry",
-                              retry_after=wait)
     if hmac.compare_digest(presented.encode(), token.encode()):
-        throttle.succeeded(client)
         return True
+    throttle: Throttle = current_app.extensions["gpuwhy.throttle"]
+    if wait := throttle.attempt(client_key(request.remote_addr)):
+        raise TooManyRequests("too many wrong tokens from this address; wait and retry",
+                              retry_after=wait)
     return False
 
 

@@ -18,6 +18,12 @@ series and keep it, later ones are summed under ``"other"``, so that every count
 grows. The idle-while-held counter is the one figure this process keeps: GPU-seconds of
 whole-GPU samples at or under ``correlator.stall_util_pct`` while an owner's process held
 the GPU, counted from the samples stored since this process started.
+
+Scrapes are answered from a snapshot (:class:`Snapshot`): rendered at most once a second, one
+render shared by every scrape that waits for it, so a crowd of scrapers costs one store read a
+second rather than one each. An answer comes from a read of the store begun less than a
+second before the scrape arrived (or after), and a lone scrape after the store changed waits
+for the next render rather than take the older one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pwd
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -442,9 +449,88 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def register_metrics(app: Flask, registry: CollectorRegistry | None = None) -> None:
+def store_stamp(path: str | os.PathLike[str]) -> tuple:
+    """What changes whenever the store commits: the modification time and size of its file
+    and of its write-ahead log (a commit appends to the log; a checkpoint writes the file).
+    Read from the file system, not the database: two stat calls, no connection. An empty log
+    counts as none: a reader opening the store creates one, and that changes nothing."""
+    stamp: list[tuple[int, int] | None] = []
+    for name in (os.fspath(path), f"{os.fspath(path)}-wal"):
+        try:
+            info = os.stat(name)
+        except OSError:
+            stamp.append(None)
+            continue
+        stamp.append((info.st_mtime_ns, info.st_size) if info.st_size else None)
+    return tuple(stamp)
+
+
+class Snapshot:
+    """The ``/metrics`` text, rendered at most once per ``max_age`` seconds and shared.
+
+    A scrape gets the current snapshot while it is younger than ``max_age`` and either the
+    store has not changed since it was read or other scrapes are in flight (a crowd shares
+    what is at most ``max_age`` old). A lone scrape after a change waits for the next render
+    (at most ``max_age`` after the last), so that a reader who changed the store and then
+    scrapes sees the change. Only one render runs at a time; whoever arrives meanwhile waits
+    for it.
+    """
+
+    def __init__(self, render: Callable[[], bytes], stamp: Callable[[], Any],
+                 max_age: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.render, self.stamp, self.max_age, self.clock = render, stamp, max_age, clock
+        self.renders = 0                     # how many times the text was rendered
+        self._changed = threading.Condition()
+        self._body: bytes | None = None
+        self._at = 0.0                       # clock() when the snapshot's read began
+        self._version: Any = None            # stamp() then
+        self._rendering = False
+        self._in_flight = 0
+
+    def get(self) -> bytes:
+        """The current text, rendered first when it is too old (or, for a lone scrape,
+        behind the store)."""
+        with self._changed:
+            self._in_flight += 1
+        try:
+            return self._get()
+        finally:
+            with self._changed:
+                self._in_flight -= 1
+
+    def _get(self) -> bytes:
+        with self._changed:
+            while True:
+                now = self.clock()
+                fresh = self._body is not None and now - self._at < self.max_age
+                if fresh and (self._in_flight > 1 or self.stamp() == self._version):
+                    return self._body
+                if self._rendering:
+                    self._changed.wait()                   # one render at a time: share it
+                elif fresh:
+                    self._changed.wait(self._at + self.max_age - now)    # the next slot
+                else:
+                    break
+            self._rendering = True
+        body = None
+        try:
+            version, at = self.stamp(), self.clock()
+            body = self.render()
+            return body
+        finally:
+            with self._changed:
+                self._rendering = False
+                if body is not None:
+                    self._body, self._at, self._version = body, at, version
+                    self.renders += 1
+                self._changed.notify_all()
+
+
+def register_metrics(app: Flask, registry: CollectorRegistry | None = None,
+                     max_age: float = 1.0) -> Snapshot:
     """Serve ``/metrics`` from ``registry`` (a new one by default) with the store collector
-    and this process's own figures (CPU, memory, open files, Python)."""
+    and this process's own figures (CPU, memory, open files, Python), through a snapshot at
+    most ``max_age`` seconds old (kept as ``app.extensions["gpuwhy.metrics"]``)."""
     from gpuwhy.store import open_store
 
     registry = registry or CollectorRegistry(auto_describe=False)
@@ -453,7 +539,12 @@ def register_metrics(app: Flask, registry: CollectorRegistry | None = None) -> N
     if os.path.exists("/proc/self/stat"):
         ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    snapshot = Snapshot(lambda: generate_latest(registry),
+                        lambda: store_stamp(app.config["DATABASE"]), max_age)
+    app.extensions["gpuwhy.metrics"] = snapshot
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        return Response(snapshot.get(), mimetype=CONTENT_TYPE_LATEST)
+
+    return snapshot

@@ -1,4 +1,4 @@
-"""Token attempts per client address: a leaky bucket, in process, over a bounded table."""
+"""Wrong-token attempts per client address: a leaky bucket, in process, over a bounded table."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ def client_key(address: str | None) -> str:
 
 
 class Throttle:
-    """Each attempt fills a client's bucket by one and the bucket drains at a steady rate; a
-    full bucket means wait. A success empties it.
+    """Each failed attempt fills a client's bucket by one and the bucket drains at a steady
+    rate; a full bucket means wait.
 
-    Charging before the token is compared (rather than counting failures afterwards) keeps
-    it exact under the threaded server: parallel guesses cannot all slip in before the
-    first failure is counted.
+    A failure is charged and checked in one step under the lock (rather than counted after
+    the answer) so that it stays exact under the threaded server: parallel guesses cannot all
+    slip in before the first failure is counted.
     """
 
     def __init__(self, free: int = FREE_ATTEMPTS, drain_seconds: float = DRAIN_SECONDS,
@@ -57,11 +57,6 @@ class Throttle:
             while len(self._buckets) > self.max_clients:
                 self._buckets.popitem(last=False)
             return 0
-
-    def succeeded(self, client: str) -> None:
-        """The client knew the token: forget its attempts."""
-        with self._lock:
-            self._buckets.pop(client, None)
 
     def __len__(self) -> int:
         return len(self._buckets)
