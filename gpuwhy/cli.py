@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from gpuwhy import __version__
+from gpuwhy.clitypes import InputFile, OutputFile
 from gpuwhy.config import SETTINGS, Config, load_config
 from gpuwhy.errors import GpuwhyError
 
@@ -107,6 +108,7 @@ LAZY_COMMANDS = {
     "cron": "gpuwhy.probes.cron.cli:cron",
     # the answer
     "why": "gpuwhy.why_cli:why",
+    "mcp": "gpuwhy.mcp_cli:mcp",
     # the correlator
     "incidents": "gpuwhy.correlator.cli:incidents",
     "incident": "gpuwhy.correlator.cli:incident",
@@ -136,7 +138,7 @@ Examples:
   GPUWHY_DEVICE_GLOB='/tmp/fake/nvidia*' gpuwhy up --port 8001
 """)
 @click.version_option(__version__, prog_name="gpuwhy")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", type=InputFile(),
               envvar="GPUWHY_CONFIG", help="TOML config file (default: $GPUWHY_CONFIG).")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:
@@ -190,7 +192,7 @@ def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int |
 @cli.command()
 @click.option("--host", help="Address of the web view (loopback only) [web.host].")
 @click.option("--port", type=int, help="Port of the web view [web.port].")
-@click.option("--pidfile", type=click.Path(dir_okay=False), help="Write our pid here.")
+@click.option("--pidfile", type=OutputFile(), help="Write our pid here.")
 @click.pass_obj
 def up(ctx: _Context, host: str | None, port: int | None, pidfile: str | None) -> None:
     """Run everything: probes, bus, correlator, store and web view.
@@ -259,9 +261,14 @@ def probes(ctx: _Context, ebpf: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Print nothing; exit 0 when healthy.")
 @click.pass_obj
 def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
-    """Health of every part and source; exit status 0 healthy, 1 not healthy (the web view
-    or the correlator down), 2 degraded (running, but a source stalled - see gpuwhy.stalls -
-    or failed, or the store's disk full).
+    """Health of every part and source. Exit status: 0 healthy; 1 not healthy (the web view
+    or the correlator down or stalled); 2 degraded (running, but a part is degraded, failed
+    or stalled - see gpuwhy.stalls -, a source's reads all fail, a part dropped records in
+    its current run, or the store's disk is full, its pages corrupt or its schema newer).
+
+    What this host cannot offer is said on a "limited" line and is no fault: simulated GPU
+    counters where no NVIDIA driver is loaded (or gpu.source = "sim"), cron's schedule
+    without its executions where no journald runs.
 
     \b
     Examples:
@@ -276,10 +283,14 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
         click.echo(json.dumps(report, indent=2))
     elif not quiet:
         why = [f"{part} stalled" for part in report["stalled"]] + \
-            [f"{part} failed" for part in report["failed"]]
+            [f"{part} failed" for part in report["failed"]] + \
+            [f"{part} degraded" for part in report["degraded"]] + \
+            [f"{part} dropped records" for part in report["dropping"]]
         headline = {"healthy": "healthy", "unhealthy": "NOT healthy",
                     "degraded": f"DEGRADED ({', '.join(why)})"}
         click.echo(f"gpuwhy {headline[report['state']]} (store {report['store']})")
+        for name, reason in report["limited"].items():
+            click.echo(f"  limited on this host: {name}: {printable(reason)}")
         for part in report["parts"]:
             age = "" if part["age_s"] is None else f"{part['age_s']:>6.1f}s ago"
             counters = " ".join(f"{k}={v}" for k, v in sorted(part["counters"].items()) if v)
@@ -296,6 +307,23 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
 
 
 SECRET_SETTINGS = ("token", "password", "secret")
+
+
+def settings_markdown() -> str:
+    """The table of docs/settings.md: every setting, its default, variable, allowed values."""
+    lines = ["| setting | default | environment | allowed | meaning |", "|---|---|---|---|---|"]
+    lines += [f"| `{s.name}` | `{json.dumps(s.default)}` | `{s.env}` | {_allowed_text(s.name)} "
+              f"| {s.help} |" for s in SETTINGS]
+    return "\n".join(lines) + "\n"
+
+
+def _allowed_text(name: str) -> str:
+    """What a setting allows, in words (a setting without its entry yet says so: the test
+    that every setting has one fails, this page does not)."""
+    from gpuwhy.config import ALLOWED
+
+    allowed = ALLOWED.get(name)
+    return allowed.text if allowed else "(not checked yet)"
 
 
 def _shown(name: str, value: object) -> object:
@@ -318,9 +346,7 @@ def settings(ctx: _Context, as_json: bool, markdown: bool) -> None:
       gpuwhy settings --markdown      # the table in docs/settings.md
     """
     if markdown:
-        click.echo("| setting | default | environment | meaning |\n|---|---|---|---|")
-        for s in SETTINGS:
-            click.echo(f"| `{s.name}` | `{json.dumps(s.default)}` | `{s.env}` | {s.help} |")
+        click.echo(settings_markdown(), nl=False)
         return
     config = ctx.config()
     rows = [{"name": s.name, "value": _shown(s.name, config[s.name]), "default": s.default,

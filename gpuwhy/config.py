@@ -8,12 +8,13 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from gpuwhy.errors import ConfigError
+from gpuwhy.files import FileRefused, kind_of, read_regular
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,15 @@ class Setting:
 # The probes' kernel maps a setting sizes: a map is created whole, preallocated.
 MIN_MAP_ENTRIES, MAX_MAP_ENTRIES = 256, 1 << 20
 MAP_SIZES = ("probes.max_threads", "probes.max_call_stats")
+# The values of the settings that name a choice. The parts that act on them define the same
+# tuples (gpuwhy.probes.gpu.select.SOURCE_NAMES, ...klog.source.BACKENDS and STARTS,
+# ...gpu.sim.SCENARIOS); tests/test_config_allowed.py holds them equal.
+GPU_SOURCES = ("auto", "dcgm", "nvml", "dcgm-exporter", "sim")
+SIM_SCENARIOS = ("healthy-training", "input-starved", "pageable-h2d", "pcie-allreduce",
+                 "power-cap", "thermal-throttle", "xid-79", "gpu-reset",
+                 "fabric-manager-down", "mig-idle-instance")
+KLOG_BACKENDS = ("auto", "journald", "kmsg", "file")
+KLOG_STARTS = ("boot", "all", "now")
 # A long-lived connection's SQLite page cache, KiB (SQLite's own default is 2,000).
 MIN_CACHE_KIB, MAX_CACHE_KIB = 64, 1 << 20
 
@@ -40,9 +50,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store.path", "/var/lib/gpuwhy/gpuwhy.db", "GPUWHY_DB",
             "SQLite database file (WAL mode; the -wal and -shm files sit beside it)"),
     Setting("bus.endpoint", "ipc:///run/gpuwhy/bus.sock", "GPUWHY_BUS",
-            "ZeroMQ endpoint the correlator binds and every source connects to"),
+            "ZeroMQ endpoint the correlator binds and every source connects to: ipc://PATH, "
+            "or tcp://HOST:PORT on loopback (elsewhere only with bus.allow_remote)"),
     Setting("bus.hwm", 10000, "GPUWHY_BUS_HWM",
             "high-water mark (messages) of each bus socket; past it messages drop, counted"),
+    Setting("bus.allow_remote", False, "GPUWHY_BUS_ALLOW_REMOTE",
+            "let bus.endpoint be a tcp:// address other than loopback. The bus has no "
+            "authentication and no encryption: anyone who reaches that port can publish "
+            "events (fake Xids, fake GPU samples) and read every process's command line; "
+            "leave it off unless a firewall or a private network guards the port"),
     Setting("web.host", "127.0.0.1", "GPUWHY_HOST",
             "address the web view binds; anything but loopback needs web.auth_token"),
     Setting("web.port", 8000, "GPUWHY_PORT", "TCP port of the web view"),
@@ -269,6 +285,16 @@ SETTINGS: tuple[Setting, ...] = (
             "headless Chromium used by `gpuwhy report --pdf`"),
     Setting("checks.pdf_timeout", 60.0, "GPUWHY_PDF_TIMEOUT",
             "seconds Chromium may take to print a report to PDF"),
+    # --- Python stack sampler (docs/decisions/0018-python-stacks-sampler.md) ---
+    Setting("stacks.enabled", True, "GPUWHY_STACKS",
+            "sample the Python stacks of the processes on a GPU whose answer is host-side "
+            "(py-spy, never pausing them) for a while, and say where they spend their time"),
+    Setting("stacks.interval_ms", 100, "GPUWHY_STACKS_INTERVAL_MS",
+            "milliseconds between two samples of a process's Python stacks"),
+    Setting("stacks.window_seconds", 30.0, "GPUWHY_STACKS_WINDOW",
+            "seconds of sampling after a host-side answer forms (ends sooner when it clears)"),
+    Setting("stacks.targets_path", "/run/gpuwhy/stack-targets.json", "GPUWHY_STACKS_TARGETS",
+            "file through which the service names the processes the stack sampler samples"),
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -298,6 +324,7 @@ class Config(Mapping[str, Any]):
             if name not in SETTINGS_BY_NAME:
                 raise ConfigError("unknown setting", source="override", key=name)
             values[name] = _coerce(SETTINGS_BY_NAME[name], value, "override")
+        check_together(values, "override")
         return Config(values, self.source)
 
 
@@ -306,6 +333,8 @@ MAX_KEY_PARTS = 8
 MAX_INT = (1 << 63) - 1         # what SQLite, ZeroMQ and the C structs downstream can hold
 MAX_WEB_CONNECTIONS = 1024      # a worker thread each: more is a typo, not a host
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HEX = re.compile(r"[0-9a-fA-F]{2,128}")
+_VERSION = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
 # web.host reaches the server's bind() and http.client's request line: a name or an address
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
@@ -318,8 +347,9 @@ def _valid_host(value: str) -> bool:
         return len(value) <= 253 and _HOSTNAME.fullmatch(value) is not None
 
 
-def _bad_http_url(value: str) -> str | None:
-    """Why ``value`` is not a plain http(s) URL of a server (None when it is one)."""
+def bad_http_url(value: str) -> str | None:
+    """Why ``value`` is not a plain http(s) URL of a server (None when it is one): what a
+    scrape or a push may reach (never file://, ftp://, a bare word)."""
     try:
         parts = urlsplit(value)
         port = parts.port
@@ -332,6 +362,222 @@ def _bad_http_url(value: str) -> str | None:
     if parts.username is not None or parts.query or parts.fragment:
         return "a URL without credentials, query or fragment expected"
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` names this machine only: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a setting takes beyond its type: ``text`` says which (in errors and in
+    docs/settings.md), ``why_not(value)`` why one is refused (None: it is allowed)."""
+
+    text: str
+    why_not: Callable[[Any], str | None]
+
+
+def _range(low: float, high: float, unit: str = "") -> Allowed:
+    def why_not(value: float) -> str | None:
+        return None if low <= value <= high else "out of range"
+    return Allowed(f"{_number(low)} to {_number(high)}{unit}", why_not)
+
+
+def _number(value: float) -> str:
+    """``value`` as a person writes it: 10000000, not 1e+07."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _one_of(*values: str) -> Allowed:
+    return Allowed(f"one of {', '.join(values)}",
+                   lambda value: None if value in values else "unknown value")
+
+
+def _path(optional: bool = False) -> Allowed:
+    def why_not(value: str) -> str | None:
+        if not value:
+            return None if optional else "empty"
+        return None if len(value) <= 4096 else "longer than 4096 characters"
+    return Allowed("a path" + (" or empty (not used)" if optional else ""), why_not)
+
+
+def _file_to_create(value: str) -> str | None:
+    """A file path SQLite can create or open: not empty, not a folder, not a FIFO or device."""
+    if not value or value.endswith("/"):
+        return "empty or a folder's name"
+    try:
+        mode = os.stat(value).st_mode
+    except OSError:
+        return None                      # not there yet: created at start
+    return None if stat.S_ISREG(mode) else f"there is {kind_of(mode)} at that path"
+
+
+def _url(optional: bool) -> Allowed:
+    def why_not(value: str) -> str | None:
+        return None if optional and not value else bad_http_url(value)
+    return Allowed("an http:// or https:// URL" + (" or empty" if optional else ""), why_not)
+
+
+def _host_port(value: str) -> str | None:
+    """Why ``value`` is not HOST, [IPv6] or HOST:PORT (None when it is)."""
+    if _valid_host(value[1:-1] if value.startswith("[") and value.endswith("]") else value):
+        return None
+    host, colon, port = value.rpartition(":") if ":" in value else (value, "", "")
+    if not host or not _valid_host(host.strip("[]")):
+        return "no valid host"
+    if colon and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return "port out of range"
+    return None
+
+
+def _bus_endpoint(value: str) -> str | None:
+    """Why ``value`` is no bus endpoint; loopback is checked with bus.allow_remote later."""
+    scheme, sep, rest = value.partition("://")
+    if scheme == "ipc" and sep:
+        return None if rest else "an ipc:// endpoint needs a path"
+    if scheme != "tcp" or not sep:
+        return "expected ipc://PATH or tcp://HOST:PORT"
+    host, colon, port = rest.rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return "a tcp:// endpoint needs a port from 1 to 65535"
+    if host != "*" and not _valid_host(host.strip("[]")):
+        return "no valid host"
+    return None
+
+
+def _build_ids(value: str) -> str | None:
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    bad = [item for item in items if item != "*" and not _HEX.fullmatch(item)]
+    return f"not a build id: {_short(bad[0])}" if bad else None
+
+
+def _host_list(value: str) -> str | None:
+    """Why the comma-separated names, addresses or NAME:PORTs are not all valid."""
+    items = [item.strip().removeprefix(".") for item in value.split(",") if item.strip()]
+    bad = [item for item in items if _host_port(item) is not None]
+    return f"not a host name or an address: {_short(bad[0])}" if bad else None
+
+
+DAY = 86400.0
+# What each setting allows beyond its type (every number is also finite and from 0 to
+# MAX_INT). Each one is here: tests/test_config_allowed.py fails on a setting without an
+# entry. Ranges bound what a typo can cost: an interval of 0 spins a core, a count of 2^63
+# allocates until the host runs out, a high-water mark of 0 is no limit at all.
+SECONDS_TICK = _range(0.01, 3600, " seconds")
+ALLOWED: dict[str, Allowed] = {
+    "store.path": Allowed("a path to a regular file (created when missing)", _file_to_create),
+    "bus.endpoint": Allowed("ipc://PATH or tcp://HOST:PORT (loopback unless bus.allow_remote)",
+                            _bus_endpoint),
+    "bus.hwm": _range(1, 10_000_000, " messages"),
+    "bus.allow_remote": Allowed("true or false", lambda value: None),
+    "web.host": Allowed("a host name or an IP address",
+                        lambda value: None if _valid_host(value) else "not a host name or "
+                        "an IP address"),
+    "web.port": _range(0, 65535),
+    "web.refresh_seconds": _range(0.2, 3600, " seconds"),
+    "probes.device_glob": _path(),
+    "probes.poll_interval": _range(0.01, 600, " seconds"),
+    "probes.proc_root": _path(),
+    "probes.sys_root": _path(),
+    "probes.driver_version": Allowed(
+        "a driver version (digits and dots, e.g. 580.95.05) or empty",
+        lambda value: None if not value or _VERSION.fullmatch(value) else "not a version"),
+    "correlator.batch_size": _range(1, 1_000_000, " events"),
+    "correlator.flush_interval": _range(0.01, 60, " seconds"),
+    "log.level": _one_of(*LOG_LEVELS),
+    "probes.slow_call_ms": _range(0, 3_600_000, " ms"),
+    "probes.big_alloc_bytes": _range(0, 1 << 50, " bytes"),
+    "probes.error_events_per_second": _range(0, 10_000_000),
+    "probes.repeat_seconds": _range(0, DAY, " seconds"),
+    "probes.sched": Allowed("true or false", lambda value: None),
+    "probes.max_threads": _range(MIN_MAP_ENTRIES, MAX_MAP_ENTRIES),
+    "probes.max_call_stats": _range(MIN_MAP_ENTRIES, MAX_MAP_ENTRIES),
+    "probes.cuda_uprobes": Allowed("true or false", lambda value: None),
+    "probes.cuda_allowed_build_ids": Allowed(
+        "comma-separated hexadecimal build ids, * or empty", _build_ids),
+    "probes.cuda_control_dir": _path(),
+    "probes.cuda_slow_call_ms": _range(0, 3_600_000, " ms"),
+    "probes.cuda_big_copy_bytes": _range(0, 1 << 50, " bytes"),
+    "probes.cuda_max_overhead_pct": _range(0, 1_000_000, " %"),
+    "probes.cuda_max_errors_per_second": _range(0, 10_000_000),
+    "gpu.source": _one_of(*GPU_SOURCES),
+    "gpu.interval": _range(0.1, 3600, " seconds"),
+    "gpu.dcgm_host": Allowed("HOST or HOST:PORT", _host_port),
+    "gpu.dcgm_embedded": _one_of("auto", "never"),
+    "gpu.dcgm_bindings": _path(optional=True),
+    "gpu.exporter_url": _url(optional=True),
+    "gpu.exporter_timeout": _range(0.1, 300, " seconds"),
+    "gpu.sim_gpus": _range(1, 256, " GPUs"),
+    "gpu.sim_model": Allowed("a model name of 1 to 96 characters",
+                             lambda value: None if 0 < len(value) <= 96 else "empty or too long"),
+    "gpu.sim_scenario": _one_of(*SIM_SCENARIOS),
+    "gpu.sim_seed": _range(0, MAX_INT),
+    "gpu.sim_event_after": _range(0, 365 * DAY, " seconds"),
+    "gpu.sim_event_file": _path(optional=True),
+    "klog.backend": _one_of(*KLOG_BACKENDS),
+    "klog.journal_path": _path(optional=True),
+    "klog.kmsg_path": _path(),
+    "klog.kmsg_socket": Allowed(
+        "a unix socket path of at most 107 bytes, or empty",
+        lambda value: None if len(value.encode()) <= 107 else "longer than a unix socket "
+        "path may be (107 bytes)"),
+    "klog.file": _path(),
+    "klog.start": _one_of(*KLOG_STARTS),
+    "cron.etc": _path(),
+    "cron.spool": _path(),
+    "cron.unit_dirs": _path(optional=True),
+    "cron.rescan_interval": _range(0.1, DAY, " seconds"),
+    "cron.journal_path": _path(optional=True),
+    "correlator.lag_seconds": _range(0, 3600, " seconds"),
+    "correlator.pending_max": _range(1, 10_000_000, " incidents"),
+    "correlator.stall_seconds": _range(0.1, DAY, " seconds"),
+    "correlator.stall_util_pct": _range(0, 100, " %"),
+    "correlator.dedup_seconds": _range(0, 30 * DAY, " seconds"),
+    "correlator.reopen_seconds": _range(0, 365 * DAY, " seconds"),
+    "correlator.alerts": Allowed("true or false", lambda value: None),
+    "correlator.url": _url(optional=False),
+    "alertmanager.url": _url(optional=True),
+    "alertmanager.resend_seconds": _range(1, 3600, " seconds"),
+    "alertmanager.timeout": _range(0.1, 60, " seconds"),
+    "rules.interval": _range(0.1, DAY, " seconds"),
+    "rules.paths": _path(optional=True),
+    "rules.builtin": Allowed("true or false", lambda value: None),
+    "rules.shadow": Allowed("true or false", lambda value: None),
+    "store.raw_days": _range(0.001, 36500, " days"),
+    "store.rollup_days": _range(0.001, 36500, " days"),
+    "store.event_days": _range(0.001, 36500, " days"),
+    "store.max_mb": _range(0.001, 1e9, " MB"),
+    "store.warn_fraction": _range(0.01, 1),
+    "store.maintenance_interval": _range(1, DAY, " seconds"),
+    "store.prune_batch": _range(1, 1_000_000, " rows"),
+    "store.cache_kib": _range(MIN_CACHE_KIB, MAX_CACHE_KIB, " KiB"),
+    "web.auth": Allowed("true or false", lambda value: None),
+    "web.auth_token": Allowed("text of at most 4096 characters",
+                              lambda value: None if len(value) <= 4096 else "too long"),
+    "web.vendor_path": _path(optional=True),
+    "web.max_points": _range(2, 100_000, " points"),
+    "web.allowed_hosts": Allowed("comma-separated host names or addresses, each with an "
+                                 "optional :PORT (.domain allows its subdomains)", _host_list),
+    "web.max_connections": _range(1, MAX_WEB_CONNECTIONS),
+    "web.hostname": Allowed("a name of at most 253 characters, or empty",
+                            lambda value: None if len(value) <= 253 else "too long"),
+    "web.metrics_owners": _range(0, 100_000, " owners"),
+    "checks.progress_seconds": _range(0.1, DAY, " seconds"),
+    "checks.settle_seconds": _range(0, 3600, " seconds"),
+    "checks.threshold": _range(0, 100),
+    "checks.chromium": _path(),
+    "checks.pdf_timeout": _range(1, 3600, " seconds"),
+    "stacks.enabled": Allowed("true or false", lambda value: None),
+    "stacks.interval_ms": _range(10, 1000, " ms"),
+    "stacks.window_seconds": _range(1, 3600, " seconds"),
+    "stacks.targets_path": _path(),
+}
 
 
 def _coerce(setting: Setting, value: Any, source: str) -> Any:
@@ -353,32 +599,25 @@ def _coerce(setting: Setting, value: Any, source: str) -> Any:
     if expected is str and _CONTROL.search(value):
         raise ConfigError(f"control character {_CONTROL.search(value)[0]!r} in "
                           f"{_short(value)}", source=source, key=setting.name)
-    if setting.name == "log.level" and value not in LOG_LEVELS:
-        raise ConfigError(f"expected one of {', '.join(LOG_LEVELS)}, got {_short(value)}",
+    allowed = ALLOWED.get(setting.name)
+    if allowed is not None and (why := allowed.why_not(value)):
+        raise ConfigError(f"{why}: got {_short(value)}; allowed: {allowed.text}",
                           source=source, key=setting.name)
-    if setting.name == "web.port" and not 0 <= value <= 65535:
-        raise ConfigError(f"port out of range: {value}", source=source, key=setting.name)
-    if setting.name in MAP_SIZES and not MIN_MAP_ENTRIES <= value <= MAX_MAP_ENTRIES:
-        raise ConfigError(f"expected {MIN_MAP_ENTRIES} to {MAX_MAP_ENTRIES}, got {value}",
-                          source=source, key=setting.name)
-    if setting.name == "store.cache_kib" and not MIN_CACHE_KIB <= value <= MAX_CACHE_KIB:
-        raise ConfigError(f"expected {MIN_CACHE_KIB} to {MAX_CACHE_KIB} KiB, got {value}",
-                          source=source, key=setting.name)
-    if setting.name == "web.max_connections" and not 1 <= value <= MAX_WEB_CONNECTIONS:
-        raise ConfigError(f"expected 1 to {MAX_WEB_CONNECTIONS}, got {value}", source=source,
-                          key=setting.name)
-    if setting.name == "alertmanager.url" and value and (why := _bad_http_url(value)):
-        raise ConfigError(f"{why}: {_short(value)}", source=source, key=setting.name)
-    if setting.name == "alertmanager.resend_seconds" and not 1 <= value <= 3600:
-        raise ConfigError(f"expected 1 to 3600 seconds, got {value}", source=source,
-                          key=setting.name)
-    if setting.name == "alertmanager.timeout" and not 0.1 <= value <= 60:
-        raise ConfigError(f"expected 0.1 to 60 seconds, got {value}", source=source,
-                          key=setting.name)
-    if setting.name == "web.host" and not _valid_host(value):
-        raise ConfigError(f"not a host name or an IP address: {_short(value)}", source=source,
-                          key=setting.name)
     return value
+
+
+def check_together(values: Mapping[str, Any], source: str) -> None:
+    """The checks that read two settings: a TCP bus beyond loopback needs bus.allow_remote
+    (the bus has no authentication: whoever reaches it can publish fake events)."""
+    endpoint = values["bus.endpoint"]
+    if endpoint.startswith("tcp://") and not values["bus.allow_remote"]:
+        host = endpoint[len("tcp://"):].rpartition(":")[0]
+        if not is_loopback(host):
+            raise ConfigError(
+                f"{_short(endpoint)} listens beyond loopback, and the bus has no "
+                "authentication; allowed: ipc://PATH or tcp://127.0.0.1:PORT, or set "
+                "bus.allow_remote = true to expose it on purpose", source=source,
+                key="bus.endpoint")
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -422,20 +661,13 @@ def _flatten(table: Mapping[str, Any], source: str, prefix: str = "") -> dict[st
 def _read_config_file(path: str | os.PathLike[str], source: str) -> str:
     """The file's text: a regular file, at most MAX_CONFIG_BYTES, UTF-8.
 
-    Opened without blocking and checked with fstat on the open file: a FIFO or a device at
-    the config path would otherwise hang the reader (``gpuwhy status`` among them).
+    Read through gpuwhy.files: a FIFO or a device at the config path would otherwise hang
+    the reader (``gpuwhy status`` among them), and ``/proc/self/mem`` fails every read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file: {exc.strerror}", source=source) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError("config file is not a regular file", source=source)
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file is larger than {MAX_CONFIG_BYTES} bytes", source=source)
+        data = read_regular(path, MAX_CONFIG_BYTES)
+    except FileRefused as exc:
+        raise ConfigError(f"config file {exc.reason}", source=source) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -485,4 +717,6 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for setting in SETTINGS:
         if setting.env in environ:
             values[setting.name] = _parse_env(setting, environ[setting.env])
+    bus_env = SETTINGS_BY_NAME["bus.endpoint"].env
+    check_together(values, f"environment {bus_env}" if bus_env in environ else source)
     return Config(values, source)

@@ -7,6 +7,7 @@ import time
 
 import click
 
+from gpuwhy.clitypes import InputDir
 from gpuwhy.correlator.bindings import proc_identities
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.identity import GpuIdentity, classify_device
@@ -42,7 +43,7 @@ def process_report(pid: int, device_glob: str, proc_root: str = "/proc") -> dict
 @click.command("proc")
 @click.argument("pid", type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--proc-root", default="/proc", show_default=True, hidden=True)
+@click.option("--proc-root", default="/proc", show_default=True, hidden=True, type=InputDir())
 @click.pass_obj
 def proc(ctx: object, pid: int, as_json: bool, proc_root: str) -> None:
     """One process as gpuwhy sees it in /proc: identity, cgroup, NVIDIA device fds and the

@@ -3,33 +3,60 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
 from pathlib import Path
 
 import click
 
+from gpuwhy.clitypes import InputFile
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
+from gpuwhy.files import FileRefused, read_regular
 from gpuwhy.store.budget import MB, measure
 from gpuwhy.store.retention import Windows, prune
 from gpuwhy.store.rollups import DONE_MARK, get_mark, roll_up
 from gpuwhy.text import format_ts
 
 RUNNING_AFTER_S = 10   # a correlator heartbeat this fresh means the service is writing
+MAX_PAGE_BYTES = 4 << 20   # docs/schema.md is ~60 kB; a schema page past this is no page
 
 
-def _open(ctx: object, readonly: bool = False):  # noqa: ANN202 - click glue
+class StoreUnusable(click.ClickException):
+    """The store cannot be used as it is (unreadable, not a database, from a newer gpuwhy):
+    an environment error, exit status 2 like a usage error."""
+
+    exit_code = 2
+
+
+def _open(ctx: object, readonly: bool = False, newer_ok: bool = False):  # noqa: ANN202
+    """The config and the store, opened and readable; :class:`StoreUnusable` otherwise
+    (``newer_ok``: a store from a newer gpuwhy is opened too, for `db check` to report)."""
     from gpuwhy.store import open_store
+    from gpuwhy.store.migrations import refuse_newer
 
     config = ctx.config()
     path = config["store.path"]
     if readonly and not Path(path).exists():
-        raise click.ClickException(f"no store at {path} (set --config or GPUWHY_DB)")
+        raise StoreUnusable(f"no store at {path} (set --config or GPUWHY_DB)")
     try:
-        return config, open_store(path, readonly=readonly)
+        store = open_store(path, readonly=readonly)
     except GpuwhyError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise StoreUnusable(str(exc)) from None
+    try:
+        # a read-only open reads nothing yet: a file that is no database (a zeroed header)
+        # fails here, at the first read, not in the middle of a command
+        store.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        if not newer_ok:
+            refuse_newer(store)
+    except sqlite3.DatabaseError as exc:
+        store.close()
+        raise StoreUnusable(f"cannot read store {path}: {exc}") from None
+    except GpuwhyError as exc:
+        store.close()
+        raise StoreUnusable(str(exc)) from None
+    return config, store
 
 
 def _refuse_second_writer(db: object, force: bool) -> None:
@@ -51,6 +78,9 @@ def _utc(ts: int | None) -> str:
 def db() -> None:
     """Look after the store: size, retention, rollups, integrity, schema.
 
+    A store that cannot be used (missing, not a database, written by a newer gpuwhy) is an
+    error with exit status 2; `db check` reports it as a problem (exit 1) instead.
+
     \b
     Examples:
       gpuwhy db info
@@ -71,15 +101,20 @@ def info(ctx: object, as_json: bool) -> None:
       gpuwhy db info --json | jq .size.state
     """
     config, store = _open(ctx, readonly=True)
-    with store.conn:
-        size = measure(store, config["store.max_mb"], config["store.warn_fraction"])
-        tables = {name: store[name].count for name in sorted(store.table_names())
-                  if not name.startswith("_")}
-        raw = store.execute("SELECT min(ts), max(ts) FROM gpu_sample_data").fetchone()
-        rolled = store.execute("SELECT min(minute), max(minute) FROM gpu_rollup_data"
-                               ).fetchone()
-        mark = get_mark(store, DONE_MARK)
-    store.close()
+    try:
+        with store.conn:
+            size = measure(store, config["store.max_mb"], config["store.warn_fraction"])
+            tables = {name: store[name].count for name in sorted(store.table_names())
+                      if not name.startswith("_")}
+            raw = store.execute("SELECT min(ts), max(ts) FROM gpu_sample_data").fetchone()
+            rolled = store.execute("SELECT min(minute), max(minute) FROM gpu_rollup_data"
+                                   ).fetchone()
+            mark = get_mark(store, DONE_MARK)
+    except sqlite3.DatabaseError as exc:     # a corrupt page met on the way
+        raise StoreUnusable(f"cannot read store {config['store.path']}: {exc} "
+                            "(`gpuwhy db check` says more)") from None
+    finally:
+        store.close()
     report = {"path": config["store.path"], "size": size.as_dict(), "tables": tables,
               "raw_samples": {"from": raw[0], "to": raw[1]},
               "rollups": {"from": rolled[0], "to": rolled[1], "done_until": mark},
@@ -158,14 +193,30 @@ def check(ctx: object) -> None:
     Examples:
       gpuwhy db check && echo fine
     """
-    from gpuwhy.store.migrations import migrations
+    from gpuwhy.store.migrations import migrations, newer_schema
 
-    config, store = _open(ctx, readonly=True)
-    integrity = [r[0] for r in store.execute("PRAGMA integrity_check").fetchall()]
-    pending = [m.name for m in migrations.pending(store)]
-    size = measure(store, config["store.max_mb"], config["store.warn_fraction"])
+    try:
+        config, store = _open(ctx, readonly=True, newer_ok=True)
+    except StoreUnusable as exc:
+        if not Path(ctx.config()["store.path"]).is_file():
+            raise
+        click.echo(f"integrity FAILED: {exc.message}")     # a file, but no database
+        sys.exit(1)
+    try:
+        integrity = [r[0] for r in store.execute("PRAGMA integrity_check").fetchall()]
+        newer = newer_schema(store)
+        pending = [m.name for m in migrations.pending(store)]
+        size = measure(store, config["store.max_mb"], config["store.warn_fraction"])
+    except sqlite3.DatabaseError as exc:
+        integrity, newer, pending, size = [str(exc)], [], [], None
     store.close()
+    if size is None:
+        click.echo(f"integrity FAILED: {integrity[0]}")
+        sys.exit(1)
     problems = [] if integrity == ["ok"] else [f"integrity: {line}" for line in integrity[:20]]
+    if newer:
+        problems.append(f"written by a newer gpuwhy (schema steps this build does not know: "
+                        f"{', '.join(newer[:5])}): this build refuses to run on it")
     if pending:
         problems.append(f"migrations not applied yet (the service applies them): "
                         f"{', '.join(pending)}")
@@ -180,7 +231,7 @@ def check(ctx: object) -> None:
 
 @db.command()
 @click.option("--markdown", is_flag=True, help="Print docs/schema.md's generated part.")
-@click.option("--check", "check_file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--check", "check_file", type=InputFile(),
               help="Compare a schema page with the live schema; exit 1 if stale.")
 def schema(markdown: bool, check_file: str | None) -> None:
     """The tables and views, with their columns and units.
@@ -194,7 +245,11 @@ def schema(markdown: bool, check_file: str | None) -> None:
 
     live = fresh_schema()
     if check_file:
-        problems = check_page(Path(check_file).read_text(), live)
+        try:
+            text = read_regular(check_file, MAX_PAGE_BYTES).decode("utf-8")
+        except (FileRefused, UnicodeDecodeError) as exc:
+            raise StoreUnusable(f"cannot check {check_file}: {exc}") from None
+        problems = check_page(text, live)
         for problem in problems:
             click.echo(problem)
         click.echo(f"{check_file}: {'stale' if problems else 'up to date'}")

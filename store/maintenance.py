@@ -4,11 +4,17 @@ minutes, delete what is past retention, check the size against the cap, report h
 Each ``step`` does a bounded slice of work (``STEP_BUDGET_S``) in short transactions and
 says whether more is waiting, so the correlator calls it again at once instead of waiting
 for the next interval. Crossing the warning level or the cap is logged once per crossing.
+
+The first step, and one a day after it, runs SQLite's ``PRAGMA quick_check`` over the whole
+file (about a second per GB here): a store with corrupt pages otherwise runs on and reads
+"ok" until a query happens on a bad page. A failed check makes the store's health
+``failed`` until a later check passes.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 
 from sqlite_utils import Database
@@ -22,6 +28,8 @@ from gpuwhy.store.rollups import roll_up
 log = logging.getLogger(__name__)
 
 STEP_BUDGET_S = 0.02      # work per step; each transaction inside is a few ms
+INTEGRITY_EVERY_S = 86400.0   # the quick check's period, after the one at start
+INTEGRITY_LINES = 20      # problems a failed check reports at most
 ROLLUP_MINUTES_PER_STEP = 1   # one transaction: 5–15 ms a minute for 8 GPUs
 
 
@@ -41,10 +49,26 @@ class Maintenance:
         self.totals = {"pruned_rows": 0, "rolled_up_minutes": 0, "shed_raw_rows": 0,
                        "maintenance_errors": 0}
         self.longest_batch_ms = 0.0
+        self.integrity: list[str] = []        # what the last quick check found wrong
+        self.next_integrity = 0.0             # monotonic s: at the first step
+        self.totals.update(integrity_checks=0, integrity_check_ms=0)
+
+    def check_integrity(self) -> list[str]:
+        """Run the quick check now; its problems (empty: the pages are sound)."""
+        started = time.monotonic()
+        self.integrity = quick_check(self.db)
+        self.totals["integrity_checks"] += 1
+        self.totals["integrity_check_ms"] = round((time.monotonic() - started) * 1000)
+        self.next_integrity = time.monotonic() + INTEGRITY_EVERY_S
+        if self.integrity:
+            log.error("store integrity check failed: %s", "; ".join(self.integrity[:3]))
+        return self.integrity
 
     def step(self, now_ns: int | None = None) -> bool:
         """One slice of work; True when more is waiting (call again soon)."""
         now_ns = wall_now_ns() if now_ns is None else now_ns
+        if time.monotonic() >= self.next_integrity:
+            self.check_integrity()
         try:
             more = self._step(now_ns)
         except Exception as exc:  # noqa: BLE001 - maintenance must never stop the writer
@@ -87,6 +111,11 @@ class Maintenance:
     def health(self) -> tuple[str, str, dict[str, int]]:
         """(state, detail, counters) for the ``store`` row of source_health."""
         counters = dict(self.totals)
+        if self.integrity:
+            more = f" (and {len(self.integrity) - 1} more)" if len(self.integrity) > 1 else ""
+            return ("failed", f"integrity check failed: {self.integrity[0]}{more}; stop "
+                    "gpuwhy and run `gpuwhy db check`, then restore or move the store aside",
+                    counters)
         if self.size is None:
             return ("ok" if self.error is None else "degraded",
                     self.error or "size not checked yet", counters)
@@ -98,3 +127,19 @@ class Maintenance:
         state = "ok" if self.size.state == "ok" else "degraded"
         # the disk's free space is read live by whoever shows this row (gpuwhy.status)
         return state, f"{self.size.state}: {self.size.describe(disk=False)}", counters
+
+
+def quick_check(db: Database) -> list[str]:
+    """``PRAGMA quick_check``'s findings on ``db``: empty when its pages are sound (a file
+    SQLite cannot read at all is one finding, not an exception)."""
+    try:
+        rows = [str(row[0]) for row in
+                db.execute(f"PRAGMA quick_check({INTEGRITY_LINES})").fetchall()]
+    except sqlite3.DatabaseError as exc:
+        return [str(exc)]
+    if rows == ["ok"]:
+        return []
+    # SQLite may put several findings in one row, under a "*** in database main ***" line
+    lines = [line for row in rows for line in row.splitlines()
+             if line.strip() and not line.startswith("***")]
+    return lines[:INTEGRITY_LINES] or rows

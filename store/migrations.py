@@ -10,7 +10,39 @@ import json
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-migrations = Migrations("gpuwhy")
+from gpuwhy.errors import StoreError
+
+
+class _Schema(Migrations):
+    """The migrations, and a refusal to open a store a newer gpuwhy has migrated: its
+    tables may hold columns and meanings this build does not know, and writing to them
+    (or pruning them) by the old rules would corrupt what the newer one keeps."""
+
+    def apply(self, db: Database, **kwargs: object) -> None:
+        refuse_newer(db)
+        super().apply(db, **kwargs)
+
+
+migrations = _Schema("gpuwhy")
+
+
+def newer_schema(db: Database) -> list[str]:
+    """The schema steps applied to ``db`` that this build does not know (empty: none; a
+    store written by a newer gpuwhy lists its newer steps)."""
+    known = {migration.name for migration in migrations._migrations}
+    return [applied.name for applied in migrations.applied(db) if applied.name not in known]
+
+
+def refuse_newer(db: Database) -> None:
+    """Raise :class:`StoreError`, naming the file, when a newer gpuwhy has migrated ``db``."""
+    newer = newer_schema(db)
+    if newer:
+        files = db.execute("PRAGMA database_list").fetchall()
+        path = next((row[2] for row in files if row[1] == "main"), "") or "in memory"
+        raise StoreError(
+            f"store {path} was written by a newer gpuwhy: schema steps this build does not know "
+            f"({', '.join(newer[:5])}{', ...' if len(newer) > 5 else ''}); run that gpuwhy, "
+            "or move the store aside to start a new one")
 
 
 @migrations()

@@ -40,11 +40,11 @@ def test_config_path_from_environment(tmp_path):
     ("[web]\nprot = 1\n", "web.prot"),
     ("[web]\nport = \"eighty\"\n", "expected int"),
     ("[web]\nport = true\n", "boolean"),
-    ("[web]\nport = 70000\n", "out of range"),
-    ("[probes]\nmax_threads = 16\n", "expected 256 to 1048576, got 16"),
-    ("[probes]\nmax_call_stats = 4194304\n", "expected 256 to 1048576"),
-    ("[store]\ncache_kib = 0\n", "expected 64 to 1048576 KiB, got 0"),
-    ("[log]\nlevel = \"loud\"\n", "expected one of"),
+    ("[web]\nport = 70000\n", "out of range: got 70000; allowed: 0 to 65535"),
+    ("[probes]\nmax_threads = 16\n", "got 16; allowed: 256 to 1048576"),
+    ("[probes]\nmax_call_stats = 4194304\n", "allowed: 256 to 1048576"),
+    ("[store]\ncache_kib = 0\n", "got 0; allowed: 64 to 1048576 KiB"),
+    ("[log]\nlevel = \"loud\"\n", "allowed: one of debug, info, warning, error"),
     ("[web\nport = 1\n", "invalid TOML"),
     ("surprise = 1\n", "surprise"),
 ])
@@ -58,7 +58,7 @@ def test_bad_config_file_names_file_and_problem(tmp_path, text, message):
 
 
 def test_unreadable_and_non_utf8_files(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="config file cannot be read: No such file"):
         load_config(tmp_path / "missing.toml", environ={})
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b"\xff\xfe[web]")

@@ -191,7 +191,7 @@ def test_a_fifo_at_the_config_path_is_an_error_not_a_hang(tmp_path):
     thread.start()
     thread.join(5)
     assert not thread.is_alive(), "load_config hung on a FIFO"
-    assert result["error"] == f"{fifo}: config file is not a regular file"
+    assert result["error"] == f"{fifo}: config file is a FIFO, not a regular file"
 
 
 def test_a_huge_or_binary_config_file_is_refused(tmp_path):

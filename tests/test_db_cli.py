@@ -65,7 +65,7 @@ def test_prune_refuses_while_the_service_writes(tmp_path):
 
 def test_info_on_a_missing_store_says_so(tmp_path):
     result = _invoke(["info"], tmp_path / "nope.db")
-    assert result.exit_code == 1 and "no store at" in result.output
+    assert result.exit_code == 2 and "no store at" in result.output
 
 
 def test_schema_lists_views_and_checks_the_page(tmp_path):
@@ -76,3 +76,35 @@ def test_schema_lists_views_and_checks_the_page(tmp_path):
     stale.write_text("### `gpu_samples` (view)\n\nold\n")
     result = _invoke(["schema", "--check", str(stale)], tmp_path / "x.db")
     assert result.exit_code == 1 and "stale" in result.output
+
+
+def _newer(path):
+    """A store a newer gpuwhy has migrated: one schema step this build does not know."""
+    db = open_store(path)
+    db["_sqlite_migrations"].insert({"migration_set": "gpuwhy", "name": "m999_from_the_future",
+                                     "applied_at": "2027-01-01 00:00:00+00:00"})
+    db.close()
+    return path
+
+
+def test_a_store_with_a_zeroed_header_is_a_clear_error_not_a_traceback(tmp_path):
+    path = tmp_path / "zero.db"
+    path.write_bytes(bytes(4096))
+    check = _invoke(["check"], path)
+    assert (check.exit_code, check.output) == (
+        1, f"integrity FAILED: cannot read store {path}: file is not a database\n")
+    for args in (["info"], ["info", "--json"], ["prune"], ["rollup"]):
+        result = _invoke(args, path)
+        assert result.exit_code == 2 and isinstance(result.exception, SystemExit), args
+        assert "file is not a database" in result.output, args
+
+
+def test_a_store_from_a_newer_gpuwhy_is_refused_and_checked(tmp_path):
+    path = _newer(tmp_path / "gpuwhy.db")
+    for args in (["info"], ["prune", "--force"], ["rollup", "--force"]):
+        result = _invoke(args, path)
+        assert result.exit_code == 2, (args, result.output)
+        assert f"store {path} was written by a newer gpuwhy" in result.output
+        assert "m999_from_the_future" in result.output
+    check = _invoke(["check"], path)
+    assert check.exit_code == 1 and "written by a newer gpuwhy" in check.output

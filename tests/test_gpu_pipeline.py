@@ -134,4 +134,4 @@ def test_cli_forced_missing_source_is_one_line(tmp_config):
     assert result.exit_code != 0 and "dcgm-exporter: cannot scrape" in result.output
     assert "Traceback" not in result.output
     bad = CliRunner().invoke(cli, ["gpu", "sample", "--source", "sim", "--interval", "0.01"])
-    assert bad.exit_code != 0 and "below 0.1" in bad.output
+    assert bad.exit_code != 0 and "[gpu.interval]: out of range: got 0.01" in bad.output

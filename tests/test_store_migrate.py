@@ -3,11 +3,13 @@
 import json
 import sqlite3
 
+import pytest
 from sqlite_utils import Database
 
+from gpuwhy.errors import StoreError
 from gpuwhy.events import Envelope, GpuSample
 from gpuwhy.store import open_store
-from gpuwhy.store.migrations import migrations
+from gpuwhy.store.migrations import migrations, newer_schema
 from gpuwhy.store.writer import StoreWriter
 
 GPU = "GPU-8c5a2f6e-0000-4000-8000-00000000000a"
@@ -250,3 +252,21 @@ def test_m119_leaves_kernel_log_records_in_kernel_log_alone(tmp_path):
         ("s=2", 20, None, "xid", 79, "0000:3b:00", GPU, 42, "python",
          "GPU has fallen off the bus.", None)]
     assert db.execute("pragma integrity_check").fetchone() == ("ok",)
+
+
+def test_a_store_migrated_by_a_newer_gpuwhy_is_refused_at_open(tmp_path):
+    path = tmp_path / "newer.db"
+    db = open_store(path)
+    assert newer_schema(db) == []
+    db["_sqlite_migrations"].insert({"migration_set": "gpuwhy", "name": "m999_next",
+                                     "applied_at": "2027-01-01 00:00:00+00:00"})
+    db["_sqlite_migrations"].insert({"migration_set": "other", "name": "x1",
+                                     "applied_at": "2027-01-01 00:00:00+00:00"})
+    db.close()
+    with pytest.raises(StoreError) as caught:
+        open_store(path)       # what the service does at start
+    assert str(caught.value).startswith(f"store {path} was written by a newer gpuwhy")
+    assert "m999_next" in str(caught.value) and "x1" not in str(caught.value)
+    readonly = open_store(path, readonly=True)
+    assert newer_schema(readonly) == ["m999_next"]
+    readonly.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from gpuwhy.clitypes import InputFile, OutputFile
 from gpuwhy.errors import DecodeError, GpuwhyError
 from gpuwhy.rules import model as m
 from gpuwhy.text import table
@@ -142,7 +143,7 @@ def show(obj: object, rule_id: str) -> None:
 
 
 @rules.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.argument("files", nargs=-1, required=True, type=InputFile(dir_okay=True))
 @click.option("--strict", is_flag=True,
               help="Hold the files to the shipped rules' standard: 'kind:' required.")
 def lint(files: tuple[str, ...], strict: bool) -> None:
@@ -335,8 +336,8 @@ def replay(events: list, rules: list[m.Rule], every_ns: int,
 
 
 @rules.command("test")
-@click.argument("files", nargs=-1, type=click.Path(exists=True))
-@click.option("--replay", "capture", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.argument("files", nargs=-1, type=InputFile(dir_okay=True))
+@click.option("--replay", "capture", required=True, type=InputFile(),
               help="A capture made by `gpuwhy record` (JSON lines).")
 @click.option("--builtin", is_flag=True, help="Also run the shipped rules.")
 @click.option("--every", default=10.0, show_default=True, help="Seconds between evaluations.")
@@ -408,7 +409,7 @@ def signals(markdown: bool) -> None:
 
 
 @click.command()
-@click.argument("output", type=click.Path(dir_okay=False))
+@click.argument("output", type=OutputFile())
 @click.option("--duration", type=float, required=True, help="Seconds to record.")
 @click.option("--endpoint", default="ipc:///run/gpuwhy/record.sock", show_default=True,
               help="Endpoint the recorder binds; point sources at it with GPUWHY_BUS.")

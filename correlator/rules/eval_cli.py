@@ -27,6 +27,8 @@ from pathlib import Path
 
 import click
 
+from gpuwhy.clitypes import InputDir
+
 NS = 10**9
 MANIFEST_FORMAT = "gpuwhy-scenario/1"
 CLEARED_KEPT_NS = 3600 * NS    # the longest rule window: no symptom reaches further back
@@ -267,7 +269,7 @@ def _line(o: Outcome) -> str:
 
 # --- the command --------------------------------------------------------------------------
 @click.command("eval")
-@click.option("--corpus", "corpus_dir", type=click.Path(file_okay=False),
+@click.option("--corpus", "corpus_dir", type=InputDir(),
               help="A folder of captures and their NAME.json manifests (default: generate "
                    "the built-in corpus into a temporary folder).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

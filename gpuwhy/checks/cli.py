@@ -18,6 +18,7 @@ from gpuwhy.checks.environment import environment
 from gpuwhy.checks.expectations import evaluate, parse
 from gpuwhy.checks.output import results_table, table, write_junit
 from gpuwhy.checks.watch import EnvironmentProblem, Target, Watch, Watched, printable
+from gpuwhy.clitypes import OutputFile
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.rules.parser import RuleSyntaxError
@@ -75,7 +76,7 @@ def run_watch(ctx: click.Context, target: Target, duration: float, source: str,
                    "(repeatable).")
 @watch_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--junit", type=click.Path(dir_okay=False, writable=True),
+@click.option("--junit", type=OutputFile(),
               help="Write a JUnit XML report here.")
 @click.pass_context
 def check(ctx: click.Context, expectations: tuple[str, ...], pid: int | None, cmd: str | None,
@@ -192,7 +193,7 @@ def capture(ctx: click.Context, name: str, pid: int | None, cmd: str | None, gpu
               help="Relative change that counts as a regression [checks.threshold].")
 @click.option("--all", "show_all", is_flag=True, help="Show every figure, not only the flagged.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--junit", type=click.Path(dir_okay=False, writable=True),
+@click.option("--junit", type=OutputFile(),
               help="Write a JUnit XML report here.")
 @click.pass_context
 def compare(ctx: click.Context, name: str, pid: int | None, cmd: str | None, gpu: str | None,

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from gpuwhy.checks.watch import EnvironmentProblem
+from gpuwhy.clitypes import OutputFile
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
@@ -32,7 +33,7 @@ def _process_key(ctx: click.Context, param: click.Parameter, value: str | None
               help="Report on this process (its key, as `gpuwhy incidents` shows it).")
 @click.option("--compare", is_flag=True,
               help="Compare the figures with the period of the same length just before.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+@click.option("-o", "--output", type=OutputFile(),
               help="HTML file to write [default: gpuwhy-report-<subject>.html].")
 @click.option("--pdf", "pdf_path", is_flag=False, flag_value="", default=None,
               metavar="[FILE]", help="Also print it to PDF with headless Chromium "

@@ -7,6 +7,7 @@ import time
 
 import click
 
+from gpuwhy.clitypes import InputFile
 from gpuwhy.probes.cuda import control as cudactl
 from gpuwhy.probes.cuda.libraries import ElfError, build_id, mapped_libraries, parse_allowed
 
@@ -106,7 +107,7 @@ def status(ctx: object, as_json: bool) -> None:
 
 
 @cuda.command("allow-build-id")
-@click.argument("paths", nargs=-1)
+@click.argument("paths", nargs=-1, type=InputFile())
 @click.option("--pid", type=int, help="Take the CUDA libraries this process has mapped.")
 @click.pass_obj
 def allow_build_id(ctx: object, paths: tuple[str, ...], pid: int | None) -> None:

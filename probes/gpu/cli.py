@@ -1,4 +1,4 @@
-"""`gpuwhy gpu sample|fields` and `gpuwhy dcgm pause|resume`."""
+"""`gpuwhy gpu sample|fields|mark-healthy` and `gpuwhy dcgm pause|resume`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 
 import click
 
+from gpuwhy.clitypes import HttpUrl
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.events import Event, GpuProcesses, GpuSample
 from gpuwhy.gpufields import fields_markdown
@@ -104,7 +105,7 @@ def gpu() -> None:
 @gpu.command()
 @click.option("--source", "source_name", type=click.Choice(("auto", *SOURCE_NAMES)),
               help="Force a source [gpu.source; default auto].")
-@click.option("--url", help="dcgm-exporter metrics URL [gpu.exporter_url].")
+@click.option("--url", type=HttpUrl(), help="dcgm-exporter metrics URL [gpu.exporter_url].")
 @click.option("--once", is_flag=True, help="Print one sample per GPU and exit.")
 @click.option("--interval", type=float, help="Seconds between samples [gpu.interval].")
 @click.option("--json", "as_json", is_flag=True,
@@ -182,6 +183,62 @@ def fields(markdown: bool) -> None:
         return
     click.echo(table(["field", "DCGM id", "unit", "dcgm-exporter metric"],
                      [[f.name, f.field_id, f.unit, f.exporter[0]] for f in FIELDS], right=[1]))
+
+
+@gpu.command("mark-healthy")
+@click.argument("gpu_name", metavar="GPU")
+@click.option("--why", required=True, help="Why it is healthy (replaced, reseated, checked).")
+@click.option("--by", "actor", help="Who says so (default: $SUDO_USER, else your login name).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def mark_healthy(ctx: object, gpu_name: str, why: str, actor: str | None,
+                 as_json: bool) -> None:
+    """Mark a GPU healthy by hand: its health goes to ok whatever it waited for (a reset,
+    a reboot), with who and why kept in its health history, and the incidents that rest on
+    its health are resolved as "operator" with the same who and why (in their logs and the
+    journal).
+
+    \b
+    Examples:
+      gpuwhy gpu mark-healthy 0 --why "GPU replaced, RMA 77" --by alice
+      gpuwhy gpu mark-healthy GPU-5f3c... --why "reseated the riser" --json
+    """
+    from gpuwhy.correlator.cli import default_actor
+    from gpuwhy.store import lifecycle as store_lifecycle
+    from gpuwhy.store import open_store
+    from gpuwhy.store.health import mark_healthy as mark
+    from gpuwhy.store.queries import gpu_named
+    from gpuwhy.text import printable
+
+    config = ctx.config()
+    try:
+        db = open_store(config["store.path"])
+    except GpuwhyError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        gpu_id = gpu_named(db, gpu_name)
+        try:
+            done = mark(db, gpu_id, actor if actor is not None else default_actor(), why)
+        except GpuwhyError as exc:
+            raise click.ClickException(str(exc)) from None
+        unsent = []
+        for log_id in done["log_ids"]:
+            try:       # the change stands, whatever the journal does
+                failed = store_lifecycle.send_change(db, log_id, config["correlator.url"])
+            except Exception as exc:
+                failed = f"{type(exc).__name__}: {exc}"
+            if failed:
+                unsent.append(failed)
+    finally:
+        db.close()
+    if as_json:
+        click.echo(json.dumps({**done, "journal": unsent or None}))
+    else:
+        resolved = ", ".join(str(i) for i in done["incidents"]) or "none"
+        click.echo(f"GPU {printable(gpu_id)} marked healthy ({done['previous']} -> ok); "
+                   f"incidents resolved: {resolved}")
+    for failed in unsent:
+        click.echo(f"warning: stored, but a journal entry was not written: {failed}", err=True)
 
 
 @click.group()

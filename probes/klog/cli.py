@@ -10,6 +10,7 @@ from typing import IO
 
 import click
 
+from gpuwhy.clitypes import InputFile
 from gpuwhy.probes.klog.parse import MAX_LINE, KernelLogParser, KernelRecord
 from gpuwhy.text import printable
 from gpuwhy.xid import catalogue_fields
@@ -137,7 +138,7 @@ def _read_lines(stream: IO[bytes]) -> Iterator[str]:
 
 
 @click.command()
-@click.argument("files", nargs=-1, type=click.File("rb"))
+@click.argument("files", nargs=-1, type=InputFile(opened=True, allow_dash=True))
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per recognised line (lineno, kind, xid/sxid, pci, pid, "
                    "name, gpu_instance, compute_instance, message, catalogue fields).")
