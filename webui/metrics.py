@@ -322,7 +322,9 @@ class StoreCollector(Collector):
         counts: dict[tuple[str, str, str], int] = {}
         for gpu, code, count in xid_counts(db):
             info = xid_info(code)
-            key = (gpu or "", str(code) if info.origin != "unknown" else OTHER, info.severity)
+            # "unknown" is also an origin of documented codes (109, 158, ...): only a code
+            # outside the catalogue goes under "other"
+            key = (gpu or "", str(code) if info.mnemonic != "UNKNOWN" else OTHER, info.severity)
             counts[key] = counts.get(key, 0) + count
         for (gpu, code, severity), count in sorted(counts.items()):
             xids.add_metric([*self._gpu_labels(gpus, gpu or None), code, severity], count)

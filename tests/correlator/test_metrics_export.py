@@ -15,6 +15,7 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.store import open_store, queries
 from gpuwhy.webui import create_app
 from gpuwhy.webui.metrics import FIELD_METRICS, StoreCollector, dcgm_pci, field_metric
+from gpuwhy.xid import xid_info
 
 from .conftest import UUID0
 
@@ -115,7 +116,7 @@ def test_health_xids_findings_info_and_process_labels(harness):
     client = create_app(h.config).test_client()
     h.feed(h.gpu(0), _pod_process(h, 0.1), h.opened(0.2, TRAINER), _full_sample(h, 2.0),
            h.xid(3.0, 13, pid=TRAINER.pid), h.xid(3.5, 13, pid=TRAINER.pid),
-           h.xid(4.0, 9999), h.xid(5.0, 79),
+           h.xid(4.0, 9999), h.xid(4.5, 109), h.xid(5.0, 79),
            RuleFinding(ts=h.at(5.5), finding_id="f1", rule_id="R01_input_cpu_bound",
                        title="t", severity="warning", state="firing", gpu_id=UUID0,
                        process=TRAINER))
@@ -128,6 +129,8 @@ def test_health_xids_findings_info_and_process_labels(harness):
             for s in _samples(families["gpuwhy_gpu_xid_errors"], **ids)}
     assert xids[("13", "error")] == 2 and xids[("79", "critical")] == 1
     assert xids[("other", "warning")] == 1       # 9999 is not in the catalogue
+    # 109 is, though the catalogue names no origin for it: its own series
+    assert xids[("109", xid_info(109).severity)] == 1
     [finding] = families["gpuwhy_rule_findings_open"].samples
     assert finding.labels == {"rule": "R01_input_cpu_bound", "severity": "warning"}
     assert finding.value == 1
