@@ -18,6 +18,7 @@ from sqlite_utils import Database
 
 from gpuwhy.errors import StoreError
 from gpuwhy.store.migrations import migrations
+from gpuwhy.store.xid_codes import sync_xid_codes
 
 
 def open_store(path: str | os.PathLike[str], *, readonly: bool = False,
@@ -46,6 +47,7 @@ def open_store(path: str | os.PathLike[str], *, readonly: bool = False,
         db.enable_wal()
         db.execute("PRAGMA synchronous = NORMAL")
         migrations.apply(db)
+        sync_xid_codes(db)          # the views' catalogue follows this build's
         return db
     except (sqlite3.Error, OSError) as exc:
         raise StoreError(f"cannot open store {path}: {exc}") from None

@@ -47,8 +47,8 @@ DESCRIPTIONS = {
               "dedup_key) holds them to one row each.",
     "incidents": "Incidents found by the correlator: kind, severity, GPU; `state` is "
                  "open, acknowledged or resolved (gpuwhy/lifecycle.py), `resolution` how it "
-                 "was resolved (recovered, reset, process_exited, operator, timeout) and "
-                 "`closed_at` when; `acknowledged_by`/`_at` who has it. `opened_at` is when "
+                 "was resolved (recovered, reset, reboot, process_exited, operator, timeout) "
+                 "and `closed_at` when; `acknowledged_by`/`_at` who has it. `opened_at` is when "
                  "its cause happened (its first evidence). A row with `cause_id` is an effect "
                  "of that incident (a stall, a death, a rule finding, a later Xid, the reset a "
                  "lost GPU needed): a link of its chain, not an incident of its own. "
@@ -78,7 +78,9 @@ DESCRIPTIONS = {
                        "largest value.",
     "store_state": "The store's progress marks (e.g. `rollups_done_until`, ns).",
     "xid_codes": "gpuwhy's Xid catalogue, for the views: title, severity, whether a GPU reset "
-                 "or reboot is needed.",
+                 "or reboot is needed, and NVIDIA's immediate and investigatory resolution "
+                 "(`RESET_GPU`, `RESTART_BM`, ...). Rewritten whenever a new gpuwhy knows a "
+                 "different catalogue (store/xid_codes.py).",
     "gpu_samples": "Raw samples with the GPU's id, UUID and index, every field in its own "
                    "unit (docs/gpu-fields.md). The view to query for samples.",
     "gpu_rollups": "One-minute rollups with the GPU's ids, fields in their own units "
