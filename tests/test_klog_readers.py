@@ -28,7 +28,8 @@ def test_kmsg_records_continuation_lines_and_cursor_of_this_boot(tmp_path):
     assert reader.seek(f"kmsg:{BOOT}:10", "boot") is True
     lines = list(reader.lines())
     assert [(line.text[:9], line.cursor, line.monotonic_ns) for line in lines] == [
-        ("NVRM: Xid", f"kmsg:{BOOT}:11", 2_000_000), ("NVRM: GPU", f"kmsg:{BOOT}:12", 3_000_000)]
+        ("NVRM: Xid", f"kmsg:{BOOT}:11:2000", 2_000_000),
+        ("NVRM: GPU", f"kmsg:{BOOT}:12:3000", 3_000_000)]
     reader.close()
     other = KmsgKernelLog(str(path), boot_id=BOOT)
     assert other.seek("kmsg:" + "cd" * 16 + ":11", "boot") is False    # another boot: reread

@@ -15,6 +15,8 @@ under 2**63 so SQLite and JSON take it), each hex field, identifiers (UUID, seri
 version) and free text. A line that names an NVIDIA fact but breaks a bound, or that the
 parser fails on for any other reason, is an ``unparsed`` record whose ``details["reason"]``
 says why: stored like any record, so its cursor moves past it and it is seen, not lost.
+So is a driver line (``NVRM:``, ``nvidia-nvswitchN:``) that names an Xid or SXid in no
+format the driver is known to print.
 Patterns are ASCII (``\\d`` is ``[0-9]``: the kernel prints no other digits) and their gaps
 are bounded, so no line costs more than a few milliseconds.
 """
@@ -436,6 +438,12 @@ _RULES: tuple[tuple[str, str, re.Pattern[str], _Builder], ...] = (
 )
 
 
+# A driver line that says Xid or SXid but in no form the driver prints: kept (unparsed, with
+# why), not dropped, since it may be a driver this parser does not know yet.
+_DRIVER_LINE = re.compile(r"(?<![\w-])(?:NVRM|nvidia-nvswitch\d{0,4}):")
+_CODE_WORD = re.compile(r"(?<!\w)(?P<word>S?Xid) \(", _A)
+
+
 def parse_line(line: str) -> KernelRecord | None:
     """The record in one kernel-log line, or None. Never raises on any text: a line that
     breaks a bound, or that the parser fails on, is an ``unparsed`` record with its reason.
@@ -457,6 +465,10 @@ def parse_line(line: str) -> KernelRecord | None:
                     return build(match)
                 except Unparsable as exc:
                     return unparsed_record(str(exc), kind)
+        if "Xid (" in line and (code := _CODE_WORD.search(line)) and \
+                _DRIVER_LINE.search(line, 0, code.start()):
+            return unparsed_record(f"a driver line naming an {code['word']} in no known "
+                                   f"format", code["word"].lower())
         return None
     except Exception as exc:  # noqa: BLE001 - a parser bug must cost one line, not the source
         return unparsed_record(_failure(exc))

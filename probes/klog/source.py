@@ -7,6 +7,14 @@ cursor, through a :class:`KernelLogCheckpoint` now and then. On start the source
 the cursor *from the store* and resumes after it; records that were on the bus when
 the old source died and arrive again are recognised by their cursor and ignored.
 
+Only the kernel's lines count (see ``journald.py``): an entry that claims to be the
+driver's but was sent from user space is counted as a forgery attempt, with who sent it, in
+the source's health and as a ``forged`` record the store keeps (a few a minute per sender),
+and is never parsed. The records that name a GPU are bounded by the GPUs this host can have
+(``gpus.py``). A line lost before it was read (the kernel's ring buffer overwrote it) is
+reported with its sequence numbers when the reader can tell (``kmsg.py``): a counter, the
+source degraded for a while, a warning in the log.
+
 Times: ``ts`` is the printk time converted with the measured monotonic offset when the
 line is from this boot (printk's clock, like CLOCK_MONOTONIC, stops in suspend); lines
 from an earlier boot have only journald's receive time; ``raw_ts`` keeps the printk time.
@@ -27,11 +35,23 @@ from gpuwhy.config import Config
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import KernelLogCheckpoint, KernelLogFacts, KernelLogRecord, SourceHealth
 from gpuwhy.probes.klog import journald
+from gpuwhy.probes.klog.gpus import GpuBound
 from gpuwhy.probes.klog.journald import IDLE_WAIT_S
-from gpuwhy.probes.klog.kmsg import KernelLineBell, current_boot_id
-from gpuwhy.probes.klog.lines import RawLine
+from gpuwhy.probes.klog.kmsg import (
+    KernelLineBell,
+    KmsgKernelLog,
+    current_boot_id,
+    parse_cursor,
+    parse_record,
+)
+from gpuwhy.probes.klog.lines import RawLine, UserSender
 from gpuwhy.probes.klog.parse import UNPARSED, KernelLogParser, KernelRecord, unparsed_record
-from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
+from gpuwhy.probes.klog.resume import (
+    StoredCursor,
+    connect_publisher,
+    publish_reliably,
+    stored_cursor,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +62,15 @@ KMSG_FD_NAME = "kmsg"       # the FileDescriptorName= of systemd/gpuwhy-kmsg.soc
 CHECKPOINT_EVERY_LINES = 2000
 HEALTH_EVERY_S = 5.0
 MAX_LINE_STORED = 2048
+FORGED = "forged"               # the record kind of a forgery attempt
+# One stored record per sender this often, the attempts between them counted in it: a loop
+# of `systemd-cat -t NVRM` (1 000 entries in 0.2 s) must not fill the store or the log.
+FORGED_RECORD_EVERY_S = 60.0
+MAX_SENDERS = 32                # senders told apart; the rest are tallied together
+MAX_FORGED_LINE = 512
+GAP_DEGRADED_S = 600.0          # the source reads degraded this long after a lost line
+MAX_GAPS_SHOWN = 3
+LOST_LOG_EVERY_S = 10.0
 
 
 class KernelLogReader(Protocol):
@@ -85,7 +114,6 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
     sentence for `gpuwhy status` saying which one and why, and, for a journal used without
     being shown live (named by ``klog.backend`` or ``klog.journal_path``), why not."""
     from gpuwhy.probes.klog.journald import JournalKernelLog
-    from gpuwhy.probes.klog.kmsg import KmsgKernelLog
     from gpuwhy.probes.klog.tail import FileKernelLog
 
     backend = config["klog.backend"]
@@ -108,8 +136,9 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
                        "no bell)")
             reader = JournalKernelLog(path, bell=bell)
             reader.rung_by = rung_by
-            return reader, f"journald: kernel lines and NVRM identifier from " \
-                           f"{path or 'the system journal'}; {rung_by}", unproven
+            return reader, f"journald: kernel lines of {path or 'the system journal'} " \
+                           f"(user-space NVRM entries counted as forgeries); {rung_by}", \
+                unproven
         reasons.append(unproven)
     if backend in ("auto", "kmsg"):
         try:
@@ -178,16 +207,67 @@ def _boot_id_or_empty() -> str:
         return ""
 
 
+class Forgeries:
+    """Forgery attempts (user-space entries that call themselves kernel lines), by sender:
+    how many, and when each sender is due its next stored record. Bounded: MAX_SENDERS."""
+
+    OTHERS = (None, "")
+
+    def __init__(self) -> None:
+        self.total = 0
+        # (uid, transport) -> [attempts, attempts since its last record, last record at, the
+        # latest sender in words]. Told apart by user, not by command: the command name is
+        # the sender's to choose (and is often gone by the time journald looks it up).
+        self.senders: dict[tuple, list] = {}
+
+    def note(self, sender: UserSender) -> tuple[tuple, list]:
+        self.total += 1
+        key = (sender.uid, sender.transport)
+        if key not in self.senders and len(self.senders) >= MAX_SENDERS:
+            key = self.OTHERS
+        entry = self.senders.setdefault(key, [0, 0, None, sender.describe()])
+        entry[0] += 1
+        entry[1] += 1
+        entry[3] = sender.describe() if key != self.OTHERS else "other senders"
+        return key, entry
+
+    @staticmethod
+    def due(entry: list, now: float) -> bool:
+        return entry[2] is None or now - entry[2] >= FORGED_RECORD_EVERY_S
+
+    def summary(self) -> str:
+        """For the health detail: the total and the busiest senders."""
+        if not self.total:
+            return ""
+        busiest = sorted(self.senders.values(), key=lambda e: -e[0])[:3]
+        who = "; ".join(f"{e[3]}: {e[0]}" for e in busiest)
+        return f"{self.total} forged NVRM entries from user space ignored (not kernel " \
+               f"lines; {who})"
+
+
+def forged_record(sender: UserSender, attempts: int) -> KernelRecord:
+    """The record a forgery attempt is kept as: who sent it and how often, no GPU fact."""
+    return KernelRecord(FORGED, message=f"a user-space process sent a line claiming to be the "
+                        f"NVIDIA driver's; not a kernel line, ignored: {sender.describe()}",
+                        details={"uid": sender.uid, "sender_pid": sender.pid,
+                                 "comm": sender.comm[:64], "transport": sender.transport[:32],
+                                 "attempts": attempts})
+
+
 def record_event(raw: RawLine, record: KernelRecord, origin: str, ts: int) -> KernelLogRecord:
     """The bus event of one record of ``raw``; the line kept is bounded (MAX_LINE_STORED)."""
     facts = {f.name: getattr(record, f.name) for f in dataclasses.fields(KernelLogFacts)}
+    details = dict(record.details)
+    if raw.facility:
+        # written to /dev/kmsg from user space (root only): kept, and said so
+        details["kmsg_facility"] = raw.facility
     line = raw.text[:MAX_LINE_STORED]
     if not line.isascii():
         # a lone surrogate (no real reader makes one) would make SQLite refuse the record
         line = line.encode("utf-8", "replace").decode("utf-8")
     return KernelLogRecord(
         ts=ts, raw_ts=raw.monotonic_ns, cursor=raw.cursor, origin=origin, boot_id=raw.boot_id,
-        record_kind=record.kind, **{**facts, "details": dict(record.details)}, line=line)
+        record_kind=record.kind, **{**facts, "details": details}, line=line)
 
 
 class KernelLogPump:
@@ -200,14 +280,19 @@ class KernelLogPump:
     """
 
     def __init__(self, reader: KernelLogReader, publisher: Publisher, stop: threading.Event,
-                 clock: ClockConverter | None = None, boot_id: str | None = None):
+                 clock: ClockConverter | None = None, boot_id: str | None = None,
+                 bound: GpuBound | None = None):
         self.reader = reader
         self.publisher = publisher
         self.stop = stop
         self.clock = clock or ClockConverter()
         self.boot_id = boot_id if boot_id is not None else _boot_id_or_empty()
         self.parser = KernelLogParser()
-        self.counters = {"lines": 0, "records": 0, "unparsed": 0, "checkpoints": 0}
+        self.bound = bound if bound is not None else GpuBound()
+        self.forgeries = Forgeries()
+        self.counters = {"lines": 0, "records": 0, "unparsed": 0, "checkpoints": 0,
+                         "forged": 0, "gpus_over_bound": 0, "daemon_missed": 0}
+        self.missed_at: float | None = None
         self._safe: RawLine | None = None        # last line not inside a multi-line report
         self._previous: RawLine | None = None    # the line fed before this one
         self._skipped = 0
@@ -225,17 +310,66 @@ class KernelLogPump:
         for raw in self.reader.lines(limit):   # type: ignore[attr-defined]
             count += 1
             self.counters["lines"] += 1
-            records = self.events(raw)
+            if raw.missed:
+                self.missed(raw.missed)
+                records = []
+            else:
+                records = self.forgery(raw) if raw.forged_by is not None else \
+                    self.events(raw)
             for event in records:
                 if not publish_reliably(self.publisher, event, self.stop):
                     return count
-                self.counters["unparsed" if event.record_kind == UNPARSED else "records"] += 1
+                if event.record_kind != FORGED:
+                    self.counters["unparsed" if event.record_kind == UNPARSED else
+                                  "records"] += 1
             if not self.parser.pending:
                 self._safe = raw
                 self._skipped = 0 if records else self._skipped + 1
             if self._skipped >= CHECKPOINT_EVERY_LINES:
                 self.checkpoint()
         return count
+
+    def missed(self, count: int) -> None:
+        """The log daemon said it missed ``count`` kernel lines (which ones, it cannot say)."""
+        self.counters["daemon_missed"] += count
+        self.missed_at = time.monotonic()
+        log.warning("kernel-log source: journald reports it missed %d kernel lines (the "
+                    "kernel's ring buffer overwrote them before journald read them)", count)
+
+    def forgery(self, raw: RawLine) -> list[KernelLogRecord]:
+        """A line a user-space process sent as the driver's: counted, never parsed; kept as
+        a ``forged`` record at most every FORGED_RECORD_EVERY_S per sender (not while a
+        multi-line report is open: its record would move the stored cursor past it)."""
+        sender = raw.forged_by
+        assert sender is not None
+        self.counters["forged"] += 1
+        _, entry = self.forgeries.note(sender)
+        now = time.monotonic()
+        if self.parser.pending or not self.forgeries.due(entry, now):
+            return []
+        attempts, entry[1], entry[2] = entry[1], 0, now
+        log.warning("kernel-log source: a user-space process sent a line claiming to be the "
+                    "NVIDIA driver's, ignored (%d such since its last warning): %s",
+                    attempts, sender.describe())
+        line = raw.text[:MAX_FORGED_LINE]
+        return [record_event(dataclasses.replace(raw, text=line), forged_record(sender, attempts),
+                             self.reader.origin, raw.realtime_ns or now_ns())]
+
+    def bounded(self, event: KernelLogRecord) -> KernelLogRecord:
+        """``event``, or an ``unparsed`` record in its place when it names a GPU beyond the
+        ones this host can have (logged once)."""
+        if event.pci is None or self.bound.admit(event.pci):
+            return event
+        self.counters["gpus_over_bound"] += 1
+        if self.counters["gpus_over_bound"] == 1:
+            log.warning("kernel-log source: a kernel line names GPU %s, beyond the %s: "
+                        "such lines are kept unparsed and counted, no GPU is made of them",
+                        event.pci, self.bound.describe())
+        record = unparsed_record(f"names PCI address {event.pci}, beyond the GPUs this host "
+                                 f"can have ({self.bound.describe()})", event.record_kind)
+        facts = {f.name: getattr(record, f.name) for f in dataclasses.fields(KernelLogFacts)}
+        return dataclasses.replace(event, record_kind=UNPARSED,
+                                   **{**facts, "details": dict(record.details)})
 
     def events(self, raw: RawLine) -> list[KernelLogRecord]:
         """The bus events of one line. The parser never raises; should anything here fail
@@ -255,8 +389,8 @@ class KernelLogPump:
             out = []
             for n, (_, record) in enumerate(records):
                 source = raw if n >= len(records) - own or previous is None else previous
-                out.append(record_event(source, record, self.reader.origin,
-                                        self.realtime(source)))
+                out.append(self.bounded(record_event(source, record, self.reader.origin,
+                                                     self.realtime(source))))
             return out
         except Exception as exc:  # noqa: BLE001 - one line must not stop the source
             # logged once: anyone who can log as NVRM could otherwise flood the journal
@@ -311,13 +445,10 @@ def run_klog_source(config: Config, stop: threading.Event) -> None:
 
 def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publisher,
          stop: threading.Event, unproven: str | None = None) -> None:
-    stored = stored_cursor(config["store.path"], "klog")
-    cursor = stored.cursor if stored and stored.origin == reader.origin else None
-    resumed = reader.seek(cursor, config["klog.start"])
-    detail += "; resumed after the stored cursor" if resumed else \
-        f"; first run, starting at {config['klog.start']}"
+    detail += "; " + resume(config, reader)
     log.info("kernel-log source: %s", detail)
     pump = KernelLogPump(reader, publisher, stop)
+    lost = LostLines()
     watch = ReaderLiveness(config, reader, detail, unproven)
     # The probes lend /dev/kmsg only once they run (a pod's containers start together):
     # a reader still without its bell asks again at each health beat.
@@ -328,19 +459,162 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
         if not pump.pump():
             if pump.checkpoint_due():
                 pump.checkpoint()
+            lost.take(reader)
             reader.wait(_idle_wait(reader, pump, next_health))
         elif pump.checkpoint_due():
             pump.checkpoint()
+        lost.take(reader)
         if time.monotonic() >= next_health:
             if borrow and getattr(reader, "bell", True) is None:
                 _borrow_bell(config, reader, watch)
-            state, health_detail = watch.check(pump.counters["lines"])
-            counters = {**pump.counters, "bus_full_retries": publisher.dropped,
-                        "kmsg_overwritten": getattr(reader, "overwritten", 0)}
-            publisher.publish(SourceHealth(ts=now_ns(), source="klog", state=state,
-                                           detail=health_detail, counters=counters))
+            publisher.publish(health_of(watch, pump, lost, publisher))
             next_health = time.monotonic() + HEALTH_EVERY_S
     pump.checkpoint()
+
+
+def health_of(watch: ReaderLiveness, pump: KernelLogPump, lost: LostLines,
+              publisher: Publisher) -> SourceHealth:
+    """The source's heartbeat: the reader's liveness, degraded while a loss is recent, and in
+    its detail every loss and forgery seen."""
+    state, detail = watch.check(pump.counters["lines"])
+    missed_lately = pump.missed_at is not None and \
+        time.monotonic() - pump.missed_at < GAP_DEGRADED_S
+    if state == "ok" and (lost.recent() or missed_lately):
+        state = "degraded"
+    missed = pump.counters["daemon_missed"]
+    extras = [lost.describe(), pump.forgeries.summary(),
+              f"journald missed {missed} kernel lines (its own count: which ones, it cannot "
+              f"say)" if missed else ""]
+    detail = "; ".join([detail] + [extra for extra in extras if extra])
+    counters = {**pump.counters, "bus_full_retries": publisher.dropped,
+                "kmsg_overwritten": getattr(pump.reader, "overwritten", 0),
+                "lost_lines": lost.lines, "lost_ranges": lost.gaps}
+    return SourceHealth(ts=now_ns(), source="klog", state=state, detail=detail,
+                        counters=counters)
+
+
+class LostLines:
+    """Lines the kernel logged that the reader never got, as its sequence numbers show:
+    totals, the last ranges, a warning in the log for each (at most one every
+    LOST_LOG_EVERY_S, the ranges between summed into the next)."""
+
+    def __init__(self) -> None:
+        self.lines = self.gaps = 0
+        self.last: list[tuple[int, int]] = []
+        self.last_at: float | None = None
+        self._unlogged: list[tuple[int, int]] = []
+        self._logged_at = -LOST_LOG_EVERY_S
+        self.unknown_before: int | None = None     # a loss whose size cannot be told
+
+    def take(self, reader: KernelLogReader) -> None:
+        unknown = getattr(reader, "unknown_loss_before", None)
+        if unknown is not None and self.unknown_before is None:
+            self.unknown_before, self.last_at = unknown, time.monotonic()
+            log.warning("kernel-log source: the kernel's ring buffer no longer holds the "
+                        "last line read before this start: lines before sequence number %d "
+                        "may have been lost (how many cannot be told)", unknown)
+        take = getattr(reader, "take_gaps", None)
+        gaps = take() if take is not None else []
+        for first, last in gaps:
+            self.lines += last - first + 1
+            self.gaps += 1
+            self.last = (self.last + [(first, last)])[-MAX_GAPS_SHOWN:]
+            self.last_at = time.monotonic()
+        self._unlogged += gaps
+        now = time.monotonic()
+        if self._unlogged and now - self._logged_at >= LOST_LOG_EVERY_S:
+            ranges, self._unlogged, self._logged_at = self._unlogged, [], now
+            count = sum(last - first + 1 for first, last in ranges)
+            shown = ", ".join(f"{first}-{last}" for first, last in ranges[:MAX_GAPS_SHOWN])
+            more = f" and {len(ranges) - MAX_GAPS_SHOWN} more ranges" \
+                if len(ranges) > MAX_GAPS_SHOWN else ""
+            log.warning("kernel-log source: %d kernel lines were lost before they were read "
+                        "(the kernel's ring buffer overwrote them): sequence numbers %s%s",
+                        count, shown, more)
+
+    def recent(self) -> bool:
+        return self.last_at is not None and time.monotonic() - self.last_at < GAP_DEGRADED_S
+
+    def describe(self) -> str:
+        said = []
+        if self.unknown_before is not None:
+            said.append(f"kernel lines before sequence number {self.unknown_before} may have "
+                        f"been lost at start (the ring no longer held the last line read)")
+        if self.gaps:
+            ranges = ", ".join(f"[{first}, {last}]" for first, last in self.last)
+            said.append(f"{self.lines} kernel lines lost unread in {self.gaps} ranges "
+                        f"(sequence numbers, the last: {ranges})")
+        return "; ".join(said)
+
+
+def resume(config: Config, reader: KernelLogReader) -> str:
+    """Position ``reader`` after what the store holds, and say how: after the stored cursor
+    of the same backend; after the stored position of another backend, translated through
+    the last line's own stamps (boot id, printk time), so that a switch between journald and
+    /dev/kmsg reads nothing twice and skips nothing; else by ``klog.start``."""
+    stored = stored_cursor(config["store.path"], "klog")
+    if stored and stored.origin == reader.origin:
+        if reader.seek(stored.cursor, config["klog.start"]):
+            return "resumed after the stored cursor"
+        return f"stored cursor not usable here (another boot's, or not found), starting " \
+               f"at {config['klog.start']}"
+    if stored and hasattr(reader, "seek_stamp"):
+        stamp = stamp_of(stored, config)
+        if stamp is not None:
+            boot_id, usec, ties, how = stamp
+            reader.seek(None, "boot")
+            if reader.seek_stamp(boot_id, usec, ties):   # type: ignore[attr-defined]
+                return f"resumed after the stored {stored.origin} position, at printk time " \
+                       f"{usec} us of boot {boot_id[:8]} ({how})"
+    reader.seek(None, config["klog.start"])
+    if stored:
+        return f"the stored {stored.origin} position cannot be found in {reader.origin}: " \
+               f"starting at {config['klog.start']}"
+    return f"first run, starting at {config['klog.start']}"
+
+
+def stamp_of(stored: StoredCursor, config: Config) -> tuple[str, int, int, str] | None:
+    """``(boot_id, printk usec, ties, how)`` of the last line behind a stored cursor."""
+    if stored.origin == "journald":
+        return journald.stamp_of_cursor(stored.cursor, config["klog.journal_path"] or None)
+    parsed = parse_cursor(stored.cursor) if stored.origin == "kmsg" else None
+    if parsed is None:
+        return None
+    boot_id, seq, usec = parsed
+    in_ring = ring_stamp(config["klog.kmsg_path"], boot_id, seq)
+    if in_ring is not None:
+        return boot_id, *in_ring, "the record's printk time"
+    if usec is not None:
+        # the record left the ring: were others printed in its microsecond, the ones
+        # after it are read again
+        return boot_id, usec, 0, "the cursor's printk time"
+    return None
+
+
+def ring_stamp(path: str, boot_id: str, seq: int) -> tuple[int, int] | None:
+    """``(usec, ties)`` of record ``seq`` when the kernel's ring (of this boot) still holds it."""
+    if boot_id != _boot_id_or_empty():
+        return None
+    try:
+        ring = KmsgKernelLog(path, boot_id)
+    except OSError:
+        return None
+    try:
+        last_usec, ties = -1, 0
+        for record in ring.records():
+            parsed = parse_record(record)
+            if parsed is None:
+                continue
+            _, record_seq, usec, _ = parsed
+            ties = ties + 1 if usec == last_usec else 0
+            last_usec = usec
+            if record_seq == seq:
+                return usec, ties
+            if record_seq > seq:
+                return None
+        return None
+    finally:
+        ring.close()
 
 
 def _borrow_bell(config: Config, reader: KernelLogReader, watch: ReaderLiveness) -> None:

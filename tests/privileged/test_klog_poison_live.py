@@ -1,8 +1,10 @@
 """A poison line through the real kernel-log source: an Xid line whose pid has thousands of
 digits (past Python's 4 300-digit int() limit) failed the source, stored no later line,
-and failed it again on the same line after every restart. Any local user can log such a
-line on journald (``logger -t NVRM``); on /dev/kmsg a line holds under 1 024 bytes, and a
-pid of 850 digits, which int() takes, was then refused by SQLite and the line lost.
+and failed it again on the same line after every restart. Any local user could log such a
+line on journald (``logger -t NVRM``), which is now a forgery, never parsed
+(test_klog_trust_live.py); through the kernel (/dev/kmsg, read directly or by journald) a
+line holds under 1 024 bytes, and a pid of 850 digits, which int() takes, was then refused
+by SQLite and the line lost.
 
 Now the line is stored as an ``unparsed`` record with its reason, the good line after it
 is stored as an Xid, the source is not failed, and a restart goes on after both.
@@ -22,7 +24,6 @@ import pytest
 from .kernel_lines import MARK, wait_for, write_kmsg
 
 pytestmark = [pytest.mark.root, pytest.mark.kmsg]
-SYSLOG_SOCKET = "/run/systemd/journal/dev-log"
 
 
 class Source:
@@ -61,12 +62,6 @@ def health(db):
     row = db.execute("select state, detail, counters from source_health where source = 'klog'"
                      ).fetchone()
     return row and (row[0], row[1], json.loads(row[2] or "{}"))
-
-
-def logger(message):
-    """What any local user can do: log a line as NVRM (journald's syslog socket)."""
-    subprocess.run(["logger", "--socket", SYSLOG_SOCKET, "--size", "16384", "-t", "NVRM",
-                    message], check=True, timeout=10)
 
 
 def poison_then_good_then_restart(db, source, write, run, digits):
@@ -117,12 +112,15 @@ def poison_then_good_then_restart(db, source, write, run, digits):
     return rows
 
 
-def test_journald_a_5000_digit_pid_from_any_user_is_stored_unparsed_and_the_source_goes_on(
+def test_journald_an_850_digit_pid_from_the_kernel_is_stored_unparsed_and_the_source_goes_on(
         system_journald, tmp_config, kernel_log_store):
+    # Only the kernel's lines are parsed: what any user logs as NVRM (logger -t NVRM, a
+    # 5 000-digit pid included) is a forgery, counted and never parsed
+    # (tests/privileged/test_klog_trust_live.py). The poison line comes through the kernel.
     run = os.urandom(4).hex()
     rows = poison_then_good_then_restart(
         kernel_log_store, Source(tmp_config, "journald"),
-        lambda lines: [logger(x) for x in lines], run, digits=5000)
+        lambda lines: write_kmsg([f"NVRM: {x}" for x in lines]), run, digits=850)
     assert rows[0][5].startswith("s=")       # a journal cursor
 
 
