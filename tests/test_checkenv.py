@@ -163,6 +163,19 @@ def test_missing_btf_tracefs_and_bpf_fail_with_their_fixes(tmp_path):
     assert check_bpf(host, held=everything).state == "fail"
 
 
+def test_an_old_kernel_is_told_about_the_memlock_limit(tmp_path):
+    """Before 5.11 BPF maps count against RLIMIT_MEMLOCK, which the units lift; the probes
+    no longer ask for CAP_SYS_RESOURCE, so an old kernel is told what it needs instead."""
+    needed = {"CAP_BPF", "CAP_PERFMON", "CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"}
+    host = _host(tmp_path, **{"proc/sys/kernel/unprivileged_bpf_disabled": "2\n"})
+    assert check_bpf(host, held=needed).detail.endswith("CAP_SYS_PTRACE")   # 6.8: no note
+    old = Host(root=tmp_path, config=host.config, distro=host.distro, machine="x86_64",
+               kernel="5.10.0-28-amd64")
+    told = check_bpf(old, held=needed)
+    assert told.state == "ok" and "RLIMIT_MEMLOCK" in told.detail
+    assert "RLIMIT_MEMLOCK" not in check_bpf(old, held=needed | {"CAP_SYS_RESOURCE"}).detail
+
+
 def test_headers_for_another_kernel_warn(tmp_path):
     host = _host(tmp_path, **{"lib/modules/6.8.0/build/include/generated/utsrelease.h":
                               '#define UTS_RELEASE "6.1.0-57-amd64"\n'})

@@ -241,11 +241,13 @@ def check_bpf(host: Host, held: set[str] | None = None) -> Check:
                      envfixes.BPF_CAPABILITIES)
     missing = sorted(set(PROBE_CAPABILITIES) - held)
     notes = []
-    if missing == ["CAP_SYS_RESOURCE"] and \
-            _version_tuple(host.kernel)[:2] >= MEMLOCK_ACCOUNTING_KERNEL:
-        notes.append("CAP_SYS_RESOURCE is not held, not needed on this kernel (BPF memory "
-                     "is charged to the cgroup since 5.11)")
-        missing = []
+    if _version_tuple(host.kernel)[:2] < MEMLOCK_ACCOUNTING_KERNEL and \
+            "CAP_SYS_RESOURCE" not in held:
+        # before 5.11 BPF maps count against RLIMIT_MEMLOCK: the units lift it
+        # (LimitMEMLOCK=infinity); a shell or container that does not needs the capability
+        notes.append(f"kernel {host.kernel} charges BPF maps to RLIMIT_MEMLOCK (before "
+                     "5.11): run the probes with LimitMEMLOCK=infinity (the unit does) or "
+                     "CAP_SYS_RESOURCE")
     try:
         lockdown = host.path("sys/kernel/security/lockdown").read_text()
     except OSError:
