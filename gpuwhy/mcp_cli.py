@@ -1,0 +1,37 @@
+"""`gpuwhy mcp`: serve gpuwhy's answers to a local AI assistant over MCP (stdio), read-only."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+
+@click.command()
+@click.pass_context
+def mcp(ctx: click.Context) -> None:
+    """Serve the store to an AI assistant (MCP over stdin/stdout), read-only.
+
+    An MCP client (Claude Desktop, Cursor, an Ollama MCP client) starts this command and
+    talks to it on stdin/stdout; see docs/mcp.md for the client's JSON config. Tools: why,
+    gpus, gpu_series, processes, incidents, incident, resets, rules, query. Nothing a
+    client sends changes the store, the rules or the service.
+
+    \b
+    Examples:
+      gpuwhy mcp
+      gpuwhy --config /etc/gpuwhy/gpuwhy.toml mcp
+    """
+    from gpuwhy.mcp_server import build_server
+    from gpuwhy.why_cli import service_rules
+
+    config = ctx.obj.config()
+    # stdout is the protocol's: every log line goes to stderr, which MCP clients keep
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="gpuwhy mcp %(levelname)s: %(message)s")
+    server = build_server(config["store.path"], lambda: service_rules(config))
+    try:
+        server.run("stdio")
+    except KeyboardInterrupt:
+        pass
