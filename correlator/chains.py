@@ -3,8 +3,16 @@
 ``cron_job`` / ``timer`` / ``operator_command`` -> ``command`` -> ``driver_call`` ->
 ``gpu_reset`` / ``xid`` / ``gpu_lost`` -> ``process_stall`` / ``process_exit``; also an Xid
 naming a pid -> that process, Xid 45 -> the earlier Xid it follows, repeated Xids after a
-reset -> ``escalation`` (hardware inspection). Built from the store only, so rebuilding a
-settling incident after a late event puts the event where it belongs.
+reset -> ``escalation`` (hardware inspection); on a GPU the kernel says fell off the bus, a
+GPU source that still reads it -> ``contradicting`` (evidence against, not a recovery).
+Built from the store only, so rebuilding a settling incident after a late event puts the
+event where it belongs.
+
+Steps are in time order, each dated by its own evidence; the kind's place in the story
+orders only steps of the same time. (They were ordered by kind first: a rule finding on a
+lost GPU came before the process the Xid line named, dated earlier; and a reset's driver
+call, stamped when the call returned, came after the GPU source saw the reset begin. A
+driver call's step is dated when the call was made, its return less its latency.)
 """
 
 from __future__ import annotations
@@ -61,15 +69,15 @@ def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Li
         links = _finding_chain(db, incident) + _effect_links(db, incident, builder, only=set())
     else:
         links = [_self_link(incident)]
-    links.sort(key=lambda link: (_ORDER.get(link.kind, 5), link.ts))
+    links.sort(key=lambda link: (link.ts, _ORDER.get(link.kind, 5)))
     _store(db, incident_id, links)
     return links
 
 
 _ORDER = {"cron_job": 0, "timer": 0, "operator_command": 0, "command": 1, "driver_call": 2,
           "earlier_xid": 2, "gpu_reset": 3, "xid": 3, "gpu_lost": 3, "rule_finding": 3,
-          "process": 4, "escalation": 4, "later_xid": 4, "symptom": 5, "process_stall": 5,
-          "process_exit": 6}
+          "process": 4, "escalation": 4, "later_xid": 4, "contradicting": 4, "symptom": 5,
+          "process_stall": 5, "process_exit": 6}
 
 
 def _store(db: Database, incident_id: int, links: list[Link]) -> None:
@@ -105,7 +113,8 @@ def _comm(db: Database, key: ProcessKey) -> str:
 def _reset_call(db: Database, incident: dict) -> tuple | None:
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
     rows = db.execute(
-        "select id, ts, pid, start_time, path, sub_name, op, status_name from driver_calls "
+        "select id, ts, pid, start_time, path, sub_name, op, status_name, latency_ns "
+        "from driver_calls "
         f"where sub_name in {sql_names(RESET_CONTROLS)} and ts between ? and ? order by ts",
         [at - CAUSE_LOOKBACK_NS, incident["last_seen"]]).fetchall()
     for row in rows:
@@ -151,12 +160,14 @@ def _origin_links(db: Database, key: ProcessKey, at: int) -> list[Link]:
             return links
     cgroup = db.execute("select cgroup, uid from processes where pid = ? and start_time = ?",
                         [key.pid, key.start_time]).fetchone()
+    # who ran it did so by the exec at the latest: dated there, it comes first in time too
+    origin = links[0].ts if links else at
     if cgroup and cgroup[0] and ".timer" not in cgroup[0] and cgroup[0].endswith(".service"):
-        links.insert(0, Link("timer", at, f"systemd unit {cgroup[0].rsplit('/', 1)[-1]}",
+        links.insert(0, Link("timer", origin, f"systemd unit {cgroup[0].rsplit('/', 1)[-1]}",
                              {"processes": [str(key)], "cgroup": cgroup[0]}, 0.6, key.pid,
                              key.start_time))
     elif cgroup is not None:
-        links.insert(0, Link("operator_command", at,
+        links.insert(0, Link("operator_command", origin,
                              f"run by uid {cgroup[1]} (no cron job or timer found)",
                              {"processes": [str(p) for p in ancestry]}, 0.5, key.pid,
                              key.start_time))
@@ -169,8 +180,9 @@ def _reset_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list
     actor = None
     if call:
         actor = ProcessKey(call[2], call[3])
-        links += _origin_links(db, actor, call[1])
-        links.append(Link("driver_call", call[1],
+        made = call[1] - max(0, call[8] or 0)     # made then; stamped when it returned
+        links += _origin_links(db, actor, made)
+        links.append(Link("driver_call", made,
                           f"pid {actor.pid} ({_comm(db, actor)}) sent {call[5]} on {call[4]} "
                           f"({call[7]})", {"driver_calls": [call[0]]}, 0.9, actor.pid,
                           actor.start_time, incident["gpu_id"]))
@@ -229,6 +241,17 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
                               "reset: take it out of service for a hardware inspection",
                               {"incidents": [int(i) for i in after[1].split(",")]}, 0.7,
                               gpu_id=gpu_id))
+    contradicted = details.get("contradicted")
+    if isinstance(contradicted, dict) and contradicted.get("ts") is not None:
+        links.append(Link(
+            "contradicting", int(contradicted["ts"]),
+            f"GPU source {contradicted.get('source') or '?'} still reads the GPU "
+            f"({contradicted.get('event') or 'a sample'}) while it is lost "
+            f"({contradicted.get('state_cause') or '?'}): evidence against it, not a "
+            f"recovery; it clears only at a "
+            f"{' or a '.join(contradicted.get('clears_by') or ['reboot'])}, or an "
+            f"operator's mark-healthy",
+            {"contradicted": contradicted}, 1.0, gpu_id=gpu_id))
     named = seen if seen or details.get("named") else None
     links += _effect_links(db, incident, builder, only=named)
     return links

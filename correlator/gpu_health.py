@@ -13,9 +13,20 @@ on. Sources and what they mean:
   first event after start, every state entered in another boot is cleared by that reboot;
 - GPU source: its Xids, its ``gpu_state`` (lost, reset_required, resetting, back) and its
   samples (throttling, SBE storm, pending row remap, uncorrectable ECC, remap failure, a
-  failed or unhealthy NVLink fabric; a sample after a loss or a reset with clean counters is
-  the GPU read again);
+  failed or unhealthy NVLink fabric);
 - driver calls: a reset call that returned NV_OK (:mod:`gpuwhy.reset`).
+
+What clears a state is what it waits for (:func:`gpuwhy.gpu_health.remedies`, kept with the
+state): the catalogue's reset or reboot for an Xid's state, never a counter source answering
+for the GPU again. A sample with clean counters (or the source's ``back``) is the GPU read
+again, and clears only what reading clears: the end of a reset (``resetting``) and a "lost"
+that only the GPU source said, with no kernel Xid (its own transient trouble). A source that
+still reads a GPU the kernel says fell off the bus contradicts it: that is kept as evidence
+(:attr:`GpuHealth.contradicted`, once per state), not taken as recovery.
+
+Every move is a :class:`gpuwhy.gpu_health.Transition` value, applied by the store
+(:func:`gpuwhy.store.health.apply_transition`) and kept in :attr:`GpuHealth.transitions` for
+the incidents that rest on the GPU's health (``IncidentBuilder`` resolves them by it).
 
 The current state lives on the GPU's ``gpus`` row and is read from there for each event
 (never cached), so a decide that fails and rolls back leaves nothing stale behind.
@@ -23,7 +34,6 @@ The current state lives on the GPU's ``gpus`` row and is read from there for eac
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,7 @@ from gpuwhy.events import Event, methods_by_kind
 from gpuwhy.gpufields import FABRIC_HEALTH, FABRIC_STATES
 from gpuwhy.identity import classify_device
 from gpuwhy.reset import reset_kind, state_kind
+from gpuwhy.store import health as store_health
 from gpuwhy.store import queries
 from gpuwhy.xid import catalogue_fields, xid_info
 
@@ -73,6 +84,16 @@ class GpuHealth:
         # ``forget()`` at each decide, and after anything else that may rewrite GPU rows.
         self._states: dict[str, str | None] = {}
         self._handlers = methods_by_kind(self, "_on_")
+        # What moved since the caller last took them (:meth:`take`): the transitions, and
+        # the GPUs whose state a source contradicted (first time in that state).
+        self.transitions: list[gh.Transition] = []
+        self.contradicted: list[tuple[str, dict[str, Any]]] = []
+
+    def take(self) -> tuple[list[gh.Transition], list[tuple[str, dict[str, Any]]]]:
+        """The transitions and contradictions decided since the last take, oldest first."""
+        moved, self.transitions = self.transitions, []
+        seen, self.contradicted = self.contradicted, []
+        return moved, seen
 
     def forget(self) -> None:
         """Read GPUs' health from the store again (a new decide; GPU rows merged)."""
@@ -121,36 +142,36 @@ class GpuHealth:
 
     def _move(self, db: Database, gpu_id: str, ts: int, state: str, cause: str,
               evidence: dict[str, Any], causes: list[str] | None = None,
-              pci: str | None = None) -> None:
-        """Record a transition (or, within degraded, a changed set of causes)."""
+              pci: str | None = None, how: str | None = None,
+              remedies: frozenset[str] | None = None) -> None:
+        """Decide a transition (or, within degraded, a changed set of causes) and have the
+        store apply it. ``how``: the remedy that cleared the state it leaves (the new state
+        then waits for its own remedies only); ``remedies``: what the new state waits for,
+        where the caller worked it out (a state kept, waiting for less)."""
         current = queries.gpu_health(db, gpu_id)
         previous = (current["health"] if current else None) or gh.OK
-        if current is None:
-            # A GPU only the kernel log or a driver call named: give it a row, so that the
-            # overview and /metrics show it (its id is its PCI address until a source names it)
-            db.execute("insert into gpus (id, pci_bus_id, first_seen, last_seen) values "
-                       "(?, ?, ?, ?) on conflict(id) do nothing", [gpu_id, pci, ts, ts])
-        boot_id = self._boot_id(db)
-        full = {**evidence, "cause": cause, "ts": ts,
-                **({"causes": causes} if causes is not None else {})}
-        body = json.dumps(full, sort_keys=True, default=str)
-        clears = gh.CLEARS[state]
-        db.execute("update gpus set health = ?, health_since = ?, health_evidence = ?, "
-                   "health_clears = ?, health_boot_id = ? where id = ?",
-                   [state, ts, body, clears, boot_id, gpu_id])
+        if remedies is None:
+            remedies = gh.remedies(state, cause) if how else gh.entry_remedies(
+                gh.remedies(state, cause), previous,
+                gh.stored_remedies(previous, current["evidence"] if current else {}))
+        move = gh.Transition(
+            gpu_id, ts, state, previous, cause,
+            {**evidence, **({"causes": causes} if causes is not None else {})},
+            remedies, how, self._boot_id(db), pci)
+        store_health.apply_transition(db, move)
+        self.transitions.append(move)
         self._states[gpu_id] = state
-        db["gpu_health_history"].insert({
-            "gpu_id": gpu_id, "ts": ts, "state": state, "previous": previous, "cause": cause,
-            "evidence": body, "clears": clears, "boot_id": boot_id})
         if state in (gh.OK, gh.RESETTING):
             # a reset or reboot clears the volatile counters the sample windows were built on
             self._sbe.pop(gpu_id, None)
             self._remapped.pop(gpu_id, None)
 
     def _escalate(self, db: Database, gpu_id: str | None, ts: int, state: str, cause: str,
-                  evidence: dict[str, Any], pci: str | None = None) -> None:
+                  evidence: dict[str, Any], pci: str | None = None,
+                  own: frozenset[str] = frozenset()) -> None:
         """Move to ``state`` if it is worse than the current one; within degraded, add the
-        cause (each degraded cause clears its own way)."""
+        cause (each degraded cause clears its own way). ``own``: what the fact asks for
+        where its catalogue fields said (an Xid), else the state's rule for its cause."""
         if not gpu_id:
             return
         current = queries.gpu_health(db, gpu_id)
@@ -160,23 +181,40 @@ class GpuHealth:
             if cause not in causes:
                 self._move(db, gpu_id, ts, gh.DEGRADED, cause, evidence, [*causes, cause])
             return
+        own = own or gh.remedies(state, cause)
+        waits = gh.stored_remedies(now, current["evidence"] if current else {})
         if gh.RANK[state] > gh.RANK[now]:
             self._move(db, gpu_id, ts, state, cause, evidence,
-                       [cause] if state == gh.DEGRADED else None, pci)
+                       [cause] if state == gh.DEGRADED else None, pci,
+                       remedies=gh.entry_remedies(own, now, waits))
+            return
+        if state in gh.UNUSABLE and now in (gh.LOST, gh.RESET_REQUIRED, gh.REBOOT_REQUIRED):
+            # A fact no worse that waits for less (a kernel Xid 79 on a GPU the source lost,
+            # a reboot-class Xid on a lost one): the state stays and waits for what clears
+            # both, so that reading the GPU again cannot clear what the catalogue says needs
+            # a reboot.
+            narrower = own & waits
+            if narrower and narrower < waits:
+                self._move(db, gpu_id, ts, now, cause, {**evidence, "kept": now}, pci=pci,
+                           remedies=narrower)
 
     def _reset_seen(self, db: Database, gpu_id: str, ts: int, evidence: dict[str, Any],
                     done: bool = False) -> None:
         """A reset (gpuwhy/reset.py): resetting until the GPU source reads the GPU again;
-        ``done`` (a reset call returned NV_OK on a GPU no source reads) goes on to ok."""
+        ``done`` (a reset call returned NV_OK on a GPU no source reads) goes on to ok. A
+        state that waits for a reboot (the catalogue says so: Xid 79, a reboot-class Xid)
+        is not cleared by a reset: it stays as it is."""
         current = queries.gpu_health(db, gpu_id)
         now = (current["health"] if current else None) or gh.OK
-        if now == gh.REBOOT_REQUIRED:
+        waits = gh.stored_remedies(now, current["evidence"] if current else {})
+        if now not in (gh.OK, gh.RESETTING) and not gh.clears_by(gh.BY_RESET, now, waits):
             return              # a GPU reset does not clear what only a reboot clears
-        self._move(db, gpu_id, ts, gh.RESETTING, "reset", evidence)
+        self._move(db, gpu_id, ts, gh.RESETTING, "reset", evidence,
+                   how=gh.BY_RESET if now != gh.OK else None)
         if done and not (current and current["source"]):
             self._move(db, gpu_id, ts, gh.OK, "reset done", {
                 **evidence, "why": "the reset call returned NV_OK and no GPU source reads "
-                                   "this GPU to say otherwise"})
+                                   "this GPU to say otherwise"}, how=gh.BY_RESET)
 
     def _boot_seen(self, db: Database, boot_id: str, ts: int) -> None:
         """A new boot id is a reboot: it clears every state entered in an older boot."""
@@ -189,7 +227,8 @@ class GpuHealth:
             if entered_in and entered_in != boot_id and (since or 0) <= ts:
                 self._move(db, gpu_id, ts, gh.OK, "reboot",
                            {"event": "boot id changed", "boot_id_before": entered_in,
-                            "boot_id_now": boot_id, "last_boot_seen": before})
+                            "boot_id_now": boot_id, "last_boot_seen": before},
+                           how=gh.BY_REBOOT)
 
     def _host_boot_seen(self, db: Database, ts: int) -> None:
         """At the first event after start: the host booted since every state entered in
@@ -200,7 +239,7 @@ class GpuHealth:
             if entered_in and entered_in != self._host_boot:
                 self._move(db, gpu_id, max(ts, since or 0), gh.OK, "reboot",
                            {"event": "host boot id at start", "boot_id_before": entered_in,
-                            "boot_id_now": self._host_boot})
+                            "boot_id_now": self._host_boot}, how=gh.BY_REBOOT)
 
     def _xid(self, db: Database, gpu_id: str | None, ts: int, code: int,
              catalogue: dict[str, Any], evidence: dict[str, Any],
@@ -210,7 +249,8 @@ class GpuHealth:
             return              # its action needs no reset or reboot: health unchanged
         state, cause = target
         self._escalate(db, gpu_id, ts, state, cause,
-                       {**evidence, "xid": code, "title": catalogue.get("title", "")}, pci)
+                       {**evidence, "xid": code, "title": catalogue.get("title", "")}, pci,
+                       own=gh.xid_remedies(catalogue) if state != gh.DEGRADED else frozenset())
 
     # --- the sources -----------------------------------------------------------------------
     def _on_kernel_log_record(self, db: Database, event: Event) -> None:
@@ -250,7 +290,7 @@ class GpuHealth:
         evidence = {"event": f"gpu_state {event.state}", "source": event.source,
                     "detail": event.detail[:MAX_DETAIL]}
         if event.state == gh.LOST:
-            self._escalate(db, event.gpu_id, event.ts, gh.LOST, "source lost it", evidence)
+            self._escalate(db, event.gpu_id, event.ts, gh.LOST, gh.SOURCE_LOST, evidence)
         elif event.state == gh.RESET_REQUIRED:
             self._escalate(db, event.gpu_id, event.ts, gh.RESET_REQUIRED,
                            "source says reset required", evidence)
@@ -260,8 +300,28 @@ class GpuHealth:
             current = queries.gpu_health(db, event.gpu_id)
             if current and current["health"] in (gh.LOST, gh.RESETTING) and \
                     event.ts >= (current["since"] or 0):
-                self._move(db, event.gpu_id, event.ts, gh.OK, "source reads it again",
-                           evidence)
+                self._read_again(db, event.gpu_id, event.ts, current, "source reads it again",
+                                 evidence)
+
+    def _read_again(self, db: Database, gpu_id: str, ts: int, current: dict[str, Any],
+                    cause: str, evidence: dict[str, Any]) -> None:
+        """The GPU source read a lost or resetting GPU again: ok where reading is what the
+        state waits for (the end of a reset, how: ``reset``; a loss only the source said,
+        how: ``read``); else, on a GPU the kernel says fell off the bus, contradicting
+        evidence, kept once, never a recovery."""
+        now = current["health"]
+        waits = gh.stored_remedies(now, current["evidence"])
+        if now == gh.RESETTING:
+            # the reset it waited for has ended: the source reads the GPU clean after it
+            self._move(db, gpu_id, ts, gh.OK, cause, evidence, how=gh.BY_RESET)
+        elif gh.clears_by(gh.BY_READ, now, waits):
+            self._move(db, gpu_id, ts, gh.OK, cause, evidence, how=gh.BY_READ)
+        elif now == gh.LOST and "contradicted" not in current["evidence"]:
+            seen = {**evidence, "ts": ts, "state": now,
+                    "state_cause": current["evidence"].get("cause"),
+                    "clears_by": sorted(waits)}
+            store_health.note_contradiction(db, gpu_id, seen)
+            self.contradicted.append((gpu_id, seen))
 
     def _on_driver_call(self, db: Database, event: Event) -> None:
         if reset_kind(event.sub_name) != "reset" or event.ret != 0 or event.status != 0:
@@ -296,8 +356,8 @@ class GpuHealth:
         now = (current["health"] if current else None) or gh.OK
         later = current is not None and ts > (current["since"] or 0)
         if later and fields and bad is None and now in (gh.LOST, gh.RESETTING):
-            self._move(db, gpu_id, ts, gh.OK, "source reads it again with clean counters",
-                       evidence)
+            self._read_again(db, gpu_id, ts, current,
+                             "source reads it again with clean counters", evidence)
         elif later and now == gh.DEGRADED:
             # each cause a sample clears ends when a sample says it no longer holds
             causes = list(current["evidence"].get("causes", []))

@@ -11,11 +11,15 @@ such as 45 on the same GPU) that begins while a cause incident (an Xid, a lost G
 of its GPU is active is kept as a row whose ``cause_id`` names that incident: a link of its
 chain, never an incident, an alert or a count of its own. An effect found before its cause
 (the kernel-log line came late) is adopted when the cause opens. Lifecycle
-(:mod:`gpuwhy.lifecycle`): an incident is resolved when its GPU reads healthy again after
-it (``reset``/``recovered``), its process ends, its finding clears, or, for an incident that
-leaves the GPU healthy, ``dedup_seconds`` after it was last seen (``timeout``); never before
-it settles. Every change goes through :mod:`gpuwhy.store.lifecycle` (its log row), and the
-changes of incidents are handed to the alerter for the journal (:attr:`changes`).
+(:mod:`gpuwhy.lifecycle`): a health-backed incident (a lost GPU, an Xid whose catalogue
+action is a reset or a reboot: :mod:`gpuwhy.store.health`) is open exactly while its GPU's
+health is unusable, and is resolved by the very transition that ends that, at its time and
+with its how (``reset``, ``reboot``, ``operator``, ``recovered`` for a loss only the source
+said); any other is resolved when its GPU reads healthy again after it, its process ends,
+its finding clears, or, for an incident that leaves the GPU healthy, ``dedup_seconds`` after
+it was last seen (``timeout``), never before it settles. Every change goes through
+:mod:`gpuwhy.store.lifecycle` (its log row), and the changes of incidents are handed to the
+alerter for the journal (:attr:`changes`).
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ from gpuwhy.events import EVENT_TYPES, Envelope, Event, RuleFinding, methods_by_
 from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.rules.model import CAUSE, SYMPTOM
+from gpuwhy.store import health as store_health
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store.queries import resolve_gpu
-from gpuwhy.xid import xid_info
+from gpuwhy.xid import catalogue_fields, xid_info
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,7 @@ CAUSE_KINDS = ("xid", "gpu_lost", "gpu_reset")
 ADOPTED_KINDS = ("process_stall", "process_exit", "rule_finding")   # found before their cause
 ACTOR = "gpuwhy"                         # who made a change, in the incident log
 # GPU health while which a cause incident stays active: the GPU still needs what it said
-UNRESOLVED_HEALTH = (gh.RESET_REQUIRED, gh.REBOOT_REQUIRED, gh.LOST, gh.RESETTING)
+UNRESOLVED_HEALTH = gh.UNUSABLE
 FOLLOW_ON_XIDS = (45,)                   # "preemptive cleanup, due to previous errors"
 EACH_ONE_ITS_OWN = ("gpu_reset",)        # repeats are new incidents past dedup_seconds
 SILENT_STATES = NEEDED_STATES + RESET_STATES
@@ -143,6 +148,7 @@ class IncidentBuilder:
         self.health.forget()
         if envelopes:
             self.health.first_seen(db, envelopes[0].event.ts)
+            self._health_moved(db)          # a reboot seen at start clears states
         routes = self._route_table()        # per decide: a part may have been replaced
         for envelope in envelopes:
             event = envelope.event
@@ -182,12 +188,37 @@ class IncidentBuilder:
         for kind in EVENT_TYPES:
             handlers = tuple(handler for handler in (
                 self.timelines.handler(kind),
-                self.health.observe if self.health.handles(kind) else None,
+                self._observe_health if self.health.handles(kind) else None,
                 self.last_busy.observe if kind == "gpu_sample" else None) if handler)
             detector = self._detectors.get(kind)
             if handlers or detector:
                 table[kind] = (handlers, detector)
         return table
+
+    def _observe_health(self, db: Database, event: Event) -> None:
+        self.health.observe(db, event)
+        self._health_moved(db)
+
+    def _health_moved(self, db: Database) -> None:
+        """Apply what the GPU health machine just decided to the incidents resting on it: a
+        transition that makes an unusable GPU usable resolves its health-backed incidents
+        at once, dated at it and with its how, so that they never disagree; a source that
+        contradicts a lost GPU is kept on its incidents and shown in their chains."""
+        if not (self.health.transitions or self.health.contradicted):
+            return                          # the common case: a sample that moved nothing
+        moved, contradicted = self.health.take()
+        for move in moved:
+            if not move.leaves_unusable:
+                continue
+            how = gh.RESOLUTION[move.how or gh.BY_READ]
+            for incident_id in store_health.active_health_incidents(db, move.gpu_id):
+                self._resolve(db, incident_id, how, move.ts,
+                              f"GPU {move.gpu_id} {move.state} again: {move.cause}"
+                              [:lc.NOTE_MAX])
+        for gpu_id, seen in contradicted:
+            for incident_id in store_health.active_health_incidents(db, gpu_id):
+                store_health.note_incident_contradiction(db, incident_id, seen)
+                chains.rebuild(db, incident_id, self)
 
     def counters(self) -> dict[str, int]:
         return {"incidents_opened": self.opened, "incidents_merged": self.merged,
@@ -227,6 +258,7 @@ class IncidentBuilder:
                 self._logged(db, incident_id, lc.REOPENED, wanted.ts,
                              text=f"seen again: {wanted.summary}"[:lc.NOTE_MAX])
                 self.reopened += 1
+            self._needs_too(db, incident_id, wanted.details)
             db.execute("update incidents set count = ?, severity = ?, "
                        "last_seen = max(last_seen, ?), opened_at = min(opened_at, ?), "
                        "settle_until = max(coalesce(settle_until, 0), ?), updated_at = ? "
@@ -257,6 +289,20 @@ class IncidentBuilder:
             self._attached(db, wanted.cause_id, wanted.ts)
         chains.rebuild(db, incident_id, self)
         return incident_id, True
+
+    def _needs_too(self, db: Database, incident_id: int, wanted: dict[str, Any]) -> None:
+        """A repeat that asks for a reset or a reboot its incident did not (an Xid 154 whose
+        new recovery action is a reboot, merged into one that said none): the incident now
+        rests on the GPU's health, as the health state does."""
+        if not (wanted.get("gpu_reset") or wanted.get("reboot")):
+            return
+        row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
+        details = json.loads(row[0] or "{}")
+        changed = {flag: True for flag in ("gpu_reset", "reboot")
+                   if wanted.get(flag) and not details.get(flag)}
+        if changed:
+            db.execute("update incidents set details = ? where id = ?",
+                       [json.dumps({**details, **changed}, sort_keys=True), incident_id])
 
     # --- one incident per cause ------------------------------------------------------------
     def _cause_of(self, db: Database, gpu_id: str | None, ts: int,
@@ -349,13 +395,24 @@ class IncidentBuilder:
         # the active incidents by their state's index (m117): the planner, without the
         # store's statistics, took cause_id's, and read every incident ever kept each second
         rows = db.execute(
-            f"select i.id, i.kind, i.gpu_id, i.opened_at, i.last_seen, g.health from incidents "
+            f"select i.id, i.kind, i.gpu_id, i.opened_at, i.last_seen, g.health, "
+            f"{store_health.health_backed_sql('i.')} from incidents "
             f"i indexed by idx_incidents_state left join gpus g on g.id = i.gpu_id where "
             f"{lc.sql_active('i.state')} and "
             f"i.cause_id is null and i.kind in ('xid', 'gpu_lost', 'gpu_reset') and "
             f"coalesce(i.settle_until, 0) < ?", [now]).fetchall()
-        for incident_id, kind, gpu_id, opened_at, last_seen, health in rows:
+        for incident_id, kind, gpu_id, opened_at, last_seen, health, backed in rows:
             if health in UNRESOLVED_HEALTH:
+                continue
+            if backed and gpu_id:
+                # Resolved by its GPU's transition as it happens (_health_moved); one still
+                # open on a usable GPU (kept from before, or cleared where no decide saw it)
+                # ends now, with the how of what cleared the GPU.
+                cleared = store_health.last_clearing(db, gpu_id, opened_at)
+                how = gh.RESOLUTION[cleared[1]] if cleared else lc.RECOVERED
+                self._resolve(db, incident_id, how, cleared[0] if cleared else now,
+                              f"GPU {gpu_id} usable again ({cleared[2] if cleared else 'ok'})"
+                              [:lc.NOTE_MAX])
                 continue
             # a process it stalled is still stalled (hung since the reset, say): not over
             ended = db.execute(f"select count(*) filter (where {lc.sql_active()}), "
@@ -402,12 +459,17 @@ class IncidentBuilder:
 
     # --- detectors -------------------------------------------------------------------------
     def _xid(self, db: Database, ts: int, gpu_id: str | None, code: int, pid: int | None,
-             name: str | None, origin: str, detail: str) -> list[Opened]:
+             name: str | None, origin: str, detail: str,
+             fields: dict[str, Any] | None = None) -> list[Opened]:
+        """``fields``: the catalogue fields as the line itself decided them (an Xid 154's new
+        recovery action, an NVLink5 Xid's decoded status), the same ones GPU health used,
+        so that the incident rests on what the health state does; else the code's entry."""
         info = xid_info(code)
+        fields = fields or info.as_fields()
         kind = "gpu_lost" if code == 79 else "xid"
         process = bindings.process_with_pid_at(db, pid, ts) if pid else None
         details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
-                   **info.as_fields()}
+                   **fields}
         if pid is not None:   # every process the driver names, as repeats merge in: its
             # start too where gpuwhy saw it (the probes did), so that it is the process's key
             details["named"] = [[pid, name, process.start_time if process else None]]
@@ -418,15 +480,17 @@ class IncidentBuilder:
             cause = self._cause_of(db, gpu_id, ts, ("gpu_lost",))
             if cause is None and code in FOLLOW_ON_XIDS:
                 cause = self._cause_of(db, gpu_id, ts, ("xid", "gpu_lost"))
-        return [Opened(kind, info.severity, ts, f"Xid {code}: {info.title}",
-                       f"GPU {gpu_id or '?'}: {info.action}", f"{kind}:{gpu_id}:{code}",
-                       gpu_id, process, details, cause)]
+        return [Opened(kind, str(fields.get("severity") or info.severity), ts,
+                       f"Xid {code}: {info.title}",
+                       f"GPU {gpu_id or '?'}: {fields.get('action') or info.action}",
+                       f"{kind}:{gpu_id}:{code}", gpu_id, process, details, cause)]
 
     def _detect_kernel_log_record(self, db: Database, event: Event) -> list[Opened]:
         gpu_id = resolve_gpu(db, uuid=event.uuid, pci=event.pci)
         if event.record_kind == "xid" and event.xid is not None:
             return self._xid(db, event.ts, gpu_id, event.xid, event.pid, event.name,
-                             f"kernel log ({event.origin})", event.message)
+                             f"kernel log ({event.origin})", event.message,
+                             catalogue_fields("xid", event.xid, event.details))
         if event.record_kind == "fallen_off_bus":
             return self._xid(db, event.ts, gpu_id, 79, None, None,
                              f"kernel log ({event.origin})", event.message)
@@ -474,9 +538,8 @@ class IncidentBuilder:
             return None
         row = db.execute(
             f"select id from incidents where gpu_id = ? and cause_id is null and "
-            f"{lc.sql_active()} and opened_at <= ? and (kind = 'gpu_lost' or (kind = 'xid' "
-            f"and (json_extract(details, '$.gpu_reset') or json_extract(details, "
-            f"'$.reboot')))) order by opened_at desc limit 1", [gpu_id, ts]).fetchone()
+            f"{lc.sql_active()} and opened_at <= ? and {store_health.HEALTH_BACKED_SQL} "
+            f"order by opened_at desc limit 1", [gpu_id, ts]).fetchone()
         return row[0] if row else None
 
     def _detect_driver_call(self, db: Database, event: Event) -> list[Opened]:

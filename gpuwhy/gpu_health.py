@@ -15,15 +15,25 @@ facts mean for health, so that the words and their meaning are defined once:
 - ``lost``: the GPU no longer answers (Xid 79, fallen off the bus, NVML GPU_IS_LOST);
 - ``resetting``: a reset was seen (:mod:`gpuwhy.reset`); ``ok`` again once the GPU source
   reads it with clean counters.
+
+What clears a state follows NVIDIA's Xid catalogue (:func:`remedies`): a state entered from
+an Xid whose catalogue action is a reboot (Xid 79 among them) clears only at a reboot (a new
+boot id); one whose action is a GPU reset, at a reset seen (:mod:`gpuwhy.reset`) or a
+reboot; never because a counter source answered for the GPU again. Reading the GPU again
+clears only what a source said by itself (its own transient "lost", with no kernel Xid) and
+the end of a reset. An operator's mark-healthy (with who and why) clears any state.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwhy import lifecycle as lc
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.gpufields import FABRIC_FAILURE, FABRIC_UNHEALTHY, THROTTLE_BITS
 from gpuwhy.reset import RESET_STATES
+from gpuwhy.xid import xid_info
 
 OK = "ok"
 DEGRADED = "degraded"
@@ -40,6 +50,11 @@ STATES = (OK, DEGRADED, RESET_REQUIRED, REBOOT_REQUIRED, LOST, RESETTING)
 # and reset_required: an Xid 48 during a reset still means the reset did not help.
 RANK = {OK: 0, DEGRADED: 1, RESETTING: 2, RESET_REQUIRED: 3, REBOOT_REQUIRED: 4, LOST: 5}
 
+# States in which the GPU is unusable until something clears it: a health-backed incident
+# (a lost GPU, an Xid whose catalogue action is a reset or a reboot) is open exactly while
+# its GPU is in one of these.
+UNUSABLE = (RESET_REQUIRED, REBOOT_REQUIRED, LOST, RESETTING)
+
 # States in which the GPU source's latest numbers describe the GPU now (a GPU that needs a
 # reset or reboot still answers); in the others they are the last values read before it
 # stopped answering or went into reset, shown greyed and dated, never as current.
@@ -53,7 +68,8 @@ CLEARS = {
               "storm or a pending row remap clears at the next GPU reset or reboot",
     RESET_REQUIRED: "a GPU reset (then the source reading it with clean counters) or a reboot",
     REBOOT_REQUIRED: "a reboot (a new boot id); a GPU reset does not clear it",
-    LOST: "a GPU reset, a reboot, or the GPU source reading it again",
+    LOST: "a reboot when the kernel said it fell off the bus (Xid 79); a GPU reset, a "
+          "reboot or the GPU source reading it again when only the source lost it",
     RESETTING: "the GPU source reading it again with clean counters (no uncorrectable ECC "
                "error, no row-remap failure)",
 }
@@ -157,3 +173,177 @@ def fabric_fault(fields: dict[str, float]) -> bool:
 def is_live(state: str | None) -> bool:
     """Whether the GPU's latest numbers may be shown as current."""
     return (state or OK) in LIVE_STATES
+
+
+# --- what clears a state ---------------------------------------------------------------------
+# The remedies a state waits for: a reset seen (gpuwhy/reset.py: a reset call that returned
+# NV_OK, a GPU source's resetting), a reboot seen (a new boot id), the GPU source reading
+# the GPU again (a sample with clean counters, its "back"), an operator's mark-healthy.
+BY_RESET = "reset"
+BY_REBOOT = "reboot"
+BY_READ = "read"
+BY_OPERATOR = "operator"
+REMEDIES = (BY_RESET, BY_REBOOT, BY_READ, BY_OPERATOR)
+
+# How a health-backed incident is resolved when its GPU's state is cleared by each remedy:
+# the same word on both, so that the incident and the GPU's history tell one story.
+RESOLUTION = {BY_RESET: lc.RESET, BY_REBOOT: lc.REBOOT, BY_OPERATOR: lc.OPERATOR,
+              BY_READ: lc.RECOVERED}
+
+XID_CAUSE = "xid "          # the cause of a state an Xid called for: "xid 79"
+
+
+def cause_xid(cause: str | None) -> int | None:
+    """The Xid code a state's cause names (``xid 48`` -> 48), None for any other cause."""
+    if cause and cause.startswith(XID_CAUSE) and cause[len(XID_CAUSE):].isdigit():
+        return int(cause[len(XID_CAUSE):])
+    return None
+
+
+def remedies(state: str, cause: str | None) -> frozenset[str]:
+    """What clears ``state`` entered for ``cause``, besides an operator (who clears any).
+
+    - an Xid's state follows its catalogue entry: a reboot action (79, fallen off the bus,
+      among them) clears only at a reboot; a reset action at a reset or a reboot;
+    - ``lost`` that only the GPU source said (NVML GPU_IS_LOST, no kernel Xid) may be the
+      source's own trouble: reading the GPU again clears it, as a reset or reboot does;
+    - ``reset_required`` for any other cause (an uncorrectable ECC error in a sample, a
+      row-remap failure, RmInitAdapter failed, the source saying so): a reset or a reboot;
+    - ``resetting``: waits for its reset to end, which the GPU source reading the GPU
+      again with clean counters shows (a reset call that returned NV_OK where no source
+      reads the GPU has ended it already); a reboot ends it too;
+    - ``degraded``: each cause clears its own way (:data:`SAMPLE_CLEARED_CAUSES`); the
+      state as a whole clears at a reset or a reboot.
+
+    >>> sorted(remedies(LOST, "xid 79"))
+    ['reboot']
+    >>> sorted(remedies(RESET_REQUIRED, "xid 48"))
+    ['reboot', 'reset']
+    >>> sorted(remedies(LOST, "source lost it"))
+    ['read', 'reboot', 'reset']
+    """
+    if state == OK:
+        return frozenset()
+    if state == REBOOT_REQUIRED:
+        return frozenset({BY_REBOOT})
+    code = cause_xid(cause)
+    if code is not None and state in (LOST, RESET_REQUIRED):
+        info = xid_info(code)
+        if info.reboot:
+            return frozenset({BY_REBOOT})
+        if info.gpu_reset or state == RESET_REQUIRED:
+            return frozenset({BY_RESET, BY_REBOOT})
+    if state == LOST and code is None and cause in SOURCE_ONLY_CAUSES:
+        return frozenset({BY_READ, BY_RESET, BY_REBOOT})
+    if state == LOST:
+        return frozenset({BY_REBOOT})       # the kernel said so: no read brings it back
+    return frozenset({BY_RESET, BY_REBOOT})
+
+
+# Causes of ``lost`` that only a GPU source gave: the source's own view, which its reading
+# the GPU again takes back.
+SOURCE_LOST = "source lost it"
+SOURCE_ONLY_CAUSES = frozenset({SOURCE_LOST})
+
+
+def xid_remedies(catalogue: dict[str, Any]) -> frozenset[str]:
+    """What clears the state an Xid called for, from the catalogue fields that decided it
+    (:func:`gpuwhy.xid.catalogue_fields`: an Xid 154's line, an NVLink5 Xid's decoded status
+    may change the entry's): a reboot action, only a reboot; a reset action, a reset or a
+    reboot; empty for neither (the state's own rule then says)."""
+    if catalogue.get("reboot"):
+        return frozenset({BY_REBOOT})
+    if catalogue.get("gpu_reset"):
+        return frozenset({BY_RESET, BY_REBOOT})
+    return frozenset()
+
+
+def entry_remedies(own: frozenset[str], now: str | None,
+                   now_remedies: frozenset[str]) -> frozenset[str]:
+    """What clears a state entered for a fact that asks for ``own``, from the state ``now``
+    (which waits for ``now_remedies``). A worse fact on a GPU that still waits for its
+    remedy keeps waiting for it too: a source's "lost" on a GPU the catalogue said needs a
+    reboot still needs that reboot, so only what clears both clears it. From ok, degraded
+    or resetting (a reset was seen) the new fact alone says."""
+    if now in (LOST, RESET_REQUIRED, REBOOT_REQUIRED) and now_remedies:
+        return (own & now_remedies) or own
+    return own
+
+
+def clears_text(state: str, remedy_set: frozenset[str]) -> str:
+    """What brings the GPU back to ok, as shown beside its state: the remedies it waits for
+    in words (the state's general text where they are the state's usual ones)."""
+    if state in (OK, DEGRADED, RESETTING, REBOOT_REQUIRED) or not remedy_set:
+        return CLEARS[state]
+    words = {BY_REBOOT: "a reboot (a new boot id)", BY_RESET: "a GPU reset",
+             BY_READ: "the GPU source reading it again"}
+    named = [words[r] for r in (BY_RESET, BY_READ, BY_REBOOT) if r in remedy_set]
+    said = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " or " + named[-1]
+    if remedy_set == {BY_REBOOT}:
+        said += " only: the catalogue's action is a reboot, a GPU reset does not clear it"
+    return said + "; or an operator's mark-healthy"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One decided move of a GPU's health, as the store applies it (``gpus`` row and one
+    ``gpu_health_history`` row). ``how``: the remedy that cleared the state it leaves
+    (:data:`REMEDIES`), None for a move that clears nothing (a worse fact, a changed set of
+    degraded causes, a degraded cause ending on its own). ``remedies``: what clears the
+    state it enters."""
+
+    gpu_id: str
+    ts: int
+    state: str
+    previous: str
+    cause: str
+    evidence: dict = field(default_factory=dict)
+    remedies: frozenset[str] = frozenset()
+    how: str | None = None
+    boot_id: str | None = None
+    pci: str | None = None          # a GPU only the kernel log named: its row's PCI address
+
+    @property
+    def clears(self) -> str:
+        return clears_text(self.state, self.remedies)
+
+    def body(self) -> dict:
+        """The evidence as stored: the event's own, plus the cause, time, remedies and how."""
+        return {**self.evidence, "cause": self.cause, "ts": self.ts,
+                "clears_by": sorted(self.remedies),
+                **({"how": self.how} if self.how else {})}
+
+    @property
+    def leaves_unusable(self) -> bool:
+        """Whether this move makes an unusable GPU usable: its health-backed incidents end."""
+        return self.previous in UNUSABLE and self.state not in UNUSABLE
+
+
+def stored_remedies(state: str | None, evidence: dict) -> frozenset[str]:
+    """What clears the GPU's current state, as its stored evidence says (a state stored
+    before remedies were recorded: as its cause says)."""
+    if not state or state == OK:
+        return frozenset()
+    said = evidence.get("clears_by")
+    if isinstance(said, list):
+        return frozenset(r for r in said if r in REMEDIES)
+    return remedies(state, evidence.get("cause"))
+
+
+def clears_by(remedy: str, state: str | None, remedy_set: frozenset[str]) -> bool:
+    """Whether ``remedy`` clears a GPU in ``state`` that waits for ``remedy_set``: an
+    operator clears any; anything else only what it is waiting for."""
+    if not state or state == OK:
+        return False
+    return remedy == BY_OPERATOR or remedy in remedy_set
+
+
+def marked_healthy(gpu_id: str, state: str | None, by: str, why: str, ts: int,
+                   ) -> Transition | None:
+    """An operator's mark-healthy of a GPU in ``state``: the move to ok it decides, with
+    who and why as its evidence; None when the GPU is ok already (nothing to clear)."""
+    if not state or state == OK:
+        return None
+    return Transition(gpu_id, ts, OK, state, f"marked healthy by {by}",
+                      {"event": "operator mark-healthy", "by": by, "why": why},
+                      how=BY_OPERATOR)

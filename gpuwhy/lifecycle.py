@@ -2,16 +2,22 @@
 
 ``open`` -> ``acknowledged`` (an operator has it) -> ``resolved``, with how it was resolved:
 
-- ``recovered``: what the incident is about stopped holding (the GPU read healthy again after
-  a reboot or by its source, a stalled process busy again, a rule finding cleared);
+- ``recovered``: what the incident is about stopped holding (the GPU source read the GPU
+  again where only it had lost it, a stalled process busy again, a rule finding cleared);
 - ``reset``: the GPU was reset and read healthy again;
+- ``reboot``: the node rebooted (a new boot id), which is what its GPU's state waited for;
 - ``process_exited``: the process the incident is about ended;
-- ``operator``: someone resolved it (CLI or web view);
+- ``operator``: someone resolved it (CLI or web view), or marked its GPU healthy
+  (``gpuwhy gpu mark-healthy``, with who and why); resolving an incident that rests on its
+  GPU's health marks the GPU healthy too, so that the two never disagree;
 - ``timeout``: nothing more was seen of it for the quiet period (an Xid whose catalogue
   action is "none" leaves the GPU healthy: there is nothing else to wait for).
 
 An incident is never resolved at the moment it opens: an automatic resolution waits for the
-incident to settle (late events and effects) and is dated when it was observed. A repeat of a
+incident to settle (late events and effects) and is dated when it was observed; an incident
+that rests on its GPU's health (a lost GPU, an Xid whose catalogue action is a reset or a
+reboot) is resolved by the health transition that ends it, at its time and with its how, so
+that the two never disagree. A repeat of a
 resolved incident within the reopen window reopens it (``reopened`` in its log); later, it is a
 new incident. Every change is one row of ``incident_log`` and one journal entry.
 """
@@ -26,10 +32,11 @@ ACTIVE_STATES = (OPEN, ACKNOWLEDGED)      # not resolved: repeats merge, effects
 
 RECOVERED = "recovered"
 RESET = "reset"
+REBOOT = "reboot"
 PROCESS_EXITED = "process_exited"
 OPERATOR = "operator"
 TIMEOUT = "timeout"
-RESOLUTIONS = (RECOVERED, RESET, PROCESS_EXITED, OPERATOR, TIMEOUT)
+RESOLUTIONS = (RECOVERED, RESET, REBOOT, PROCESS_EXITED, OPERATOR, TIMEOUT)
 
 # What an incident_log row records (the lifecycle changes above, plus notes and merges).
 OPENED = "opened"

@@ -107,7 +107,14 @@ def resolve(db: Database, incident_id: int, actor: str, how: str = lc.OPERATOR,
         if state == lc.RESOLVED:
             raise LifecycleError(f"incident {incident_id} is resolved already")
         mark_resolved(db, incident_id, how, ts)
-        return log_change(db, incident_id, lc.RESOLVE, ts, actor, resolution=how, text=text)
+        log_id = log_change(db, incident_id, lc.RESOLVE, ts, actor, resolution=how, text=text)
+        if how == lc.OPERATOR:
+            # an incident resting on its GPU's health takes the GPU's health with it
+            # (gpuwhy/store/health.py imports this module: imported here, when used)
+            from gpuwhy.store import health
+
+            health.operator_resolved(db, incident_id, actor, text, ts)
+        return log_id
 
 
 def note(db: Database, incident_id: int, actor: str, text: str,

@@ -1,7 +1,8 @@
 """The GPU health state machine through the real correlator (writer, decide stage, store):
-Xid 79 is lost until a reset or reboot, a reset-class Xid needs a reset, a reset brings the
-GPU back once the source reads it clean, an Xid whose action is none leaves it alone, one
-GPU's trouble leaves the others ok, and every transition carries its evidence."""
+Xid 79 is lost until a reboot (NVIDIA's catalogue: RESTART_BM), a reset-class Xid needs a
+reset, a reset brings the GPU back once the source reads it clean, an Xid whose action is
+none leaves it alone, one GPU's trouble leaves the others ok, and every transition carries
+its evidence."""
 
 import json
 
@@ -44,7 +45,7 @@ def fallen_off(h, t):
                            pid=4242, name="python3", line=line)
 
 
-def test_xid_79_is_lost_until_a_reset_and_the_other_gpu_stays_ok(harness):
+def test_xid_79_is_lost_until_a_reboot_and_the_other_gpu_stays_ok(harness):
     h = harness
     two_gpus(h)
     h.feed(fallen_off(h, 1.0))
@@ -53,17 +54,19 @@ def test_xid_79_is_lost_until_a_reset_and_the_other_gpu_stays_ok(harness):
     assert row["previous"] == "ok" and row["cause"] == "xid 79" and row["ts"] == h.at(1.0)
     assert row["evidence"]["event"] == "kernel log xid" and row["evidence"]["xid"] == 79
     assert "fallen off the bus" in row["evidence"]["line"] and row["evidence"]["cursor"]
-    assert "reset" in row["clears"] and row["boot_id"] == "b"
+    assert "reboot" in row["clears"] and row["boot_id"] == "b"
     # later news does not hide it: an Xid 13 here, a sample of the other GPU there
     h.feed(h.xid(2.0, 13, pid=TRAINER.pid), h.sample(2.5, 50.0, uuid=UUID1))
     assert health(h) == "lost" and health(h, UUID1) == "ok"
+    # the catalogue's action for Xid 79 is a reboot: a GPU reset and a sample after it
+    # (a source answering for it) do not bring it back
     h.feed(h.reset_call(10.0, SMI, path="/dev/nvidia0"))
-    assert health(h) == "resetting"
     h.feed(h.sample(11.0, 0.0))
+    assert health(h) == "lost"
+    h.feed(KernelLogCheckpoint(ts=h.at(60.0), cursor="k9", origin="journald", boot_id="b2"))
     assert health(h) == "ok"
-    assert [(r["previous"], r["state"]) for r in history(h)] == [
-        ("ok", "lost"), ("lost", "resetting"), ("resetting", "ok")]
-    assert history(h)[1]["evidence"]["event"] == "driver call NV0080_CTRL_CMD_BIF_RESET"
+    assert [(r["previous"], r["state"]) for r in history(h)] == [("ok", "lost"), ("lost", "ok")]
+    assert history(h)[1]["cause"] == "reboot" and history(h)[1]["evidence"]["how"] == "reboot"
     assert queries.gpu_health_history(h.db, UUID1) == []
 
 
@@ -253,7 +256,7 @@ def shown_everywhere(h):
     return api, metrics, numbers, cli_json, text, pages, client
 
 
-def test_xid_79_is_lost_on_the_page_the_api_metrics_and_cli_until_a_reset(harness):
+def test_xid_79_is_lost_on_the_page_the_api_metrics_and_cli_until_a_reboot(harness):
     h = harness
     two_gpus(h)
     h.feed(fallen_off(h, 1.0))
@@ -272,8 +275,9 @@ def test_xid_79_is_lost_on_the_page_the_api_metrics_and_cli_until_a_reset(harnes
     assert overview.count("stale-note") == 1 and "health-lost" in overview
     detail = client.get(f"/api/gpus/{UUID0}").get_json()
     assert detail["health_history"][0]["cause"] == "xid 79"
-    # a reset, then the source reading it again: ok everywhere
-    h.feed(h.reset_call(10.0, SMI, path="/dev/nvidia0"), h.sample(11.0, 0.0))
+    # a reboot (a new boot id), then the source reading it: ok everywhere
+    h.feed(KernelLogCheckpoint(ts=h.at(10.0), cursor="k9", origin="journald", boot_id="b2"),
+           h.sample(11.0, 0.0))
     api, metrics, numbers, cli_json, *_ = shown_everywhere(h)
     assert api == {UUID0: ("ok", True), UUID1: ("ok", True)}
     assert metrics == {UUID0: "ok", UUID1: "ok"} and numbers == {UUID0, UUID1}

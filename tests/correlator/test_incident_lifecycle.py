@@ -1,16 +1,17 @@
 """Incident lifecycle and one incident per cause, through the real correlator (writer, decide
 stage, store, alerter): an incident is never resolved as it opens; a lost GPU's incident stays
-open until a reset brings the GPU back; its effects (a stall, a death, a rule finding, a
-later Xid 45) are links of it, not incidents or alerts of their own; an Xid about one process
-ends with that process; one that leaves the GPU usable times out, and reopens on a repeat;
-every change is in the incident's log and in the journal."""
+open until a reboot brings the GPU back (a reset and a source reading it again do not); its
+effects (a stall, a death, a rule finding, a later Xid 45) are links of it, not incidents or
+alerts of their own; an Xid about one process ends with that process; one that leaves the GPU
+usable times out, and reopens on a repeat; every change is in the incident's log and in the
+journal."""
 
 import re
 
 import pytest
 
 from gpuwhy import lifecycle as lc
-from gpuwhy.events import GpuSample, RuleFinding
+from gpuwhy.events import GpuSample, KernelLogCheckpoint, RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.journal import CHANGE_MESSAGE_IDS, MESSAGE_IDS
 from gpuwhy.store import lifecycle as store_lifecycle
@@ -59,7 +60,7 @@ def never_resolved_at_birth(h):
             incident
 
 
-def test_a_lost_gpu_is_one_incident_with_its_effects_open_until_a_reset(harness):
+def test_a_lost_gpu_is_one_incident_with_its_effects_open_until_a_reboot(harness):
     h = harness
     two_busy_gpus(h)
     h.feed(fallen_off(h, 1.0))
@@ -86,16 +87,23 @@ def test_a_lost_gpu_is_one_incident_with_its_effects_open_until_a_reset(harness)
     assert sorted(i["kind"] for i in effects) == ["process_exit", "process_stall",
                                                    "rule_finding", "xid"]
     assert all(i["gpu_id"] == UUID0 for i in effects)      # the other GPU has nothing
-    # a reset, then the source reading it clean: resolved, as "reset", with its effects
+    # a reset, then the source reading it clean: the catalogue's action for Xid 79 is a
+    # reboot, so it stays open, and the reading is evidence against it in its chain
     h.feed(h.reset_call(200.0, SMI, path="/dev/nvidia0"), h.sample(201.0, 0.0))
     other_gpu_busy(h, 202, 230)
+    [still] = [i for i in h.incidents() if i["id"] == lost["id"]]
+    assert still["state"] == "open"
+    kinds = [link["kind"] for link in incident_detail(h.db, lost["id"])["chain"]]
+    assert "contradicting" in kinds
+    # a reboot (a new boot id): resolved at it, as "reboot", with its effects
+    h.feed(KernelLogCheckpoint(ts=h.at(231.0), cursor="k9", origin="journald", boot_id="b2"))
     [done] = [i for i in h.incidents() if i["id"] == lost["id"]]
-    assert (done["state"], done["resolution"]) == ("resolved", "reset")
-    assert h.at(201.0) <= done["closed_at"] <= h.at(230)
+    assert (done["state"], done["resolution"], done["closed_at"]) == \
+        ("resolved", "reboot", h.at(231.0))
     assert all(i["state"] == "resolved" for i in h.incidents() if i["cause_id"] == lost["id"])
     log = [(row["action"], row["actor"], row["resolution"])
            for row in incident_detail(h.db, lost["id"])["log"]]
-    assert log == [("opened", "gpuwhy", None), ("resolved", "gpuwhy", "reset")]
+    assert log == [("opened", "gpuwhy", None), ("resolved", "gpuwhy", "reboot")]
     # the reset it needed is its remedy, a link of it: no second critical alert
     assert [(a["GPUWHY_KIND"], a.get("GPUWHY_CHANGE")) for a in h.alerts] == [
         ("gpu_lost", None), ("gpu_lost", "resolved")]
@@ -104,7 +112,7 @@ def test_a_lost_gpu_is_one_incident_with_its_effects_open_until_a_reset(harness)
     change = h.alerts[-1]
     assert (change["MESSAGE_ID"], change["GPUWHY_INCIDENT_ID"], change["GPUWHY_RESOLUTION"],
             change["GPUWHY_STATE"]) == (CHANGE_MESSAGE_IDS["resolved"], str(lost["id"]),
-                                        "reset", "resolved")
+                                        "reboot", "resolved")
     never_resolved_at_birth(h)
 
 

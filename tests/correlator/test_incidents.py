@@ -149,7 +149,8 @@ def test_cron_reset_chain_reaches_the_stalled_process(harness):
                                                 "gpu_reset", "process_stall"]
     assert [(link["pid"], link["start_time"]) for link in links] == [
         (300, 2000), (301, 2001), (301, 2001), (None, None), (4242, 1000)]
-    assert links[2]["ts"] == h.at(1.3) and links[4]["ts"] == stall["opened_at"] == h.at(2)
+    # the driver call's step is dated when the call was made: its return less its latency
+    assert links[2]["ts"] == h.at(1.3) - 5000 and links[4]["ts"] == stall["opened_at"] == h.at(2)
     assert "on-CPU busy" in stall["summary"]
     assert reset["gpu_id"] == stall["gpu_id"] == "GPU-00000000-1111-2222-3333-444444444444"
     # One incident per cause: the stall is the reset's link, not an incident or alert

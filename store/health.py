@@ -1,0 +1,171 @@
+"""GPU health writes: the store applies the transitions the decide stage (or an operator's
+mark-healthy) decided (:class:`gpuwhy.gpu_health.Transition`), and reads the incidents that
+rest on a GPU's health.
+
+A health-backed incident is a cause incident (not an effect) about a GPU that is unusable
+until something clears it: a lost GPU (``gpu_lost``), or an Xid whose catalogue action is a
+GPU reset or a reboot. It is open exactly while its GPU's health is unusable
+(:data:`gpuwhy.gpu_health.UNUSABLE`) and is resolved by the transition that ends that, with
+the same how (:data:`gpuwhy.gpu_health.RESOLUTION`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlite_utils import Database
+
+from gpuwhy import gpu_health as gh
+from gpuwhy import lifecycle as lc
+from gpuwhy.clock import now_ns
+from gpuwhy.errors import GpuwhyError
+from gpuwhy.reset import sql_names
+from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store.queries import gpu_health
+
+
+def health_backed_sql(alias: str = "") -> str:
+    """The SQL test for a health-backed incident, the incidents whose lifecycle follows their
+    GPU's health (``alias``: the incidents table's, with its dot, in a join); whether it is
+    a cause or an effect is the caller's test."""
+    return (f"({alias}kind = 'gpu_lost' or ({alias}kind = 'xid' and "
+            f"(json_extract({alias}details, '$.gpu_reset') or "
+            f"json_extract({alias}details, '$.reboot'))))")
+
+
+HEALTH_BACKED_SQL = health_backed_sql()
+
+
+class HealthError(GpuwhyError):
+    """A mark-healthy the GPU's state does not allow (no such GPU, ok already), or a name or
+    reason that is empty or too long."""
+
+
+def apply_transition(db: Database, move: gh.Transition) -> None:
+    """Write one decided transition: the GPU's current health and a history row."""
+    # A GPU only the kernel log or a driver call named gets a row, so that the overview and
+    # /metrics show it (its id is its PCI address until a source names it).
+    db.execute("insert into gpus (id, pci_bus_id, first_seen, last_seen) values "
+               "(?, ?, ?, ?) on conflict(id) do nothing",
+               [move.gpu_id, move.pci, move.ts, move.ts])
+    body = json.dumps(move.body(), sort_keys=True, default=str)
+    clears = move.clears
+    db.execute("update gpus set health = ?, health_since = ?, health_evidence = ?, "
+               "health_clears = ?, health_boot_id = ? where id = ?",
+               [move.state, move.ts, body, clears, move.boot_id, move.gpu_id])
+    db["gpu_health_history"].insert({
+        "gpu_id": move.gpu_id, "ts": move.ts, "state": move.state, "previous": move.previous,
+        "cause": move.cause, "evidence": body, "clears": clears, "boot_id": move.boot_id})
+
+
+def note_contradiction(db: Database, gpu_id: str, seen: dict[str, Any]) -> None:
+    """Keep, on the GPU's current state, the first sign that contradicts it (a source still
+    reading a GPU the kernel says fell off the bus): evidence, not a transition."""
+    db.execute("update gpus set health_evidence = json_set(coalesce(health_evidence, '{}'), "
+               "'$.contradicted', json(?)) where id = ?",
+               [json.dumps(seen, sort_keys=True, default=str), gpu_id])
+
+
+def note_incident_contradiction(db: Database, incident_id: int, seen: dict[str, Any]) -> None:
+    """Keep the contradicting sign on the incident itself, where its chain reads it (the
+    GPU's evidence is replaced by its next transition; the incident's story is not)."""
+    db.execute("update incidents set details = json_set(coalesce(details, '{}'), "
+               "'$.contradicted', json(?)) where id = ?",
+               [json.dumps(seen, sort_keys=True, default=str), incident_id])
+
+
+def active_health_incidents(db: Database, gpu_id: str) -> list[int]:
+    """The active health-backed cause incidents of ``gpu_id``, oldest first."""
+    return [r[0] for r in db.execute(
+        f"select id from incidents where gpu_id = ? and cause_id is null and "
+        f"{lc.sql_active()} and {HEALTH_BACKED_SQL} order by opened_at, id", [gpu_id])]
+
+
+def last_clearing(db: Database, gpu_id: str, after: int) -> tuple[int, str, str] | None:
+    """(ts, how, cause) of the latest transition at or after ``after`` that made the GPU
+    usable again, None when there is none."""
+    unusable = sql_names(gh.UNUSABLE)
+    row = db.execute(
+        f"select ts, json_extract(evidence, '$.how'), cause from gpu_health_history where "
+        f"gpu_id = ? and ts >= ? and previous in {unusable} and state not in {unusable} "
+        f"order by ts desc, id desc limit 1", [gpu_id, after]).fetchone()
+    return (row[0], row[1] or gh.BY_READ, row[2]) if row else None
+
+
+def _text(value: str | None, what: str, limit: int) -> str:
+    value = (value or "").strip()
+    if not value:
+        raise HealthError(f"a mark-healthy needs {what}")
+    if len(value) > limit or "\x00" in value:
+        raise HealthError(f"the {what} is too long (at most {limit} characters) or holds NUL")
+    return value
+
+
+def mark_healthy(db: Database, gpu_id: str, by: str, why: str,
+                 ts: int | None = None) -> dict[str, Any]:
+    """An operator says the GPU is healthy (replaced, checked, reseated): its health goes to
+    ok with who and why as the evidence, and its health-backed incidents are resolved as
+    ``operator`` by that person with that reason. Returns {gpu, previous, state, incidents,
+    log_ids} (log_ids: the incident_log rows, for the journal)."""
+    by = _text(by, "who marks it (--by)", lc.ACTOR_MAX)
+    why = _text(why, "a reason (--why)", lc.NOTE_MAX)
+    ts = now_ns() if ts is None else ts
+    with db.atomic():
+        current = gpu_health(db, gpu_id)
+        if current is None:
+            raise HealthError(f"no GPU {gpu_id} in the store (see `gpuwhy status`)")
+        # dated now, never before the state it clears (a clock behind the events' own)
+        ts = max(ts, current["since"] or 0)
+        move = gh.marked_healthy(gpu_id, current["health"], by, why, ts)
+        if move is None:
+            raise HealthError(f"GPU {gpu_id} is ok already: nothing to mark")
+        apply_transition(db, move)
+        incidents, log_ids = [], []
+        for incident_id in active_health_incidents(db, gpu_id):
+            incidents.append(incident_id)
+            # the cause's change is news for the journal; its effects end with it quietly
+            log_ids.append(resolve_with_effects(db, incident_id, lc.OPERATOR, ts, by, why)[0])
+    return {"gpu": gpu_id, "previous": move.previous, "state": move.state,
+            "incidents": incidents, "log_ids": log_ids}
+
+
+def operator_resolved(db: Database, incident_id: int, actor: str, text: str | None,
+                      ts: int) -> list[int]:
+    """An operator resolved ``incident_id`` (inside their change's transaction): if it rests
+    on its GPU's health and the GPU is still unusable, that is the operator saying the GPU
+    is healthy, so its health follows (a mark-healthy with the same who and why) and its
+    other health-backed incidents end with it, so that incident and health never disagree.
+    Returns those other incidents' log row ids."""
+    row = db.execute(f"select gpu_id from incidents where id = ? and cause_id is null and "
+                     f"{HEALTH_BACKED_SQL}", [incident_id]).fetchone()
+    if row is None or row[0] is None:
+        return []
+    gpu_id = row[0]
+    current = gpu_health(db, gpu_id)
+    if current is None or current["health"] not in gh.UNUSABLE:
+        return []
+    why = text or f"resolved incident {incident_id}"
+    move = gh.marked_healthy(gpu_id, current["health"], actor,
+                             f"{why} (incident {incident_id} resolved)",
+                             max(ts, current["since"] or 0))
+    if move is None:
+        return []
+    apply_transition(db, move)
+    return [resolve_with_effects(db, other, lc.OPERATOR, ts, actor, why)[0]
+            for other in active_health_incidents(db, gpu_id)]
+
+
+def resolve_with_effects(db: Database, incident_id: int, how: str, ts: int, actor: str,
+                         why: str) -> list[int]:
+    """Resolve an active incident and its active effects (they end with their cause);
+    returns the cause's log row id first, then its effects'."""
+    store_lifecycle.mark_resolved(db, incident_id, how, ts)
+    ids = [store_lifecycle.log_change(db, incident_id, lc.RESOLVE, ts, actor, how, why)]
+    for (effect,) in db.execute(f"select id from incidents where cause_id = ? and "
+                                f"{lc.sql_active()}", [incident_id]).fetchall():
+        store_lifecycle.mark_resolved(db, effect, how, ts)
+        ids.append(store_lifecycle.log_change(db, effect, lc.RESOLVE, ts, actor, how,
+                                              f"its cause, incident {incident_id}, was "
+                                              f"resolved"))
+    return ids
