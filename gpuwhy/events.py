@@ -73,7 +73,9 @@ class ProcessExited(Event):
 class DeviceOpened(Event):
     """Event name: ``device_opened`` (topic ``fd``). A process holds an fd on a device file.
     ``how``: ``open`` (seen opening), ``scan`` (found by the start-up /proc scan), ``dup``
-    (a copy of another tracked fd) or ``fork`` (inherited from the parent)."""
+    (a copy of another tracked fd), ``fork`` (inherited from the parent) or ``inherited``
+    (found by the scan under the fd number its parent holds the same file by: inherited at a
+    fork before gpuwhy started)."""
 
     topic = "fd"
     kind = "device_opened"

@@ -116,7 +116,8 @@ def using_gpu_minor(event: object) -> int | None:
     does not count: a forked child (a DataLoader worker) holds them without using them, as
     CUDA does not survive a fork."""
     kind = getattr(event, "kind", "")
-    if kind == "device_opened" and event.device == "nvidiaN" and event.how != "fork":
+    if kind == "device_opened" and event.device == "nvidiaN" and \
+            event.how not in ("fork", "inherited"):
         return event.minor
     if kind == "driver_call_stats" and event.device == "nvidiaN" and event.ops:
         return classify_device(event.path)[1]

@@ -9,17 +9,23 @@ environment error (no store, an unknown GPU or process).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
+from sqlite_utils import Database
 
 from gpuwhy import severity as sev
 from gpuwhy.clock import now_ns
+from gpuwhy.config import Config
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.answer import Answer, Verdict, ranks_lower, sentence, verdict_dict
+from gpuwhy.rules.model import Rule
 from gpuwhy.text import format_ts, parse_ts, printable
 
 HEALTHY, ANSWERED, UNUSABLE = 0, 1, 2
@@ -31,7 +37,7 @@ class Unanswerable(click.ClickException):
     exit_code = UNUSABLE
 
 
-def service_rules(config: object) -> tuple[dict, list[str]]:
+def service_rules(config: Config) -> tuple[dict[str, Rule], list[str]]:
     """The rules the service runs, by id, and the problems of the rule files skipped (the
     one loading `gpuwhy why` and `gpuwhy mcp` share)."""
     from gpuwhy.rules.loader import load_rule_set
@@ -41,7 +47,7 @@ def service_rules(config: object) -> tuple[dict, list[str]]:
     return {r.id: r for r in loaded.rules}, [str(p) for p in loaded.problems]
 
 
-def _rules(config: object) -> dict:
+def _rules(config: Config) -> dict[str, Rule]:
     """The rules the service runs, by id (a broken rule file is said on stderr, skipped)."""
     rules, problems = service_rules(config)
     for problem in problems:
@@ -49,7 +55,8 @@ def _rules(config: object) -> dict:
     return rules
 
 
-def _read(path: str, rules: dict, at: int | None) -> tuple[list[Verdict], object]:
+def _read(path: str, rules: dict[str, Rule], at: int | None
+          ) -> tuple[list[Verdict], Database]:
     """(the answer on every GPU, the open store) at the moment ``at`` (now: None)."""
     from gpuwhy.store import open_store
     from gpuwhy.store.queries import gpu_verdicts
@@ -80,8 +87,30 @@ def _exit_status(shown: list[Verdict]) -> int:
     return HEALTHY
 
 
-def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool) -> None:
-    """The answer on one GPU, then its evidence, fix and check, then the others."""
+def _stack_lines(rows: list[dict]) -> list[str]:
+    """Where the sampled processes spent their time (the stack sampler's aggregates of the
+    lead answer), under the answer: per process, each role's top frames with their shares."""
+    from gpuwhy.pystacks import ROLE_WORDS
+
+    lines = []
+    for row in rows:
+        head = (f"  stacks     process {row['pid']}-{row['start_time']}: {row['samples']} "
+                f"samples every {row['interval_ms']} ms")
+        if row["error"]:
+            lines.append(f"{head}: {printable(row['error'], 200)}")
+            continue
+        lines.append(head + ("" if row["final"] else " (still sampling)"))
+        for role, found in row["top"].items():
+            shares = "; ".join(f"{round(share * 100)} % in {printable(frame, 160)}"
+                               for frame, share in found)
+            lines.append(f"    {ROLE_WORDS[role]}: {shares}")
+    return lines
+
+
+def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool,
+                  stacks: list[dict] | None = None) -> None:
+    """The answer on one GPU, then its evidence, fix and check, where its processes spent
+    their time (sampled Python stacks), then the others."""
     click.echo(printable(sentence(verdict, utc=utc)))
     gpu = verdict.gpu
     if gpu.health != "ok":
@@ -106,6 +135,8 @@ def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool) -> None:
             click.echo(f"  fix {i}      {printable(fix)}")
         if f.verify:
             click.echo(f"  verify     {printable(f.verify)}")
+        for line in _stack_lines(stacks or []):
+            click.echo(line)
     others = [a for a in verdict.candidates if a is not lead
               and (key is None or _about_process(a, key))]
     if others and lead is not None:
@@ -115,15 +146,71 @@ def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool) -> None:
                        f"{printable(answer.finding.title)}: {ranks_lower(answer, lead)}")
 
 
+def _watch(config: Config, rules: dict[str, Rule], duration: float
+           ) -> Iterator[tuple[list[Verdict], Database, int]]:
+    """With no service: watch the host ``duration`` s through a private pipeline (root),
+    then answer from the watch's store with the rules fitted to it; (the answer, the
+    watch's store, ns watched)."""
+    from gpuwhy.checks.watch import Target, Watch
+    from gpuwhy.correlator.rules.short_watch import evaluate_watch
+    from gpuwhy.rules.answer import verdicts
+    from gpuwhy.store.queries import answer_gpus
+
+    with Watch(config, Target(), duration, source="standalone", progress=sys.stderr) as watch:
+        watched = watch.run()
+        with contextlib.closing(watch.reader()) as db:
+            findings = evaluate_watch(db, list(rules.values()), watched.start, watched.end,
+                                      proc_root=config["probes.proc_root"])
+            yield (verdicts(answer_gpus(db, watched.end), findings, rules), db,
+                   watched.end - watched.start)
+
+
+def _from_store(path: str, rules: dict[str, Rule], at: int | None
+                ) -> Iterator[tuple[list[Verdict], Database, int | None]]:
+    shown, db = _read(path, rules, at)
+    try:
+        yield shown, db, None
+    finally:
+        db.close()
+
+
+def _sure(verdict: Verdict, rules: dict[str, Rule], watched_ns: int) -> float | None:
+    """How much of what the lead's rule reads a short watch covered (None: not a watch)."""
+    from gpuwhy.correlator.rules.short_watch import sureness
+
+    if verdict.lead is None:
+        return None
+    return round(sureness(rules.get(verdict.lead.rule_id), watched_ns), 2)
+
+
+def _sure_words(sure: float) -> str:
+    word = "sure" if sure >= 0.9 else "probably" if sure >= 0.5 else "possibly"
+    return f"{word}, {sure:.0%} of what its rule reads"
+
+
+def _stacks_of(db: Database, shown: list[Verdict]) -> dict[str, list[dict]]:
+    """The stored Python stacks of each shown GPU's lead answer, by GPU."""
+    from gpuwhy.store.stacks import python_stacks
+
+    return {v.gpu.gpu_id: python_stacks(db, finding_id=v.lead.finding.finding_id,
+                                        gpu_id=v.gpu.gpu_id, limit=8)
+            for v in shown if v.lead is not None}
+
+
 @click.command()
 @click.argument("target", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON.")
 @click.option("--at", "at_text", metavar="TIME",
               help="The answer as it stood then (30m, 2h ago, or an ISO date-time).")
+@click.option("--duration", type=click.FloatRange(5, 3600), metavar="SECONDS",
+              help="With no service running (as root): watch the host this long with the "
+                   "probes and sources, then answer from what was seen, each answer saying "
+                   "how much of its rule's window the watch covered. With a service, its "
+                   "store answers.")
 @click.option("--utc", is_flag=True, help="Times in UTC instead of local time.")
 @click.pass_context
 def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | None,
-        utc: bool) -> None:
+        duration: float | None, utc: bool) -> None:
     """Why each GPU is not busier, or what broke it: one answer per GPU, worst first.
 
     TARGET: a GPU (index, UUID, PCI address or id) or a process (PID-STARTTIME, as
@@ -140,35 +227,56 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
       gpuwhy why 0000:38:00.0 --json
       gpuwhy why 4242-1234567
       gpuwhy why --at 2026-12-03T02:00
+      sudo gpuwhy why --duration 30     # no service: watch 30 s, then answer
     """
+    from gpuwhy.checks.watch import EnvironmentProblem, service_running
+
     config = ctx.obj.config()
     at = None
     if at_text:
+        if duration is not None:
+            raise click.UsageError("--at reads the service's store; --duration watches now")
         try:
             at = parse_ts(at_text, now_ns())
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--at") from None
     rules = _rules(config)
-    shown, db = _read(config["store.path"], rules, at)
+    watch = duration is not None and not service_running(config)
+    source = _watch(config, rules, duration) if watch and duration is not None \
+        else _from_store(config["store.path"], rules, at)
+    stacks: dict[str, list[dict]] = {}
     try:
+        shown, db, watched_ns = next(source)
         key = None
         if target:
             shown, key = _select(db, shown, target)
+            stacks = _stacks_of(db, shown)
+    except EnvironmentProblem as exc:
+        raise Unanswerable(exc.message) from None
     finally:
-        db.close()
+        source.close()
+    sure = {id(v): _sure(v, rules, watched_ns) for v in shown} if watched_ns else {}
     if as_json:
-        click.echo(json.dumps({"at": at, "verdicts": [verdict_dict(v) for v in shown]},
-                              indent=2, default=str))
+        click.echo(json.dumps({"at": at, "watched_s": watched_ns / 1e9 if watched_ns else None,
+                               "verdicts": [{**verdict_dict(v), "sureness": sure.get(id(v))}
+                                            for v in shown]}, indent=2, default=str))
     elif target:
         for verdict in shown:
-            _print_detail(verdict, key, utc)
+            _print_detail(verdict, key, utc, stacks.get(verdict.gpu.gpu_id))
+            if sure.get(id(verdict)) is not None:
+                click.echo(f"  watched    {watched_ns / 1e9:.0f} s: "
+                           f"{_sure_words(sure[id(verdict)])}")
     elif not shown:
         click.echo("no GPU known yet (the store has none)")
     elif all(v.healthy for v in shown):
-        click.echo(f"all {len(shown)} GPU{'s' if len(shown) != 1 else ''} healthy")
+        click.echo(f"all {len(shown)} GPU{'s' if len(shown) != 1 else ''} healthy"
+                   + (f" (watched {watched_ns / 1e9:.0f} s)" if watched_ns else ""))
     else:
         for verdict in shown:
-            click.echo(printable(sentence(verdict, utc=utc)))
+            line = sentence(verdict, utc=utc)
+            if sure.get(id(verdict)) is not None:
+                line += f" ({_sure_words(sure[id(verdict)])}, watched {watched_ns / 1e9:.0f} s)"
+            click.echo(printable(line))
     ctx.exit(_exit_status(shown))
 
 
@@ -176,7 +284,7 @@ class NotNamed(GpuwhyError):
     """The target names no GPU or process the answers know (the message lists the GPUs)."""
 
 
-def select_verdicts(db: object, shown: list[Verdict], target: str
+def select_verdicts(db: Database, shown: list[Verdict], target: str
                     ) -> tuple[list[Verdict], ProcessKey | None]:
     """The verdicts ``target`` names: one GPU, or each GPU a process's findings are on
     (shared by `gpuwhy why TARGET` and `gpuwhy mcp`'s ``why``). Raises :class:`NotNamed`."""
@@ -202,7 +310,7 @@ def select_verdicts(db: object, shown: list[Verdict], target: str
     return mine, None
 
 
-def _select(db: object, shown: list[Verdict], target: str
+def _select(db: Database, shown: list[Verdict], target: str
             ) -> tuple[list[Verdict], ProcessKey | None]:
     try:
         return select_verdicts(db, shown, target)

@@ -54,7 +54,7 @@ from gpuwhy.probes.bpfdefs import (
 from gpuwhy.probes.bpfmaps import MapReader
 from gpuwhy.probes.btf import BTFError, task_offsets
 from gpuwhy.probes.fdtable import LAT_BUCKETS, FdTable, OpStats
-from gpuwhy.probes.procscan import literal_prefix, scan_open_devices
+from gpuwhy.probes.procscan import inherited, literal_prefix, scan_open_devices
 from gpuwhy.proc import read_process
 
 log = logging.getLogger(__name__)
@@ -403,14 +403,17 @@ class FdTrackProbe:
     def scan(self, only_pid: int = 0) -> int:
         """Track device fds that were open before we attached; returns how many."""
         found = 0
-        for open_device in scan_open_devices(self.device_glob, self.proc_root):
+        devices = list(scan_open_devices(self.device_glob, self.proc_root))
+        forked = inherited(devices, self.proc_root)
+        for open_device in devices:
             if only_pid and open_device.pid != only_pid:
                 continue
             seq = self._next_user_seq()
             if not self._kernel_track(open_device.pid, open_device.fd, seq, False):
                 continue          # opened while we were scanning: the kernel saw it
+            how = "inherited" if (open_device.pid, open_device.fd) in forked else "scan"
             self._emit(self.table.opened(open_device.pid, open_device.fd, seq,
-                                         open_device.path, now_ns(), how="scan"))
+                                         open_device.path, now_ns(), how=how))
             found += 1
         log.info("start-up scan: %d open device fds matching %s", found, self.device_glob)
         return found

@@ -53,3 +53,27 @@ def literal_prefix(glob: str) -> str:
         if char in "*?[":
             return glob[:i]
     return glob
+
+
+def _parent(pid: int, proc_root: str) -> int | None:
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the name (field 2) may hold spaces and parentheses: the fields after its last ")"
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def inherited(found: list[OpenDevice], proc_root: str = "/proc") -> set[tuple[int, int]]:
+    """The (pid, fd) of ``found`` that a process holds because it was forked from a holder:
+    its parent holds the same file under the same fd number (a fork copies the table as it
+    is; a process that opens a device itself gets the lowest free number, not one its parent
+    happens to use for the same file). A DataLoader worker forked before gpuwhy started is
+    then its parent's worker, as one seen forking is, not a GPU process of its own."""
+    held = {(d.pid, d.fd): d.path for d in found}
+    pids = {d.pid for d in found}
+    parents = {pid: _parent(pid, proc_root) for pid in pids}
+    return {(d.pid, d.fd) for d in found
+            if parents[d.pid] in pids and held.get((parents[d.pid], d.fd)) == d.path}

@@ -337,7 +337,8 @@ class StoreWriter:
 
     def _on_device_opened(self, envelope: Envelope, event: DeviceOpened) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
-        if event.how == "scan":
+        scanned = event.how in ("scan", "inherited")    # found by a start-up scan
+        if scanned:
             self._held.write(self.db.conn)     # the fds this batch opened and closed, first
             if self.db.execute(
                     "select 1 from device_fds where pid = ? and start_time = ? and fd = ? and "
@@ -349,7 +350,7 @@ class StoreWriter:
                 return
         self._held.add("device_fds", _OPEN_FD, [   # in _DEVICE_FD_COLUMNS' order
             key["pid"], key["start_time"], event.fd, event.ts, event.path, event.device,
-            event.minor, event.how, int(event.how == "scan"), int(event.cloexec)])
+            event.minor, event.how, int(scanned), int(event.cloexec)])
         if event.device == "nvidiaN" and event.minor is not None:
             gpu_id = self._gpu_for_minor(event.minor, event.ts)
             if using_gpu_minor(event) is not None:
