@@ -144,6 +144,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.exporter_timeout", 5.0, "GPUWHY_EXPORTER_TIMEOUT",
             "seconds one dcgm-exporter scrape may take in all, from connect to the last byte "
             "of the body; a slower one fails with 'took longer than'"),
+    Setting("engines.endpoints", "", "GPUWHY_ENGINE_ENDPOINTS",
+            "inference-engine /metrics URLs on loopback scraped besides the engines found "
+            "in /proc, comma-separated, each URL or ENGINE=URL (vllm, sglang, tgi, triton)"),
     Setting("gpu.sim_gpus", 2, "GPUWHY_SIM_GPUS", "number of simulated GPUs"),
     Setting("gpu.sim_model", "NVIDIA H100 80GB HBM3", "GPUWHY_SIM_MODEL",
             "model name of the simulated GPUs (H100, A100 and L4 have their own limits)"),
@@ -218,6 +221,10 @@ SETTINGS: tuple[Setting, ...] = (
             "for 4 of these ends by itself"),
     Setting("alertmanager.timeout", 5.0, "GPUWHY_ALERTMANAGER_TIMEOUT",
             "seconds one push may take (0.1 to 60) before it counts as failed and is retried"),
+    # --- OTLP export (gpuwhy/otlp.py; on when OTEL_EXPORTER_OTLP_*ENDPOINT is set) ---
+    Setting("otlp.interval", 10.0, "GPUWHY_OTLP_INTERVAL",
+            "seconds between OTLP exports of the /metrics families (1 to 3600), when an "
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set"),
     # --- rules settings ---
     Setting("rules.interval", 10.0, "GPUWHY_RULES_INTERVAL",
             "seconds between evaluations of the rules (a rule's own 'every' can be longer)"),
@@ -513,6 +520,9 @@ ALLOWED: dict[str, Allowed] = {
     "gpu.dcgm_bindings": _path(optional=True),
     "gpu.exporter_url": _url(optional=True),
     "gpu.exporter_timeout": _range(0.1, 300, " seconds"),
+    "engines.endpoints": Allowed("comma-separated [ENGINE=]http:// URLs, or empty", lambda v: next(
+        (why for e in v.split(",") if e.strip() and (why := bad_http_url(
+            e.split("=", 1)[1].strip() if "=" in e.split("://")[0] else e.strip()))), None)),
     "gpu.sim_gpus": _range(1, 256, " GPUs"),
     "gpu.sim_model": Allowed("a model name of 1 to 96 characters",
                              lambda value: None if 0 < len(value) <= 96 else "empty or too long"),
@@ -545,6 +555,7 @@ ALLOWED: dict[str, Allowed] = {
     "alertmanager.url": _url(optional=True),
     "alertmanager.resend_seconds": _range(1, 3600, " seconds"),
     "alertmanager.timeout": _range(0.1, 60, " seconds"),
+    "otlp.interval": _range(1, 3600, " seconds"),
     "rules.interval": _range(0.1, DAY, " seconds"),
     "rules.paths": _path(optional=True),
     "rules.builtin": Allowed("true or false", lambda value: None),

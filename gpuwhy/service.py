@@ -36,11 +36,13 @@ from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
 from gpuwhy.memory import release_freed_memory
+from gpuwhy.otlp import start_otlp
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
 from gpuwhy.threads import Thread
 
 if TYPE_CHECKING:
+    from gpuwhy.otlp_export import OtlpExporter
     from gpuwhy.webui.server import WebServer
 
 log = logging.getLogger(__name__)
@@ -176,6 +178,7 @@ class Service:
         self.pusher: AlertmanagerPusher | None = None
         if config["alertmanager.url"]:     # an output of its own: its own store connection
             self.pusher = AlertmanagerPusher(config, open_store(config["store.path"]))
+        self.otlp: OtlpExporter | None = None     # started by start() when an endpoint is set
         from gpuwhy.webui.server import make_web_server
 
         self.web: WebServer = make_web_server(config)
@@ -209,6 +212,7 @@ class Service:
             thread.start()
         if self.with_probes:
             self._start_probes()
+        self.otlp = start_otlp(self.config)     # None, importing no SDK, without an endpoint
         log.info("gpuwhy is up: web view at %s, bus at %s", self.url, self.subscriber.endpoint)
         self.notifier.ready(f"web view at {self.url}")
 
@@ -329,6 +333,9 @@ class Service:
             if thread.name == "gpuwhy-alertmanager":
                 thread.join(max(0.0, deadline - time.monotonic())
                             + self.config["alertmanager.timeout"])
+        if self.otlp is not None:    # after the last batch: its changes go out, or are counted
+            self.otlp.stop()
+            self.otlp.db.close()
         self.web.shutdown()
         self.web.server_close()
 

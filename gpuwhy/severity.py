@@ -21,6 +21,10 @@ LEGACY_NAMES: dict[str, str] = {"warn": "warning", "high": "error"}
 # syslog levels for journald's PRIORITY (crit, err, warning, info); an incident is never
 # an emergency or alert of the whole host, and notice (5) says nothing info does not.
 JOURNAL_PRIORITY: dict[str, int] = {"critical": 2, "error": 3, "warning": 4, "info": 6}
+# OpenTelemetry's SeverityNumber (its log data model: INFO 9, WARN 13, ERROR 17, FATAL 21) for
+# an OTLP log record of this severity; critical (a GPU lost, one to reset) is FATAL: the
+# GPU's work has stopped, not merely erred.
+OTLP_SEVERITY_NUMBER: dict[str, int] = {"critical": 21, "error": 17, "warning": 13, "info": 9}
 DEFAULT = "warning"
 
 
@@ -74,3 +78,9 @@ def journal_priority(name: str) -> int:
 def sort_key(name: str) -> int:
     """A key that lists the worst first (unknown names last)."""
     return -_rank_or_below(name)
+
+
+def otlp_severity_number(name: str) -> int:
+    """OpenTelemetry's SeverityNumber for an incident of this severity (warning's for an
+    unknown name)."""
+    return OTLP_SEVERITY_NUMBER[normalise(name) if is_severity(name) else DEFAULT]
