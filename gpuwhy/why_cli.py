@@ -40,10 +40,9 @@ class Unanswerable(click.ClickException):
 def service_rules(config: Config) -> tuple[dict[str, Rule], list[str]]:
     """The rules the service runs, by id, and the problems of the rule files skipped (the
     one loading `gpuwhy why` and `gpuwhy mcp` share)."""
-    from gpuwhy.rules.loader import load_rule_set
+    from gpuwhy.rules.loader import configured_rule_set
 
-    paths = [p for p in config["rules.paths"].split(":") if p]
-    loaded = load_rule_set(paths, builtin=config["rules.builtin"])
+    loaded = configured_rule_set(config)
     return {r.id: r for r in loaded.rules}, [str(p) for p in loaded.problems]
 
 

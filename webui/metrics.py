@@ -56,12 +56,15 @@ from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.gpu_health import STATES as HEALTH_STATES
 from gpuwhy.gpu_health import is_live
 from gpuwhy.gpufields import SAMPLE_FIELDS, THROTTLE_BITS, Field
+from gpuwhy.rules.loader import configured_rule_set
+from gpuwhy.rules.model import Rule
 from gpuwhy.stalls import STALL_FACTOR, STALLED, judge, stall_counts
 from gpuwhy.store import alertpush
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
     gpu_identities,
+    gpu_verdicts,
     holders_between,
     incident_counts,
     latest_gpu_process_lists,
@@ -234,6 +237,7 @@ class StoreCollector(Collector):
         self.config = config   # the sources' heartbeat periods (gpuwhy.stalls)
         settings = config or {}
         self.hostname = host_name(config)
+        self._rule_set: dict[str, Rule] | None = None
         self.idle = IdleWhileHeld(
             float(settings.get("correlator.stall_util_pct", 5.0)),
             float(settings.get("gpu.interval", 1.0)),
@@ -249,6 +253,7 @@ class StoreCollector(Collector):
             yield from self._owners(db)
             yield from self._incidents(db)
             yield from self._findings(db)
+            yield from self._answers(db, gpus)
             yield from self._sources(db)
             yield from self._alertmanager(db)
 
@@ -399,6 +404,29 @@ class StoreCollector(Collector):
         for (rule, severity), count in sorted(counts.items()):
             findings.add_metric([rule, severity], count)
         yield findings
+
+    def _rules(self) -> Mapping[str, Rule]:
+        """The service's rules, loaded once (the answer ranks by their kinds and links)."""
+        if self._rule_set is None:
+            self._rule_set = {r.id: r for r in configured_rule_set(self.config or {}).rules}
+        return self._rule_set
+
+    def _answers(self, db: Database, gpus: dict[str, dict]) -> Iterator[Metric]:
+        """The one answer per GPU (gpuwhy why's): 1 for what leads on each GPU that is not
+        healthy; ``rule`` is ``health:<state>`` when the GPU's health state itself leads."""
+        answer = GaugeMetricFamily("gpuwhy_gpu_answer", "1 for what leads each GPU's answer "
+                                   "(gpuwhy why): the rule, or health:<state> when the GPU's "
+                                   "health leads; no series for a healthy GPU",
+                                   labels=[*GPU_LABELS, "rule", "kind", "severity"])
+        for verdict in gpu_verdicts(db, self._rules()):
+            if verdict.healthy:
+                continue
+            lead = verdict.lead
+            rule, kind = (lead.rule_id[:64], lead.kind) if lead is not None else \
+                (f"health:{verdict.gpu.health}", "health")
+            answer.add_metric([*self._gpu_labels(gpus, verdict.gpu.gpu_id), rule, kind,
+                               verdict.severity], 1)
+        yield answer
 
     def _sources(self, db: Database) -> Iterator[Metric]:
         up = GaugeMetricFamily("gpuwhy_source_up", "1 when the source says ok, 0.5 degraded, "

@@ -20,7 +20,7 @@ from gpuwhy.config import Config
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.events import SourceHealth
-from gpuwhy.rules.loader import load_rule_set
+from gpuwhy.rules.loader import configured_rule_set
 from gpuwhy.store import open_store
 from gpuwhy.store.overrides import read_overrides
 
@@ -117,12 +117,11 @@ class RulesRunner:
 
 def run_rules(config: Config, stop: threading.Event) -> None:
     """The ``rules`` runner of :func:`gpuwhy.service.unprivileged_sources`."""
-    paths = [p for p in config["rules.paths"].split(":") if p]
     publisher = Publisher(config["bus.endpoint"], src="rules", hwm=config["bus.hwm"])
     try:
         # A broken rule file costs only its broken rules: the engine runs the others (the
         # shipped ones always) and its health names each one left out.
-        loaded = load_rule_set(paths, builtin=config["rules.builtin"])
+        loaded = configured_rule_set(config)
         rules, problems = loaded.rules, [str(p) for p in loaded.problems]
         for problem in problems:
             log.warning("rule not loaded: %s", problem)

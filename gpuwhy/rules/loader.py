@@ -9,10 +9,11 @@ not run with a partial set.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from gpuwhy.rules.model import Rule
 from gpuwhy.rules.parser import MAX_SOURCE_BYTES, RuleSyntaxError, parse_rules_report
@@ -127,6 +128,14 @@ def load_rule_set(paths: list[str] | tuple[str, ...] = (), builtin: bool = True)
         file.rules = kept
         file.problems.sort(key=lambda p: (p.line, p.column))
     return loaded
+
+
+def configured_rule_set(settings: Mapping[str, Any]) -> RuleSet:
+    """The rules the service runs: the shipped ones unless ``rules.builtin`` is off, plus the
+    files and folders of ``rules.paths`` (colon-separated). Every reader of the answer loads
+    the same set (the rules runner, `gpuwhy why`, `gpuwhy mcp`, /metrics)."""
+    paths = [p for p in str(settings.get("rules.paths") or "").split(":") if p]
+    return load_rule_set(paths, builtin=bool(settings.get("rules.builtin", True)))
 
 
 def load_rules(paths: list[str] | tuple[str, ...] = (), builtin: bool = True) -> list[Rule]:

@@ -5,6 +5,7 @@ through the real correlator and store, and clean for the real `promtool check me
 import math
 import socket
 import subprocess
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -131,6 +132,10 @@ def test_health_xids_findings_info_and_process_labels(harness):
     assert xids[("other", "warning")] == 1       # 9999 is not in the catalogue
     # 109 is, though the catalogue names no origin for it: its own series
     assert xids[("109", xid_info(109).severity)] == 1
+    # the one answer per GPU: lost (critical) outranks the starved loader (warning)
+    [answer] = _samples(families["gpuwhy_gpu_answer"], **ids)
+    assert (answer.labels["rule"], answer.labels["kind"], answer.labels["severity"],
+            answer.value) == ("health:lost", "health", "critical", 1)
     [finding] = families["gpuwhy_rule_findings_open"].samples
     assert finding.labels == {"rule": "R01_input_cpu_bound", "severity": "warning"}
     assert finding.value == 1
@@ -236,3 +241,19 @@ def test_fabric_state_and_health_metrics_are_the_codes_as_read(harness):
     assert value["gpuwhy_gpu_fabric_state"] == ("gauge", [1.0])     # NotStarted
     assert value["gpuwhy_gpu_fabric_health"] == ("gauge", [0.0])
     assert "DCGM field id 170" in text
+
+
+def test_the_answer_series_names_the_cause_that_leads(harness):
+    h = harness
+    client = create_app(h.config).test_client()
+    h.feed(h.gpu(0), h.sample(1.0, 90))
+    _, families = _scrape(client)
+    assert not families["gpuwhy_gpu_answer"].samples        # a healthy GPU: no series
+    h.feed(*(RuleFinding(ts=h.at(30), finding_id=f"{rule}:1", rule_id=rule, title=rule,
+                         severity="warning", state="firing", gpu_id=UUID0, process=TRAINER)
+             for rule in ("R14_bursty_utilisation", "R01_input_cpu_bound")))
+    time.sleep(1.1)                  # the snapshot renders at most once a second
+    _, families = _scrape(client)
+    [answer] = families["gpuwhy_gpu_answer"].samples
+    assert (answer.labels["rule"], answer.labels["kind"], answer.labels["severity"]) == (
+        "R01_input_cpu_bound", "cause", "warning")
