@@ -70,7 +70,7 @@ class Correlator:
         self.klog_liveness = KernelLogLiveness()
         self.stall_watch = StallWatch(config)   # sources silent too long: logged, counted
         self.alerter = alerter or Alerter(config["correlator.url"],
-                                          enabled=config["correlator.alerts"])
+                                          enabled=config["correlator.alerts"], settings=config)
         self.pending: list[Envelope] = []
         self.written = 0
         self.decide_errors = 0

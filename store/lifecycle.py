@@ -9,6 +9,8 @@ resolutions are :mod:`gpuwhy.lifecycle`'s.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlite_utils import Database
 
 from gpuwhy import lifecycle as lc
@@ -23,7 +25,11 @@ from gpuwhy.journal import (
     one_line,
     write_entry,
 )
-from gpuwhy.store.queries import pci_and_uuid
+from gpuwhy.rules.answer import sentence
+from gpuwhy.rules.model import Rule
+from gpuwhy.store.queries import gpu_verdict, pci_and_uuid
+
+ANSWER_MAX = 1000       # the answer's sentence in an alert: one bounded line
 
 
 class IncidentNotFound(GpuwhyError):
@@ -186,9 +192,26 @@ def incident_fields(db: Database, incident_id: int, base_url: str) -> dict[str, 
     return fields
 
 
-def alert_entry(db: Database, incident_id: int, base_url: str) -> dict[str, str]:
-    """The journal entry of a new incident: MESSAGE plus its structured fields."""
+def answer_fields(db: Database, gpu_id: str | None, rules: Mapping[str, Rule] | None
+                  ) -> dict[str, str]:
+    """The answer on the incident's GPU as it stands (gpuwhy why's sentence, what leads it),
+    for an alert: empty without rules, a GPU, or while the GPU is healthy."""
+    verdict = gpu_verdict(db, rules, gpu_id) if rules else None
+    if verdict is None or verdict.healthy:
+        return {}
+    lead = verdict.lead
+    return {"GPUWHY_ANSWER": one_line(sentence(verdict, utc=True), ANSWER_MAX),
+            "GPUWHY_ANSWER_RULE": lead.rule_id if lead is not None
+            else f"health:{verdict.gpu.health}"}
+
+
+def alert_entry(db: Database, incident_id: int, base_url: str,
+                rules: Mapping[str, Rule] | None = None) -> dict[str, str]:
+    """The journal entry of a new incident: MESSAGE plus its structured fields, with the
+    answer on its GPU when ``rules`` are given (:func:`answer_fields`)."""
     fields = incident_fields(db, incident_id, base_url)
+    gpu_id = db.execute("select gpu_id from incidents where id = ?", [incident_id]).fetchone()
+    fields.update(answer_fields(db, gpu_id[0] if gpu_id else None, rules))
     title, summary = db.execute("select title, summary from incidents where id = ?",
                                 [incident_id]).fetchone()
     # title/summary may carry process names from the kernel log: keep them one bounded line

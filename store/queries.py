@@ -772,3 +772,11 @@ def gpu_verdicts(db: Database, rules: Mapping[str, Rule], at: int | None = None
     """The answer on every GPU, worst first, now or at ``at``: the one read that `gpuwhy
     why`, the API and `gpuwhy rules eval` share (:func:`gpuwhy.rules.answer.verdicts`)."""
     return verdicts(answer_gpus(db, at), answer_findings(db, at), rules)
+
+
+def gpu_verdict(db: Database, rules: Mapping[str, Rule], gpu_id: str | None
+                ) -> Verdict | None:
+    """The answer on one GPU now (None for no GPU, or one the store does not know)."""
+    if not gpu_id:
+        return None
+    return next((v for v in gpu_verdicts(db, rules) if v.gpu.gpu_id == gpu_id), None)

@@ -157,3 +157,23 @@ def test_why_says_what_is_wrong_with_its_environment(tmp_path, harness):
     assert unknown.exit_code == 2 and "no GPU known as 7" in unknown.output
     bad = run(env, "--at", "yesterday-ish")
     assert bad.exit_code == 2
+
+
+def test_the_journal_alert_carries_the_answer(harness):
+    from gpuwhy.correlator.alerts import Alerter
+
+    harness.feed(harness.gpu(0))
+    harness.feed(harness.xid(5, 79, pid=4242, name="python"))
+    [lost] = harness.incidents("gpu_lost") or harness.incidents("xid")
+    sent: list[dict] = []
+    alerter = Alerter(harness.config["correlator.url"], settings=harness.config,
+                      send=lambda message, **fields: sent.append(fields))
+    assert alerter.alert(harness.db, [lost["id"]]) == [lost["id"]]
+    [fields] = sent
+    assert fields["GPUWHY_ANSWER"].startswith("GPU 0 · 0000:18:00.0 — [critical] lost")
+    assert fields["GPUWHY_ANSWER_RULE"] == "health:lost"
+    # an alerter that knows no rules (no settings) sends the alert without an answer
+    bare: list[dict] = []
+    Alerter(harness.config["correlator.url"], send=lambda message, **f: bare.append(f)).alert(
+        harness.db, [lost["id"]])
+    assert "GPUWHY_ANSWER" not in bare[0]
