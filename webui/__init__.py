@@ -18,6 +18,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     from gpuwhy.webui import (
         auth,
         db,
+        errors,
         filters,
         gpus,
         health,
@@ -44,6 +45,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     db.init_app(app)
     security.init_app(app)
     filters.init_app(app)
+    errors.init_app(app)
     for module in (auth, gpus, processes, incidents, resets, rules, vendor, health):
         app.register_blueprint(module.bp)
     from gpuwhy.webui import metrics  # /metrics

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 
 from flask import Flask
+from jinja2 import Undefined
 from markupsafe import Markup
 
 from gpuwhy.errors import StoreError
@@ -14,17 +16,37 @@ from gpuwhy.text import format_ts as when
 from gpuwhy.text import rfc3339
 from gpuwhy.webui.db import get_db
 
-
-def number(value: float | None, digits: int = 0, unit: str = "") -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.{digits}f}{unit}"
+NO_VALUE = "–"      # no figure: never read, or not given by the GPU's source (never a 0)
 
 
-def rate(value: float | None) -> str:
+def _figure(value: object) -> float | None:
+    """A number to show, or None for none: a missing sample (None, Jinja's Undefined),
+    and whatever else a messy store holds in a numeric column (text, NaN, inf)."""
+    if isinstance(value, Undefined) or value is None or isinstance(value, bool):
+        return None
+    try:
+        figure = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return figure if math.isfinite(figure) else None
+
+
+def number(value: object, digits: int = 0, unit: str = "", scale: float = 1) -> str:
+    """``value`` × ``scale`` with thousands separators, ``digits`` decimals and ``unit``;
+    NO_VALUE when there is no number (a GPU never sampled is not a GPU at 0 %)."""
+    figure = _figure(value)
+    if figure is None:
+        return NO_VALUE
+    if isinstance(value, int) and not digits and scale == 1:
+        return f"{value:,}{unit}"        # exact, however large
+    return f"{figure * scale:,.{digits}f}{unit}"
+
+
+def rate(value: object) -> str:
     """Bytes per second in the largest unit under 1000."""
+    value = _figure(value)
     if value is None:
-        return "–"
+        return NO_VALUE
     for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
         if abs(value) < 1000 or unit == "GB/s":
             return f"{value:,.1f} {unit}"
@@ -37,11 +59,27 @@ def instant(ts: int | None, precision: str = "ms") -> Markup:
     the instant (ISO 8601 in ``datetime``, ns in ``data-ns``), beside which the browser
     writes the local time (static/times.js); the UTC text stands alone without JavaScript
     and in the printable report. "-" for None."""
-    if ts is None:
+    if ts is None or isinstance(ts, Undefined):
         return Markup("-")
-    ts = int(ts)
-    return Markup('<time datetime="{}" data-ns="{}">{}</time>').format(
-        rfc3339(ts), ts, when(ts, precision, utc=True))
+    try:
+        ts = int(ts)
+        return Markup('<time datetime="{}" data-ns="{}">{}</time>').format(
+            rfc3339(ts), ts, when(ts, precision, utc=True))
+    except (TypeError, ValueError, OverflowError, OSError):
+        # not a time (text, or past what a datetime holds): shown as stored, escaped
+        return Markup("{}").format(str(ts)[:40])
+
+
+def moment(ts: int | float | str | None, precision: str = "ms", *, date: bool = True,
+           utc: bool = False) -> str:
+    """``format_ts`` for a template (the ``when`` filter): "-" for no time, the stored value
+    as text for one that is not a time, never an exception."""
+    if ts is None or isinstance(ts, Undefined):
+        return "-"
+    try:
+        return when(int(ts), precision, date=date, utc=utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(ts)[:40]
 
 
 def _page_context() -> dict:
@@ -52,7 +90,7 @@ def _page_context() -> dict:
 
 
 def init_app(app: Flask) -> None:
-    app.add_template_filter(when, "when")
+    app.add_template_filter(moment, "when")
     app.add_template_filter(number, "number")
     app.add_template_filter(rate, "rate")
     app.add_template_filter(instant, "instant")

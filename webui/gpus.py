@@ -23,10 +23,18 @@ def _gpu_or_404(gpu_id: str) -> dict:
     return found
 
 
-def _window(gpu_id: str) -> series.Window:
+def latest_ts(gpu: dict) -> int | None:
+    """The GPU's latest moment the store knows: its last sample, or when it was last heard
+    of or changed health. A GPU known only from the kernel log has no sample: its charts
+    end at its Xid, not at the epoch (a 1970 axis that showed none of its marks)."""
+    known = (series.last_sample_ts(get_db(), gpu["id"]), gpu.get("last_seen"),
+             gpu.get("health_since"))
+    return max((ts for ts in known if isinstance(ts, int)), default=None)
+
+
+def _window(gpu: dict) -> series.Window:
     try:
-        return requested_window(request.args, series.last_sample_ts(get_db(), gpu_id),
-                                       current_app.config["MAX_POINTS"])
+        return requested_window(request.args, latest_ts(gpu), current_app.config["MAX_POINTS"])
     except ValueError as exc:
         abort(400, description=str(exc))
 
@@ -51,8 +59,7 @@ def api_heatmap() -> ResponseReturnValue:
     with ``after``/``grid``/``bucket``, what a live heatmap drawn on that grid lacks."""
     db = get_db()
     gpus = queries.gpus(db)
-    latest = max((ts for ts in (series.last_sample_ts(db, g["id"]) for g in gpus) if ts),
-                 default=None)
+    latest = max((ts for ts in map(latest_ts, gpus) if ts is not None), default=None)
     try:
         tail = requested_tail(request.args, latest)
         w, after = tail if tail else (series.minute_grid(
@@ -86,10 +93,10 @@ def api_series(gpu_id: str) -> ResponseReturnValue:
     live chart drawn on that grid lacks (its last bucket again, and the newer ones)."""
     gpu = _gpu_or_404(gpu_id)
     try:
-        tail = requested_tail(request.args, series.last_sample_ts(get_db(), gpu["id"]))
+        tail = requested_tail(request.args, latest_ts(gpu))
     except ValueError as exc:
         abort(400, description=str(exc))
-    w, after = tail if tail else (_window(gpu["id"]), None)
+    w, after = tail if tail else (_window(gpu), None)
     held = {} if tail else {"held_since": series.held_since(get_db(), gpu["id"])}
     return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
                     "throttle_bits": THROTTLE_BITS, **held,
@@ -99,7 +106,7 @@ def api_series(gpu_id: str) -> ResponseReturnValue:
 @bp.get("/api/gpus/<gpu_id>/events")
 def api_events(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
-    w = _window(gpu["id"])
+    w = _window(gpu)
     return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
                     **queries.gpu_events(get_db(), gpu["id"], w.since, w.until)})
 
@@ -116,14 +123,14 @@ def api_show(gpu_id: str) -> ResponseReturnValue:
 @bp.get("/gpus/<gpu_id>/series.csv")
 def series_csv(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
-    data = series.gpu_series(get_db(), gpu["id"], _window(gpu["id"]))
+    data = series.gpu_series(get_db(), gpu["id"], _window(gpu))
     return csv_response(["ts_ns", *data["fields"]], data["rows"], f"{gpu['id']}-series.csv")
 
 
 @bp.get("/gpus/<gpu_id>/lanes.csv")
 def lanes_csv(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
-    w = _window(gpu["id"])
+    w = _window(gpu)
     lanes = queries.bound_processes(get_db(), gpu["id"], w.since, w.until)
     columns = ["pid", "start_time", "comm", "tag", "container", "since", "until"]
     return csv_response(columns, ([lane[c] for c in columns] for lane in lanes),
@@ -133,7 +140,7 @@ def lanes_csv(gpu_id: str) -> ResponseReturnValue:
 @bp.get("/gpus/<gpu_id>/events.csv")
 def events_csv(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
-    w = _window(gpu["id"])
+    w = _window(gpu)
     found = queries.gpu_events(get_db(), gpu["id"], w.since, w.until)
     rows = [["incident", i["opened_at"], i["kind"], i["title"]] for i in found["incidents"]]
     rows += [["reset", r["ts"], r["what"], r["detail"]] for r in found["resets"]]

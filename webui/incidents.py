@@ -26,6 +26,7 @@ from flask.typing import ResponseReturnValue
 from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
 from gpuwhy.clock import now_ns
+from gpuwhy.config import MAX_INT
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.store import feed, open_store
 from gpuwhy.store import lifecycle as store_lifecycle
@@ -33,8 +34,11 @@ from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
 from gpuwhy.text import parse_ts
 from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
+from gpuwhy.webui.window import whole
 
 bp = Blueprint("incidents", __name__)
+# incident ids are SQLite integers: a longer number in a URL is no incident (404), not a 500
+ID = f"<int(max={MAX_INT}):incident_id>"
 log = logging.getLogger(__name__)
 STATES = (lc.OPEN, lc.ACKNOWLEDGED, lc.RESOLVED, "active")   # the list's state filter
 CHANGES = lc.OPERATOR_CHANGES
@@ -71,13 +75,26 @@ def _period(filters: dict) -> tuple[int | None, int | None]:
             if filters["within"] not in WITHIN:
                 raise ValueError(f"within is one of {', '.join(WITHIN)}")
             return parse_ts(filters["within"], now), None
-        since, until = (parse_ts(filters[name], now, naive_utc=True) if filters[name]
-                        else None for name in ("from", "to"))
+        since, until = (_moment(name, filters[name], now) for name in ("from", "to"))
     except ValueError as exc:
         abort(400, description=str(exc))
     if since is not None and until is not None and since >= until:
         abort(400, description="from must be before to")
     return since, until
+
+
+def _moment(name: str, text: str | None, now: int) -> int | None:
+    """``text`` (parse_ts) as ns that the store can compare: "99999999999d" or a 19-digit
+    number past 2^63 - 1 would fail in SQLite, so they are refused as bad input."""
+    if not text:
+        return None
+    try:
+        ts = parse_ts(text, now, naive_utc=True)
+    except OverflowError:           # "1e400"-sized durations: float('inf') as a number
+        ts = None
+    if ts is None or not -MAX_INT <= ts <= MAX_INT:
+        raise ValueError(f"{name} is out of range: {text[:40]!r}")
+    return ts
 
 
 def filtered_incidents(filters: dict) -> list[dict]:
@@ -127,7 +144,7 @@ def index() -> ResponseReturnValue:
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
 
-@bp.get("/incidents/<int:incident_id>")
+@bp.get(f"/incidents/{ID}")
 def show(incident_id: int) -> ResponseReturnValue:
     changed = request.args.get("changed")
     return render_template("incident.html", incident=_incident_or_404(incident_id),
@@ -137,7 +154,7 @@ def show(incident_id: int) -> ResponseReturnValue:
                            actor_max=lc.ACTOR_MAX, note_max=lc.NOTE_MAX)
 
 
-@bp.get("/incidents/<int:incident_id>/report")
+@bp.get(f"/incidents/{ID}/report")
 def report(incident_id: int) -> ResponseReturnValue:
     return render_template("incident_report.html", incident=_incident_or_404(incident_id))
 
@@ -151,12 +168,8 @@ def api_index() -> ResponseReturnValue:
 
 def _count(name: str, default: int, low: int, high: int) -> int:
     """A whole-number query argument in [low, high]; ValueError for anything else."""
-    raw = request.args.get(name, "")
-    if raw == "":
-        return default
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or not low <= int(raw) <= high:
-        raise ValueError(f"{name} is a whole number from {low} to {high}")
-    return int(raw)
+    found = whole(request.args, name, low, high)
+    return default if found is None else found
 
 
 def _feed() -> ResponseReturnValue:
@@ -164,7 +177,7 @@ def _feed() -> ResponseReturnValue:
     latest}``, or JSON lines (``format=jsonl`` or ``Accept: application/x-ndjson``), one
     change a line with the next cursor in the ``Gpuwhy-Next-Cursor`` header."""
     try:
-        since = _count("since", 0, 0, (1 << 63) - 1)
+        since = _count("since", 0, 0, MAX_INT)
         limit = _count("limit", feed.FEED_MAX, 1, feed.FEED_MAX)
     except ValueError as exc:
         return jsonify(error=str(exc)), 400
@@ -194,7 +207,7 @@ def _feed() -> ResponseReturnValue:
     return response
 
 
-@bp.get("/api/incidents/<int:incident_id>")
+@bp.get(f"/api/incidents/{ID}")
 def api_show(incident_id: int) -> ResponseReturnValue:
     return jsonify(_incident_or_404(incident_id))
 
@@ -231,7 +244,7 @@ def _store_failed(exc: Exception) -> str:
             f"{exc}" if isinstance(exc, sqlite3.Error) else str(exc))
 
 
-@bp.post("/incidents/<int:incident_id>/<any(ack, resolve, note):change>")
+@bp.post(f"/incidents/{ID}/<any(ack, resolve, note):change>")
 @require_token
 def change_form(incident_id: int, change: str) -> ResponseReturnValue:
     form = request.form
@@ -248,7 +261,7 @@ def change_form(incident_id: int, change: str) -> ResponseReturnValue:
                             **unsent) + "#log", 303)
 
 
-@bp.post("/api/incidents/<int:incident_id>/<any(ack, resolve, note):change>")
+@bp.post(f"/api/incidents/{ID}/<any(ack, resolve, note):change>")
 @require_token
 def api_change(incident_id: int, change: str) -> ResponseReturnValue:
     body = request.get_json(silent=True)

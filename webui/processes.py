@@ -7,20 +7,25 @@ from flask import Blueprint, abort, current_app, jsonify, render_template, reque
 from flask.typing import ResponseReturnValue
 
 from gpuwhy.clock import NS_PER_SECOND
+from gpuwhy.config import MAX_INT
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
-from gpuwhy.webui.window import requested_tail, requested_window
+from gpuwhy.webui.window import requested_tail, requested_window, whole
 
 bp = Blueprint("processes", __name__)
 
 
 def _key(text: str) -> ProcessKey:
     try:
-        return ProcessKey.parse(text)
+        key = ProcessKey.parse(text)
     except ValueError:
-        abort(404, description=f"{text!r} is not a process key (pid-start_time)")
+        key = None
+    # a pid or start time past SQLite's integers names no process the store can hold
+    if key is None or not text.isascii() or max(key.pid, key.start_time) > MAX_INT:
+        abort(404, description=f"{text[:80]!r} is not a process key (pid-start_time)")
+    return key
 
 
 def _process_or_404(text: str) -> tuple[ProcessKey, dict]:
@@ -33,15 +38,17 @@ def _process_or_404(text: str) -> tuple[ProcessKey, dict]:
 
 def _window(process: dict) -> series.Window:
     end = queries.process_end(get_db(), ProcessKey(process["pid"], process["start_time"]))
+    try:
+        # read (and refused when bad) even where the whole life is shown instead
+        asked = requested_window(request.args, end, current_app.config["MAX_POINTS"])
+    except ValueError as exc:
+        abort(400, description=str(exc))
     if not request.args.get("range") and not request.args.get("from") and end:
         # whole life by default, at most 7 days back from its end
         start = max(process["first_seen"] or end, end - series.RANGES["7d"] * NS_PER_SECOND)
         return series.window(end + NS_PER_SECOND, 0, current_app.config["MAX_POINTS"],
                              since=start)
-    try:
-        return requested_window(request.args, end, current_app.config["MAX_POINTS"])
-    except ValueError as exc:
-        abort(400, description=str(exc))
+    return asked
 
 
 def _listed() -> tuple[list[dict], str, str]:
@@ -91,13 +98,15 @@ def _events_page(key: ProcessKey) -> dict:
     db = get_db()
     total = queries.process_event_count(db, key)
     pages = max(1, -(-total // EVENTS_PER_PAGE))
-    page = request.args.get("page", "")
-    if page:
-        if not page.isdigit() or int(page) < 1:
-            abort(400, description="page is a whole number from 1")
-        number = min(int(page), pages)
-    elif request.args.get("at", "").isdigit():
-        later = queries.process_event_count(db, key, after=int(request.args["at"]))
+    try:
+        page = whole(request.args, "page", 1)
+        at = whole(request.args, "at", what="a time in ns since the epoch")
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    if page is not None:
+        number = min(page, pages)
+    elif at is not None:
+        later = queries.process_event_count(db, key, after=at)
         number = min(later // EVENTS_PER_PAGE + 1, pages)
     else:
         number = 1

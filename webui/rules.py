@@ -16,11 +16,12 @@ from flask import (
 )
 from flask.typing import ResponseReturnValue
 
-from gpuwhy.errors import GpuwhyError
+from gpuwhy.errors import GpuwhyError, StoreError
 from gpuwhy.rules.loader import load_rule_set
 from gpuwhy.rules.model import Rule
 from gpuwhy.store import open_store, queries
 from gpuwhy.store.overrides import OverrideError, read_overrides, set_override
+from gpuwhy.webui import errors
 from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
 
@@ -89,6 +90,8 @@ def _change(rule: Rule, enabled: str | None, shadow: str | None, thresholds: dic
 @bp.errorhandler(GpuwhyError)
 def rules_unreadable(exc: GpuwhyError) -> ResponseReturnValue:
     # A rule file that does not parse: say which, as the CLI does, instead of a bare 500.
+    if isinstance(exc, StoreError):            # not the rules: the store, as on every page
+        return errors.store_unavailable(exc)
     if request.path.startswith("/api/"):
         return jsonify(error=str(exc)), 500
     return render_template("refused.html", message=f"cannot load the rules: {exc}"), 500

@@ -38,7 +38,12 @@
     let changed = false;
     for (const gpu of gpus) {
       const card = cards.querySelector(`section[data-gpu="${CSS.escape(gpu.id)}"]`);
-      if (!card) continue;
+      if (!card) {
+        // a GPU the page has no card for (the first one, or one known only from the kernel
+        // log): the page as the server renders it now has one
+        window.location.reload();
+        return;
+      }
       if (lists(gpu) !== card.dataset.lists) changed = true;
       // A GPU whose health is not live (lost, resetting, ...) keeps its last numbers greyed:
       // the page is reloaded for a change of health, numbers are never refreshed for it.
@@ -47,6 +52,9 @@
         return;
       }
       if (!gpu.live || !gpu.sample) continue;
+      // its first sample: the numbers are no longer "no sample"
+      for (const note of card.querySelectorAll(".no-sample")) note.remove();
+      card.querySelector("dl.metrics").classList.remove("stale");
       for (const dd of card.querySelectorAll("dd[data-field]")) {
         const raw = gpu.sample[dd.dataset.field];
         const scale = Number(dd.dataset.scale || 1);
