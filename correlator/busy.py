@@ -14,6 +14,7 @@ from __future__ import annotations
 from sqlite_utils import Database
 
 from gpuwhy.events import Event
+from gpuwhy.store import gpu_activity
 from gpuwhy.store.samples import BY_FIELD
 
 _UTIL = BY_FIELD["gpu_util"]
@@ -40,14 +41,10 @@ class LastBusy:
         """The time of the GPU's latest busy sample in [since, now], or None."""
         seen = self._seen.get(gpu_id)
         if seen is not None and seen > now:     # ahead of the watermark: the store knows
-            return db.execute("select max(ts) from gpu_samples where gpu_id = ? and "
-                              "gpu_util > ? and ts between ? and ?",
-                              [gpu_id, self.threshold, since, now]).fetchone()[0]
+            return gpu_activity.latest_busy(db, gpu_id, self.threshold, since, now)
         if gpu_id not in self._stored:          # what came before this process started
-            row = db.execute("select ts from gpu_samples where gpu_id = ? and gpu_util > ? "
-                             "and ts <= ? order by ts desc limit 1",
-                             [gpu_id, self.threshold, now]).fetchone()
-            self._stored[gpu_id] = row[0] if row else None
+            self._stored[gpu_id] = gpu_activity.latest_busy(db, gpu_id, self.threshold,
+                                                            None, now)
         found = [ts for ts in (seen, self._stored[gpu_id]) if ts is not None]
         busy = max(found) if found else None
         return busy if busy is not None and busy >= since else None

@@ -6,7 +6,8 @@ naming a pid -> that process, Xid 45 -> the earlier Xid it follows, repeated Xid
 reset -> ``escalation`` (hardware inspection); on a GPU the kernel says fell off the bus, a
 GPU source that still reads it -> ``contradicting`` (evidence against, not a recovery).
 Built from the store only, so rebuilding a settling incident after a late event puts the
-event where it belongs.
+event where it belongs: this module decides the links from the rows that
+:mod:`gpuwhy.store.incident_chains` reads, and that module writes them back.
 
 Steps are in time order, each dated by its own evidence; the kind's place in the story
 orders only steps of the same time. (They were ordered by kind first: a rule finding on a
@@ -24,10 +25,9 @@ from typing import TYPE_CHECKING, Any
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.correlator import bindings
 from gpuwhy.identity import ProcessKey
-from gpuwhy.reset import RESET_CONTROLS, sql_names
 from gpuwhy.rules.model import SYMPTOM
+from gpuwhy.store import gpu_bindings, gpu_identity, incident_chains
 
 if TYPE_CHECKING:
     from gpuwhy.correlator.incidents import IncidentBuilder
@@ -51,13 +51,9 @@ class Link:
     gpu_id: str | None = None
 
 
-def _incident(db: Database, incident_id: int) -> dict:
-    return db.execute_returning_dicts("select * from incidents where id = ?", [incident_id])[0]
-
-
 def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Link]:
     """Build the chain of one incident from the store and store it (links, processes)."""
-    incident = _incident(db, incident_id)
+    incident = incident_chains.incident(db, incident_id)
     kind = incident["kind"]
     if kind == "gpu_reset":
         links = _reset_chain(db, incident, builder)
@@ -70,7 +66,7 @@ def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Li
     else:
         links = [_self_link(incident)]
     links.sort(key=lambda link: (link.ts, _ORDER.get(link.kind, 5)))
-    _store(db, incident_id, links)
+    incident_chains.store_chain(db, incident_id, [asdict(link) for link in links])
     return links
 
 
@@ -78,22 +74,6 @@ _ORDER = {"cron_job": 0, "timer": 0, "operator_command": 0, "command": 1, "drive
           "earlier_xid": 2, "gpu_reset": 3, "xid": 3, "gpu_lost": 3, "rule_finding": 3,
           "process": 4, "escalation": 4, "later_xid": 4, "contradicting": 4, "symptom": 5,
           "process_stall": 5, "process_exit": 6}
-
-
-def _store(db: Database, incident_id: int, links: list[Link]) -> None:
-    db.execute("delete from incident_links where incident_id = ?", [incident_id])
-    db.execute("delete from incident_processes where incident_id = ?", [incident_id])
-    for seq, link in enumerate(links):
-        row = asdict(link)
-        row["evidence"] = json.dumps(link.evidence, sort_keys=True, default=str)
-        db["incident_links"].insert({"incident_id": incident_id, "seq": seq, **row})
-        if link.pid is not None and link.start_time is not None:
-            db.execute("insert or ignore into incident_processes values (?, ?, ?, ?)",
-                       [incident_id, link.pid, link.start_time, link.kind])
-    confidence = min((link.confidence for link in links), default=None)
-    db.execute("update incidents set chain = ?, confidence = ? where id = ?",
-               [json.dumps([{"kind": link.kind, "ts": link.ts, "summary": link.summary}
-                            for link in links]), confidence, incident_id])
 
 
 def _self_link(incident: dict) -> Link:
@@ -104,52 +84,33 @@ def _self_link(incident: dict) -> Link:
 
 
 def _comm(db: Database, key: ProcessKey) -> str:
-    row = db.execute("select coalesce(nullif(comm, ''), exe_filename, '?') from processes "
-                     "where pid = ? and start_time = ?", [key.pid, key.start_time]).fetchone()
-    return row[0] if row and row[0] else "?"
+    return incident_chains.process_name(db, key)
 
 
 # --- causes --------------------------------------------------------------------------------
 def _reset_call(db: Database, incident: dict) -> tuple | None:
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
-    rows = db.execute(
-        "select id, ts, pid, start_time, path, sub_name, op, status_name, latency_ns "
-        "from driver_calls "
-        f"where sub_name in {sql_names(RESET_CONTROLS)} and ts between ? and ? order by ts",
-        [at - CAUSE_LOOKBACK_NS, incident["last_seen"]]).fetchall()
+    rows = incident_chains.reset_calls(db, at - CAUSE_LOOKBACK_NS, incident["last_seen"])
     for row in rows:
         key = ProcessKey(row[2], row[3])
-        if gpu_id is None or gpu_id in bindings.gpus_of(db, key, row[1]) or \
-                row[4].endswith(tuple(f"nvidia{m}" for m in _minors(db, gpu_id))):
+        if gpu_id is None or gpu_id in gpu_bindings.gpus_of(db, key, row[1]) or \
+                row[4].endswith(tuple(f"nvidia{m}" for m in gpu_identity.minors_of(db, gpu_id))):
             return row
     return None
-
-
-def _minors(db: Database, gpu_id: str) -> list[int]:
-    rows = db.execute("select alias from gpu_aliases where gpu_id = ? and alias like 'minor:%'",
-                      [gpu_id]).fetchall()
-    return [int(r[0][6:]) for r in rows] + ([int(gpu_id[6:])] if gpu_id.startswith("minor:")
-                                            else [])
 
 
 def _origin_links(db: Database, key: ProcessKey, at: int) -> list[Link]:
     """What ran ``key``: its exec (command) and the cron job, timer or operator behind it."""
     links = []
-    ancestry = bindings.ancestry(db, key)
-    execs = db.execute("select id, ts, body from events where kind = 'process_exec' and pid = ? "
-                       "and start_time = ? and ts <= ? order by ts desc limit 1",
-                       [key.pid, key.start_time, at]).fetchone()
+    ancestry = gpu_bindings.ancestry(db, key)
+    execs = incident_chains.last_exec(db, key, at)
     if execs:
         filename = json.loads(execs[2]).get("filename", "?")
         links.append(Link("command", execs[1], f"pid {key.pid} ran {filename}",
                           {"events": [execs[0]], "filename": filename}, 1.0, key.pid,
                           key.start_time))
     for depth, process in enumerate(ancestry):
-        run = db.execute(
-            "select cursor, ts, user, command, gpu_action, job_pid, job_start_time from "
-            "cron_runs where phase = 'started' and job_pid = ? and (job_start_time = ? or "
-            "(job_start_time is null and ts between ? and ?)) order by ts desc limit 1",
-            [process.pid, process.start_time, at - 3600 * NS_PER_SECOND, at]).fetchone()
+        run = incident_chains.cron_run_of(db, process, at - 3600 * NS_PER_SECOND, at)
         if run:
             exact = run[6] is not None
             links.insert(0, Link(
@@ -158,8 +119,7 @@ def _origin_links(db: Database, key: ProcessKey, at: int) -> list[Link]:
                 {"cron_runs": [run[0]], "gpu_action": run[4], "ancestry_depth": depth},
                 0.95 if exact else 0.7, run[5], run[6]))
             return links
-    cgroup = db.execute("select cgroup, uid from processes where pid = ? and start_time = ?",
-                        [key.pid, key.start_time]).fetchone()
+    cgroup = incident_chains.cgroup_and_uid(db, key)
     # who ran it did so by the exec at the latest: dated there, it comes first in time too
     origin = links[0].ts if links else at
     if cgroup and cgroup[0] and ".timer" not in cgroup[0] and cgroup[0].endswith(".service"):
@@ -198,11 +158,8 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
     links = []
     if details.get("xid") == 45:
-        earlier = db.execute(
-            "select id, opened_at, title from incidents where gpu_id = ? and kind in ('xid', "
-            "'gpu_lost') and id != ? and opened_at between ? and ? and "
-            "json_extract(details, '$.xid') != 45 order by opened_at desc limit 1",
-            [gpu_id, incident["id"], at - CAUSE_LOOKBACK_NS, at]).fetchone()
+        earlier = incident_chains.earlier_xid(db, gpu_id, incident["id"],
+                                              at - CAUSE_LOOKBACK_NS, at)
         if earlier:
             links.append(Link("earlier_xid", earlier[1], f"follows {earlier[2]} (Xid 45 is the "
                               "channel teardown caused by a previous Xid)",
@@ -230,12 +187,9 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
                               {"kernel_log_pid": pid}, 0.95, pid, start_time, gpu_id))
             if start_time is not None:
                 seen.add(ProcessKey(pid, start_time))
-    resets = db.execute("select max(opened_at) from incidents where kind = 'gpu_reset' and "
-                        "gpu_id = ? and opened_at < ?", [gpu_id, at]).fetchone()[0]
+    resets = incident_chains.last_reset_before(db, gpu_id, at)
     if resets is not None:
-        after = db.execute("select count(*), group_concat(id) from incidents where gpu_id = ? "
-                           "and kind in ('xid', 'gpu_lost') and opened_at > ? and "
-                           "opened_at <= ?", [gpu_id, resets, at]).fetchone()
+        after = incident_chains.xids_between(db, gpu_id, resets, at)
         if after[0] >= ESCALATE_AFTER:
             links.append(Link("escalation", at, f"{after[0]} Xids on this GPU since its last "
                               "reset: take it out of service for a hardware inspection",
@@ -266,9 +220,7 @@ def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
     links = []
     affected: set[ProcessKey] = set()
-    effects = db.execute("select id, kind, opened_at, title, summary, pid, start_time, details "
-                         "from incidents where cause_id = ? order by opened_at, id",
-                         [incident["id"]]).fetchall()
+    effects = incident_chains.effects_of(db, incident["id"])
     for effect_id, kind, ts, title, summary, pid, start_time, details in effects:
         key = ProcessKey(pid, start_time) if pid is not None else None
         if key in exclude:
@@ -292,7 +244,7 @@ def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
             affected.add(key)
     if gpu_id is None or only is not None:
         return links
-    for binding in bindings.bound_at(db, gpu_id, at):
+    for binding in gpu_bindings.bound_at(db, gpu_id, at):
         key = binding.process
         if key not in affected and key not in exclude:
             links.append(Link("process", at, f"pid {key.pid} ({_comm(db, key)}) was bound to "
@@ -305,8 +257,7 @@ def _effect_chain(db: Database, incident: dict) -> list[Link]:
     """A stall or death: the cause incident it is an effect of (if any), then itself."""
     links = []
     if incident.get("cause_id") is not None:
-        cause = db.execute("select id, kind, opened_at, title from incidents where id = ?",
-                           [incident["cause_id"]]).fetchone()
+        cause = incident_chains.cause_row(db, incident["cause_id"])
         if cause:
             links.append(Link(cause[1], cause[2], cause[3], {"incident": cause[0]}, 0.8,
                               gpu_id=incident["gpu_id"]))

@@ -41,13 +41,12 @@ from typing import Any
 from sqlite_utils import Database
 
 from gpuwhy import gpu_health as gh
-from gpuwhy.correlator import bindings
 from gpuwhy.events import Event, methods_by_kind
 from gpuwhy.gpufields import FABRIC_HEALTH, FABRIC_STATES
 from gpuwhy.identity import classify_device
 from gpuwhy.reset import reset_kind, state_kind
+from gpuwhy.store import gpu_bindings, queries
 from gpuwhy.store import health as store_health
-from gpuwhy.store import queries
 from gpuwhy.xid import catalogue_fields, xid_info
 
 MAX_DETAIL = 300     # evidence quotes a line or a source's detail; they are untrusted
@@ -328,7 +327,7 @@ class GpuHealth:
             return              # a request, or a reset call that failed: no reset happened
         kind, minor = classify_device(event.path)
         gpus = [queries.resolve_gpu(db, minor=minor)] if kind == "nvidiaN" and \
-            minor is not None else bindings.gpus_of(db, event.process, event.ts)
+            minor is not None else gpu_bindings.gpus_of(db, event.process, event.ts)
         evidence = {"event": f"driver call {event.sub_name}", "pid": event.process.pid,
                     "start_time": event.process.start_time, "path": event.path}
         for gpu_id in gpus:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from gpuwhy import lifecycle as lc
 from gpuwhy import severity as sev
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import Config
-from gpuwhy.correlator import bindings, chains, timeline
+from gpuwhy.correlator import chains, timeline
 from gpuwhy.correlator.busy import LastBusy
 from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
@@ -46,9 +46,10 @@ from gpuwhy.events import EVENT_TYPES, Envelope, Event, RuleFinding, methods_by_
 from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.rules.model import CAUSE, SYMPTOM
+from gpuwhy.store import gpu_activity, gpu_bindings, gpu_identity, incident_rows, process_seconds
 from gpuwhy.store import health as store_health
 from gpuwhy.store import lifecycle as store_lifecycle
-from gpuwhy.store.queries import resolve_gpu
+from gpuwhy.store.gpu_identity import resolve_gpu
 from gpuwhy.xid import catalogue_fields, xid_info
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class Opened:
 class IncidentBuilder:
     """Detectors per event kind, stall checks on the watermark, chain (re)building."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, driver_gpus: Sequence[GpuIdentity] = ()):
         self.lag_ns = int(config["correlator.lag_seconds"] * NS_PER_SECOND)
         self.stall_ns = int(config["correlator.stall_seconds"] * NS_PER_SECOND)
         self.stall_util = float(config["correlator.stall_util_pct"])
@@ -116,7 +117,10 @@ class IncidentBuilder:
                                    config["correlator.pending_max"])
         self.timelines = timeline.TimelineBuilder()
         self.proc_root: str = config["probes.proc_root"]
-        self._proc_read = False
+        # The driver's own minor/UUID/PCI table (/proc/driver/nvidia/gpus), read by the GPU
+        # source for the application that runs this stage: the decide stage reads no /proc.
+        self.driver_gpus = tuple(driver_gpus)
+        self._driver_gpus_learned = False
         self.opened = 0
         self.merged = 0
         self._named_full: set[int] = set()   # Xid incidents that name chains.MAX_NAMED already
@@ -137,10 +141,10 @@ class IncidentBuilder:
         """Detect, deduplicate, rebuild settling chains; returns the ids of new incidents.
         ``wall_ns``: the wall clock when running live (None: event time only, for replays)."""
         now = self.alignment.observe(envelopes, wall_ns)
-        if not self._proc_read:         # the driver's own minor/UUID/PCI table, once
-            for identity in bindings.proc_identities(self.proc_root):
-                bindings.learn(db, identity, now)
-            self._proc_read = True
+        if not self._driver_gpus_learned:     # the driver's own table, once
+            for identity in self.driver_gpus:
+                gpu_identity.learn(db, identity, now)
+            self._driver_gpus_learned = True
         new: list[int] = []
         self.changes = []                   # a failed decide's were rolled back with it
         self._realert = []
@@ -160,7 +164,7 @@ class IncidentBuilder:
                 handler(db, event)
             if detector is None:
                 continue
-            self.health.forget()            # a detector may merge GPU rows (bindings.learn)
+            self.health.forget()            # a detector may merge GPU rows (gpu_identity.learn)
             for wanted in detector(db, event) or ():
                 incident_id, created = self._open(db, wanted)
                 if created and wanted.cause_id is None:
@@ -235,18 +239,11 @@ class IncidentBuilder:
         reopen window), else insert it; returns (id, inserted). Each reset is an event of its
         own: a repeat is the same reset only within ``dedup_seconds``, and never reopens."""
         if wanted.kind in EACH_ONE_ITS_OWN:
-            row = db.execute(f"select id, count, severity, state from incidents where "
-                             f"dedup_key = ? and {lc.sql_active()} and last_seen >= ? "
-                             f"order by id desc limit 1",
-                             [wanted.dedup_key, wanted.ts - self.dedup_ns]).fetchone()
+            row = incident_rows.latest_active(db, wanted.dedup_key, wanted.ts - self.dedup_ns)
         else:
             # an effect whose cause was resolved is not reopened: a repeat is news again
-            row = db.execute(f"select i.id, i.count, i.severity, i.state from incidents i "
-                             f"left join incidents c on c.id = i.cause_id where "
-                             f"i.dedup_key = ? and ({lc.sql_active('i.state')} or "
-                             f"(i.closed_at >= ? and (c.id is null or "
-                             f"{lc.sql_active('c.state')}))) order by i.id desc limit 1",
-                             [wanted.dedup_key, wanted.ts - self.reopen_ns]).fetchone()
+            row = incident_rows.latest_to_merge(db, wanted.dedup_key,
+                                                wanted.ts - self.reopen_ns)
         settle = wanted.ts + self.settle_ns(wanted.kind)
         if row:
             incident_id, count, severity, state = row
@@ -259,17 +256,13 @@ class IncidentBuilder:
                              text=f"seen again: {wanted.summary}"[:lc.NOTE_MAX])
                 self.reopened += 1
             self._needs_too(db, incident_id, wanted.details)
-            db.execute("update incidents set count = ?, severity = ?, "
-                       "last_seen = max(last_seen, ?), opened_at = min(opened_at, ?), "
-                       "settle_until = max(coalesce(settle_until, 0), ?), updated_at = ? "
-                       "where id = ?",
-                       [count + 1, worse, wanted.ts, wanted.ts, settle, wanted.ts, incident_id])
+            incident_rows.merge_repeat(db, incident_id, count + 1, worse, wanted.ts, settle)
             self.merged += 1
             if self._named_too(db, incident_id, wanted.details.get("named") or []):
                 chains.rebuild(db, incident_id, self)
             return incident_id, False
         process = wanted.process
-        incident_id = db["incidents"].insert({
+        incident_id = incident_rows.insert_incident(db, {
             "opened_at": wanted.ts, "closed_at": None, "kind": wanted.kind,
             "severity": sev.worst([wanted.severity]), "gpu_id": wanted.gpu_id,
             "pid": process.pid if process else None,
@@ -279,7 +272,7 @@ class IncidentBuilder:
             "state": lc.OPEN, "settle_until": settle, "updated_at": wanted.ts,
             "confidence": None, "details": json.dumps(wanted.details, sort_keys=True),
             "cause_id": wanted.cause_id,
-        }).last_pk
+        })
         store_lifecycle.log_change(db, incident_id, lc.OPENED, wanted.ts, ACTOR)
         if wanted.cause_id is None:
             self.opened += 1
@@ -296,13 +289,11 @@ class IncidentBuilder:
         rests on the GPU's health, as the health state does."""
         if not (wanted.get("gpu_reset") or wanted.get("reboot")):
             return
-        row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
-        details = json.loads(row[0] or "{}")
+        details = incident_rows.details(db, incident_id)
         changed = {flag: True for flag in ("gpu_reset", "reboot")
                    if wanted.get(flag) and not details.get(flag)}
         if changed:
-            db.execute("update incidents set details = ? where id = ?",
-                       [json.dumps({**details, **changed}, sort_keys=True), incident_id])
+            incident_rows.set_details(db, incident_id, {**details, **changed})
 
     # --- one incident per cause ------------------------------------------------------------
     def _cause_of(self, db: Database, gpu_id: str | None, ts: int,
@@ -316,13 +307,7 @@ class IncidentBuilder:
         never of another process's."""
         if gpu_id is None:
             return None
-        rows = db.execute(
-            f"select i.id, i.kind, i.last_seen, g.health, i.pid, i.start_time "
-            f"from incidents i left join gpus g "
-            f"on g.id = i.gpu_id where i.gpu_id = ? and i.cause_id is null and "
-            f"{lc.sql_active('i.state')} and i.kind in ({', '.join('?' * len(kinds))}) and "
-            f"i.opened_at <= ? order by i.opened_at desc",
-            [gpu_id, *kinds, ts]).fetchall()
+        rows = incident_rows.active_causes(db, gpu_id, kinds, ts)
         for incident_id, kind, last_seen, health, pid, start_time in rows:
             if kind == "xid" and pid is not None and health not in UNRESOLVED_HEALTH and \
                     process is not None and \
@@ -335,20 +320,14 @@ class IncidentBuilder:
     def _adopt(self, db: Database, cause_id: int, cause: Opened) -> None:
         """Effects found before their cause incident (a late kernel-log line): on its GPU,
         active, begun at or after the cause and within its settling time."""
-        adopted = db.execute(
-            f"update incidents set cause_id = ? where gpu_id = ? and cause_id is null and "
-            f"id != ? and {lc.sql_active()} and kind in "
-            f"({', '.join('?' * len(ADOPTED_KINDS))}) and opened_at between ? and ?",
-            [cause_id, cause.gpu_id, cause_id, *ADOPTED_KINDS, cause.ts,
-             cause.ts + self.settle_ns(cause.kind)]).rowcount
+        adopted = incident_rows.adopt_effects(db, cause_id, cause.gpu_id, ADOPTED_KINDS,
+                                              cause.ts, cause.ts + self.settle_ns(cause.kind))
         if adopted:
             self.opened -= adopted      # they were counted as incidents; they are its links
 
     def _attached(self, db: Database, cause_id: int, ts: int) -> None:
         """An effect joined ``cause_id``: its chain is rebuilt (and again while it settles)."""
-        db.execute("update incidents set updated_at = max(coalesce(updated_at, 0), ?), "
-                   "settle_until = max(coalesce(settle_until, 0), ?) where id = ?",
-                   [ts, ts + self.lag_ns, cause_id])
+        incident_rows.effect_joined(db, cause_id, ts, ts + self.lag_ns)
         chains.rebuild(db, cause_id, self)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -356,10 +335,8 @@ class IncidentBuilder:
                 resolution: str | None = None, text: str | None = None) -> None:
         change = store_lifecycle.log_change(db, incident_id, action, ts, ACTOR, resolution,
                                             text)
-        cause = db.execute("select cause_id from incidents where id = ?",
-                           [incident_id]).fetchone()
         # effects are links: their changes are not news; a new answer is alerted again whole
-        if cause and cause[0] is None and action != lc.ANSWERED:
+        if incident_rows.is_cause(db, incident_id) and action != lc.ANSWERED:
             self.changes.append(change)
 
     def _resolve(self, db: Database, incident_id: int, how: str, ts: int, why: str) -> None:
@@ -368,21 +345,14 @@ class IncidentBuilder:
         store_lifecycle.mark_resolved(db, incident_id, how, ts)
         self._logged(db, incident_id, lc.RESOLVE, ts, how, why)
         self.resolved += 1
-        for (effect,) in db.execute(f"select id from incidents where cause_id = ? and "
-                                    f"{lc.sql_active()}", [incident_id]).fetchall():
+        for effect in incident_rows.active_effects(db, incident_id):
             store_lifecycle.mark_resolved(db, effect, how, ts)
             self._logged(db, effect, lc.RESOLVE, ts, how, f"its cause, incident "
                          f"{incident_id}, was resolved")
 
     def _resolve_exited(self, db: Database, now: int) -> None:
         """Stalls, and settled Xids that name a process, end when their process does."""
-        rows = db.execute(
-            f"select i.id, p.exited_at, i.kind, g.health from incidents i join processes p "
-            f"on p.pid = i.pid and p.start_time = i.start_time left join gpus g on "
-            f"g.id = i.gpu_id where {lc.sql_active('i.state')} and "
-            f"p.exited_at is not null and p.exited_at >= i.opened_at and "
-            f"(i.kind = 'process_stall' or (i.kind = 'xid' and i.cause_id is null and "
-            f"coalesce(i.settle_until, 0) < ?))", [now]).fetchall()
+        rows = incident_rows.ended_with_process(db, now)
         for incident_id, exited_at, kind, health in rows:
             if kind == "xid" and health in UNRESOLVED_HEALTH:
                 continue        # the GPU still needs a reset: the Xid is not over with it
@@ -392,15 +362,7 @@ class IncidentBuilder:
     def _resolve_settled(self, db: Database, now: int) -> None:
         """Cause incidents, once settled: resolved when their GPU reads healthy again after
         them, or (if they never left it unhealthy) ``dedup_seconds`` after last seen."""
-        # the active incidents by their state's index (m117): the planner, without the
-        # store's statistics, took cause_id's, and read every incident ever kept each second
-        rows = db.execute(
-            f"select i.id, i.kind, i.gpu_id, i.opened_at, i.last_seen, g.health, "
-            f"{store_health.health_backed_sql('i.')} from incidents "
-            f"i indexed by idx_incidents_state left join gpus g on g.id = i.gpu_id where "
-            f"{lc.sql_active('i.state')} and "
-            f"i.cause_id is null and i.kind in ('xid', 'gpu_lost', 'gpu_reset') and "
-            f"coalesce(i.settle_until, 0) < ?", [now]).fetchall()
+        rows = incident_rows.settled_causes(db, now)
         for incident_id, kind, gpu_id, opened_at, last_seen, health, backed in rows:
             if health in UNRESOLVED_HEALTH:
                 continue
@@ -415,17 +377,12 @@ class IncidentBuilder:
                               [:lc.NOTE_MAX])
                 continue
             # a process it stalled is still stalled (hung since the reset, say): not over
-            ended = db.execute(f"select count(*) filter (where {lc.sql_active()}), "
-                               f"max(closed_at) from incidents where cause_id = ? and "
-                               f"kind = 'process_stall'", [incident_id]).fetchone()
+            ended = incident_rows.stalls_caused(db, incident_id)
             if ended[0]:
                 continue
             last_seen = max(last_seen, ended[1] or 0)
-            back = db.execute(
-                f"select ts, previous, cause from gpu_health_history where gpu_id = ? and "
-                f"state = ? and ts >= ? and previous in ({', '.join('?' * len(UNRESOLVED_HEALTH))})"
-                f" order by ts desc limit 1",
-                [gpu_id, gh.OK, opened_at, *UNRESOLVED_HEALTH]).fetchone() if gpu_id else None
+            back = incident_rows.back_to(db, gpu_id, gh.OK, opened_at, UNRESOLVED_HEALTH) \
+                if gpu_id else None
             if back and back[0] <= now:
                 how = lc.RECOVERED if kind == "gpu_reset" or back[1] != gh.RESETTING \
                     else lc.RESET
@@ -444,15 +401,13 @@ class IncidentBuilder:
         that many its lines read nothing more."""
         if not named or incident_id in self._named_full:
             return False
-        row = db.execute("select details from incidents where id = ?", [incident_id]).fetchone()
-        details = json.loads(row[0] or "{}")
+        details = incident_rows.details(db, incident_id)
         known = details.setdefault("named", [])
         pids = {n[0] for n in known}
         new = [n for n in named if n[0] not in pids][:chains.MAX_NAMED - len(known)]
         if new:
             known += new
-            db.execute("update incidents set details = ? where id = ?",
-                       [json.dumps(details, sort_keys=True), incident_id])
+            incident_rows.set_details(db, incident_id, details)
         if len(known) >= chains.MAX_NAMED:
             self._named_full.add(incident_id)
         return bool(new)
@@ -467,7 +422,7 @@ class IncidentBuilder:
         info = xid_info(code)
         fields = fields or info.as_fields()
         kind = "gpu_lost" if code == 79 else "xid"
-        process = bindings.process_with_pid_at(db, pid, ts) if pid else None
+        process = gpu_bindings.process_with_pid_at(db, pid, ts) if pid else None
         details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
                    **fields}
         if pid is not None:   # every process the driver names, as repeats merge in: its
@@ -495,11 +450,11 @@ class IncidentBuilder:
             return self._xid(db, event.ts, gpu_id, 79, None, None,
                              f"kernel log ({event.origin})", event.message)
         if event.record_kind == "gpu_uuid" and event.pci and event.uuid:
-            bindings.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci), event.ts)
+            gpu_identity.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci), event.ts)
         return []
 
     def _detect_gpu_seen(self, db: Database, event: Event) -> list[Opened]:
-        bindings.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci_bus_id,
+        gpu_identity.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci_bus_id,
                                        index=event.index, minor=event.minor), event.ts)
         return []
 
@@ -536,11 +491,7 @@ class IncidentBuilder:
         catalogue action is a reset or a reboot), if one opened before ``ts``."""
         if gpu_id is None:
             return None
-        row = db.execute(
-            f"select id from incidents where gpu_id = ? and cause_id is null and "
-            f"{lc.sql_active()} and opened_at <= ? and {store_health.HEALTH_BACKED_SQL} "
-            f"order by opened_at desc limit 1", [gpu_id, ts]).fetchone()
-        return row[0] if row else None
+        return incident_rows.needing_reset(db, gpu_id, ts)
 
     def _detect_driver_call(self, db: Database, event: Event) -> list[Opened]:
         if reset_kind(event.sub_name) != "reset":   # a request: the reset call follows
@@ -548,7 +499,7 @@ class IncidentBuilder:
         key = event.process
         minor = _minor_of(event.path)
         gpus = [resolve_gpu(db, minor=minor)] if minor is not None else \
-            bindings.gpus_of(db, key, event.ts)
+            gpu_bindings.gpus_of(db, key, event.ts)
         return [self._reset(db, gpu, event.ts, f"{event.sub_name} by pid {key.pid}",
                             {"pid": key.pid, "start_time": key.start_time,
                              "path": event.path}) for gpu in gpus or [None]]
@@ -558,13 +509,9 @@ class IncidentBuilder:
         if event.exit_code == 0 and not event.signal:
             return []                       # a clean exit is not a death
         found = []
-        for gpu_id in set(bindings.gpus_of(db, key, event.ts - 1)):
-            cause = db.execute(
-                "select i.id, i.kind, i.title, i.details, i.pid, i.start_time, g.health from "
-                "incidents i left join gpus g on g.id = i.gpu_id where i.gpu_id = ? and "
-                "i.kind in ('xid', 'gpu_lost', 'gpu_reset') and i.cause_id is null and "
-                "i.opened_at between ? and ? order by i.opened_at desc limit 1",
-                [gpu_id, event.ts - EXIT_WINDOW_NS, event.ts]).fetchone()
+        for gpu_id in set(gpu_bindings.gpus_of(db, key, event.ts - 1)):
+            cause = incident_rows.latest_cause_opened(db, gpu_id, event.ts - EXIT_WINDOW_NS,
+                                                      event.ts)
             if cause is None:
                 continue
             if cause[1] == "xid" and cause[4] is not None and cause[6] not in \
@@ -591,22 +538,18 @@ class IncidentBuilder:
         if event.shadow:
             return []
         dedup_key = f"rule_finding:{event.finding_id}"
-        active = db.execute(f"select id, severity from incidents where dedup_key = ? and "
-                            f"{lc.sql_active()}", [dedup_key]).fetchone()
+        active = incident_rows.active_by_key(db, dedup_key)
         if event.state == "cleared":
             if active:
-                db.execute("update incidents set last_seen = max(last_seen, ?) where id = ?",
-                           [event.ts, active[0]])
+                incident_rows.seen_at(db, active[0], event.ts)
                 self._resolve(db, active[0], lc.RECOVERED, event.ts,
                               "the rule's condition stopped holding")
             return []
         # An incident keeps the worst severity its finding reached, as a merged repeat does
         # in _open: a finding that calms down is still the incident it escalated to.
         if active:
-            db.execute("update incidents set severity = ?, last_seen = max(last_seen, ?), "
-                       "settle_until = ? where id = ?",
-                       [sev.worst([active[1], event.severity]), event.ts,
-                        event.ts + self.lag_ns, active[0]])
+            incident_rows.finding_again(db, active[0], sev.worst([active[1], event.severity]),
+                                        event.ts, event.ts + self.lag_ns)
             return []
         since = event.since or event.ts
         gpu_id = event.gpu_id or None
@@ -627,12 +570,7 @@ class IncidentBuilder:
                      rule_ids: list[str] | None = None) -> list[tuple]:
         """Active rule-finding incidents of ``event``'s GPU whose rule is of ``kind`` (and
         among ``rule_ids``), about the same process or the whole GPU, oldest first."""
-        rows = db.execute(
-            f"select id, pid, start_time, json_extract(details, '$.rule_id'), "
-            f"json_extract(details, '$.explains'), dedup_key, details, title, severity, "
-            f"opened_at from incidents where kind = 'rule_finding' and cause_id is null and "
-            f"gpu_id = ? and {lc.sql_active()} and json_extract(details, '$.rule_kind') = ? "
-            f"order by opened_at, id", [event.gpu_id, kind]).fetchall()
+        rows = incident_rows.active_findings(db, event.gpu_id, kind)
         process = event.process
         return [r for r in rows
                 if (rule_ids is None or r[3] in rule_ids)
@@ -656,23 +594,14 @@ class IncidentBuilder:
         incident_id, _, _, _, _, symptom_key, symptom_details, symptom_title, severity, \
             opened_at = symptoms[0]
         process = event.process
-        # the symptom, as a link: a row of its own, found by its finding's updates
-        moved = dict(db.execute_returning_dicts("select * from incidents where id = ?",
-                                                [incident_id])[0])
-        moved.pop("id")
-        db["incidents"].insert({**moved, "cause_id": incident_id, "dedup_key": symptom_key})
-        db.execute("update incidents set dedup_key = ?, title = ?, summary = ?, details = ?, "
-                   "severity = ?, pid = ?, start_time = ?, opened_at = min(opened_at, ?), "
-                   "last_seen = max(last_seen, ?), updated_at = ?, settle_until = ? "
-                   "where id = ?",
-                   [wanted.dedup_key, wanted.title, wanted.summary,
-                    json.dumps(wanted.details, sort_keys=True),
-                    sev.worst([severity, wanted.severity]),
-                    process.pid if process else moved["pid"],
-                    process.start_time if process else moved["start_time"],
-                    wanted.ts, event.ts, event.ts, event.ts + self.lag_ns, incident_id])
-        for other in symptoms[1:]:          # further symptoms it explains: links too
-            db.execute("update incidents set cause_id = ? where id = ?", [incident_id, other[0]])
+        # the symptom, as a link: a row of its own, found by its finding's updates; further
+        # symptoms it explains: links too
+        incident_rows.answer_symptom(db, incident_id, symptom_key, {
+            "dedup_key": wanted.dedup_key, "title": wanted.title, "summary": wanted.summary,
+            "details": wanted.details, "severity": sev.worst([severity, wanted.severity]),
+            "process": (process.pid, process.start_time) if process else None,
+            "opened_at": wanted.ts, "seen": event.ts, "settle_until": event.ts + self.lag_ns,
+        }, [other[0] for other in symptoms[1:]])
         self._logged(db, incident_id, lc.ANSWERED, event.ts,
                      text=f"cause established: {event.title} (was the symptom: "
                           f"{symptom_title})"[:lc.NOTE_MAX])
@@ -686,20 +615,13 @@ class IncidentBuilder:
         lost) for ``stall_seconds`` after being busy. Not a monitor (nv-hostengine, an NVML
         exporter, gpuwhy): it holds the device files and waits whatever the GPU does."""
         found = []
-        rows = db.execute(
-            "select b.pid, b.start_time, b.gpu_id, min(b.since), p.comm, p.cmdline "
-            "from gpu_bindings b "
-            "join processes p on p.pid = b.pid and p.start_time = b.start_time "
-            "where b.until is null and p.exited_at is null "
-            "group by b.pid, b.start_time, b.gpu_id").fetchall()
+        rows = gpu_bindings.held_by_living(db)
         if not rows:
             return found                    # an idle host: no further read
         # One read of the active stalls for every process checked, not one a process; the
         # GPU's side of the answer once a GPU (its processes share it).
         stalled_now: dict[str, list[tuple[int, int]]] = {}
-        for stalled, dedup_key, opened_at in db.execute(
-                f"select id, dedup_key, opened_at from incidents indexed by "
-                f"idx_incidents_state where {lc.sql_active()} and kind = 'process_stall'"):
+        for stalled, dedup_key, opened_at in incident_rows.active_stalls(db):
             stalled_now.setdefault(dedup_key, []).append((stalled, opened_at))
         idle_by_gpu: dict[tuple[str, int], int | None] = {}
         for pid, start_time, gpu_id, since, comm, cmdline in rows:
@@ -715,12 +637,9 @@ class IncidentBuilder:
                             self._resolve(db, stalled, lc.RECOVERED, now,
                                           "the GPU is busy again")
                 continue
-            ongoing = db.execute(f"update incidents set last_seen = max(last_seen, ?) where "
-                                 f"dedup_key = ? and {lc.sql_active()} and opened_at <= ?",
-                                 [now, dedup_key, now]).rowcount
-            if ongoing:
+            if incident_rows.still_stalled(db, dedup_key, now):
                 continue
-            how = timeline.classify_stall(db, key, idle_since, now)
+            how = timeline.classify_stall(process_seconds.sched_totals(db, key, idle_since, now))
             found.append(Opened(
                 "process_stall", "warning", idle_since,
                 f"Process {pid} stalled: GPU idle", f"pid {pid} alive but GPU {gpu_id} near "
@@ -745,16 +664,11 @@ class IncidentBuilder:
 
     def _idle_after(self, db: Database, gpu_id: str, busy: int, now: int) -> int | None:
         """Where the GPU's idle stretch began after its busy sample at ``busy``, if it did."""
-        after = db.execute("select min(ts) from gpu_samples where gpu_id = ? and ts > ?",
-                           [gpu_id, busy]).fetchone()[0]
-        state = db.execute("select state, state_since, health, health_since from gpus "
-                           "where id = ?", [gpu_id]).fetchone()
+        after = gpu_activity.first_sample_after(db, gpu_id, busy)
+        state = gpu_activity.gpu_state(db, gpu_id)
         went_silent = None
         if state and state[1] and state[1] > busy:      # its state changed since: how?
-            went_silent = db.execute(
-                "select min(ts) from events where ts > ? and ts <= ? and kind = 'gpu_state' "
-                "and gpu_id = ? and json_extract(body, '$.state') in (?, ?, ?)",
-                [busy, now, gpu_id, *SILENT_STATES]).fetchone()[0]
+            went_silent = gpu_activity.went_silent(db, gpu_id, busy, now, SILENT_STATES)
             if went_silent is None and state[0] in SILENT_STATES:
                 went_silent = state[1]
         # lost or resetting by its health (an Xid 79 in the kernel log, where no GPU source

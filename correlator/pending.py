@@ -18,6 +18,7 @@ from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.events import Envelope
+from gpuwhy.store import incident_rows
 
 
 class Alignment:
@@ -56,14 +57,10 @@ class Alignment:
     def settling(self, db: Database) -> list[int]:
         """Ids of the incidents still taking late events, oldest first, at most pending_max;
         the ones past the bound are settled now."""
-        # sorted here: "order by id" made the planner walk every incident in id order
-        # instead of the few still settling (settle_until's index, m117)
-        ids = sorted(r[0] for r in db.execute(
-            "select id from incidents where settle_until >= ?", [self.watermark]))
+        ids = incident_rows.settling_ids(db, self.watermark)
         excess = len(ids) - self.pending_max
         if excess > 0:
-            db.execute(f"update incidents set settle_until = null where id in "
-                       f"({', '.join('?' * excess)})", ids[:excess])
+            incident_rows.settle_now(db, ids[:excess])
             self.settled_early += excess
             ids = ids[excess:]
         return ids

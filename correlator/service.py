@@ -18,7 +18,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlite_utils import Database
 
@@ -30,6 +30,8 @@ from gpuwhy.correlator.incidents import MAY_OPEN_KINDS, IncidentBuilder, may_ope
 from gpuwhy.correlator.klog_liveness import KernelLogLiveness
 from gpuwhy.correlator.stalls import StallWatch
 from gpuwhy.events import Envelope, SourceHealth
+from gpuwhy.identity import GpuIdentity
+from gpuwhy.store import incident_rows
 from gpuwhy.store.maintenance import Maintenance
 from gpuwhy.store.writer import StoreWriter
 
@@ -60,13 +62,13 @@ class Correlator:
     """Receives events and writes them in batches; ``run(stop)`` until stopped."""
 
     def __init__(self, config: Config, db: Database, subscriber: Subscriber,
-                 alerter: Alerter | None = None):
+                 alerter: Alerter | None = None, driver_gpus: Sequence[GpuIdentity] = ()):
         self.batch_size: int = config["correlator.batch_size"]
         self.flush_interval: float = config["correlator.flush_interval"]
         self.subscriber = subscriber
         self.writer = StoreWriter(db)
         self.maintenance = Maintenance(config, db)   # rollups, retention, size
-        self.builder = IncidentBuilder(config)
+        self.builder = IncidentBuilder(config, driver_gpus)   # the driver's GPU table
         self.klog_liveness = KernelLogLiveness()
         self.stall_watch = StallWatch(config)   # sources silent too long: logged, counted
         self.alerter = alerter or Alerter(config["correlator.url"],
@@ -142,10 +144,7 @@ class Correlator:
         if not sent:
             return
         try:
-            with self.writer.db.atomic():
-                self.writer.db.execute(
-                    f"update incidents set alerted_at = ? where id in "
-                    f"({', '.join('?' * len(sent))})", [now_ns(), *sent])
+            incident_rows.mark_alerted(self.writer.db, sent, now_ns())
         except sqlite3.Error as exc:
             log.warning("cannot record that alerts were sent: %s", exc)
 

@@ -1,52 +1,26 @@
-"""Per-process and per-GPU timelines at 1 s resolution: build them from events, read them back.
+"""Per-process timelines at 1 s resolution: fold events into process-second values.
 
-A process second (``process_seconds``) holds the process's ioctl count and rate by operation,
-on-CPU / run-queue / sleep / blocked time of its own threads and of its workers, its
-per-process GPU utilisation where NVML has it, and its CUDA launches, syncs, copies and
-allocations where the CUDA uprobes are on. A GPU second is its counter sample
-(``gpu_samples`` is already 1 Hz). Lifecycle and kernel-log events come from ``events``.
+A process second holds the process's ioctl count and rate by operation, on-CPU / run-queue /
+sleep / blocked time of its own threads and of its workers, its per-process GPU utilisation
+where NVML has it, and its CUDA launches, syncs, copies and allocations where the CUDA
+uprobes are on. This module computes the values and how a stall is classified from the
+scheduler's totals; :mod:`gpuwhy.store.process_seconds` writes them and reads them back.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.events import Event, methods_by_kind
 from gpuwhy.identity import ProcessKey
+from gpuwhy.store import process_seconds
 from gpuwhy.wire import json_text
 
 _MS = 1_000_000
-
-
-def _upsert(db: Database, key: ProcessKey, second: int, values: dict,
-            add: bool = False) -> None:
-    """Set (or with ``add``, add to) the columns of one process second."""
-    names = ", ".join(values)
-    updates = ", ".join(f"{n} = coalesce({n}, 0) + excluded.{n}" if add else
-                        f"{n} = excluded.{n}" for n in values)
-    db.execute(f"insert into process_seconds (pid, start_time, second, {names}) values "
-               f"(?, ?, ?, {', '.join('?' * len(values))}) on conflict(pid, start_time, "
-               f"second) do update set {updates}",
-               [key.pid, key.start_time, second, *values.values()])
-
-
-# Columns a batch's sched_stats and driver_call_stats events fold into (write_pending).
-_SCHED_COLUMNS = ("on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms", "workers_on_cpu_ms",
-                  "workers_runqueue_ms", "workers_blocked_ms")
-_HELD_COLUMNS = (*_SCHED_COLUMNS, "ioctls", "ioctl_ops")
-# A held second sets only the columns it has: None leaves the stored value (a computed one
-# is never None), so seconds with and without ioctls share one statement.
-_WRITE_HELD = (f"insert into process_seconds (pid, start_time, second, "
-               f"{', '.join(_HELD_COLUMNS)}) values ({', '.join('?' * (3 + len(_HELD_COLUMNS)))})"
-               f" on conflict(pid, start_time, second) do update set "
-               + ", ".join(f"{c} = coalesce(excluded.{c}, {c})" for c in _HELD_COLUMNS))
-_READ_HELD = (f"select pid, start_time, second, {', '.join(_SCHED_COLUMNS)}, ioctl_ops "
-              f"from process_seconds where (pid, start_time, second) in (values {{}})")
-_READ_HELD_CHUNK = 300      # seconds a read asks for (3 bound values each; SQLite allows 32766)
 
 
 class _HeldSecond:
@@ -62,7 +36,7 @@ class _HeldSecond:
 
     def row(self, stored: tuple | None) -> list:
         """The held columns' new values (None: not touched) over ``stored`` (None: no row)."""
-        sched: list = [None] * len(_SCHED_COLUMNS)
+        sched: list = [None] * len(process_seconds.SCHED_COLUMNS)
         if self.sched:
             # insert: the first interval's figures; conflict: coalesce(col, 0) + figures
             totals = [v or 0 for v in stored[:-1]] if stored else None
@@ -104,15 +78,9 @@ class TimelineBuilder:
     def write_pending(self, db: Database) -> None:
         """Write the held process seconds: call before anything reads process_seconds."""
         held, self._held = self._held, {}
-        keys = list(held)
-        stored: dict[tuple, tuple] = {}
-        for first in range(0, len(keys), _READ_HELD_CHUNK):   # a read per chunk, not a second
-            chunk = keys[first:first + _READ_HELD_CHUNK]
-            sql = _READ_HELD.format(", ".join(["(?, ?, ?)"] * len(chunk)))
-            for row in db.conn.execute(sql, [value for key in chunk for value in key]):
-                stored[row[:3]] = row[3:]
-        db.conn.executemany(_WRITE_HELD, [[*key, *pending.row(stored.get(key))]
-                                          for key, pending in held.items()])
+        stored = process_seconds.read_held(db, list(held))
+        process_seconds.write_held(db, [[*key, *pending.row(stored.get(key))]
+                                        for key, pending in held.items()])
 
     def discard_pending(self) -> None:
         """Forget held seconds whose writes were rolled back (a failed decide)."""
@@ -154,7 +122,7 @@ class TimelineBuilder:
 
     def _on_cuda_stats(self, db: Database, event: Event) -> None:
         figures = event.totals()
-        _upsert(db, event.process, event.ts // NS_PER_SECOND, {
+        process_seconds.upsert_second(db, event.process, event.ts // NS_PER_SECOND, {
             "cuda_launches": figures["launches"] + figures["graph_launches"],
             "cuda_syncs": figures["syncs"], "cuda_sync_ms": figures["sync_blocked_ns"] / _MS,
             "cuda_htod_bytes": figures["htod_bytes"], "cuda_dtoh_bytes": figures["dtoh_bytes"],
@@ -170,18 +138,15 @@ class TimelineBuilder:
         for p in event.processes:
             if p.get("start_time") is None:
                 continue
-            _upsert(db, ProcessKey(p["pid"], p["start_time"]), event.ts // NS_PER_SECOND,
+            process_seconds.upsert_second(
+                db, ProcessKey(p["pid"], p["start_time"]), event.ts // NS_PER_SECOND,
                     {"gpu_id": event.gpu_id, "sm_util": p.get("sm_util"),
                      "used_memory_mib": p.get("used_memory_mib")})
 
 
-def classify_stall(db: Database, key: ProcessKey, since: int, until: int) -> str:
-    """Why a process with an idle GPU is not feeding it: on-CPU busy, blocked or waiting."""
-    row = db.execute(
-        "select sum(own_on_cpu_ns), sum(own_blocked_ns), sum(own_sleep_ns), "
-        "sum(own_runqueue_ns), sum(workers_on_cpu_ns) from sched_stats where pid = ? and "
-        "start_time = ? and ts between ? and ?",
-        [key.pid, key.start_time, since, until + NS_PER_SECOND]).fetchone()
+def classify_stall(row: Sequence[float | None] | None) -> str:
+    """Why a process with an idle GPU is not feeding it: on-CPU busy, blocked or waiting,
+    from its scheduler totals over the idle stretch (:func:`process_seconds.sched_totals`)."""
     if not row or row[0] is None:
         return "state unknown (no scheduler data)"
     on_cpu, blocked, sleep, runqueue, workers = (v or 0 for v in row)
@@ -193,22 +158,3 @@ def classify_stall(db: Database, key: ProcessKey, since: int, until: int) -> str
     if blocked >= sleep:
         return "blocked (uninterruptible wait: I/O or the driver)"
     return "waiting (sleeping, e.g. on a lock, the input pipeline or the GPU)"
-
-
-def process_timeline(db: Database, key: ProcessKey, since: int, until: int) -> list[dict]:
-    """The process's seconds in [since, until] (realtime ns), with its GPU's counters."""
-    return db.execute_returning_dicts(
-        "select s.*, g.gpu_util as gpu_util, g.sm_active as gpu_sm_active from "
-        "process_seconds s left join gpu_bindings b on b.pid = s.pid and "
-        "b.start_time = s.start_time and b.since <= s.second * 1000000000 and "
-        "(b.until is null or b.until >= s.second * 1000000000) left join gpu_samples g on "
-        "g.gpu_id = b.gpu_id and g.instance = '' and g.ts / 1000000000 = s.second "
-        "where s.pid = ? and s.start_time = ? and s.second between ? and ? order by s.second",
-        [key.pid, key.start_time, since // NS_PER_SECOND, until // NS_PER_SECOND])
-
-
-def gpu_timeline(db: Database, gpu_id: str, since: int, until: int) -> list[dict]:
-    """The GPU's samples in [since, until], one per second, plus its events."""
-    return db.execute_returning_dicts(
-        "select ts / 1000000000 as second, * from gpu_samples where gpu_id = ? and "
-        "instance = '' and ts between ? and ? order by ts", [gpu_id, since, until])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
 from gpuwhy.clitypes import InputDir
-from gpuwhy.correlator.bindings import proc_identities
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.identity import GpuIdentity, classify_device
+from gpuwhy.probes.gpu.source import proc_identities
 from gpuwhy.probes.procscan import scan_open_devices
 from gpuwhy.proc import read_process
 from gpuwhy.text import printable
@@ -21,7 +22,7 @@ def process_report(pid: int, device_glob: str, proc_root: str = "/proc") -> dict
     view) and the GPUs those fds bind it to (``/dev/nvidiaN`` minor → the driver's list).
     Raises :class:`NoSuchProcess`."""
     seen = read_process(pid, time.time_ns(), proc_root)
-    fds = []
+    fds: list[dict[str, Any]] = []
     for device in scan_open_devices(device_glob, proc_root, only_pid=pid):
         kind, minor = classify_device(device.path)
         fds.append({"fd": device.fd, "path": device.path, "kind": kind, "minor": minor})
@@ -45,7 +46,7 @@ def process_report(pid: int, device_glob: str, proc_root: str = "/proc") -> dict
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--proc-root", default="/proc", show_default=True, hidden=True, type=InputDir())
 @click.pass_obj
-def proc(ctx: object, pid: int, as_json: bool, proc_root: str) -> None:
+def proc(ctx: Any, pid: int, as_json: bool, proc_root: str) -> None:
     """One process as gpuwhy sees it in /proc: identity, cgroup, NVIDIA device fds and the
     GPUs they bind it to. Needs no root for your own processes (root for others' fds).
 

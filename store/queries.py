@@ -13,75 +13,26 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns as _now_ns
 from gpuwhy.events import RuleFinding
 from gpuwhy.gpu_health import is_live
-from gpuwhy.identity import GpuIdentity, ProcessKey, normalize_pci
+from gpuwhy.identity import ProcessKey
 from gpuwhy.lifecycle import sql_active
 from gpuwhy.rules.answer import GpuFacts, Verdict, verdicts
 from gpuwhy.rules.model import Rule
+
+# GPU names are resolved in one place; the read API offers them under its own name too
+from gpuwhy.store.gpu_identity import gpu_named, pci_and_uuid, resolve_gpu  # noqa: F401
 
 Row = dict[str, Any]
 _CONTAINER = "coalesce(p.container_id, p.pod_uid, p.unit)"
 
 
 # --- GPUs --------------------------------------------------------------------------------
-
-def resolve_gpu(db: Database, *, uuid: str | None = None, pci: str | None = None,
-                index: int | None = None, minor: int | None = None) -> str | None:
-    """The GPU id for whatever name is at hand (strongest first), or None when unknown."""
-    if uuid:
-        return uuid
-    candidates = []
-    if pci:
-        pci = normalize_pci(pci)
-        row = db.execute("select uuid from gpu_pci_uuids where pci = ?", [pci]).fetchone()
-        if row:
-            return row[0]
-    candidates += GpuIdentity(pci_bus_id=pci, index=index, minor=minor).aliases()
-    for alias in candidates:
-        row = db.execute("select gpu_id from gpu_aliases where alias = ?", [alias]).fetchone()
-        if row:
-            return row[0]
-    if pci:
-        return pci
-    return GpuIdentity(index=index, minor=minor).id if (index, minor) != (None, None) else None
-
-
-def gpu_named(db: Database, name: str) -> str:
-    """The GPU id a person means by ``name`` (``--gpu`` on the command line, a report's
-    subject): a UUID, a PCI address, an index (``0``) or a GPU id. When no GPU is known by
-    it: the id such a GPU would have (``index:7``), or ``name`` itself; the caller finds
-    nothing under it and says so."""
-    name = name.strip()
-    if db["gpus"].exists() and db.execute("select 1 from gpus where id = ?", [name]).fetchone():
-        return name
-    is_pci = ":" in name and not name.startswith(("GPU-", "minor:", "index:"))
-    return resolve_gpu(db, uuid=name if name.startswith("GPU-") else None,
-                       pci=name if is_pci else None,
-                       index=int(name) if name.isdigit() and len(name) <= 4 else None) or name
-
-
-def pci_and_uuid(db: Database, gpu_id: str | None) -> tuple[str | None, str | None]:
-    """The PCI address and UUID a GPU id is known by (for alerts and the CLI)."""
-    if not gpu_id:
-        return None, None
-    uuid = gpu_id if gpu_id.startswith("GPU-") else None
-    pci = None
-    row = db.execute("select alias from gpu_aliases where gpu_id = ? and alias like 'pci:%'",
-                     [gpu_id]).fetchone()
-    if row:
-        pci = row[0][4:]
-    else:
-        row = db.execute("select pci from gpu_pci_uuids where uuid = ?", [gpu_id]).fetchone()
-        pci = row[0] if row else (gpu_id if ":" in gpu_id and not uuid and
-                                  not gpu_id.startswith(("minor:", "index:")) else None)
-    return pci, uuid
-
 
 def gpus(db: Database) -> list[Row]:
     """Every GPU: identity, source, the source's last state, and its health
@@ -401,7 +352,8 @@ def list_incidents(db: Database, *, gpu: str | None = None, since: int | None = 
     Effects (a stall, a death, a finding, the reset a lost GPU needed, that a cause incident
     explains) are that incident's links, listed only with ``effects`` (``cause_id`` names
     it)."""
-    where, params = ["1" if effects else "cause_id is null"], []
+    where: list[str] = ["1" if effects else "cause_id is null"]
+    params: list[Any] = []
     if gpu:
         where.append("(gpu_id = ? or gpu_id = ?)")
         params += [gpu, gpu_named(db, gpu)]
@@ -474,7 +426,8 @@ def reset_history(db: Database, gpu: str | None = None) -> list[dict[str, Any]]:
     """Every GPU reset, newest first: when, by what/whom, which processes were hit."""
     history = []
     for incident in list_incidents(db, gpu=gpu, kind="gpu_reset", effects=True, limit=1000):
-        detail = incident_detail(db, incident["id"])
+        # the incident just listed (one read-only snapshot): there
+        detail = cast(dict[str, Any], incident_detail(db, incident["id"]))
         chain = detail["chain"]
         by = [link for link in chain if link["kind"] in ("cron_job", "timer", "operator_command",
                                                           "command", "driver_call")]
@@ -502,7 +455,8 @@ def _decode_finding(row: Row) -> Row:
 
 def findings(db: Database, *, key: ProcessKey | None = None, rule_id: str | None = None,
              limit: int = 100) -> list[Row]:
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if key is not None:
         where.append("pid = ? and start_time = ?")
         params += [key.pid, key.start_time]
@@ -539,7 +493,8 @@ def findings_in_window(db: Database, gpu_ids: list[str], process: ProcessKey | N
     evidence and fixes as stored (JSON text)."""
     if not db["rule_findings"].exists():
         return []
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if gpu_ids:
         where.append(f"gpu_id in ({', '.join('?' * len(gpu_ids))})")
         params += gpu_ids

@@ -34,7 +34,7 @@ _RESET_CONTROLS = sql_names(RESET_CONTROLS + RESET_REQUEST_CONTROLS)
 _TRAILING_NUMBER = "CAST(replace(d.path, rtrim(d.path, '0123456789'), '') AS INTEGER)"
 # A driver call on a node that names no GPU (the control node /dev/nvidiactl) is about
 # the GPUs its process had bound at the call, as the incidents take them
-# (gpuwhy.correlator.bindings.gpus_of): a row per GPU, one NULL row when it had none.
+# (gpuwhy.store.gpu_bindings.gpus_of): a row per GPU, one NULL row when it had none.
 _CALLER_BINDINGS = ("LEFT JOIN gpu_bindings b ON d.device != 'nvidiaN' AND b.pid = d.pid "
                     "AND b.start_time = d.start_time AND b.since <= d.ts "
                     "AND (b.until IS NULL OR b.until >= d.ts)")

@@ -24,7 +24,6 @@ import pynvml
 import pytest
 
 from gpuwhy.caps import effective_capabilities
-from gpuwhy.correlator.bindings import proc_identities
 from gpuwhy.correlator.incidents import may_open_incident
 from gpuwhy.deploy.checkenv import Host, check_bpf, check_driver, check_tracefs
 from gpuwhy.deploy.envfixes import Distro
@@ -34,7 +33,7 @@ from gpuwhy.identity import classify_device
 from gpuwhy.probes.cli import process_report
 from gpuwhy.probes.gpu import nvml as nvml_module
 from gpuwhy.probes.gpu.nvml import MIB, memory_info
-from gpuwhy.probes.gpu.source import minor_from_procfs, normalise_bus_id
+from gpuwhy.probes.gpu.source import minor_from_procfs, normalise_bus_id, proc_identities
 from gpuwhy.probes.klog.parse import UNPARSED
 from gpuwhy.proc import parse_cgroup
 from gpuwhy.rules.vocabulary import gpu_model

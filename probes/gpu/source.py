@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from gpuwhy.errors import GpuwhyError
@@ -98,3 +99,22 @@ def minor_from_procfs(pci_bus_id: str | None, proc_root: str = "/proc") -> int |
     except (OSError, ValueError):
         return None
     return None
+
+
+def proc_identities(proc_root: str = "/proc") -> list[GpuIdentity]:
+    """GPUs the driver lists in ``/proc/driver/nvidia/gpus/*/information`` (minor number,
+    UUID, bus location); none when the driver is not loaded."""
+    found = []
+    for info in sorted(Path(proc_root, "driver", "nvidia", "gpus").glob("*/information")):
+        try:
+            fields = dict(line.split(":", 1) for line in info.read_text().splitlines()
+                          if ":" in line)
+        except OSError:
+            continue
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        minor = fields.get("Device Minor")
+        uuid = fields.get("GPU UUID")
+        found.append(GpuIdentity(uuid=uuid if uuid and uuid.startswith("GPU-") else None,
+                                 pci_bus_id=fields.get("Bus Location") or info.parent.name,
+                                 minor=int(minor) if minor and minor.isdigit() else None))
+    return found

@@ -22,6 +22,7 @@ from gpuwhy.events import (
     ProcessSeen,
 )
 from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.gpu.source import proc_identities
 from gpuwhy.reset import BIF_RESET, RESET_CONTROLS
 from gpuwhy.store import open_store
 
@@ -42,7 +43,9 @@ class Harness:
         alerter = Alerter(config["correlator.url"],
                           send=lambda message, **fields: self.alerts.append(
                               {"MESSAGE": message, **fields}))
-        self.correlator = Correlator(config, self.db, self.subscriber, alerter)
+        # the driver's GPU table, read for the decide stage as the service reads it for it
+        self.correlator = Correlator(config, self.db, self.subscriber, alerter,
+                                     driver_gpus=proc_identities(config["probes.proc_root"]))
         self.correlator.wall_clock = lambda: None      # event time only, like a replay
         self.seq = itertools.count()
         self.cursor = itertools.count()

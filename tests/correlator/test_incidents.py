@@ -246,8 +246,8 @@ def test_a_shadow_finding_opens_no_incident(harness):
 
 
 def test_process_timeline_at_one_second(harness):
-    from gpuwhy.correlator.timeline import gpu_timeline, process_timeline
     from gpuwhy.events import DriverCallStats, GpuProcesses
+    from gpuwhy.store.process_seconds import gpu_timeline, process_timeline
 
     h = harness
     bound_gpu(h, TRAINER)
@@ -280,8 +280,8 @@ def test_process_timeline_at_one_second(harness):
 def test_the_drivers_gpu_table_joins_minor_pci_and_uuid(tmp_config):
     from pathlib import Path
 
-    from gpuwhy.correlator.bindings import proc_identities
     from gpuwhy.identity import GpuIdentity
+    from gpuwhy.probes.gpu.source import proc_identities
 
     root = Path(__file__).resolve().parent.parent / "data" / "proc-nvidia"
     assert proc_identities(str(root)) == [GpuIdentity(

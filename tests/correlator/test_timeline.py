@@ -79,3 +79,17 @@ def test_a_batch_of_stats_gives_the_process_second_one_batch_per_event_gives(tmp
     assert [(ioctls, ops, on_cpu) for _, _, _, _, ioctls, ops, on_cpu, *_ in each] == [
         (18, '{"CTRL_A":7,"CTRL_C":7,"CTRL_B":4}', (0.1 + 0.2) + 0.3),
         (1, '{"CTRL_A":1}', None)]
+
+
+def test_a_stall_is_classified_from_the_scheduler_totals_alone():
+    """The decision is a plain function of what the store read (own on-CPU, blocked, sleep,
+    run-queue ns, workers' on-CPU ns): no store needed to test it."""
+    from gpuwhy.correlator.timeline import classify_stall
+
+    assert classify_stall(None) == "state unknown (no scheduler data)"
+    assert classify_stall((None, None, None, None, None)) == \
+        "state unknown (no scheduler data)"
+    assert classify_stall((0, 0, 0, 0, 0)) == "state unknown (no scheduler time)"
+    assert classify_stall((6, 1, 1, 2, 0)).startswith("on-CPU busy")
+    assert classify_stall((1, 5, 4, 0, 9)).startswith("blocked")
+    assert classify_stall((1, 2, 7, 0, 0)).startswith("waiting")
