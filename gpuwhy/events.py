@@ -16,7 +16,8 @@ from gpuwhy.identity import ProcessKey
 
 SCHEMA_VERSION = 1
 
-TOPICS = ("proc", "fd", "ioctl", "health", "gpu", "klog", "cron", "sched", "rule", "cuda")
+TOPICS = ("proc", "fd", "ioctl", "health", "gpu", "klog", "cron", "sched", "rule", "cuda",
+          "stacks", "engine")
 
 
 @dataclass(frozen=True)
@@ -319,6 +320,37 @@ class CudaLibrary(Event):
     reason: str = ""
     probes: int = 0
 
+# --- Python stack sampler events ---
+@dataclass(frozen=True)
+class PythonStacks(Event):
+    """Event name: ``python_stacks`` (topic ``stacks``). The Python stacks of ``process`` (bound
+    to ``gpu_id``) and of its child processes, sampled every ``interval_ms`` while the
+    host-side answer ``finding_id`` (rule ``rule_id``) held, from ``started`` (realtime ns)
+    to ``ts``: ``stacks`` holds one dict per (pid, start_time, role, stack) with its
+    ``count`` of samples, ``role`` being ``main`` (the main thread of ``process``),
+    ``threads`` (its other threads) or ``workers`` (its children: DataLoader workers);
+    ``stack`` is folded, outermost frame first, frames ``file:line function`` joined by
+    ``;`` (gpuwhy.pystacks: escaped, bounded, waits folded into ``waiting on ...``), never
+    raw samples. ``samples``: sampling rounds; ``final``: the window ended or the answer
+    cleared; ``dropped``: what the bounds left out, by reason; ``error``: why sampling
+    failed, if it did. Every name in a stack is the process's: untrusted."""
+
+    topic = "stacks"
+    kind = "python_stacks"
+
+    process: ProcessKey
+    gpu_id: str
+    finding_id: str
+    rule_id: str
+    started: int
+    interval_ms: int
+    samples: int
+    stacks: list[dict]
+    final: bool = True
+    dropped: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+
+
 # --- GPU counter sources ---
 @dataclass(frozen=True)
 class GpuSeen(Event):
@@ -448,7 +480,10 @@ class KernelLogRecord(Event, KernelLogFacts):
     ``gpu_uuid``, ``gpu_serial``, ``driver_loaded``, ``gsp_timeout``, ``gsp_rate_limited`` or
     ``gsp_rpc_failed``, or
     ``unparsed``: an NVIDIA line that could not be read, ``details["reason"]`` saying why,
-    no other fact set, stored so that its cursor moves past it; ``pci``
+    no other fact set, stored so that its cursor moves past it; or ``forged``: a line that
+    calls itself the driver's but was sent from user space (not ``_TRANSPORT=kernel``),
+    never parsed, ``details`` naming the sender (``uid``, ``sender_pid``, ``comm``,
+    ``transport``) and the ``attempts`` it stands for; ``pci``
     is ``dddd:bb:dd``. ``cursor`` is the line's position in ``origin`` (``journald``,
     ``kmsg``, ``file``); the store keeps it with the record, in the same transaction, so
     the source resumes exactly after it. ``raw_ts`` is the printk time (ns since boot
@@ -588,6 +623,44 @@ class RuleFinding(Event):
 
 
 
+# --- inference engines ---
+@dataclass(frozen=True)
+class EngineSample(Event):
+    """Event name: ``engine_sample`` (topic ``engine``). One scrape of an inference engine's
+    Prometheus endpoint (probes/engines). ``engine``: ``vllm``, ``sglang``, ``tgi`` or
+    ``triton``; ``endpoint``: the URL scraped; ``process``: the engine process serving it
+    (None for an endpoint named in the settings); ``version``: what the metric names tell
+    of the version (vLLM ``v0``/``v1``), "" when nothing does; ``processes``: the engine's
+    processes (itself, its children) holding GPU device files; ``gpu_ids``: the GPUs they
+    hold, or the endpoint names (Triton's ``gpu_uuid``). ``values``: by the names of
+    ``gpuwhy.rules.vocabulary.ENGINE_VALUES`` only (requests running and waiting, KV-cache
+    usage 0..1, rates per second, latency quantiles and means in seconds over the interval
+    since the previous scrape); a value the engine does not report is absent, never 0."""
+
+    topic = "engine"
+    kind = "engine_sample"
+
+    engine: str
+    endpoint: str
+    process: ProcessKey | None = None
+    version: str = ""
+    processes: list[ProcessKey] = field(default_factory=list)
+    gpu_ids: list[str] = field(default_factory=list)
+    values: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.process, dict):   # decoded from the wire
+            object.__setattr__(self, "process", RuleFinding._key(self.process))
+        if not isinstance(self.processes, list):
+            raise TypeError("processes is not a list of process keys")
+        object.__setattr__(self, "processes", [
+            p if isinstance(p, ProcessKey) else RuleFinding._key(p) for p in self.processes])
+        if not isinstance(self.values, dict) or not all(
+                isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                for k, v in self.values.items()):
+            raise TypeError("values is not a dict of numbers by name")
+
+
 def _concrete_event_types(base: type[Event]) -> list[type[Event]]:
     found = []
     for cls in base.__subclasses__():
@@ -617,7 +690,8 @@ def event_fields(event: Event, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     as ``{pid, start_time}``): ``dataclasses.asdict`` without its deep copy, which cost
     ~70 µs an event."""
     body = {}
-    for name in _field_names(type(event), exclude):
+    # a class is hashable; mypy checks type[Event] against Hashable by Event's own __hash__
+    for name in _field_names(type(event), exclude):  # type: ignore[arg-type]
         value = getattr(event, name)
         if isinstance(value, ProcessKey):
             value = {"pid": value.pid, "start_time": value.start_time}

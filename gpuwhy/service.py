@@ -37,6 +37,7 @@ from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
 from gpuwhy.memory import release_freed_memory
 from gpuwhy.otlp import start_otlp
+from gpuwhy.probes.gpu.source import proc_identities
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
 from gpuwhy.threads import Thread
@@ -76,10 +77,22 @@ def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
 
     sources["klog"] = run_klog_source
     sources["cron"] = run_cron_source
+    # --- inference engines (vLLM, SGLang, TGI, Triton): found in /proc, /metrics scraped ---
+    from gpuwhy.probes.engines.source import run_engine_source
+
+    sources["engines"] = run_engine_source
     # --- rules ---
     from gpuwhy.correlator.rules.runner import run_rules
 
     sources["rules"] = run_rules
+    # --- Python stack sampler (docs/decisions/0018-python-stacks-sampler.md): whom to
+    # sample, decided from the store; the sampler runs here only with CAP_SYS_PTRACE (as in
+    # `gpuwhy up` run as root), and says so once and stops without it ---
+    from gpuwhy.probes.pystacks import run_stack_sampler
+    from gpuwhy.stack_targets import run_stack_targets
+
+    sources["stack_targets"] = run_stack_targets
+    sources["stacks"] = run_stack_sampler
     return sources
 
 
@@ -173,7 +186,8 @@ class Service:
         # After the bind, so that both spellings of the endpoint are known (a child is given
         # the bound one); what the orphan publishes until it is stopped is stored once.
         stop_orphaned_probes({config["bus.endpoint"], self.subscriber.endpoint})
-        self.correlator = Correlator(config, self.db, self.subscriber)
+        self.correlator = Correlator(config, self.db, self.subscriber,
+                                     driver_gpus=proc_identities(config["probes.proc_root"]))
         self._pusher_stop = threading.Event()
         self.pusher: AlertmanagerPusher | None = None
         if config["alertmanager.url"]:     # an output of its own: its own store connection
@@ -200,6 +214,7 @@ class Service:
         parts = [("correlator", self._run_correlator), ("web", self.web.serve_forever)]
         if self.pusher is not None:
             parts.append(("alertmanager", self._run_pusher))
+        thread: threading.Thread
         for name, target in parts:
             thread = Thread(target=target, name=f"gpuwhy-{name}", daemon=True)
             thread.start()
@@ -305,19 +320,21 @@ class Service:
         self.shutdown.set()
         self.notifier.stopping()
         self._sources_stop.set()
-        probes_running = self.probes is not None and self.probes.poll() is None
-        if probes_running:
-            self.probes.terminate()
+        # the probes process while it runs, else None
+        running = self.probes if self.probes is not None and self.probes.poll() is None \
+            else None
+        if running is not None:
+            running.terminate()
         deadline = time.monotonic() + SOURCE_STOP_TIMEOUT
         for thread in self._source_threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        if probes_running:
+        if running is not None:
             try:
-                self.probes.wait(PROBE_STOP_TIMEOUT)
+                running.wait(PROBE_STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 log.warning("the probes did not stop within %s s: killed", PROBE_STOP_TIMEOUT)
-                self.probes.kill()
-                self.probes.wait()
+                running.kill()
+                running.wait()
         self._probes_reaped.set()     # the owner thread may end: nothing left to kill
         if self._probes_owner is not None:
             self._probes_owner.join()
@@ -353,7 +370,8 @@ class Pipeline:
         self.loaded = threading.Event()
         self.db = open_store(config["store.path"], cache_kib=config["store.cache_kib"])
         self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
-        self.correlator = Correlator(config, self.db, self.subscriber)
+        self.correlator = Correlator(config, self.db, self.subscriber,
+                                     driver_gpus=proc_identities(config["probes.proc_root"]))
         self.errors: list[BaseException] = []
         runners = {"probes": self._probes, **unprivileged_sources(config)}
         self.threads = [Thread(target=self.correlator.run, args=(self.stop,),

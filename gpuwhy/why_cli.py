@@ -13,7 +13,7 @@ import contextlib
 import json
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import click
@@ -146,7 +146,7 @@ def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool,
 
 
 def _watch(config: Config, rules: dict[str, Rule], duration: float
-           ) -> Iterator[tuple[list[Verdict], Database, int]]:
+           ) -> Generator[tuple[list[Verdict], Database, int], None, None]:
     """With no service: watch the host ``duration`` s through a private pipeline (root),
     then answer from the watch's store with the rules fitted to it; (the answer, the
     watch's store, ns watched)."""
@@ -165,7 +165,7 @@ def _watch(config: Config, rules: dict[str, Rule], duration: float
 
 
 def _from_store(path: str, rules: dict[str, Rule], at: int | None
-                ) -> Iterator[tuple[list[Verdict], Database, int | None]]:
+                ) -> Generator[tuple[list[Verdict], Database, int | None], None, None]:
     shown, db = _read(path, rules, at)
     try:
         yield shown, db, None
@@ -255,6 +255,7 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
     finally:
         source.close()
     sure = {id(v): _sure(v, rules, watched_ns) for v in shown} if watched_ns else {}
+    watched_s = (watched_ns or 0) / 1e9     # said only beside a sureness: watched_ns is set
     if as_json:
         click.echo(json.dumps({"at": at, "watched_s": watched_ns / 1e9 if watched_ns else None,
                                "verdicts": [{**verdict_dict(v), "sureness": sure.get(id(v))}
@@ -262,9 +263,8 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
     elif target:
         for verdict in shown:
             _print_detail(verdict, key, utc, stacks.get(verdict.gpu.gpu_id))
-            if sure.get(id(verdict)) is not None:
-                click.echo(f"  watched    {watched_ns / 1e9:.0f} s: "
-                           f"{_sure_words(sure[id(verdict)])}")
+            if (sureness := sure.get(id(verdict))) is not None:
+                click.echo(f"  watched    {watched_s:.0f} s: {_sure_words(sureness)}")
     elif not shown:
         click.echo("no GPU known yet (the store has none)")
     elif all(v.healthy for v in shown):
@@ -273,8 +273,8 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
     else:
         for verdict in shown:
             line = sentence(verdict, utc=utc)
-            if sure.get(id(verdict)) is not None:
-                line += f" ({_sure_words(sure[id(verdict)])}, watched {watched_ns / 1e9:.0f} s)"
+            if (sureness := sure.get(id(verdict))) is not None:
+                line += f" ({_sure_words(sureness)}, watched {watched_s:.0f} s)"
             click.echo(printable(line))
     ctx.exit(_exit_status(shown))
 

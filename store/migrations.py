@@ -6,6 +6,7 @@ Times are integers: nanoseconds of CLOCK_REALTIME. A process is (pid, start_time
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
@@ -18,7 +19,7 @@ class _Schema(Migrations):
     tables may hold columns and meanings this build does not know, and writing to them
     (or pruning them) by the old rules would corrupt what the newer one keeps."""
 
-    def apply(self, db: Database, **kwargs: object) -> None:
+    def apply(self, db: Database, **kwargs: Any) -> None:
         refuse_newer(db)
         super().apply(db, **kwargs)
 
@@ -47,48 +48,48 @@ def refuse_newer(db: Database) -> None:
 
 @migrations()
 def m001_core_tables(db: Database) -> None:
-    db["processes"].create({
+    db.table("processes").create({
         "pid": int, "start_time": int, "comm": str, "cmdline": str, "exe": str, "ppid": int,
         "uid": int, "cgroup": str, "tag": str, "first_seen": int, "last_seen": int,
         "exited_at": int,
     }, pk=("pid", "start_time"))
-    db["gpus"].create({
+    db.table("gpus").create({
         "id": str, "uuid": str, "pci_bus_id": str, "gpu_index": int, "minor": int,
         "model": str, "driver_version": str, "simulated": int, "first_seen": int,
         "last_seen": int,
     }, pk="id")
-    db["device_fds"].create({
+    db.table("device_fds").create({
         "pid": int, "start_time": int, "fd": int, "opened_at": int, "path": str,
         "device": str, "minor": int, "scanned": int, "closed_at": int,
     }, pk=("pid", "start_time", "fd", "opened_at"))
-    db["device_fds"].create_index(["closed_at"])
-    db["gpu_bindings"].create({
+    db.table("device_fds").create_index(["closed_at"])
+    db.table("gpu_bindings").create({
         "pid": int, "start_time": int, "gpu_id": str, "since": int, "until": int,
         "evidence": str,
     }, pk=("pid", "start_time", "gpu_id", "since"))
-    db["gpu_bindings"].create_index(["gpu_id", "since"])
-    db["ioctl_counts"].create({
+    db.table("gpu_bindings").create_index(["gpu_id", "since"])
+    db.table("ioctl_counts").create({
         "pid": int, "start_time": int, "path": str, "cmd": int, "device": str, "count": int,
         "updated_at": int,
     }, pk=("pid", "start_time", "path", "cmd"))
-    db["events"].create({
+    db.table("events").create({
         "id": int, "ts": int, "topic": str, "kind": str, "src": str, "pid": int,
         "start_time": int, "gpu_id": str, "body": str,
     }, pk="id")
-    db["events"].create_index(["ts"])
-    db["events"].create_index(["pid", "start_time", "ts"])
-    db["gpu_samples"].create({
+    db.table("events").create_index(["ts"])
+    db.table("events").create_index(["pid", "start_time", "ts"])
+    db.table("gpu_samples").create({
         "gpu_id": str, "ts": int, "gpu_util": float, "mem_util": float, "sm_active": float,
         "tensor_active": float, "dram_active": float, "fb_used_mib": float,
         "power_w": float, "temp_c": float,
     }, pk=("gpu_id", "ts"))
-    db["incidents"].create({
+    db.table("incidents").create({
         "id": int, "opened_at": int, "closed_at": int, "kind": str, "severity": str,
         "gpu_id": str, "pid": int, "start_time": int, "title": str, "summary": str,
         "chain": str,
     }, pk="id")
-    db["incidents"].create_index(["opened_at"])
-    db["source_health"].create({
+    db.table("incidents").create_index(["opened_at"])
+    db.table("source_health").create({
         "source": str, "state": str, "detail": str, "counters": str, "last_seen": int,
     }, pk="source")
 
@@ -96,33 +97,33 @@ def m001_core_tables(db: Database) -> None:
 # --- probes migrations: name them m1NN_* ---
 @migrations()
 def m101_decoded_driver_calls(db: Database) -> None:
-    db["device_fds"].add_column("how", str)
-    db["device_fds"].add_column("cloexec", int)
+    db.table("device_fds").add_column("how", str)
+    db.table("device_fds").add_column("cloexec", int)
     db.execute("update device_fds set how = case when scanned then 'scan' else 'open' end")
     for column, kind in (("exit_code", int), ("signal", int), ("exe_filename", str)):
-        db["processes"].add_column(column, kind)
+        db.table("processes").add_column(column, kind)
     db["ioctl_counts"].drop()
-    db["driver_call_stats"].create({
+    db.table("driver_call_stats").create({
         "pid": int, "start_time": int, "path": str, "cmd": int, "sub": int, "device": str,
         "op": str, "sub_name": str, "count": int, "errors": int, "latency_sum_ns": int,
         "latency_max_ns": int, "bytes": int, "latency_log2": str, "updated_at": int,
     }, pk=("pid", "start_time", "path", "cmd", "sub"))
-    db["driver_calls"].create({
+    db.table("driver_calls").create({
         "id": int, "ts": int, "pid": int, "start_time": int, "tid": int, "fd": int,
         "path": str, "device": str, "cmd": int, "nr": int, "size": int, "op": str, "sub": int,
         "sub_name": str, "latency_ns": int, "ret": int, "status": int, "status_name": str,
         "arg0": int, "arg1": int, "bytes": int, "version": str, "gpu_ids": str,
         "reasons": str,
     }, pk="id")
-    db["driver_calls"].create_index(["ts"])
-    db["driver_calls"].create_index(["pid", "start_time", "ts"])
+    db.table("driver_calls").create_index(["ts"])
+    db.table("driver_calls").create_index(["pid", "start_time", "ts"])
     columns = {"pid": int, "start_time": int, "ts": int, "interval_ns": int,
                "worker_processes": int}
     for side in ("own", "workers"):
         for name in ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns",
                      "voluntary_switches", "involuntary_switches", "migrations", "threads"):
             columns[f"{side}_{name}"] = int
-    db["sched_stats"].create(columns, pk=("pid", "start_time", "ts"))
+    db.table("sched_stats").create(columns, pk=("pid", "start_time", "ts"))
 
 # --- GPU source migrations: name them m2NN_* ---
 _M201_SAMPLE_COLUMNS = (
@@ -152,9 +153,9 @@ def m201_gpu_samples_wide(db: Database) -> None:
                f"SELECT gpu_id, ts, {', '.join(old)} FROM gpu_samples")
     db["gpu_samples"].drop()
     db.execute("ALTER TABLE gpu_samples_wide RENAME TO gpu_samples")
-    db["gpus"].add_column("source", str)
-    db["gpus"].add_column("state", str)
-    db["gpus"].add_column("state_since", int)
+    db.table("gpus").add_column("source", str)
+    db.table("gpus").add_column("state", str)
+    db.table("gpus").add_column("state_since", int)
     db.execute("CREATE TABLE gpu_processes (gpu_id TEXT NOT NULL, ts INTEGER NOT NULL, "
                "pid INTEGER NOT NULL, start_time INTEGER, used_memory_mib REAL, sm_util REAL, "
                "mem_util REAL, enc_util REAL, dec_util REAL, "
@@ -166,32 +167,32 @@ def m201_gpu_samples_wide(db: Database) -> None:
 @migrations()
 def m301_kernel_log_and_cron(db: Database) -> None:
     # A source's read position, written in the same transaction as what it produced.
-    db["source_cursors"].create({
+    db.table("source_cursors").create({
         "source": str, "origin": str, "cursor": str, "boot_id": str, "updated_at": int,
     }, pk="source")
-    db["kernel_log"].create({
+    db.table("kernel_log").create({
         "cursor": str, "ts": int, "raw_ts": int, "boot_id": str, "origin": str, "kind": str,
         "xid": int, "sxid": int, "pci": str, "gpu_id": str, "pid": int, "name": str,
         "gpu_instance": int, "compute_instance": int, "message": str, "details": str,
         "line": str,
     }, pk="cursor")
-    db["kernel_log"].create_index(["ts"])
-    db["kernel_log"].create_index(["gpu_id", "ts"])
+    db.table("kernel_log").create_index(["ts"])
+    db.table("kernel_log").create_index(["gpu_id", "ts"])
     # Kept when the GPU is gone: an Xid 79 GPU no longer answers NVML, but its UUID line stays.
-    db["gpu_pci_uuids"].create({
+    db.table("gpu_pci_uuids").create({
         "pci": str, "uuid": str, "first_seen": int, "last_seen": int,
     }, pk="pci")
-    db["cron_jobs"].create({
+    db.table("cron_jobs").create({
         "ident": str, "origin": str, "file": str, "user": str, "schedule": str,
         "command": str, "next_run": int, "last_run": int, "gpu_action": str, "note": str,
         "updated_at": int,
     }, pk="ident")
-    db["cron_runs"].create({
+    db.table("cron_runs").create({
         "cursor": str, "ts": int, "phase": str, "user": str, "command": str, "job_pid": int,
         "job_start_time": int, "cron_pid": int, "gpu_action": str, "boot_id": str,
         "ended_at": int,
     }, pk="cursor")
-    db["cron_runs"].create_index(["job_pid", "ts"])
+    db.table("cron_runs").create_index(["job_pid", "ts"])
 
 # --- correlator migrations: name them m4NN_* ---
 
@@ -203,18 +204,18 @@ def m401_incidents_chains_timelines(db: Database) -> None:
     for column, kind in (("dedup_key", str), ("count", int), ("last_seen", int),
                          ("state", str), ("settle_until", int), ("updated_at", int),
                          ("confidence", float), ("details", str), ("alerted_at", int)):
-        db["incidents"].add_column(column, kind)
-    db["incidents"].create_index(["dedup_key", "last_seen"])
-    db["incidents"].create_index(["gpu_id", "opened_at"])
-    db["incident_links"].create({
+        db.table("incidents").add_column(column, kind)
+    db.table("incidents").create_index(["dedup_key", "last_seen"])
+    db.table("incidents").create_index(["gpu_id", "opened_at"])
+    db.table("incident_links").create({
         "incident_id": int, "seq": int, "kind": str, "ts": int, "summary": str,
         "evidence": str, "confidence": float, "pid": int, "start_time": int, "gpu_id": str,
     }, pk=("incident_id", "seq"))
-    db["incident_processes"].create({
+    db.table("incident_processes").create({
         "incident_id": int, "pid": int, "start_time": int, "role": str,
     }, pk=("incident_id", "pid", "start_time"))
-    db["incident_processes"].create_index(["pid", "start_time"])
-    db["gpu_aliases"].create({
+    db.table("incident_processes").create_index(["pid", "start_time"])
+    db.table("gpu_aliases").create({
         "alias": str, "gpu_id": str, "first_seen": int, "last_seen": int,
     }, pk="alias")
     db.execute("CREATE TABLE process_seconds (pid INTEGER NOT NULL, start_time INTEGER NOT NULL,"
@@ -231,16 +232,16 @@ def m401_incidents_chains_timelines(db: Database) -> None:
 def m501_rule_findings_and_overrides(db: Database) -> None:
     """Rule findings (one row per finding, from onset to clearing) and operators' per-rule
     overrides: enabled, shadow, and threshold parameters as JSON."""
-    db["rule_findings"].create({
+    db.table("rule_findings").create({
         "finding_id": str, "rule_id": str, "title": str, "severity": str, "state": str,
         "gpu_id": str, "pid": int, "start_time": int, "window_start": int, "window_end": int,
         "evidence": str, "root_cause": str, "fixes": str, "verify": str, "shadow": int,
         "rule_group": str, "first_ts": int, "last_ts": int, "cleared_at": int,
     }, pk="finding_id")
-    db["rule_findings"].create_index(["first_ts"])
-    db["rule_findings"].create_index(["gpu_id", "first_ts"])
-    db["rule_findings"].create_index(["state"])
-    db["rule_overrides"].create({
+    db.table("rule_findings").create_index(["first_ts"])
+    db.table("rule_findings").create_index(["gpu_id", "first_ts"])
+    db.table("rule_findings").create_index(["state"])
+    db.table("rule_overrides").create({
         "rule_id": str, "enabled": int, "shadow": int, "params": str, "updated_at": int,
     }, pk="rule_id")
 
@@ -289,18 +290,18 @@ def m602_rollups_and_retention(db: Database) -> None:
     db.execute(f"CREATE TABLE gpu_rollup_data (minute INTEGER NOT NULL, gpu INTEGER NOT NULL, "
                f"instance TEXT NOT NULL DEFAULT '', samples INTEGER NOT NULL, {columns}, "
                f"PRIMARY KEY (minute, gpu, instance)) WITHOUT ROWID")
-    db["store_state"].create({"name": str, "value": int, "updated_at": int}, pk="name")
+    db.table("store_state").create({"name": str, "value": int, "updated_at": int}, pk="name")
     known = [xid_info(code) for code in range(1, 256)]
-    db["xid_codes"].insert_all(
+    db.table("xid_codes").insert_all(
         [{"code": x.code, "mnemonic": x.mnemonic, "title": x.title, "severity": x.severity,
           "origin": x.origin, "gpu_reset": int(x.gpu_reset), "reboot": int(x.reboot)}
          for x in known if x.mnemonic != "UNKNOWN"], pk="code")
-    db["sched_stats"].create_index(["ts"], if_not_exists=True)
-    db["gpu_processes"].create_index(["ts"], if_not_exists=True)
-    db["processes"].create_index(["exited_at"], if_not_exists=True)
-    db["cron_runs"].create_index(["ts"], if_not_exists=True)
+    db.table("sched_stats").create_index(["ts"], if_not_exists=True)
+    db.table("gpu_processes").create_index(["ts"], if_not_exists=True)
+    db.table("processes").create_index(["exited_at"], if_not_exists=True)
+    db.table("cron_runs").create_index(["ts"], if_not_exists=True)
     if db["process_seconds"].exists():
-        db["process_seconds"].create_index(["second"], if_not_exists=True)
+        db.table("process_seconds").create_index(["second"], if_not_exists=True)
 
 
 @migrations()
@@ -317,9 +318,9 @@ def m603_views(db: Database) -> None:
 def m701_process_owner(db: Database) -> None:
     """Container id, Kubernetes pod uid and systemd unit of a process, from its cgroup path."""
     for column in ("container_id", "pod_uid", "unit"):
-        db["processes"].add_column(column, str)
-    db["processes"].create_index(["pod_uid"])
-    db["processes"].create_index(["container_id"])
+        db.table("processes").add_column(column, str)
+    db.table("processes").create_index(["pod_uid"])
+    db.table("processes").create_index(["container_id"])
 
 # --- cuda migrations: name them m8NN_* ---
 
@@ -327,8 +328,9 @@ def m701_process_owner(db: Database) -> None:
 @migrations()
 def m801_cuda_uprobes(db: Database) -> None:
     """Per-second CUDA API figures of GPU processes and single notable CUDA calls."""
-    columns = {"pid": int, "start_time": int, "ts": int, "interval_ns": int, "calls": int,
-               "errors": int, "launches": int, "graph_launches": int}
+    columns: dict[str, type] = {"pid": int, "start_time": int, "ts": int, "interval_ns": int,
+                                "calls": int, "errors": int, "launches": int,
+                                "graph_launches": int}
     for direction in ("htod", "dtoh", "dtod", "htoh", "unknown"):
         columns.update({f"{direction}_count": int, f"{direction}_bytes": int})
     for host in ("htod", "dtoh"):
@@ -337,15 +339,15 @@ def m801_cuda_uprobes(db: Database) -> None:
                     "frees": int, "free_bytes": int, "host_allocs": int,
                     "host_alloc_bytes": int, "overhead_ns": int, "traced_since_start": int,
                     "detail": str})
-    db["cuda_stats"].create(columns, pk=("pid", "start_time", "ts"))
-    db["cuda_stats"].create_index(["ts"])
-    db["cuda_calls"].create({
+    db.table("cuda_stats").create(columns, pk=("pid", "start_time", "ts"))
+    db.table("cuda_stats").create_index(["ts"])
+    db.table("cuda_calls").create({
         "id": int, "ts": int, "pid": int, "start_time": int, "tid": int, "api": str,
         "latency_ns": int, "ret": int, "bytes": int, "direction": str, "host": str,
         "reasons": str,
     }, pk="id")
-    db["cuda_calls"].create_index(["ts"])
-    db["cuda_calls"].create_index(["pid", "start_time", "ts"])
+    db.table("cuda_calls").create_index(["ts"])
+    db.table("cuda_calls").create_index(["pid", "start_time", "ts"])
 
 
 @migrations()
@@ -355,7 +357,7 @@ def m802_cuda_timeline(db: Database) -> None:
                          ("cuda_htod_bytes", int), ("cuda_dtoh_bytes", int),
                          ("cuda_pageable_bytes", int), ("cuda_allocs", int),
                          ("cuda_frees", int)):
-        db["process_seconds"].add_column(column, kind)
+        db.table("process_seconds").add_column(column, kind)
 
 # --- checks migrations: name them m9NN_* ---
 
@@ -364,7 +366,7 @@ def m802_cuda_timeline(db: Database) -> None:
 def m901_baselines(db: Database) -> None:
     """Named baselines of `gpuwhy baseline capture`: the run's figures (p5/p50/p95/mean per
     metric, call rates) and its environment, as JSON."""
-    db["baselines"].create({
+    db.table("baselines").create({
         "name": str, "created_at": int, "seconds": float, "target": str, "gpu_id": str,
         "environment": str, "figures": str, "watched": str,
     }, pk="name")
@@ -417,13 +419,13 @@ def m104_gpu_health(db: Database) -> None:
     the boot it was entered in) and every transition in ``gpu_health_history``."""
     for column, kind in (("health", str), ("health_since", int), ("health_evidence", str),
                          ("health_clears", str), ("health_boot_id", str)):
-        db["gpus"].add_column(column, kind)
-    db["gpu_health_history"].create({
+        db.table("gpus").add_column(column, kind)
+    db.table("gpu_health_history").create({
         "id": int, "gpu_id": str, "ts": int, "state": str, "previous": str, "cause": str,
         "evidence": str, "clears": str, "boot_id": str,
     }, pk="id")
-    db["gpu_health_history"].create_index(["gpu_id", "ts"])
-    db["gpu_health_history"].create_index(["ts"])
+    db.table("gpu_health_history").create_index(["gpu_id", "ts"])
+    db.table("gpu_health_history").create_index(["ts"])
 
 
 @migrations()
@@ -469,16 +471,16 @@ def m108_incident_lifecycle(db: Database) -> None:
     # An effect (a stall, a death, a rule finding, a later Xid) of an active cause incident
     # is a row of its own, for its detection and dedup, naming the incident it is a link of.
     db.execute("ALTER TABLE incidents ADD COLUMN cause_id INTEGER")
-    db["incidents"].create_index(["cause_id"])
+    db.table("incidents").create_index(["cause_id"])
     db.execute("UPDATE incidents SET state = 'resolved', resolution = CASE WHEN kind IN "
                "('rule_finding', 'process_stall') THEN 'recovered' ELSE 'timeout' END "
                "WHERE state = 'closed'")
-    db["incident_log"].create({
+    db.table("incident_log").create({
         "id": int, "incident_id": int, "ts": int, "action": str, "actor": str, "state": str,
         "resolution": str, "text": str,
     }, pk="id")
-    db["incident_log"].create_index(["incident_id", "ts"])
-    db["incidents"].create_index(["state"])
+    db.table("incident_log").create_index(["incident_id", "ts"])
+    db.table("incidents").create_index(["state"])
 
 
 @migrations()
@@ -509,9 +511,9 @@ def m110_incident_feed(db: Database) -> None:
                "resolution, text FROM incident_log ORDER BY id")
     db.execute("DROP TABLE incident_log")
     db.execute("ALTER TABLE incident_log_m110 RENAME TO incident_log")
-    db["incident_log"].create_index(["incident_id", "ts"])
-    db["feed_cursors"].create({"name": str, "cursor": int, "updated_at": int}, pk="name")
-    db["alertmanager_alerts"].create({
+    db.table("incident_log").create_index(["incident_id", "ts"])
+    db.table("feed_cursors").create({"name": str, "cursor": int, "updated_at": int}, pk="name")
+    db.table("alertmanager_alerts").create({
         "incident_id": int, "labels": str, "starts_at": int, "ends_at": int, "fired": int,
         "resolved_left": int, "last_sent": int, "updated_at": int,
     }, pk="incident_id", not_null={"labels", "starts_at", "fired", "resolved_left"},
@@ -558,7 +560,7 @@ def m113_process_started_at(db: Database) -> None:
     """``processes.started_at``: when the process started (realtime ns, from its start time).
     A rule's warm-up reads a process's age from it: a job that ran for an hour before
     gpuwhy first saw it is no young process. Rows already there have NULL (not known)."""
-    db["processes"].add_column("started_at", int)
+    db.table("processes").add_column("started_at", int)
 
 
 @migrations()
@@ -566,8 +568,8 @@ def m114_numa_nodes(db: Database) -> None:
     """``gpus.numa_node``: the NUMA node a GPU's PCIe link is attached to (NULL: not known);
     ``sched_stats.node_on_cpu_ns``: a GPU process's on-CPU time (its threads and its
     workers') per NUMA node, a JSON list indexed by node (NULL on a single-node host)."""
-    db["gpus"].add_column("numa_node", int)
-    db["sched_stats"].add_column("node_on_cpu_ns", str)
+    db.table("gpus").add_column("numa_node", int)
+    db.table("sched_stats").add_column("node_on_cpu_ns", str)
 
 
 @migrations()
@@ -577,8 +579,8 @@ def m115_sched_net_rx(db: Database) -> None:
     sleep that ended in such a receive (waiting for the network). NULL where the kernel
     offers neither the sock:sock_recv_length tracepoint nor tcp_cleanup_rbuf."""
     for side in ("own", "workers"):
-        db["sched_stats"].add_column(f"{side}_net_rx_bytes", int)
-        db["sched_stats"].add_column(f"{side}_net_wait_ns", int)
+        db.table("sched_stats").add_column(f"{side}_net_rx_bytes", int)
+        db.table("sched_stats").add_column(f"{side}_net_wait_ns", int)
 
 
 @migrations()
@@ -592,8 +594,8 @@ def m116_mig_instances(db: Database) -> None:
     db.execute("CREATE TABLE gpu_instances (gpu_id TEXT NOT NULL, instance TEXT NOT NULL, "
                "profile TEXT NOT NULL DEFAULT '', first_seen INTEGER, last_seen INTEGER, "
                "PRIMARY KEY (gpu_id, instance)) WITHOUT ROWID")
-    db["rule_findings"].add_column("instance", str)
-    db["rule_findings"].add_column("mig_profile", str)
+    db.table("rule_findings").add_column("instance", str)
+    db.table("rule_findings").add_column("mig_profile", str)
 
 
 @migrations()
@@ -603,9 +605,9 @@ def m117_incident_read_indexes(db: Database) -> None:
     second, and a settling Xid's chain the GPU's last reset, and each read scanned every
     incident the store keeps (of the GPU) (with 10,000 of them, ~3 ms a second, growing
     with the history; most are resolved and settled long ago)."""
-    db["incidents"].create_index(["state"], if_not_exists=True)
-    db["incidents"].create_index(["settle_until"], if_not_exists=True)
-    db["incidents"].create_index(["gpu_id", "kind", "opened_at"], if_not_exists=True)
+    db.table("incidents").create_index(["state"], if_not_exists=True)
+    db.table("incidents").create_index(["settle_until"], if_not_exists=True)
+    db.table("incidents").create_index(["gpu_id", "kind", "opened_at"], if_not_exists=True)
 
 
 @migrations()
@@ -645,7 +647,7 @@ def m119_kernel_log_only(db: Database) -> None:
     in ``events`` is added to ``kernel_log``; the ``kernel_log_record`` rows are deleted."""
     from gpuwhy.wire import json_text
 
-    db["kernel_log"].add_column("driver_version", str)
+    db.table("kernel_log").add_column("driver_version", str)
     # In Python, not a correlated UPDATE: events has no index on the body's cursor, and
     # these rows are few (kernel lines of a few kinds).
     for ts, gpu_id, body in db.execute("SELECT ts, gpu_id, body FROM events "
@@ -670,3 +672,41 @@ def m119_kernel_log_only(db: Database) -> None:
              record.get("message"), json_text(record.get("details") or {}, sort_keys=True),
              record.get("line"), record.get("driver_version")])
     db.execute("DELETE FROM events WHERE kind = 'kernel_log_record'")
+
+
+@migrations()
+def m125_engine_samples(db: Database) -> None:
+    """Inference engines (probes/engines): ``engine_samples``, one row per scrape of an
+    engine's /metrics (the values of ``engine_sample``, one column each, NULL when the
+    engine does not report it); ``engine_members``, the processes of an engine's tree that
+    hold GPU device files (a vLLM V1 server's EngineCore), so that a GPU process finds the
+    engine it serves."""
+    columns: dict[str, type] = {"id": int, "ts": int, "engine": str, "endpoint": str,
+                                "pid": int, "start_time": int, "version": str, "gpu_ids": str}
+    for name in ("requests_running", "requests_waiting", "kv_cache_usage", "batch_size",
+                 "preemptions_per_s", "prompt_tokens_per_s", "generation_tokens_per_s",
+                 "requests_per_s", "ttft_p50_s", "ttft_p95_s", "ttft_mean_s", "tpot_p50_s",
+                 "tpot_p95_s", "tpot_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_mean_s",
+                 "queue_p50_s", "queue_p95_s", "queue_mean_s"):
+        columns[name] = float
+    db.table("engine_samples").create(columns, pk="id")
+    db.table("engine_samples").create_index(["ts"])
+    db.table("engine_samples").create_index(["pid", "start_time", "ts"])
+    db.table("engine_members").create({"pid": int, "start_time": int, "engine_pid": int,
+                                       "engine_start_time": int, "since": int},
+                                      pk=("pid", "start_time", "engine_pid", "engine_start_time"))
+
+
+@migrations()
+def m120_python_stacks(db: Database) -> None:
+    """``python_stacks``: where the Python processes behind a host-side answer spent their
+    time (issue #57), one row per (finding, sampled process): the folded stacks that the
+    stack sampler aggregated over its window (gpuwhy.pystacks: bounded, escaped), never raw
+    samples. Pruned with the events window, as the incidents its findings belong to."""
+    db.table("python_stacks").create({
+        "finding_id": str, "pid": int, "start_time": int, "gpu_id": str, "rule_id": str,
+        "started": int, "ts": int, "interval_ms": int, "samples": int, "final": int,
+        "stacks": str, "dropped": str, "error": str,
+    }, pk=("finding_id", "pid", "start_time"), if_not_exists=True)
+    db.table("python_stacks").create_index(["ts"], if_not_exists=True)
+    db.table("python_stacks").create_index(["gpu_id", "ts"], if_not_exists=True)

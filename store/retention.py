@@ -11,6 +11,7 @@ readers are never blocked (WAL).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlite_utils import Database
@@ -26,13 +27,16 @@ TIMED: tuple[tuple[str, str, str, int], ...] = (
     ("gpu_sample_data", "ts", "raw", 1), ("gpu_processes", "ts", "raw", 1),
     ("sched_stats", "ts", "raw", 1), ("process_seconds", "second", "raw", NS_PER_SECOND),
     ("cuda_stats", "ts", "raw", 1), ("cuda_calls", "ts", "events", 1),
+    ("engine_samples", "ts", "raw", 1),
     ("gpu_rollup_data", "minute", "rollup", 1),
     ("events", "ts", "events", 1), ("driver_calls", "ts", "events", 1),
     ("kernel_log", "ts", "events", 1), ("cron_runs", "ts", "events", 1),
     ("gpu_health_history", "ts", "events", 1),
+    # the Python stacks behind a finding: kept as long as the incidents it belongs to
+    ("python_stacks", "ts", "events", 1),
 )
 # Rows of a process go with it once it exited before the events window.
-PROCESS_TABLES = ("device_fds", "gpu_bindings", "driver_call_stats", "processes")
+PROCESS_TABLES = ("device_fds", "gpu_bindings", "driver_call_stats", "engine_members", "processes")
 INCIDENT_TABLES = (("incident_links", "incident_id"), ("incident_processes", "incident_id"),
                    ("incident_log", "incident_id"), ("incidents", "id"))
 
@@ -107,6 +111,8 @@ def prune(db: Database, windows: Windows, now_ns: int, batch: int = 500,
     have gone by (then ``done`` is False and the next call goes on)."""
     result = PruneResult()
     started = time.monotonic()
+    # (table, time column, cutoff, delete): delete_batch, or a (db, cutoff, batch) deleter
+    jobs: list[tuple[str, str, int, Callable[..., int]]]
     jobs = [(table, column, (raw_cutoff(db, windows, now_ns) if table == "gpu_sample_data"
                              else windows.cutoff(window, now_ns)) // unit, delete_batch)
             for table, column, window, unit in TIMED if db[table].exists()]

@@ -157,6 +157,23 @@ DESCRIPTIONS = {
                   "bytes, time blocked in synchronisation (ns), allocations; `detail` keeps "
                   "the per-API counts and histograms as JSON.",
     "cuda_calls": "Single CUDA calls worth seeing on their own (slow, big or failed).",
+    "engine_samples": "One scrape of an inference engine's /metrics (vLLM, SGLang, TGI, "
+                      "Triton; probes/engines): the engine process (`pid`, `start_time`; NULL "
+                      "for an endpoint named in engines.endpoints), what its names tell of "
+                      "its version, the GPUs it holds (JSON), and one column per value "
+                      "(NULL: not reported): requests running and waiting, KV-cache usage "
+                      "(0..1), batch size, rates per second, and latencies in seconds "
+                      "(p50, p95, mean) over the interval since the scrape before.",
+    "engine_members": "The processes of an engine's tree that hold GPU device files (a vLLM "
+                      "V1 server's EngineCore), each with the engine process it serves and "
+                      "when that was first seen: a GPU process's rules read its engine's "
+                      "figures.",
+    "python_stacks": "Where the Python processes behind a host-side answer spent their time "
+                     "(the stack sampler, docs/decisions/0018): one row per (finding, sampled "
+                     "process), `stacks` the window's folded stacks as JSON (`pid`, "
+                     "`start_time`, `role`: main, threads or workers, `stack`: frames "
+                     "`file:line function` joined by `;`, `count` of samples), bounded and "
+                     "escaped, never raw samples; `samples` rounds every `interval_ms`.",
     "process_gpu_timeline": "Per-process GPU timeline: the samples of each GPU a process "
                             "held, while it held it. Filter on pid, start_time and a `ts` "
                             "range (the samples' time index serves it).",

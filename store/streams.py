@@ -107,6 +107,19 @@ def process_stats_between(db: Database, table: str, key: ProcessKey, start: int,
         "and ts <= ? order by ts", [key.pid, key.start_time, start, end])
 
 
+def engine_samples_between(db: Database, key: ProcessKey, start: int,
+                           end: int) -> list[dict]:
+    """Scrapes in the window of the inference engine that ``key`` is, or whose tree it is a
+    GPU process of (engine_members), in time order."""
+    return _rows(db,
+        "select * from engine_samples where pid = ? and start_time = ? and ts >= ? "
+        "and ts <= ? union all select s.* from engine_members m join engine_samples s "
+        "on s.pid = m.engine_pid and s.start_time = m.engine_start_time where m.pid = ? "
+        "and m.start_time = ? and not (m.engine_pid = m.pid and m.engine_start_time = "
+        "m.start_time) and s.ts >= ? and s.ts <= ? order by ts",
+        [key.pid, key.start_time, start, end, key.pid, key.start_time, start, end])
+
+
 def call_totals_by_op(db: Database, key: ProcessKey) -> list[dict]:
     """The process's cumulative driver call count, errors and latest updated_at per op."""
     return _rows(db,

@@ -20,6 +20,7 @@ from gpuwhy.events import (
     DeviceOpened,
     DriverCall,
     DriverCallStats,
+    EngineSample,
     Envelope,
     Event,
     GpuProcesses,
@@ -33,6 +34,7 @@ from gpuwhy.events import (
     ProcessExited,
     ProcessForked,
     ProcessSeen,
+    PythonStacks,
     RuleFinding,
     SchedStats,
     SourceHealth,
@@ -40,12 +42,16 @@ from gpuwhy.events import (
     methods_by_kind,
 )
 from gpuwhy.identity import GpuIdentity, ProcessKey, using_gpu_minor
+from gpuwhy.pystacks import clean_rows
+from gpuwhy.store.gpu_identity import note_pci_uuid, resolve_gpu
 from gpuwhy.store.held import HeldRows
-from gpuwhy.store.queries import resolve_gpu
 from gpuwhy.store.samples import encode_fields
 from gpuwhy.wire import json_text
 
 _NOT_IN_BODY = ("ts", "raw_ts", "process")     # columns of their own
+# engine_samples columns that are not values: a sender's value of that name is not taken
+_ENGINE_SAMPLE_KEYS = frozenset({"id", "ts", "engine", "endpoint", "pid", "start_time",
+                                 "version", "gpu_ids"})
 
 
 def _event_row(envelope: Envelope, gpu_id: str | None = None) -> dict:
@@ -164,7 +170,7 @@ class StoreWriter:
         # of the batch, not on every sample (a statement per sample cost an eighth of P4)
         self._gpus_seen: dict[str, int] = {}
         # gpus.gpu_key of the GPUs touched this batch (the sample rows' key); per batch only:
-        # the decide stage may delete a GPU's row (bindings.learn) and a new one gets a new key
+        # the decide stage may delete a GPU's row (gpu_identity.learn) and a new one gets a new key
         self._gpu_keys: dict[str, int] = {}
         # MIG instances sampled this batch: (gpu_id, instance) -> (profile, first ts, latest
         # ts), one gpu_instances statement at the end of the batch, as for _gpus_seen
@@ -496,6 +502,38 @@ class StoreWriter:
     def _on_cuda_library(self, envelope: Envelope, event: CudaLibrary) -> None:
         self._insert_event(_event_row(envelope))
 
+    # --- inference engine handlers ---
+    def _on_engine_sample(self, envelope: Envelope, event: EngineSample) -> None:
+        """One engine_samples row (its known values, one column each) and the engine's GPU
+        processes in engine_members, once each."""
+        known = self._columns("engine_samples") - _ENGINE_SAMPLE_KEYS
+        process = event.process
+        row = {"ts": event.ts, "engine": event.engine[:32], "endpoint": event.endpoint[:512],
+               "pid": process.pid if process else None,
+               "start_time": process.start_time if process else None,
+               "version": event.version[:32], "gpu_ids": json_text(event.gpu_ids[:64])}
+        row.update({k: float(v) for k, v in event.values.items() if k in known})
+        self._insert("engine_samples", row)
+        if process is not None:
+            for member in event.processes[:64]:
+                self._insert("engine_members", {
+                    "pid": member.pid, "start_time": member.start_time,
+                    "engine_pid": process.pid, "engine_start_time": process.start_time,
+                    "since": event.ts}, ignore=True)
+
+    # --- Python stack sampler handlers ---
+    def _on_python_stacks(self, envelope: Envelope, event: PythonStacks) -> None:
+        """One row per (finding, sampled process): the window's aggregate, replaced by a
+        later one of the same window (cumulative)."""
+        self._upsert("python_stacks", {
+            "finding_id": event.finding_id, "pid": event.process.pid,
+            "start_time": event.process.start_time, "gpu_id": event.gpu_id,
+            "rule_id": event.rule_id, "started": event.started, "ts": event.ts,
+            "interval_ms": event.interval_ms, "samples": event.samples,
+            "final": int(event.final), "stacks": json_text(clean_rows(event.stacks)),
+            "dropped": json_text(event.dropped, sort_keys=True, default=str),
+            "error": event.error[:500]}, pk=("finding_id", "pid", "start_time"))
+
     # --- GPU source handlers ---
     def _columns(self, table: str) -> set[str]:
         """The table's columns, read once."""
@@ -595,10 +633,7 @@ class StoreWriter:
             return    # re-sent after a restart of the source: already stored with its cursor
         self._klog_cursors.add(event.cursor)     # its row is held until the batch's end
         if event.record_kind == "gpu_uuid" and event.pci and event.uuid:
-            self.db.execute(
-                "insert into gpu_pci_uuids (pci, uuid, first_seen, last_seen) "
-                "values (?, ?, ?, ?) on conflict(pci) do update set uuid = excluded.uuid, "
-                "last_seen = excluded.last_seen", [event.pci, event.uuid, event.ts, event.ts])
+            note_pci_uuid(self.db, event.pci, event.uuid, event.ts)
         gpu_id = resolve_gpu(self.db, uuid=event.uuid, pci=event.pci)
         self._held.add("kernel_log", _INSERT_KERNEL_LOG, [   # in _KERNEL_LOG_COLUMNS' order
             event.cursor, event.ts, event.raw_ts, event.boot_id, event.origin,

@@ -25,7 +25,7 @@ ALLOWED = {
 APP_PACKAGES = ("gpuwhy.checks", "gpuwhy.deploy", "gpuwhy.demo")
 APP_MODULES = ("gpuwhy.cli", "gpuwhy.__main__", "gpuwhy.service", "gpuwhy.status",
                "gpuwhy.bench_cli", "gpuwhy.why_cli", "gpuwhy.mcp_cli", "gpuwhy.mcp_server",
-               "gpuwhy.otlp", "gpuwhy.otlp_export")
+               "gpuwhy.otlp", "gpuwhy.otlp_export", "gpuwhy.stack_targets")
 
 
 def module_name(path: Path) -> str:

@@ -23,6 +23,7 @@ from gpuwhy.events import (
     DeviceOpened,
     DriverCall,
     DriverCallStats,
+    EngineSample,
     Event,
     GpuProcesses,
     GpuSample,
@@ -187,6 +188,10 @@ class Signals:
     def cuda_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         raise NotImplementedError
 
+    def engine_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        """Scrapes of the inference engine the process is, or serves (its GPU process)."""
+        return []
+
     def event_rows(self, stream: str, scope: Scope, start: int,
                    end: int) -> list[tuple[int, dict]]:
         raise NotImplementedError
@@ -242,6 +247,8 @@ class Signals:
             return derive_series(name, self.sched_rows(owner, start, end))
         if source == "cuda":
             return derive_series(name, self.cuda_rows(owner, start, end))
+        if source == "engine":
+            return derive_series(name, self.engine_rows(owner, start, end))
         return derive_series(name, self.call_rows(owner, start, end))
 
     def fact(self, scope: Scope, name: str) -> float | None:
@@ -356,6 +363,7 @@ class MemorySignals(Signals):
         self._sched: dict[ProcessKey, list] = defaultdict(list)
         self._calls: dict[ProcessKey, list] = defaultdict(list)
         self._cuda: dict[ProcessKey, list] = defaultdict(list)
+        self._engine: dict[ProcessKey, list] = defaultdict(list)
         self._call_ops: dict[ProcessKey, dict[tuple, dict]] = defaultdict(dict)
         self._events: dict[str, list] = defaultdict(list)
 
@@ -409,6 +417,9 @@ class MemorySignals(Signals):
 
     def cuda_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         return _slice(self._cuda.get(process, ()), start, end)
+
+    def engine_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        return _slice(self._engine.get(process, ()), start, end)
 
     def event_rows(self, stream: str, scope: Scope, start: int,
                    end: int) -> list[tuple[int, dict]]:
@@ -497,6 +508,11 @@ class MemorySignals(Signals):
             self._append(self._sched[event.process], ts, row)
         elif isinstance(event, DriverCallStats):
             self._calls_of(event, ts)
+        elif isinstance(event, EngineSample):
+            # the engine's process and each of its GPU processes read the same scrapes
+            for key in dict.fromkeys([event.process, *event.processes]):
+                if key is not None:
+                    self._append(self._engine[key], ts, dict(event.values))
         elif isinstance(event, CudaStats):
             self._append(self._cuda[event.process], ts,
                          {"interval_ns": event.interval_ns, **event.totals()})

@@ -4,8 +4,9 @@ The SQL lives in ``gpuwhy.store.streams``; this class caches, widens windows and
 the rows it returns into signal rows. Tables read: ``gpu_samples`` (one row per GPU and
 instant, and one per MIG instance and instant: their own series), ``gpu_instances`` (a
 GPU's MIG instances and their profiles), ``sched_stats``, ``cuda_stats``,
-``driver_call_stats`` (cumulative: this class keeps one snapshot per evaluation round, so
-call rates need two rounds), ``driver_calls``,
+``engine_samples`` and ``engine_members`` (an inference engine's scrapes, for its process
+and its GPU processes), ``driver_call_stats`` (cumulative: this class keeps one snapshot
+per evaluation round, so call rates need two rounds), ``driver_calls``,
 ``kernel_log``, ``cron_runs``, ``events`` (gpu_xid, gpu_state, process_exec,
 process_exited), ``processes``, ``gpu_bindings``, ``gpu_processes``, ``gpus``.
 Everything read in a round is cached for that round: the same window is read once for all
@@ -183,6 +184,11 @@ class StoreSignals(Signals):
 
     def cuda_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
         return self._process_rows("cuda_stats", process, start, end)
+
+    def engine_rows(self, process: ProcessKey, start: int, end: int) -> list[tuple[int, Row]]:
+        rows = self._window_rows(("engine_samples", process), start, end, lambda s, e: [
+            (r["ts"], r) for r in streams.engine_samples_between(self.db, process, s, e)])
+        return _slice(rows, start, end)
 
     def _process_rows(self, table: str, process: ProcessKey, start: int,
                       end: int) -> list[tuple[int, Row]]:

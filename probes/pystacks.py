@@ -1,0 +1,356 @@
+"""The Python stack sampler: where the processes behind a host-side answer spend their time.
+
+It samples only the processes the service names in its targets file
+(:func:`gpuwhy.pystacks.read_targets`: processes bound to a GPU whose answer is host-side),
+and their child processes (DataLoader workers), every ``stacks.interval_ms`` until the
+target's window ends or the service drops it (the answer cleared). Each target is sampled by
+one ``py-spy record --nonblocking`` child: py-spy reads the interpreter's memory with
+process_vm_readv and never stops the target (no ptrace stop, no signal, no injected code),
+and reaches a container's files through /proc/PID/root. When the child ends, its
+speedscope output (JSON: nothing a frame's name holds can forge a line) is folded into a
+bounded aggregate (:class:`gpuwhy.pystacks.Aggregate`) and published as one
+``python_stacks`` event; the samples themselves never leave this process.
+docs/decisions/0018-python-stacks-sampler.md says why py-spy, and what it costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuwhy.clock import now_ns
+from gpuwhy.config import Config
+from gpuwhy.events import Event, PythonStacks
+from gpuwhy.identity import ProcessKey
+from gpuwhy.proc import NoSuchProcess, process_key
+from gpuwhy.pystacks import (
+    Aggregate,
+    Frame,
+    Target,
+    TargetsRefused,
+    escape,
+    fold,
+    read_targets,
+)
+
+log = logging.getLogger(__name__)
+
+STEP_SECONDS = 0.5           # how often the targets file and the children are looked at
+IDLE_SECONDS = 2.0           # ... while nothing is sampled: an idle host wakes us rarely
+STOP_SECONDS = 5.0           # a py-spy asked to stop (SIGINT) that has not written by then
+MAX_OUTPUT_BYTES = 64 << 20  # a speedscope file larger than this is not read
+MAX_ERROR_CHARS = 300
+MAX_WINDOW_SECONDS = 3600    # a run's longest window, whatever the file says
+_PROFILE = re.compile(r"^Process (\d+) Thread (\d+)\b")
+_MARK = re.compile(r"^(?:process \d+:|thread \(\d+\))")
+
+
+def find_py_spy() -> str | None:
+    """The py-spy installed beside this Python (the venv's bin), else on PATH."""
+    here = os.path.dirname(sys.executable)
+    return shutil.which("py-spy", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+
+
+@dataclass
+class Run:
+    """One py-spy child sampling one target."""
+
+    target: Target
+    process: subprocess.Popen
+    output: str
+    errors: str
+    started: int
+    stopping_since: float | None = None
+
+
+def namespace_pid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The pid of ``pid`` in its own innermost PID namespace (``NSpid``'s last field): py-spy
+    names a containerised process's threads by their ids in there."""
+    try:
+        with open(f"{proc_root}/{pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def parse_speedscope(data: bytes, target: ProcessKey,
+                     start_time_of: Callable[[int], int],
+                     main_tids: Callable[[int], set[int]] = lambda pid: {pid},
+                     ) -> tuple[Aggregate, int]:
+    """py-spy's speedscope output as a bounded aggregate and the sampling rounds it holds.
+    A profile is one thread: ``Process PID Thread TID "name"``; a process's main thread is
+    the one whose id is in ``main_tids(PID)`` (its pid, and its pid in its own namespace),
+    ``main`` for the target, ``workers`` for a child process; every other thread is
+    ``threads``."""
+    body = json.loads(data)
+    frames = [f if isinstance(f, dict) else {} for f in body.get("shared", {}).get("frames", [])]
+    table = [Frame(str(f.get("file") or ""), f.get("line"), str(f.get("name") or ""))
+             for f in frames]
+    # py-spy's own frames for --subprocesses and --threads (a process's command line, a
+    # thread's id): the role says as much, and a command line is no code
+    marks = {i for i, f in enumerate(table) if not f.file and _MARK.match(f.function)}
+    aggregate = Aggregate()
+    rounds = 0
+    processes: dict[int, tuple[int, set[int]]] = {}     # each process read from /proc once
+    for profile in body.get("profiles", []):
+        found = _PROFILE.match(str(profile.get("name", "")))
+        if found is None:
+            aggregate.dropped["unnamed_profiles"] += 1
+            continue
+        pid, tid = int(found.group(1)), int(found.group(2))
+        if pid not in processes:
+            processes[pid] = (target.start_time if pid == target.pid else start_time_of(pid),
+                              main_tids(pid))
+        start, mains = processes[pid]
+        if tid not in mains:
+            role = "threads"                     # any other thread, the target's or a worker's
+        else:
+            role = "main" if pid == target.pid else "workers"
+        samples = profile.get("samples", [])
+        if pid == target.pid and role == "main":
+            rounds = max(rounds, len(samples))
+        folded: dict[tuple[int, ...], str] = {}
+        for sample in samples:
+            key = tuple(sample)
+            stack = folded.get(key)
+            if stack is None:
+                stack, cut = fold(table[i] for i in key
+                                  if 0 <= i < len(table) and i not in marks)
+                folded[key] = stack
+                if cut:
+                    aggregate.dropped["stacks_cut"] += 1
+            aggregate.add(pid, start, role, stack or "(no Python frame)")
+    return aggregate, rounds
+
+
+class StackSampler:
+    """Starts, stops and reads one py-spy child per target of the targets file; call
+    :meth:`step` every STEP_SECONDS and :meth:`close` at the end."""
+
+    def __init__(self, targets_path: str, publish: Callable[[Event], object],
+                 interval_ms: int = 100, proc_root: str = "/proc",
+                 py_spy: str | None = None, clock: Callable[[], int] = now_ns):
+        self.targets_path = targets_path
+        self.publish = publish
+        self.interval_ms = interval_ms
+        self.proc_root = proc_root
+        self.py_spy = py_spy or find_py_spy()
+        self.clock = clock
+        self.runs: dict[tuple[str, int, int], Run] = {}
+        self.done: set[tuple[str, int, int]] = set()
+        self.workdir = tempfile.mkdtemp(prefix="gpuwhy-stacks-")
+        self.counters = {"runs": 0, "published": 0, "refused_targets": 0, "gone": 0,
+                         "errors": 0}
+        self.last_refusal = ""
+
+    @property
+    def rate(self) -> int:
+        """Samples a second, as py-spy takes it (a whole number, at least 1)."""
+        return max(1, round(1000 / self.interval_ms))
+
+    def _targets(self) -> list[Target]:
+        try:
+            targets = read_targets(self.targets_path)
+        except TargetsRefused as exc:
+            if str(exc) != self.last_refusal:
+                log.warning("stack sampler: %s; sampling nothing", exc)
+                self.last_refusal = str(exc)
+            self.counters["refused_targets"] += 1
+            return []
+        self.last_refusal = ""
+        return targets
+
+    def step(self) -> None:
+        """Stop the runs whose target was dropped or whose window ended, publish the runs
+        that ended, start a run for each new target (once per target and answer)."""
+        now = self.clock()
+        wanted = {t.key: t for t in self._targets() if t.until > now}
+        for key, run in list(self.runs.items()):
+            if (key not in wanted or run.target.until <= now) and run.stopping_since is None:
+                self._stop(run)
+            if run.process.poll() is not None:
+                self._finish(key, run)
+            elif run.stopping_since is not None and \
+                    time.monotonic() - run.stopping_since > STOP_SECONDS:
+                run.process.kill()
+                run.process.wait()
+                self._finish(key, run)
+        self.done &= set(wanted) | set(self.runs)    # forget answers that are gone
+        for key, target in wanted.items():
+            if key not in self.runs and key not in self.done:
+                self._start(target, now)
+
+    def _stop(self, run: Run) -> None:
+        run.stopping_since = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            run.process.send_signal(signal.SIGINT)     # py-spy writes what it has, then ends
+
+    def _start(self, target: Target, now: int) -> None:
+        self.done.add(target.key)
+        try:
+            if process_key(target.pid, self.proc_root).start_time != target.start_time:
+                raise NoSuchProcess(target.pid)        # the pid was reused: not ours
+        except (NoSuchProcess, OSError, ValueError, IndexError):
+            self.counters["gone"] += 1
+            return
+        if self.py_spy is None:
+            self._publish_error(target, now, "py-spy is not installed (pip install py-spy)")
+            return
+        seconds = min(MAX_WINDOW_SECONDS, max(1, math.ceil((target.until - now) / 1e9)))
+        name = f"{target.pid}-{target.start_time}-{len(self.runs)}-{self.counters['runs']}"
+        output = os.path.join(self.workdir, f"{name}.json")
+        errors = os.path.join(self.workdir, f"{name}.err")
+        command = [self.py_spy, "record", "--nonblocking", "--idle", "--threads",
+                   "--subprocesses", "--format", "speedscope", "--rate", str(self.rate),
+                   "--duration", str(seconds), "--output", output, "--pid", str(target.pid)]
+        with open(errors, "wb") as err:
+            try:
+                process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=err,
+                                           close_fds=True)
+            except OSError as exc:
+                self._publish_error(target, now, f"cannot run py-spy: {exc.strerror}")
+                return
+        # The sampler gives way to the work it watches.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, process.pid, 10)
+        self.counters["runs"] += 1
+        self.runs[target.key] = Run(target, process, output, errors, started=now)
+
+    def _finish(self, key: tuple[str, int, int], run: Run) -> None:
+        del self.runs[key]
+        target = run.target
+        try:
+            size = os.path.getsize(run.output)
+        except OSError:
+            size = -1
+        try:
+            if size < 0:
+                self._publish_error(target, run.started, self._error_text(run))
+                return
+            if size > MAX_OUTPUT_BYTES:
+                self._publish_error(target, run.started,
+                                    f"py-spy wrote {size} bytes, more than {MAX_OUTPUT_BYTES}")
+                return
+            with open(run.output, "rb") as file:
+                data = file.read(MAX_OUTPUT_BYTES + 1)
+            try:
+                aggregate, rounds = parse_speedscope(
+                    data, ProcessKey(target.pid, target.start_time), self._start_time,
+                    self._main_tids)
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._publish_error(target, run.started, f"unreadable py-spy output: {exc}")
+                return
+            self.publish(PythonStacks(
+                ts=self.clock(), process=ProcessKey(target.pid, target.start_time),
+                gpu_id=target.gpu_id, finding_id=target.finding_id, rule_id=target.rule_id,
+                started=run.started, interval_ms=self.interval_ms, samples=rounds,
+                stacks=aggregate.rows(), final=True, dropped=dict(aggregate.dropped)))
+            self.counters["published"] += 1
+        finally:
+            for path in (run.output, run.errors):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def _error_text(self, run: Run) -> str:
+        try:
+            with open(run.errors, "rb") as file:
+                file.seek(max(0, os.path.getsize(run.errors) - 2000))
+                tail = file.read().decode("utf-8", "replace")
+        except OSError:
+            tail = ""
+        lines = [line for line in tail.splitlines() if line.startswith("Error")]
+        return escape(lines[-1] if lines else f"py-spy exited with status "
+                      f"{run.process.returncode} and wrote nothing", MAX_ERROR_CHARS)
+
+    def _main_tids(self, pid: int) -> set[int]:
+        inner = namespace_pid(pid, self.proc_root)
+        return {pid} if inner is None else {pid, inner}
+
+    def _start_time(self, pid: int) -> int:
+        try:
+            return process_key(pid, self.proc_root).start_time
+        except (NoSuchProcess, OSError, ValueError, IndexError):
+            return 0         # a worker gone before the window ended: its samples stay
+
+    def _publish_error(self, target: Target, started: int, error: str) -> None:
+        self.counters["errors"] += 1
+        log.warning("stack sampler: pid %d: %s", target.pid, error)
+        self.publish(PythonStacks(
+            ts=self.clock(), process=ProcessKey(target.pid, target.start_time),
+            gpu_id=target.gpu_id, finding_id=target.finding_id, rule_id=target.rule_id,
+            started=started, interval_ms=self.interval_ms, samples=0, stacks=[],
+            final=True, error=error))
+
+    def close(self) -> None:
+        """Stop every run, publish what each sampled, remove the working directory."""
+        for run in self.runs.values():
+            if run.stopping_since is None:
+                self._stop(run)
+        deadline = time.monotonic() + STOP_SECONDS
+        for key, run in list(self.runs.items()):
+            try:
+                run.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                run.process.kill()
+                run.process.wait()
+            self._finish(key, run)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+CAP_SYS_PTRACE = 19
+
+
+def may_read_other_processes(proc_root: str = "/proc") -> bool:
+    """Whether this process may read other users' processes' memory: root, or
+    CAP_SYS_PTRACE in its effective set (py-spy, its child, inherits the same)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open(f"{proc_root}/self/status") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def run_stack_sampler(config: Config, stop: threading.Event) -> None:
+    """The sampler as a source: publish ``python_stacks`` events until ``stop`` is set.
+    Does nothing when ``stacks.enabled`` is false, or without the privilege to read other
+    processes (said once: the unprivileged service of the systemd split)."""
+    if not config["stacks.enabled"]:
+        return
+    if not may_read_other_processes():
+        log.info("stack sampler: not root and no CAP_SYS_PTRACE here: Python stacks are not "
+                 "sampled by this process")
+        return
+    from gpuwhy.bus import Publisher
+
+    publisher = Publisher(config["bus.endpoint"], src="stacks")
+    sampler = StackSampler(config["stacks.targets_path"], publisher.publish,
+                           interval_ms=config["stacks.interval_ms"],
+                           proc_root=config["probes.proc_root"])
+    try:
+        while not stop.wait(STEP_SECONDS if sampler.runs else IDLE_SECONDS):
+            sampler.step()
+    finally:
+        sampler.close()
+        publisher.close()

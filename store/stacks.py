@@ -1,0 +1,64 @@
+"""Read the Python stacks the stack sampler stored: per finding, per GPU, per process.
+
+The read API of the ``python_stacks`` table (store/migrations.py ``m120``) for `gpuwhy why`
+and, later, the web view's ``/api/.../stacks``: each row's folded stacks decoded, most
+samples first, with :func:`gpuwhy.pystacks.top_frames` ready to say them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlite_utils import Database
+
+from gpuwhy.identity import ProcessKey
+from gpuwhy.pystacks import clean_rows, summary_line, top_frames
+
+Row = dict[str, Any]
+MAX_ROWS = 50
+
+
+def python_stacks(db: Database, *, finding_id: str | None = None, gpu_id: str | None = None,
+                  process: ProcessKey | None = None, limit: int = MAX_ROWS) -> list[Row]:
+    """Stored stack aggregates, newest first, of a finding, a GPU or a sampled process (all
+    given filters apply): each row with ``stacks`` (a list of ``{pid, start_time, role,
+    stack, count}``, most samples first), ``dropped`` (a dict), ``top`` (per role, the top
+    frames with their shares) and ``summary`` (one line). [] on a store without the table."""
+    if not db["python_stacks"].exists():
+        return []
+    where: list[str] = []
+    params: list[Any] = []
+    if finding_id is not None:
+        where.append("finding_id = ?")
+        params.append(finding_id)
+    if gpu_id is not None:
+        where.append("gpu_id = ?")
+        params.append(gpu_id)
+    if process is not None:
+        where.append("pid = ? and start_time = ?")
+        params += [process.pid, process.start_time]
+    sql = ("select * from python_stacks" + (" where " + " and ".join(where) if where else "")
+           + " order by ts desc limit ?")
+    rows = db.execute_returning_dicts(sql, [*params, max(1, min(int(limit), 1000))])
+    for row in rows:
+        row["stacks"] = clean_rows(_json(row["stacks"], []))
+        row["dropped"] = _json(row["dropped"], {})
+        row["final"] = bool(row["final"])
+        row["top"] = top_frames(row["stacks"])
+        row["summary"] = summary_line(row["stacks"])
+    return rows
+
+
+def folded_text(row: Row) -> str:
+    """A row's stacks as folded text, ``stack count`` per line (what flame-graph tools
+    read), the role and process first: ``workers;4242;dataset.py:41 load 17``."""
+    return "".join(f"{s['role']};{s['pid']};{s['stack']} {s['count']}\n" for s in row["stacks"])
+
+
+def _json(text: str | None, empty: Any) -> Any:
+    try:
+        value = json.loads(text or "null")
+    except ValueError:
+        return empty
+    return value if isinstance(value, type(empty)) else empty

@@ -1,0 +1,411 @@
+"""Inference engines: found from /proc, /metrics scraped on loopback, samples on the bus, in
+the store and in the rules' engine.* signals.
+
+Real processes (tests/engine_standin.py started under the argv each engine shows in /proc,
+serving metric text recorded from the engines' docs and source, tests/data/engines/),
+real /proc port discovery, real HTTP, the real bus, correlator, store and signals; only the
+engine itself is a stand-in (no GPU here).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwhy.bus import Subscriber
+from gpuwhy.correlator.rules.signals import MemorySignals, Scope
+from gpuwhy.correlator.rules.storesignals import StoreSignals
+from gpuwhy.correlator.service import Correlator
+from gpuwhy.events import EngineSample
+from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.engines import metrics
+from gpuwhy.probes.engines import source as engines_source
+from gpuwhy.probes.engines.discover import find_engines, flag_ports, recognise
+from gpuwhy.probes.engines.source import EngineSource, ScrapeError, get
+from gpuwhy.proc import process_key
+from gpuwhy.store import open_store
+
+DATA = Path(__file__).parent / "data" / "engines"
+STANDIN = Path(__file__).parent / "engine_standin.py"
+RUN_STANDIN = f"import runpy; runpy.run_path({str(STANDIN)!r}, run_name='__main__')\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engines:
+    """Stand-in engines started for one test, ended with it."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def _module(self, dotted: str) -> Path:
+        root = self.tmp / "modules"
+        parts = dotted.split(".")
+        for i in range(1, len(parts)):
+            package = root.joinpath(*parts[:i])
+            package.mkdir(parents=True, exist_ok=True)
+            (package / "__init__.py").touch()
+        root.joinpath(*parts[:-1], parts[-1] + ".py").write_text(RUN_STANDIN)
+        return root
+
+    def start(self, how: str, frames: str, port: int, mode: str = "",
+              decoy: int | None = None, child: bool = False) -> subprocess.Popen:
+        env = {**os.environ, "STANDIN_FRAMES": str(DATA / frames), "STANDIN_MODE": mode}
+        if decoy:
+            env["STANDIN_DECOY"] = str(decoy)
+        if child:
+            env["STANDIN_CHILD"] = "1"
+        executable = None
+        if how in ("vllm.entrypoints.openai.api_server", "sglang.launch_server"):
+            # what /proc shows for `python -m vllm.entrypoints.openai.api_server --port P`
+            env["PYTHONPATH"] = str(self._module(how))
+            argv = [sys.executable, "-m", how, "--port", str(port)]
+        elif how == "vllm serve":
+            # the console script: /proc shows `python …/bin/vllm serve MODEL --port P`
+            script = self.tmp / "bin" / "vllm"
+            script.parent.mkdir(exist_ok=True)
+            script.write_text(f"#!{sys.executable}\n" + RUN_STANDIN)
+            script.chmod(0o755)
+            argv = [str(script), "serve", "meta-llama/Llama-3.1-8B-Instruct", "--port",
+                    str(port)]
+        else:   # a binary: tritonserver, text-generation-router (argv[0] is its name)
+            executable = sys.executable
+            flag = "--metrics-port" if how == "tritonserver" else "--port"
+            argv = [how, str(STANDIN), flag, str(port)]
+        proc = subprocess.Popen(argv, executable=executable, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, cwd=self.tmp)
+        self.procs.append(proc)
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        assert ready and proc.stdout.readline() == b"ready\n", f"{how} did not start"
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stdin.close()          # the stand-in (and its child) end at EOF
+        for proc in self.procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def engines(tmp_path):
+    started = Engines(tmp_path)
+    yield started
+    started.stop()
+
+
+def key_of(proc: subprocess.Popen) -> ProcessKey:
+    return process_key(proc.pid)
+
+
+# --- recognising engines from their command lines -------------------------------------------
+@pytest.mark.parametrize("argv, engine", [
+    (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m", "--port", "8000"], "vllm"),
+    (["vllm", "serve", "m"], "vllm"),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "vllm"),
+    (["/opt/venv/bin/python3.11", "-u", "-m", "vllm.entrypoints.openai.api_server"], "vllm"),
+    (["python", "-m", "sglang.launch_server", "--model-path", "m"], "sglang"),
+    (["text-generation-launcher", "--model-id", "m"], "tgi"),
+    (["/usr/local/bin/text-generation-router", "--port", "80"], "tgi"),
+    (["/opt/tritonserver/bin/tritonserver", "--model-repository=/models"], "triton"),
+    (["vllm", "bench", "serve"], None),                  # the CLI's other commands
+    (["grep", "vllm", "serve"], None),                   # a later argument is no program
+    (["python3", "train.py", "-m", "vllm.entrypoints.openai.api_server"], None),
+    (["python3", "-c", "import vllm"], None),
+    (["bash", "-c", "tritonserver --model-repository=/m"], None),
+    ([], None),
+])
+def test_an_engine_is_recognised_by_its_program_never_by_an_argument(argv, engine):
+    assert recognise(argv) == engine
+
+
+def test_the_metrics_port_a_command_line_names_comes_before_the_default():
+    assert flag_ports("vllm", ["vllm", "serve", "m", "--port=9000"]) == [9000, 8000]
+    assert flag_ports("triton", ["tritonserver", "--metrics-port", "9002"]) == [9002, 8002]
+    assert flag_ports("sglang", ["python", "-m", "sglang.launch_server", "--port", "x"]) == \
+        [30000]
+
+
+# --- discovery through the real /proc ------------------------------------------------------
+def test_a_vllm_server_its_ports_and_its_tree_are_read_from_proc(engines):
+    port, decoy = free_port(), free_port()
+    proc = engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", port,
+                         decoy=decoy, child=True)
+    found = [e for e in find_engines() if e.process.pid == proc.pid]
+    assert len(found) == 1, "the forked child holds the argv too: one engine, the parent"
+    engine = found[0]
+    assert engine.engine == "vllm" and engine.process == key_of(proc)
+    assert engine.ports == [port, decoy]           # its --port first, then its other ports
+    assert engine.listeners[port].host == "127.0.0.1" and engine.note == ""
+    assert engine.members == [] and engine.gpu_minors == []    # no GPU device files here
+
+
+def test_an_engine_found_in_proc_is_scraped_on_the_port_that_serves_metrics(engines):
+    port, decoy = free_port(), free_port()
+    # the decoy answers 404 (an engine's other port); listed first it is tried first
+    proc = engines.start("tritonserver", "triton.txt", port, decoy=decoy)
+    source = EngineSource()
+    events = source.round()
+    samples = [e for e in events if isinstance(e, EngineSample)]
+    assert [(s.engine, s.process, s.endpoint) for s in samples] == [
+        ("triton", key_of(proc), f"http://127.0.0.1:{port}/metrics")]
+    assert samples[0].values == {"requests_waiting": 4.0}    # gauges only at the first scrape
+    assert samples[0].gpu_ids == ["GPU-8b1c2a3e-0000-4a5b-9c6d-7e8f90a1b2c3"]
+    time.sleep(0.2)
+    [second] = [e for e in source.round() if isinstance(e, EngineSample)]
+    values = second.values
+    assert values["requests_waiting"] == 2.0
+    assert values["batch_size"] == pytest.approx(4.0)          # 800 inferences / 200 runs
+    assert values["queue_mean_s"] == pytest.approx(0.005)      # 500,000 µs / 100 requests
+    assert values["e2e_mean_s"] == pytest.approx(0.02)
+    assert 100 / 10 < values["requests_per_s"] < 100 / 0.2     # 100 requests in the interval
+    health = source.health()
+    assert health.state == "ok" and "1 engine(s) found and scraped" in health.detail
+    assert source.counters["scrape_errors"] == 0
+
+
+def test_tgi_sglang_and_a_console_script_vllm_are_found_and_mapped(engines):
+    tgi, sglang, vllm = free_port(), free_port(), free_port()
+    engines.start("text-generation-router", "tgi.txt", tgi)
+    engines.start("sglang.launch_server", "sglang.txt", sglang)
+    engines.start("vllm serve", "vllm_v0.txt", vllm)
+    source = EngineSource()
+    source.round()
+    time.sleep(0.2)
+    by_engine = {e.engine: e for e in source.round() if isinstance(e, EngineSample)}
+    assert set(by_engine) == {"tgi", "sglang", "vllm"}
+    t = by_engine["tgi"].values
+    assert (t["requests_waiting"], t["requests_running"], t["batch_size"]) == (5, 16, 16)
+    assert t["prompt_tokens_per_s"] / t["generation_tokens_per_s"] == pytest.approx(2.5)
+    assert (t["e2e_p50_s"], t["e2e_p95_s"], t["e2e_mean_s"]) == pytest.approx((3.0, 4.8, 3.0))
+    s = by_engine["sglang"].values
+    assert (s["requests_running"], s["requests_waiting"], s["kv_cache_usage"]) == (9, 1, 0.31)
+    assert s["preemptions_per_s"] == 0.0
+    assert s["ttft_mean_s"] == pytest.approx(0.05)
+    v = by_engine["vllm"]
+    assert v.version == "v0" and v.values["kv_cache_usage"] == 0.04   # gpu_cache_usage_perc
+    assert "tpot_p50_s" not in v.values       # one frame: nothing moved between scrapes
+
+
+# --- the mapping, on the recorded text ------------------------------------------------------
+def _frames(name: str) -> list[str]:
+    return (DATA / name).read_text().split("# --- next scrape ---\n")
+
+
+def test_vllm_v1_names_give_rates_and_the_interval_latencies():
+    first, second = (metrics.parse("vllm", f) for f in _frames("vllm_v1.txt"))
+    values = metrics.values("vllm", second, first, 5.0)
+    assert metrics.dialect("vllm", second) == "v1"
+    assert values == pytest.approx({
+        "requests_running": 40, "requests_waiting": 30, "kv_cache_usage": 0.97,
+        "preemptions_per_s": 10, "prompt_tokens_per_s": 10000,
+        "generation_tokens_per_s": 2000, "requests_per_s": 10,
+        # the 50 requests of the interval, not the 1,050 since the start
+        "ttft_p50_s": 0.75, "ttft_p95_s": 1.0, "ttft_mean_s": 0.8,
+        "tpot_p50_s": 0.05, "tpot_p95_s": 0.05, "tpot_mean_s": 0.05,
+        "e2e_p50_s": 10.0, "e2e_p95_s": 10.0, "e2e_mean_s": 12.0,
+        "queue_p50_s": 1.0, "queue_p95_s": 1.0, "queue_mean_s": 1.0})
+
+
+def test_a_counter_that_went_down_gives_no_rate_that_round():
+    first, second = (metrics.parse("vllm", f) for f in _frames("vllm_v1.txt"))
+    values = metrics.values("vllm", first, second, 5.0)     # as after an engine restart
+    assert "preemptions_per_s" not in values and "ttft_p50_s" not in values
+    assert values["kv_cache_usage"] == 0.95
+
+
+def test_hostile_lines_are_skipped_and_counted_and_garbage_is_refused():
+    text = _frames("vllm_v1.txt")[0] + (
+        'vllm:num_requests_running{model_name="' + "x" * 5000 + '"} 7\n'
+        "vllm:num_requests_waiting NaN\n"
+        "vllm:num_preemptions_total 1e999999\n"
+        "not a sample at all {\n")
+    parsed = metrics.parse("vllm", text)
+    assert parsed.skipped >= 2 and parsed.gauges["vllm:num_requests_running"] == 48
+    with pytest.raises(ValueError):
+        metrics.parse("vllm", "<html>\n<body>nope</body>\n")
+
+
+# --- hostile endpoints cost their own scrape and the source's health, nothing more ----------
+def test_slow_huge_garbage_and_redirecting_endpoints_fail_alone(engines, monkeypatch):
+    hostile = {}
+    for mode in ("slow", "huge", "garbage", "redirect"):
+        hostile[mode] = free_port()
+        engines.start("sglang.launch_server", "sglang.txt", hostile[mode], mode=mode)
+    good = free_port()
+    proc = engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", good)
+    named = ",".join(f"sglang=http://127.0.0.1:{port}/metrics" for port in hostile.values())
+    source = EngineSource(named + ",http://10.1.2.3:8000/metrics", timeout=1.0,
+                          max_body=1 << 20)
+    started = time.monotonic()
+    events = source.round()
+    took = time.monotonic() - started
+    samples = [e for e in events if isinstance(e, EngineSample)]
+    # the good engine is published; each hostile one (found in /proc too) fails its scrapes
+    assert [s.process for s in samples] == [key_of(proc)]
+    assert took < 1.0 + 1.5, f"a round took {took:.1f} s: one scrape held the others"
+    health = source.health()
+    assert health.state == "degraded"
+    for port, why in ((hostile["slow"], "took longer than 1 s"),
+                      (hostile["huge"], "larger than 1048576 bytes"),
+                      (hostile["garbage"], "not Prometheus text"),
+                      (hostile["redirect"], "redirect (HTTP 302): not followed")):
+        assert f"127.0.0.1:{port}/metrics" in health.detail and why in health.detail, why
+    assert "http://10.1.2.3:8000/metrics: only http:// on a loopback address" in health.detail
+    assert source.counters["scrape_errors"] == 5
+    assert "4 engine(s) with no metrics port found yet" in health.detail
+
+
+def test_the_scrape_refuses_what_is_not_loopback_http():
+    for url in ("https://127.0.0.1:1/metrics", "http://192.0.2.1/metrics", "file:///etc/x"):
+        with pytest.raises(ScrapeError, match="only http:// on a loopback"):
+            get(url)
+
+
+# --- the whole way: a late engine, the bus, the correlator, the store, the signals ----------
+def test_an_engine_started_later_reaches_the_store_and_the_rules_within_10_s(
+        engines, tmp_config):
+    db = open_store(tmp_config["store.path"])
+    subscriber = Subscriber(tmp_config["bus.endpoint"])
+    correlator = Correlator(tmp_config, db, subscriber)
+    stop = threading.Event()
+    threads = [threading.Thread(target=correlator.run, args=(stop,)),
+               threading.Thread(target=engines_source.run_engine_source,
+                                args=(tmp_config, stop))]
+    for thread in threads:
+        thread.start()
+    reader = open_store(tmp_config["store.path"], readonly=True)
+    try:
+        time.sleep(1.0)                        # gpuwhy runs; then the engine starts
+        port = free_port()
+        proc = engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", port)
+        started = time.monotonic()
+        key = key_of(proc)
+        rows: list = []
+        found_after = None
+        while time.monotonic() - started < 16 and len(rows) < 2:
+            rows = reader.execute(
+                "select engine, endpoint, version, requests_running, kv_cache_usage, "
+                "preemptions_per_s, ttft_p50_s from engine_samples where pid = ? and "
+                "start_time = ? order by ts", [key.pid, key.start_time]).fetchall()
+            if rows and found_after is None:
+                found_after = time.monotonic() - started
+            time.sleep(0.1)
+        assert found_after is not None and found_after < 10.0, found_after
+        print(f"engine found and stored {found_after:.2f} s after it started")
+        assert rows[0][:5] == ("vllm", f"http://127.0.0.1:{port}/metrics", "v1", 48.0, 0.95)
+        assert rows[0][5] is None                       # no rate from one scrape
+        assert rows[1][3:5] == (40.0, 0.97) and 5 < rows[1][5] < 15 and rows[1][6] == 0.75
+        seen = reader.execute("select cmdline from processes where pid = ? and start_time = ?",
+                              [key.pid, key.start_time]).fetchone()
+        assert "vllm.entrypoints.openai.api_server" in seen[0]
+        health = reader.execute("select state from source_health where source = 'engines'"
+                                ).fetchone()
+        assert health == ("ok",)
+        # the rules read it as engine.* signals, from the store
+        signals = StoreSignals(reader)
+        now = reader.execute("select max(ts) from engine_samples").fetchone()[0]
+        signals.begin(now)
+        series = signals.series(Scope("GPU-x", key), "engine.kv_cache_usage", 0, now)
+        assert list(series.values) == [0.95, 0.97]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        reader.close()
+        db.close()
+
+
+def test_a_gpu_process_of_the_engine_reads_the_engine_signals_in_both_sources(db):
+    """vLLM V1: the API server scrapes, its EngineCore child holds the GPU: the child's
+    process rules read the server's figures (MemorySignals and StoreSignals alike)."""
+    server, core = ProcessKey(100, 5000), ProcessKey(101, 5001)
+    samples = [EngineSample(ts=t * 10**9, engine="vllm", endpoint="http://127.0.0.1:8000/metrics",
+                            process=server, processes=[core], values={"kv_cache_usage": v})
+               for t, v in ((1, 0.5), (6, 0.99))]
+    memory = MemorySignals()
+    memory.feed(samples)
+    from gpuwhy.events import Envelope
+    from gpuwhy.store.writer import StoreWriter
+    StoreWriter(db).write_batch([Envelope("engines", i, e) for i, e in enumerate(samples)])
+    store = StoreSignals(db)
+    store.begin(7 * 10**9)
+    for signals in (memory, store):
+        for who in (server, core):
+            series = signals.series(Scope("GPU-x", who), "engine.kv_cache_usage", 0, 10**10)
+            assert list(series.values) == [0.5, 0.99], (signals, who)
+        other = signals.series(Scope("GPU-x", ProcessKey(7, 7)), "engine.kv_cache_usage",
+                               0, 10**10)
+        assert list(other.values) == []
+
+
+def test_tables_are_read_once_and_not_again_while_an_engine_s_sockets_stay(engines):
+    from gpuwhy.probes.engines.discover import Finder
+    engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", free_port())
+    finder = Finder()
+    first = finder.find()
+    reads = finder.table_reads
+    assert first and reads >= 1
+    assert [e.process for e in finder.find()] == [e.process for e in first]
+    assert finder.table_reads == reads          # same sockets: the costly tables not read
+
+
+def _fake_process(root: Path, pid: int, argv: list[str], start: int, ppid: int,
+                  netns: str, fds: dict[int, str], children: list[int] = ()) -> None:
+    """A /proc/PID as the kernel lays it out, for the cases this host cannot make (a GPU
+    device file held, another network namespace)."""
+    base = root / str(pid)
+    (base / "fd").mkdir(parents=True)
+    (base / "ns").mkdir()
+    (base / "task" / str(pid)).mkdir(parents=True)
+    (base / "net").mkdir()
+    (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    fields = ["S", str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 10
+    (base / "stat").write_text(f"{pid} (x) " + " ".join(fields) + "\n")
+    (base / "ns" / "net").symlink_to(netns)
+    for fd, target in fds.items():
+        (base / "fd" / str(fd)).symlink_to(target)
+    (base / "task" / str(pid) / "children").write_text(" ".join(map(str, children)))
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt" \
+             "   uid  timeout inode\n"
+    (base / "net" / "tcp").write_text(
+        header + "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 "
+        "00000000     0        0 555 1 0000000000000000 100 0 0 10 0\n"
+        "   1: 0100007F:1F41 00000000:0000 0A 00000000:00000000 00:00000000 "
+        "00000000     0        0 556 1 0000000000000000 100 0 0 10 0\n")
+    (base / "net" / "tcp6").write_text(header)
+
+
+def test_the_gpu_processes_of_an_engine_and_another_namespace_are_told(tmp_path):
+    from gpuwhy.probes.engines.discover import Finder
+    root = tmp_path / "proc"
+    # a vLLM V1 server (port 8000 on every address) whose EngineCore child holds GPU 3
+    _fake_process(root, 100, ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                  1000, 1, "net:[1]", {3: "socket:[555]"}, [101])
+    _fake_process(root, 101, ["VLLM::EngineCore"], 1001, 100, "net:[1]",
+                  {5: "/dev/nvidia3", 6: "/dev/nvidiactl"})
+    # an SGLang server in another network namespace (a container without host networking)
+    _fake_process(root, 200, ["python3", "-m", "sglang.launch_server"], 2000, 1, "net:[2]",
+                  {4: "socket:[556]"})
+    found = {e.engine: e for e in Finder(str(root), own_netns="net:[1]").find()}
+    vllm, sglang = found["vllm"], found["sglang"]
+    assert vllm.process == ProcessKey(100, 1000) and vllm.ports == [8000]
+    assert vllm.members == [ProcessKey(101, 1001)] and vllm.gpu_minors == [3]
+    assert vllm.note == ""
+    assert sglang.ports == [8001] and "another network namespace" in sglang.note

@@ -1,0 +1,229 @@
+"""The Python stacks behind a host-side answer, without root: folding and bounds
+(gpuwhy.pystacks), the targets file, the service's choice of targets from a store the real
+correlator wrote, the writer and read API, retention, and `gpuwhy why GPU` saying them.
+The sampler itself, on real processes, is tests/privileged/test_pystacks_sampler.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwhy.cli import cli
+from gpuwhy.clock import now_ns
+from gpuwhy.events import PythonStacks, RuleFinding
+from gpuwhy.identity import ProcessKey
+from gpuwhy.pystacks import (
+    MAX_FRAMES,
+    MAX_FUNCTION_CHARS,
+    MAX_STACKS,
+    Aggregate,
+    Frame,
+    Target,
+    TargetsRefused,
+    fold,
+    host_side,
+    read_targets,
+    write_targets,
+)
+from gpuwhy.rules.loader import load_rules
+from gpuwhy.stack_targets import host_side_targets
+from gpuwhy.store import open_store
+from gpuwhy.store.queries import gpu_verdicts
+from gpuwhy.store.retention import Windows, prune
+from gpuwhy.store.stacks import folded_text, python_stacks
+
+from .correlator.conftest import UUID0, Harness, S
+
+SHIPPED = {rule.id: rule for rule in load_rules()}
+STARVED = "R01_input_cpu_bound"
+TRAINER = ProcessKey(4242, 1000)
+WORKER = ProcessKey(4250, 1010)
+LIB = "/usr/lib/python3.11"
+T0 = (now_ns() - 600 * S) // S * S
+
+
+def _frames(*spec: tuple[str, int, str]) -> list[Frame]:
+    return [Frame(file, line, function) for file, line, function in spec]
+
+
+def test_waits_inside_the_interpreter_fold_into_what_the_code_above_waits_on():
+    stack, cut = fold(_frames(("/job/train.py", 88, "<module>"),
+                              (f"{LIB}/multiprocessing/queues.py", 103, "Queue.get"),
+                              (f"{LIB}/multiprocessing/connection.py", 216, "recv_bytes"),
+                              (f"{LIB}/threading.py", 327, "Condition.wait")))
+    assert (stack, cut) == ("train.py:88 <module>;waiting on multiprocessing queue", False)
+    # a user's own threading.py is code, not the interpreter's lock
+    mine, _ = fold(_frames(("/job/threading.py", 5, "Condition.wait")))
+    assert mine == "threading.py:5 Condition.wait"
+    # a library below site-packages keeps its package path
+    lib, _ = fold(_frames((f"{LIB}/site-packages/PIL/Image.py", 3236, "open")))
+    assert lib == "PIL/Image.py:3236 open"
+
+
+def test_names_are_escaped_and_every_bound_holds():
+    evil = "<b>x</b>\x1b[31m;y\n" + "z" * 500
+    stack, _ = fold(_frames(("/job/a.py", 1, "main"), ("/job/a;b\x07.py", 2, evil)))
+    frames = stack.split(";")
+    assert len(frames) == 2 and stack.isprintable()
+    assert frames[1].startswith("a\\x3bb\\x07.py:2 <b>x</b>\\x1b[31m\\x3by\\n")
+    assert len(frames[1].split(" ", 1)[1]) == MAX_FUNCTION_CHARS
+    deep, cut = fold(_frames(*[("/job/r.py", i, "f") for i in range(500)]))
+    assert cut and len(deep.split(";")) == MAX_FRAMES and deep.endswith(";…")
+    aggregate = Aggregate()
+    for i in range(MAX_STACKS + 50):
+        aggregate.add(1, 2, "main", f"s{i}", 2)
+    assert len(aggregate.rows()) == MAX_STACKS
+    assert aggregate.dropped["stacks_over_limit"] == 100
+
+
+def test_host_side_answers_are_the_host_starvation_causes_and_unexplained_low_use():
+    assert host_side("R01_input_cpu_bound", "host_starvation", "cause")
+    assert host_side("R14b_low_gpu_utilisation", "device_efficiency", "symptom",
+                     cause_established=False)
+    assert not host_side("R14b_low_gpu_utilisation", "device_efficiency", "symptom")
+    assert not host_side("R32_xid79_fallen_off_bus", "failures", "cause")
+
+
+def test_targets_file_round_trips_and_one_others_could_write_is_refused(tmp_path):
+    path = str(tmp_path / "targets.json")
+    assert read_targets(path) == []
+    targets = [Target(1, 2, "gpu", "f", "R01", 3)]
+    write_targets(path, targets, 0)
+    assert read_targets(path) == targets
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    os.chmod(path, 0o666)
+    with pytest.raises(TargetsRefused, match="another user"):
+        read_targets(path)
+    os.chmod(path, 0o640)
+    os.symlink(path, tmp_path / "link.json")
+    with pytest.raises(TargetsRefused):
+        read_targets(str(tmp_path / "link.json"))
+    (tmp_path / "big.json").write_text(" " * 70_000)
+    os.chmod(tmp_path / "big.json", 0o600)
+    with pytest.raises(TargetsRefused, match="larger"):
+        read_targets(str(tmp_path / "big.json"))
+
+
+def _stacks_event(finding_id: str, ts: int) -> PythonStacks:
+    rows = ([{"pid": TRAINER.pid, "start_time": TRAINER.start_time, "role": "main",
+              "stack": "train.py:80 <module>;train.py:88 <module>;waiting on multiprocessing "
+                       "queue", "count": 71},
+             {"pid": TRAINER.pid, "start_time": TRAINER.start_time, "role": "main",
+              "stack": "train.py:80 <module>;train.py:95 step", "count": 29}]
+            + [{"pid": WORKER.pid, "start_time": WORKER.start_time, "role": "workers",
+                "stack": "worker.py:9 loop;dataset.py:41 load", "count": 64},
+               {"pid": WORKER.pid, "start_time": WORKER.start_time, "role": "workers",
+                "stack": "worker.py:9 loop;dataset.py:50 decode", "count": 36},
+               # from a hostile sender: no known role, a control character
+               {"pid": 1, "start_time": 1, "role": "root", "stack": "x", "count": 5},
+               {"pid": 1, "start_time": 1, "role": "threads", "stack": "a\x1b[2Jb", "count": 1}])
+    return PythonStacks(ts=ts, process=TRAINER, gpu_id=UUID0, finding_id=finding_id,
+                        rule_id=STARVED, started=ts - 30 * S, interval_ms=100, samples=300,
+                        stacks=rows)
+
+
+@pytest.fixture
+def starved(tmp_config):
+    """A store the real correlator wrote: a GPU, a trainer bound to it, R01 firing on it, and
+    the stacks the sampler published for that finding."""
+    harness = Harness(tmp_config, T0)
+    rule, t = SHIPPED[STARVED], harness.at(30)
+    finding_id = f"{STARVED}:{UUID0}:-:{t}"
+    try:
+        harness.feed(harness.gpu(0))
+        harness.feed(*(harness.sample(t, 20.0) for t in range(3, 9)))
+        harness.feed(harness.process(1, TRAINER, "python"), harness.opened(1, TRAINER))
+        harness.feed(dataclasses.replace(harness.process(2, WORKER, "pt_data_worker"),
+                                         ppid=TRAINER.pid))
+        harness.feed(RuleFinding(
+            ts=t, finding_id=finding_id, rule_id=STARVED, title=rule.title,
+            severity="warning", state="firing", gpu_id=UUID0, process=TRAINER,
+            window_start=t - rule.window_ns, window_end=t, evidence={"workers_cpu": 0.97},
+            fixes=["Raise num_workers"], verify="gpu.util rises", group=rule.group, since=t,
+            processes=[TRAINER], rule_kind=rule.kind, explains=list(rule.explains)))
+        harness.feed(_stacks_event(finding_id, harness.at(60)))
+    finally:
+        harness.close()
+    return tmp_config, finding_id
+
+
+def test_the_service_names_the_bound_processes_of_a_host_side_answer_for_its_window(starved):
+    config, finding_id = starved
+    db = open_store(config["store.path"], readonly=True)
+    try:
+        verdicts = gpu_verdicts(db, SHIPPED)
+        seen: dict[str, int] = {}
+        now = now_ns()
+        targets = host_side_targets(db, verdicts, SHIPPED, seen, now, 30 * S)
+        assert [(t.pid, t.start_time, t.finding_id, t.until) for t in targets] == [
+            (TRAINER.pid, TRAINER.start_time, finding_id, now + 30 * S)]
+        # the window runs from when the answer was first seen, not from each look
+        assert host_side_targets(db, verdicts, SHIPPED, seen, now + 10 * S, 30 * S)[0].until \
+            == now + 30 * S
+        assert host_side_targets(db, verdicts, SHIPPED, seen, now + 31 * S, 30 * S) == []
+        # an answer that no longer leads is forgotten
+        assert host_side_targets(db, [], SHIPPED, seen, now, 30 * S) == [] and seen == {}
+    finally:
+        db.close()
+
+
+def test_stored_stacks_are_cleaned_read_back_said_by_why_and_pruned(starved):
+    config, finding_id = starved
+    db = open_store(config["store.path"], readonly=True)
+    try:
+        [row] = python_stacks(db, finding_id=finding_id)
+        assert python_stacks(db, gpu_id="another") == []
+    finally:
+        db.close()
+    assert {(s["role"], s["stack"]) for s in row["stacks"]} >= {
+        ("workers", "worker.py:9 loop;dataset.py:41 load"), ("threads", "a\\x1b[2Jb")}
+    assert all(s["role"] != "root" for s in row["stacks"])
+    assert row["summary"] == ("main thread 71 % in train.py:88 <module>, waiting on "
+                              "multiprocessing queue; workers 64 % in dataset.py:41 load")
+    assert "workers;4250;worker.py:9 loop;dataset.py:41 load 64\n" in folded_text(row)
+
+    result = CliRunner().invoke(cli, ["why", "0"], env={"GPUWHY_DB": config["store.path"]})
+    assert result.exit_code == 1, result.output
+    assert ("    main thread: 71 % in train.py:88 <module>, waiting on multiprocessing queue; "
+            "29 % in train.py:95 step") in result.output
+    assert "    workers: 64 % in dataset.py:41 load; 36 % in dataset.py:50 decode" \
+        in result.output
+    assert "\x1b" not in result.output
+
+    writable = open_store(config["store.path"])
+    try:
+        prune(writable, Windows(event_days=1), now_ns() + 2 * 86_400 * S)
+        assert python_stacks(writable) == []
+    finally:
+        writable.close()
+
+
+def test_py_spy_output_is_read_by_structure_and_its_own_frames_are_left_out():
+    import json
+
+    from gpuwhy.probes.pystacks import parse_speedscope
+
+    frames = [{"name": "process 10:\"python train.py\"", "file": "", "line": 0},
+              {"name": "thread (10): MainThread", "file": "", "line": 0},
+              {"name": "<module>", "file": "/job/train.py", "line": 88},
+              {"name": "load", "file": "/job/dataset.py", "line": 41},
+              {"name": "Queue.get", "file": f"{LIB}/queue.py", "line": 180}]
+    body = {"shared": {"frames": frames}, "profiles": [
+        {"name": "Process 10 Thread 10 \"MainThread\"", "samples": [[0, 1, 2, 4]] * 3},
+        {"name": "Process 10 Thread 11 \"pin_memory\"", "samples": [[2, 4, 99]]},
+        {"name": "Process 12 Thread 1 \"MainThread\"", "samples": [[2, 3]] * 2},
+        {"name": "Process 12\nThread 12", "samples": [[3]]}]}
+    aggregate, rounds = parse_speedscope(
+        json.dumps(body).encode(), ProcessKey(10, 500), lambda pid: 600,
+        main_tids=lambda pid: {pid, 1})        # pid 12 is pid 1 in its own namespace
+    assert rounds == 3 and aggregate.dropped == {"unnamed_profiles": 1}
+    assert aggregate.rows() == [
+        {"pid": 10, "start_time": 500, "role": "main",
+         "stack": "train.py:88 <module>;waiting on queue.Queue", "count": 3},
+        {"pid": 10, "start_time": 500, "role": "threads",
+         "stack": "train.py:88 <module>;waiting on queue.Queue", "count": 1},
+        {"pid": 12, "start_time": 600, "role": "workers",
+         "stack": "train.py:88 <module>;dataset.py:41 load", "count": 2}]
