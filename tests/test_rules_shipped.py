@@ -11,6 +11,7 @@ from gpuwhy.demo.synthetic_signals import FB_TOTAL, Synthetic, run
 from gpuwhy.events import (
     DeviceOpened,
     DriverCall,
+    EngineSample,
     GpuState,
     GpuXid,
     KernelLogRecord,
@@ -42,6 +43,17 @@ def command(cmdline: str) -> list:
     key = ProcessKey(4242, 777)
     return [(199, ProcessSeen(ts=0, process=key, comm=cmdline.split()[0], cmdline=cmdline)),
             (200, ProcessExec(ts=0, process=key, filename="/usr/bin/" + cmdline.split()[0]))]
+
+
+def engine_scrapes(kv_cache_usage: float, preemptions_per_s: float) -> list:
+    """An inference engine's /metrics every 5 s (the engines source) for the process."""
+    server = Synthetic().process(0, 0)
+    return [(t, EngineSample(ts=0, engine="vllm", endpoint="http://127.0.0.1:8000/metrics",
+                             process=server, processes=[server],
+                             values={"kv_cache_usage": kv_cache_usage,
+                                     "preemptions_per_s": preemptions_per_s,
+                                     "requests_running": 30.0, "requests_waiting": 40.0}))
+            for t in range(5, 400, 5)]
 
 
 def bursty(trough: float):
@@ -117,9 +129,10 @@ CASES = {
     "R14b_low_gpu_utilisation": (
         Synthetic(duration_s=700, gpu={"gpu_util": 50.0}),
         Synthetic(duration_s=700, gpu={"gpu_util": 75.0})),
+    # two ranks of one job (one command line on two GPUs): peers to reach
     "R15_collectives_off_nvlink": (
-        Synthetic(gpu={"pcie_tx_bytes_per_s": 25e9, "pcie_rx_bytes_per_s": 25e9,
-                       "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0}),
+        Synthetic(gpus=2, gpu={"pcie_tx_bytes_per_s": 25e9, "pcie_rx_bytes_per_s": 25e9,
+                               "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0}),
         Synthetic(gpu={"pcie_tx_bytes_per_s": 25e9, "pcie_rx_bytes_per_s": 25e9})),
     "R16_comm_bound_exposed": (
         slow({"pcie_tx_bytes_per_s": 40e9, "pcie_rx_bytes_per_s": 40e9,
@@ -127,8 +140,9 @@ CASES = {
         slow({"pcie_tx_bytes_per_s": 40e9, "pcie_rx_bytes_per_s": 40e9,
                                        "sm_active": 0.3, "tensor_active": 0.2})),
     "R17_collective_hang": (
-        Synthetic(gpu={"gpu_util": 100, "sm_active": 0.02, "tensor_active": 0.0,
-                       "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0, "power_w": 200}),
+        Synthetic(gpus=2, gpu={"gpu_util": 100, "sm_active": 0.02, "tensor_active": 0.0,
+                               "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0,
+                               "power_w": 200}),
         Synthetic(gpu={"gpu_util": 100, "sm_active": 0.02, "tensor_active": 0.05,
                        "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0, "power_w": 200})),
     "R19_power_cap": (
@@ -225,6 +239,9 @@ CASES = {
     "R46_cpu_on_far_numa_node": (
         Synthetic(gpu={"gr_engine_active": 0.8}, numa_node=1, cpu_nodes=(1.0, 0.0)),
         Synthetic(gpu={"gr_engine_active": 0.8}, numa_node=1, cpu_nodes=(0.55, 0.45))),
+    # a full KV cache that holds its requests is no fault; one that preempts them is
+    "R48_kv_cache_pressure": (Synthetic(extra=engine_scrapes(0.97, 0.4)),
+                              Synthetic(extra=engine_scrapes(0.97, 0.0))),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),
@@ -344,6 +361,63 @@ def test_workers_waiting_on_sockets_starve_the_loader_as_reads_do(net_wait, fire
     if fires:
         assert firing[0].evidence["workers_network_wait"] == pytest.approx(0.7, abs=0.01)
         assert firing[0].evidence["workers_received_Bps"] == pytest.approx(30e6, rel=0.01)
+
+
+@pytest.mark.parametrize("own, fires", [
+    ({"on_cpu": 0.3, "sleep": 20.0, "blocked": 0.6}, True),     # D state over on-CPU
+    ({"on_cpu": 0.3, "sleep": 20.0, "net_wait": 0.6, "net_rx": 8e6}, True),   # a stream
+    ({"on_cpu": 0.3, "sleep": 20.0, "net_wait": 0.6, "net_rx": 20e3}, False),  # requests
+    ({"on_cpu": 0.8, "sleep": 20.0, "blocked": 0.3}, False),
+])
+def test_a_process_without_workers_waits_on_its_own_reads(own, fires):
+    """num_workers=0: the main thread, one of many, reads the batches; its shares are
+    diluted alike, so D state (or socket waits while samples stream in) above its on-CPU
+    time is the loader waiting. With workers, its own sockets are NCCL's or requests'."""
+    spec = Synthetic(gpu=IDLE, own={**own, "threads": 24}, workers={"processes": 0})
+    assert bool(fired("R02_input_io_bound", spec)[0]) is fires
+    with_workers = Synthetic(gpu=IDLE, own={**own, "threads": 24})
+    assert not fired("R02_input_io_bound", with_workers)[0]
+
+
+# A kernel that spins on a few SMs looks like a collective that never completes.
+SPIN = {"gpu_util": 100, "sm_active": 0.02, "tensor_active": 0.0, "power_w": 200,
+        "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0}
+
+
+@pytest.mark.parametrize("spec, fires", [
+    (Synthetic(gpu=SPIN), False),                               # one process, one GPU
+    (Synthetic(gpus=2, gpu=SPIN), True),                        # one job on two GPUs
+    # this GPU carried peer traffic before the hang (the look-back needs 5 minutes)
+    (Synthetic(duration_s=600, gpu=lambda t: SPIN if t >= 150 else {
+        **SPIN, "nvlink_tx_bytes_per_s": 40e9, "nvlink_rx_bytes_per_s": 40e9}), True),
+])
+def test_a_collective_hang_needs_a_sign_of_peers(spec, fires):
+    assert bool(fired("R17_collective_hang", spec)[0]) is fires
+
+
+def test_peers_on_pcie_need_a_job_on_two_gpus():
+    """One process moving as much both ways (offloaded optimizer state) has no peer."""
+    both = {"pcie_tx_bytes_per_s": 25e9, "pcie_rx_bytes_per_s": 25e9,
+            "nvlink_tx_bytes_per_s": 0, "nvlink_rx_bytes_per_s": 0}
+    assert not fired("R15_collectives_off_nvlink", Synthetic(gpu=both))[0]
+    assert fired("R15_collectives_off_nvlink", Synthetic(gpus=2, gpu=both))[0]
+
+
+def _version_check(ret: int) -> list:
+    """A client's NV_ESC_CHECK_VERSION_STR as fdtrack reports it: refused (-EINVAL) when
+    its version is not the loaded module's."""
+    return [(200, DriverCall(ts=0, process=Synthetic().process(0, 0), tid=1, fd=3,
+                             path="/dev/nvidiactl", device="nvidiactl", cmd=0xC04846D2,
+                             nr=0xD2, size=72, op="NV_ESC_CHECK_VERSION_STR", latency_ns=40_000,
+                             ret=ret, version="550.127.05",
+                             reasons=["notable", "error"] if ret else ["notable"]))]
+
+
+def test_a_refused_version_check_alone_is_a_driver_mismatch():
+    [finding] = fired("R41_driver_api_mismatch", Synthetic(extra=_version_check(-22)))[0]
+    assert finding.evidence["failed_version_checks"] == 1
+    assert finding.evidence["mismatch_lines"] == 0
+    assert not fired("R41_driver_api_mismatch", Synthetic(extra=_version_check(0)))[0]
 
 
 def test_socket_figures_a_kernel_could_not_count_are_unknown_not_zero():

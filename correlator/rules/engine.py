@@ -88,6 +88,7 @@ class Engine:
             10 * interval_ns
         self.evaluations = 0
         self.errors = 0
+        self._job_counts: dict[str, float] = {}
         # symptom rule id -> the cause rules that explain it (gpuwhy/rules/answer.py)
         self.explained_by: dict[str, list[m.Rule]] = {}
         for rule in self.rules:
@@ -134,6 +135,22 @@ class Engine:
                         out.append((rule, Scope(gpu, process), (rule.id, gpu, process, "")))
         return out
 
+    def _job_gpus(self, process: ProcessKey) -> float | None:
+        """On how many GPUs the process's job computes: the GPUs with a compute process of
+        the same command line (a job's ranks on this host run one command), its own among
+        them; None when its command line is not known."""
+        facts = self._facts.get(process)
+        if facts is None or not facts.cmdline:
+            return None
+        counts = self._job_counts
+        if facts.cmdline not in counts:
+            counts[facts.cmdline] = float(sum(
+                1 for procs in self._procs.values()
+                if any(p == process or (self._facts.get(p) is not None
+                                        and self._facts[p].cmdline == facts.cmdline)
+                       for p in procs)))
+        return counts[facts.cmdline]
+
     def _contexts(self, gpu_id: str) -> float:
         """How many processes hold a context on the GPU: its compute-process list (NVML)
         where the source sends one, else from the device files. CUDA opens every visible
@@ -163,6 +180,7 @@ class Engine:
         self._shared: dict = {}
         self._params: dict[str, dict[str, float]] = {}
         self._context_counts: dict[str, float] = {}
+        self._job_counts: dict[str, float] = {}   # command line -> GPUs its processes use
         findings: list[RuleFinding] = []
         seen = set()
         for rule, scope, key in self._instances(now):
@@ -206,6 +224,10 @@ class Engine:
         instance = {} if scope.instance else {
             "gpu.procs": float(len(self._procs.get(scope.gpu_id, []))),
             "gpu.contexts": self._contexts(scope.gpu_id)}
+        if scope.process is not None and not scope.instance:
+            job_gpus = self._job_gpus(scope.process)
+            if job_gpus is not None:
+                instance["proc.job_gpus"] = job_gpus
         if facts is not None and facts.born is not None:
             instance["proc.age_s"] = (now - facts.born) / 1e9
         ev = Evaluation(self.signals, scope, now, params, rule.window_ns, facts, instance,

@@ -48,6 +48,7 @@ class Case:
     seed: int | None = None
     group: str = ""
     onset_s: float = 0.0
+    half: str = ""        # a split corpus's half ("tuning", "held-out"), "" when unsplit
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Outcome:
     def as_dict(self) -> dict:
         c = self.case
         return {"name": c.name, "seed": c.seed, "healthy": c.healthy, "cause": c.cause,
-                "group": c.group, "expected": c.expected, "top": self.top,
+                "group": c.group, "half": c.half, "expected": c.expected, "top": self.top,
                 "top_kind": self.top_kind,
                 "result": ("alarm" if self.false_alarm else "ok") if c.healthy else
                 ("not evaluable" if not self.evaluable else "hit" if self.hit else "miss"),
@@ -135,7 +136,7 @@ def read_corpus(directory: Path) -> list[Case]:
             capture = path.parent / str(meta.get("capture") or f"{path.stem}.jsonl")
             case = Case(name, capture, healthy, expected, str(meta.get("cause", "")),
                         meta.get("seed"), str(meta.get("group", "")),
-                        float(meta.get("onset_s") or 0.0))
+                        float(meta.get("onset_s") or 0.0), str(meta.get("half") or ""))
         except (TypeError, ValueError) as exc:
             raise Unreadable(f"{path}: bad manifest: {exc}") from None
         if not healthy and not expected:
@@ -247,6 +248,23 @@ def summary(outcomes: list[Outcome], how: str, seconds: float) -> dict:
             "elapsed_s": round(seconds, 1)}
 
 
+def halves(outcomes: list[Outcome], how: str) -> dict[str, dict]:
+    """The summary of each half of a split corpus (its manifests' ``half``), apart: a rule
+    change is judged on the tuning half and only measured on the held-out one."""
+    names = sorted({o.case.half for o in outcomes if o.case.half})
+    return {name: summary([o for o in outcomes if o.case.half == name], how, 0.0)
+            for name in names}
+
+
+def _summary_line(total: dict) -> str:
+    acc = f"{total['accuracy']:.2f}" if total["accuracy"] is not None else "-"
+    med, top = total["median_time_to_answer_s"], total["max_time_to_answer_s"]
+    return (f"{total['hits']}/{total['faults']} faults = {acc} (right answer led at some "
+            f"time: {total['led_at_some_time']}); false alarms: {total['false_alarms']}/"
+            f"{total['healthy']} healthy hosts; time to answer: "
+            + (f"median {med:.0f} s, max {top:.0f} s" if med is not None else "-"))
+
+
 def _short(rule_id: str | None) -> str:
     return "-" if rule_id is None else rule_id
 
@@ -264,7 +282,8 @@ def _line(o: Outcome) -> str:
             tail = "(reads env(): captures carry no process environment)"
         elif not o.hit and tail:
             tail = f"(led at {tail}, not at the end)"
-    return f"{c.name:<30} {expected:<10} {_short(o.top):<36} {result:<6} {tail}"
+    half = f"  [{c.half}]" if c.half else ""
+    return f"{c.name:<30} {expected:<10} {_short(o.top):<36} {result:<6} {tail}{half}"
 
 
 # --- the command --------------------------------------------------------------------------
@@ -272,6 +291,11 @@ def _line(o: Outcome) -> str:
 @click.option("--corpus", "corpus_dir", type=InputDir(),
               help="A folder of captures and their NAME.json manifests (default: generate "
                    "the built-in corpus into a temporary folder).")
+@click.option("--corpus-set", "corpus_set", type=click.Choice(("builtin", "outside")),
+              default="builtin", show_default=True,
+              help="Without --corpus: builtin, the corpus written beside the rules; outside, "
+                   "hosts written from outside sources, split once into a tuning and a "
+                   "held-out half, reported apart.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--only", multiple=True, metavar="NAME",
               help="Only these scenarios (repeat, or separate with commas).")
@@ -279,7 +303,8 @@ def _line(o: Outcome) -> str:
               help="live: each capture through the writer, decide stage and store, the "
                    "answer read as `gpuwhy why` reads it; engine: the rules engine alone, "
                    "in memory (faster; no health, no incidents).")
-def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...], path: str) -> None:
+def evaluate(corpus_dir: str | None, corpus_set: str, as_json: bool, only: tuple[str, ...],
+             path: str) -> None:
     """Replay a scenario corpus through the shipped rules and score the first answers.
 
     Per scenario: the expected cause(s), the top answer at the end, hit or miss, and the
@@ -292,6 +317,7 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...], path:
     Examples:
       gpuwhy rules eval
       gpuwhy rules eval --only resnet18-cpu-starved,xid79-fallen-off-bus
+      gpuwhy rules eval --corpus-set outside
       gpuwhy rules eval --corpus ./captures --json | jq .summary
     """
     from gpuwhy.rules.loader import load_rules
@@ -308,9 +334,9 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...], path:
                 from gpuwhy.demo.corpus import write_corpus
 
                 try:
-                    write_corpus(Path(scratch), names)
+                    write_corpus(Path(scratch), names, corpus_set)
                 except KeyError as exc:
-                    raise click.UsageError(f"no built-in scenario {exc.args[0]}") from None
+                    raise click.UsageError(f"no {corpus_set} scenario {exc.args[0]}") from None
                 cases = read_corpus(Path(scratch))
             else:
                 cases = read_corpus(Path(corpus_dir))
@@ -334,20 +360,18 @@ def evaluate(corpus_dir: str | None, as_json: bool, only: tuple[str, ...], path:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
     total = summary(outcomes, how, time.monotonic() - started)
+    split = halves(outcomes, how)
     if as_json:
-        click.echo(json.dumps({"summary": total,
+        click.echo(json.dumps({"summary": total, **({"halves": split} if split else {}),
                                "scenarios": [o.as_dict() for o in outcomes]}, indent=2))
         return
     misses = [o.case.name for o in outcomes
               if not o.case.healthy and o.evaluable and not o.hit]
     alarms = [o.case.name for o in outcomes if o.false_alarm]
-    acc = f"{total['accuracy']:.2f}" if total["accuracy"] is not None else "-"
-    med, top = total["median_time_to_answer_s"], total["max_time_to_answer_s"]
-    click.echo(f"accuracy: {total['hits']}/{total['faults']} faults = {acc} (right answer "
-               f"led at some time: {total['led_at_some_time']}); false alarms: "
-               f"{total['false_alarms']}/{total['healthy']} healthy hosts; time to answer: "
-               + (f"median {med:.0f} s, max {top:.0f} s" if med is not None else "-")
-               + f" ({total['scenarios']} scenarios, {total['elapsed_s']:.0f} s)")
+    click.echo(f"accuracy: {_summary_line(total)} ({total['scenarios']} scenarios, "
+               f"{total['elapsed_s']:.0f} s)")
+    for name, part in split.items():
+        click.echo(f"  {name}: {_summary_line(part)}")
     if misses:
         click.echo("missed: " + ", ".join(misses))
     if total["not_evaluable"]:

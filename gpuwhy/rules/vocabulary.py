@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwhy.gpufields import FABRIC_HEALTH, FABRIC_STATES
 
@@ -22,9 +23,10 @@ Row = Mapping[str, float | None]
 @dataclass(frozen=True)
 class Signal:
     """A per-sample series: ``source`` is ``gpu``, ``sched``, ``calls`` (a cumulative counter
-    of driver calls), ``cuda`` (an interval of the CUDA uprobes, :meth:`CudaStats.totals`) or
-    ``fact`` (a constant from the GPU model); ``derive`` turns one row of that source into a
-    value (None: not reported)."""
+    of driver calls), ``cuda`` (an interval of the CUDA uprobes, :meth:`CudaStats.totals`),
+    ``engine`` (a scrape of an inference engine, :class:`EngineSample`) or ``fact`` (a
+    constant from the GPU model); ``derive`` turns one row of that source into a value
+    (None: not reported)."""
 
     name: str
     source: str
@@ -45,7 +47,7 @@ def _column(column: str, scale: float = 1.0) -> Callable[[Row], float | None]:
 
 def _sum(*columns: str) -> Callable[[Row], float | None]:
     def derive(row: Row) -> float | None:
-        values = [row.get(c) for c in columns]
+        values: list[Any] = [row.get(c) for c in columns]     # summed once none is None
         return None if any(v is None for v in values) else sum(values)
     return derive
 
@@ -157,6 +159,7 @@ def _share(side: str, state: str) -> Callable[[Row], float | None]:
     states = [f"{side}_{s}" for s in ("on_cpu_ns", "runqueue_ns", "sleep_ns", "blocked_ns")]
 
     def derive(row: Row) -> float | None:
+        values: list[Any]           # summed once none is None
         values, part = [row.get(s) for s in states], row.get(f"{side}_{state}")
         if part is None or any(v is None for v in values) or not sum(values):
             return None
@@ -166,12 +169,13 @@ def _share(side: str, state: str) -> Callable[[Row], float | None]:
 
 def _cores(side: str, *states: str) -> Callable[[Row], float | None]:
     def derive(row: Row) -> float | None:
+        values: list[Any]           # summed once none is None
         values, interval = [row.get(f"{side}_{s}") for s in states], row.get("interval_ns")
         return None if None in values or not interval else sum(values) / interval
     return derive
 
 
-def _per_second(side: str, figure: str) -> Callable[[Row], float | None]:
+def _side_per_second(side: str, figure: str) -> Callable[[Row], float | None]:
     def derive(row: Row) -> float | None:
         value, interval = row.get(f"{side}_{figure}"), row.get("interval_ns")
         return None if value is None or not interval else value * 1e9 / interval
@@ -192,7 +196,7 @@ for _side, _prefix, _who in (("own", "proc", "the GPU process's own threads"),
         f"{_prefix}.net_rx_Bps", "sched", "B/s",
         f"bytes/s {_who} received from TCP/IP sockets (object stores, HTTP, gRPC; not NFS, "
         "whose reads are the kernel's; unknown where the kernel offers no hook)",
-        _per_second(_side, "net_rx_bytes"))
+        _side_per_second(_side, "net_rx_bytes"))
     for _state, _what in (("on_cpu_ns", "oncpu"), ("runqueue_ns", "runq"),
                           ("sleep_ns", "sleep"), ("blocked_ns", "blocked"),
                           ("net_wait_ns", "netwait")):
@@ -210,6 +214,7 @@ for _side, _prefix, _who in (("own", "proc", "the GPU process's own threads"),
 def _remote_share(row: Row) -> float | None:
     """Share of the on-CPU time spent on nodes other than the GPU's; unknown on a host of
     one node, when the GPU's node is not known, or in a second without CPU time."""
+    nodes: Any                      # the store's JSON list, or the list itself
     nodes, home = row.get("node_on_cpu_ns"), row.get("gpu_numa_node")
     if isinstance(nodes, str):          # as the store keeps it: a JSON list
         nodes = json.loads(nodes)
@@ -288,6 +293,34 @@ for _name, _unit, _help, _derive in (
     SIGNALS[_name] = Signal(_name, "cuda", _unit, _help, _derive)
 
 
+# Inference engines (probes/engines): one row per scrape of the engine's /metrics (every 5 s),
+# read for the engine's process and for the processes of its tree that hold the GPU (a
+# vLLM V1 server's EngineCore). Rates, quantiles and means are over the interval since the
+# scrape before; a figure the engine does not publish is absent, never 0.
+ENGINE_VALUES: dict[str, tuple[str, str]] = {
+    "requests_running": ("count", "requests the engine is running (in its batch)"),
+    "requests_waiting": ("count", "requests queued, waiting to be scheduled"),
+    "kv_cache_usage": ("ratio", "share of the KV cache in use (vLLM kv_cache_usage_perc or "
+                                "gpu_cache_usage_perc, SGLang token_usage), 0..1"),
+    "batch_size": ("count", "batch size: TGI's current batch, Triton's average dynamic batch "
+                            "(inferences / executions)"),
+    "preemptions_per_s": ("1/s", "requests preempted (vLLM) or retracted (SGLang) per second: "
+                                 "the KV cache could not hold them"),
+    "prompt_tokens_per_s": ("1/s", "prompt (prefill) tokens processed per second"),
+    "generation_tokens_per_s": ("1/s", "tokens generated per second"),
+    "requests_per_s": ("1/s", "requests finished per second"),
+}
+for _what, _text in (("ttft", "time to first token"), ("tpot", "time per output token "
+                                                               "(inter-token latency)"),
+                     ("e2e", "end-to-end request latency"), ("queue", "time queued")):
+    for _stat, _how in (("p50", "median"), ("p95", "95th percentile"), ("mean", "mean")):
+        ENGINE_VALUES[f"{_what}_{_stat}_s"] = ("s", f"{_how} {_text} of the requests of the "
+                                                    "interval")
+for _value, (_unit, _help) in ENGINE_VALUES.items():
+    SIGNALS[f"engine.{_value}"] = Signal(f"engine.{_value}", "engine", _unit, _help,
+                                         _column(_value))
+
+
 def call_class_totals(ops: list[Mapping]) -> dict[str, float]:
     """Cumulative counts per class (and ``total``, ``errors``) from driver_call_stats ops."""
     by_op: dict[str, float] = {}
@@ -356,6 +389,8 @@ INSTANCE_FACTS = {
     "gpu.contexts": "processes holding a context on the GPU: its NVML process list, else a "
                     "process holding k GPUs' device files counts 1/k (monitors excluded)",
     "proc.age_s": "seconds since the process was first seen",
+    "proc.job_gpus": "GPUs on which a process with this process's command line computes, its "
+                     "own included: a job's ranks on this host (1: a one-GPU process)",
 }
 PROCESS_TEXT = {"proc.cmdline": "command line (bounded, untrusted)", "proc.comm": "name",
                 "proc.exe": "executable path", "proc.cgroup": "cgroup path"}

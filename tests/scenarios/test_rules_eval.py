@@ -51,11 +51,13 @@ HITS = {
     "mig-idle-notebook": "R47_mig_instance_allocated_but_idle",
     # a cron job resets an idle GPU while the host's own processes come and go
     "cron-reset-idle-gpu": "R40_operator_or_cron_intervention",
+    # an inference engine's KV cache full, its requests preempted (its /metrics scraped)
+    "vllm-kv-cache-pressure": "R48_kv_cache_pressure",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
          "checkpoint-dips", "node-boot-fabric-training", "healthy-two-socket-unpinned",
-         "healthy-s3-streaming", "healthy-mig-tenants")
+         "healthy-s3-streaming", "healthy-mig-tenants", "healthy-vllm-light-load")
 
 
 def invoke(tmp_path, *args):

@@ -41,6 +41,7 @@ class Scenario:
     group: str = ""
     onset_s: float = 0.0
     notes: str = ""
+    half: str = ""        # the outside corpus's split: "tuning" or "held-out"
 
     @property
     def healthy(self) -> bool:
@@ -50,16 +51,24 @@ class Scenario:
         return self.build(self.seed)
 
 
-def corpus() -> list[Scenario]:
-    """Every built-in scenario, in their order."""
-    from gpuwhy.demo.corpus.specs import CORPUS
-
-    return list(CORPUS)
+BUILTIN, OUTSIDE = "builtin", "outside"
+CORPUS_SETS = (BUILTIN, OUTSIDE)
 
 
-def select(names: Iterable[str] = ()) -> list[Scenario]:
-    """The built-in scenarios named (all when none); KeyError names an unknown one."""
-    every = {s.name: s for s in corpus()}
+def corpus(corpus_set: str = BUILTIN) -> list[Scenario]:
+    """Every scenario of a set, in their order: ``builtin`` (:mod:`.specs`) or ``outside``
+    (:mod:`.outside`: written from outside sources, split into a tuning and a held-out
+    half)."""
+    if corpus_set == OUTSIDE:
+        from gpuwhy.demo.corpus.outside import OUTSIDE as scenarios
+    else:
+        from gpuwhy.demo.corpus.specs import CORPUS as scenarios
+    return list(scenarios)
+
+
+def select(names: Iterable[str] = (), corpus_set: str = BUILTIN) -> list[Scenario]:
+    """The scenarios named (all when none) of a set; KeyError names an unknown one."""
+    every = {s.name: s for s in corpus(corpus_set)}
     wanted = list(names)
     unknown = [n for n in wanted if n not in every]
     if unknown:
@@ -85,7 +94,7 @@ def manifest(scenario: Scenario, host: Host) -> dict:
             "cause": scenario.cause, "expected": list(scenario.expected),
             "group": scenario.group, "onset_s": scenario.onset_s, "duration_s": host.n,
             "gpus": host.count, "model": host.board.model, "source": host.source,
-            "notes": scenario.notes}
+            "notes": scenario.notes, **({"half": scenario.half} if scenario.half else {})}
 
 
 def write_scenario(scenario: Scenario, directory: Path) -> tuple[Path, Path]:
@@ -99,6 +108,7 @@ def write_scenario(scenario: Scenario, directory: Path) -> tuple[Path, Path]:
     return capture, meta
 
 
-def write_corpus(directory: Path, names: Iterable[str] = ()) -> list[Path]:
-    """Write the built-in scenarios (all, or those named); returns the manifests' paths."""
-    return [write_scenario(s, directory)[1] for s in select(names)]
+def write_corpus(directory: Path, names: Iterable[str] = (),
+                 corpus_set: str = BUILTIN) -> list[Path]:
+    """Write a set's scenarios (all, or those named); returns the manifests' paths."""
+    return [write_scenario(s, directory)[1] for s in select(names, corpus_set)]

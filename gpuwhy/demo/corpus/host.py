@@ -31,6 +31,7 @@ from gpuwhy.events import (
     DeviceOpened,
     DriverCall,
     DriverCallStats,
+    EngineSample,
     Event,
     GpuProcesses,
     GpuSample,
@@ -270,7 +271,12 @@ class Training:
     (CUDA's default sync spins on the CPU); ``serial_s`` is host work between syncs during
     which the GPU has nothing queued. ``speed`` gives a rank's clock share at a time
     (throttling, time-slicing); ``hang`` stops a rank's steps at a time, the process alive,
-    its main thread asleep (``sleep``: a lock) or in the driver (``blocked``)."""
+    its main thread asleep (``sleep``: a lock), in the driver (``blocked``) or spinning in a
+    synchronisation on a kernel that never ends (``spin``: a few blocks polling a flag, the
+    look of NCCL's kernels). ``offload_bytes``: ZeRO-Offload, the optimizer on the CPU:
+    the gradients go to the host as backward makes them, then the main process's threads
+    run the optimizer for ``cpu_step_s`` (on ``cpu_step_cores``) and the parameters come
+    back (``offload_bytes`` each way), the GPU idle meanwhile."""
 
     gpus: list[int]
     gpu_s: float
@@ -305,6 +311,9 @@ class Training:
     hang: dict[int, tuple[float, str]] = field(default_factory=dict)
     stop_s: float = math.inf          # the job finishes (exit 0) at this second
     nccl_timeout_s: float = 600.0
+    offload_bytes: float = 0.0
+    cpu_step_s: float = 0.0
+    cpu_step_cores: float = 16.0
     speed: Callable[[int, float], float] = lambda rank, t: 1.0
     step_jitter: float = 0.03
     threads: int = 48
@@ -339,6 +348,16 @@ class Inference:
     comm_bytes_per_iter: float = 8e6
     visible: str = "own"
     rm_control: float = 0.4
+    # The engine's own bookkeeping, simulated when ``kv_tokens`` is set (0: not, and no
+    # engine metrics): the KV cache holds ``kv_tokens`` tokens; a request holds its prompt
+    # (``prompt_tokens``, mean) and what it generated so far; one that no longer fits is
+    # preempted (vLLM's recompute mode: freed, put back at the head of the queue, its prompt
+    # and tokens computed again when readmitted). Prefill costs ``prefill_s_per_token``.
+    # The engines source's scrapes (every ENGINE_SCRAPE_S) are then in the capture.
+    kv_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    prefill_s_per_token: float = 0.0
+    max_seqs: int = 256
 
 
 @dataclass
@@ -406,7 +425,7 @@ class GpuCondition:
     power_limit: Callable[[float], float] | None = None
     r_factor: Callable[[float], float] = lambda t: 1.0
     brake: Callable[[float], tuple[int, float] | None] = lambda t: None
-    app_clock: float | None = None
+    app_clock: float | Callable[[float], float | None] | None = None   # MHz, or by second
     replays_per_s: Callable[[float], float] = lambda t: 0.0
     sbe_per_s: Callable[[float], float] = lambda t: 0.0
     dbe_at: list[float] = field(default_factory=list)
@@ -615,6 +634,15 @@ class Host:
             proc.worker_keys = [self.key(age_s - 5) for _ in range(workers)]
             self.procs.append(proc)
             made.append(proc)
+        scrapes = getattr(traces[0], "engine", None) if traces else None
+        if scrapes:
+            # the server process (rank 0) serves /metrics; every rank holds a GPU
+            for t, values in scrapes:
+                self.extra.append((t, "engines", EngineSample(
+                    ts=0, engine="vllm", endpoint="http://127.0.0.1:8000/metrics",
+                    process=made[0].key, version="v1",
+                    processes=[p.key for p in made], gpu_ids=[self.uuids[g] for g in gpus],
+                    values=values)))
         return made
 
     # Events.
@@ -759,13 +787,14 @@ class Host:
                     bit, share = braked
                     speed = min(speed, share)
                     reasons |= bit
-                if cond.app_clock is not None and cond.app_clock < b.clk_max * speed:
-                    speed = cond.app_clock / b.clk_max
+                app_clock = cond.app_clock(t) if callable(cond.app_clock) else cond.app_clock
+                if app_clock is not None and app_clock < b.clk_max * speed:
+                    speed = app_clock / b.clk_max
                     reasons |= APP_CLOCKS
                 if active:
                     clock = round(b.clk_max * speed / 15) * 15
                 else:
-                    clock = b.clk_idle if cond.app_clock is None else cond.app_clock
+                    clock = b.clk_idle if app_clock is None else app_clock
                     reasons |= IDLE_BIT
                     reasons &= ~SW_POWER_CAP
                 base_w = b.ctx_w if load["contexts"] else b.idle_w
@@ -1148,6 +1177,11 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
         dead[r] = at
         if state == "blocked":
             traces[r].main_blocked.span(at, n)
+        elif state == "spin":
+            traces[r].nccl.span(at, n)
+            traces[r].util.span(at, n)
+            traces[r].main_on.span(at, n)
+            traces[r].sync_wait.span(at, n)
     link_Bps = {"nvlink": host.board.nvlink_Bps * 0.8 or host.board.pcie_Bps,
                 "pcie": host.board.pcie_Bps, "shm": min(host.board.pcie_Bps, 14e9)}[job.link]
     next_ckpt = job.ckpt_first_s or job.ckpt_every_s
@@ -1256,6 +1290,19 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
             tr.syncs.at(launched[r], job.syncs)
             gpu_free[r] = done
             main[r] = max(launched[r], done)
+            if job.offload_bytes:   # gradients out, the optimizer on CPUs, parameters back
+                # the gradients stream out as backward (the step's last two thirds) makes
+                # them, as ZeRO-Offload overlaps them; the parameters come back after
+                t = main[r]
+                dt = job.offload_bytes / host.pcie_Bps_of(job.gpus[r])
+                out = max(dt, job.gpu_s * 2 / 3)
+                tr.tx.span(done - out, done, job.offload_bytes / out)
+                cpu = job.cpu_step_s * rng.lognormvariate(0, job.step_jitter)
+                tr.main_on.span(t, t + cpu, job.cpu_step_cores)
+                t += cpu
+                tr.rx.span(t, t + dt, job.offload_bytes / dt)
+                tr.main_on.span(t, t + dt)
+                main[r] = gpu_free[r] = t + dt
         if job.ckpt_every_s and min(main[r] for r in alive) >= next_ckpt:
             writers = alive if job.ckpt_ranks == "all" else alive[:1]
             for r in writers:
@@ -1277,7 +1324,93 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
     return traces
 
 
+ENGINE_SCRAPE_S = 5.0    # the engines source's round
+
+
+def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[Trace]:
+    """An engine with a KV cache of ``job.kv_tokens`` (see :class:`Inference`), iteration by
+    iteration: admit from the queue while the cache holds the next request, decode one token
+    for every running request, preempt the latest admitted while the cache overflows. Its
+    /metrics (what vLLM's would show) every ENGINE_SCRAPE_S go on ``traces[0].engine``."""
+    n = host.n
+    traces = [Trace(n) for _ in job.gpus]
+    for tr in traces:
+        tr.mix = job.mix
+        tr.fb_mib = lambda t, fb=job.fb_mib: fb
+    waiting: list[list[float]] = []          # [prompt, output, generated, arrival]
+    running: list[list[float]] = []
+    totals = {"preemptions": 0.0, "prompt": 0.0, "generation": 0.0, "finished": 0.0}
+    before = dict(totals)
+    scrapes: list[tuple[float, dict[str, float]]] = []
+    next_scrape = ENGINE_SCRAPE_S
+    used = 0.0
+    t = 0.0
+    next_arrival = rng.expovariate(max(job.rate(0.0), 1e-6))
+    while t < n:
+        while next_arrival <= t:
+            prompt = max(16.0, rng.lognormvariate(math.log(job.prompt_tokens), 0.5))
+            output = max(8.0, rng.lognormvariate(math.log(job.tokens), 0.6))
+            waiting.append([prompt, output, 0.0, next_arrival])
+            next_arrival += rng.expovariate(max(job.rate(next_arrival), 1e-6))
+        while next_scrape <= t:
+            values = {"requests_running": float(len(running)),
+                      "requests_waiting": float(len(waiting)),
+                      "kv_cache_usage": round(min(1.0, used / job.kv_tokens), 4)}
+            if scrapes:
+                for ours, name in (("preemptions_per_s", "preemptions"),
+                                   ("prompt_tokens_per_s", "prompt"),
+                                   ("generation_tokens_per_s", "generation"),
+                                   ("requests_per_s", "finished")):
+                    values[ours] = (totals[name] - before[name]) / ENGINE_SCRAPE_S
+            scrapes.append((next_scrape, values))
+            before = dict(totals)
+            next_scrape += ENGINE_SCRAPE_S
+        prefill = 0.0
+        while waiting and len(running) < job.max_seqs and \
+                used + waiting[0][0] + waiting[0][2] + 1 <= job.kv_tokens:
+            request = waiting.pop(0)
+            prefill += request[0] + request[2]       # its prompt and, if preempted, its tokens
+            used += request[0] + request[2]
+            running.append(request)
+        if not running:
+            t = min(float(n), next_arrival, next_scrape)
+            continue
+        totals["prompt"] += prefill
+        seqs = len(running)
+        gap = job.sched_gap_s * rng.uniform(0.8, 1.2)
+        it = job.iter_s + job.per_seq_s * seqs + job.prefill_s_per_token * prefill
+        for tr in traces:
+            tr.main_on.span(t, t + gap + it)
+            tr.aux_on.span(t, t + gap + it, 0.2)
+            tr.compute.span(t + gap, t + gap + it)
+            tr.util.span(t + gap, t + gap + it)
+            tr.launches.at(t, 180)
+            if len(traces) > 1:
+                tr.nvl.at(t, job.comm_bytes_per_iter * seqs / 32)
+            tr.rx.at(t, 4096 * seqs)
+            tr.tx.at(t, 2048 * seqs)
+        for request in running:
+            request[2] += 1.0
+        used += seqs
+        totals["generation"] += seqs
+        while used > job.kv_tokens and len(running) > 1:
+            request = running.pop()                  # the latest admitted gives way
+            used -= request[0] + request[2]
+            waiting.insert(0, request)
+            totals["preemptions"] += 1
+        done = [r for r in running if r[2] >= r[1]]
+        for request in done:
+            running.remove(request)
+            used -= request[0] + request[2]
+        totals["finished"] += len(done)
+        t += gap + it
+    traces[0].engine = scrapes
+    return traces
+
+
 def simulate_inference(job: Inference, host: Host, rng: random.Random) -> list[Trace]:
+    if job.kv_tokens:
+        return simulate_kv_engine(job, host, rng)
     n = host.n
     traces = [Trace(n) for _ in job.gpus]
     for tr in traces:

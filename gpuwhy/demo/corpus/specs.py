@@ -1036,3 +1036,52 @@ def _(seed: int) -> Host:
     # nvidia-smi refuses: "GPU 00000000:5D:00.0 is currently in use by another process"
     host.command(180.3, "nvidia-smi -r -i 3", exit_code=255, lasts_s=0.4)
     return host
+
+
+# --- inference engines whose /metrics the engines source scrapes ---------------------------
+# Llama-3 8B in FP16: 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes = 128 KiB of KV
+# cache a token. On an 80 GB H100 at vLLM's default --gpu-memory-utilization 0.9, ~16 GB of
+# weights leave ~50 GB: ~400,000 tokens. Prefill of an 8B model on an H100: ~25,000 tokens/s.
+LLAMA3_8B_SERVE = "/usr/bin/python3 -m vllm.entrypoints.openai.api_server --model " \
+                  "/models/llama-3-8b-instruct"
+
+
+@scenario("vllm-kv-cache-pressure", 505,
+          "vLLM serving Llama-3 8B on GPU 0 of two H100, started with "
+          "--gpu-memory-utilization 0.35 (sharing the GPU): ~100,000 tokens of KV cache for "
+          "RAG prompts of ~4,000 tokens at 3 requests/s; the cache fills, running requests "
+          "are preempted and the queue grows. GPU 1's server, with the default memory share, "
+          "keeps up",
+          ("R48_kv_cache_pressure",), "memory",
+          notes="source: vLLM docs, Optimization and Tuning, 'Preemption': when the KV cache "
+                "space is insufficient vLLM preempts requests (recompute) and warns; the "
+                "advice is more gpu_memory_utilization, fewer max_num_seqs or "
+                "max_num_batched_tokens, more tensor parallelism")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Inference(gpus=[0], rate=lambda t: 3.0, tokens=300, iter_s=0.012,
+                       per_seq_s=0.00012, fb_mib=28500, kv_tokens=100_000,
+                       prompt_tokens=4000, prefill_s_per_token=0.00004,
+                       cmdline=LLAMA3_8B_SERVE + " --gpu-memory-utilization 0.35"))
+    host.add(Inference(gpus=[1], rate=lambda t: 1.0, tokens=300, iter_s=0.012,
+                       per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                       prompt_tokens=4000, prefill_s_per_token=0.00004,
+                       cmdline=LLAMA3_8B_SERVE))
+    return host
+
+
+@scenario("healthy-vllm-light-load", 506,
+          "none: two vLLM pods serving Llama-3 8B on two H100 at night, a request every 3 to "
+          "5 s each: the GPUs mostly wait for requests, the KV caches are nearly empty, "
+          "nothing queues",
+          notes="source: vLLM's metrics at low load (docs/design/metrics.md): "
+                "num_requests_waiting 0, kv_cache_usage_perc low, no preemptions; an idle "
+                "server is not a fault")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    for g, rate in ((0, 0.33), (1, 0.2)):
+        host.add(Inference(gpus=[g], rate=lambda t, r=rate: r, tokens=300, iter_s=0.012,
+                           per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                           prompt_tokens=1500, prefill_s_per_token=0.00004,
+                           cmdline=LLAMA3_8B_SERVE))
+    return host
