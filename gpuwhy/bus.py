@@ -267,8 +267,10 @@ class Subscriber:
         """Close the socket and remove its file (libzmq leaves it): a later start must not
         take a dead file for a live bus. Only the file this socket made is removed."""
         self._socket.close()
-        if self._ipc_inode is not None and _socket_inode(self._ipc_path) == self._ipc_inode:
+        path = self._ipc_path         # not None where the inode is (it is the path's)
+        if path is not None and self._ipc_inode is not None and \
+                _socket_inode(path) == self._ipc_inode:
             try:
-                os.unlink(self._ipc_path)
+                os.unlink(path)
             except OSError:
                 pass

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -71,7 +72,7 @@ class _LazyGroup(click.Group):
     probes` and `gpuwhy up` then load only their own parts (importing every command's
     module cost each long-running process 7 MB and 130 modules it never used)."""
 
-    def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object):
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lazy = lazy
 
@@ -298,11 +299,11 @@ def status(ctx: _Context, as_json: bool, quiet: bool) -> None:
             click.echo(f"  {part['part']:<11} {part['state']:<9} {age:>11}  {detail}")
         for gpu in report["gpus"]:
             index = "?" if gpu["index"] is None else gpu["index"]
-            why = "" if gpu["health"] == "ok" else \
+            gpu_why = "" if gpu["health"] == "ok" else \
                 f"since {format_ts(gpu['since'])}: {gpu['cause']} ({gpu['evidence']}); " \
                 f"clears with {gpu['clears']}"
             click.echo(f"  GPU {index!s:<7} {gpu['health']:<15} {printable(gpu['gpu'])}  "
-                       f"{printable(why)}".rstrip())
+                       f"{printable(gpu_why)}".rstrip())
     sys.exit(EXIT_CODES[report["state"]])
 
 

@@ -40,7 +40,8 @@ class InputFile(click.ParamType):
             return value                 # already converted (a default given as a file)
         path = os.fspath(value)
         if self.allow_dash and path == "-":
-            return click.get_binary_stream("stdin") if self.opened else path
+            # click 8.3 deprecates get_binary_stream (typed object, a module __getattr__)
+            return click.get_binary_stream("stdin") if self.opened else path  # type: ignore[operator]
         try:
             if self.dir_okay and os.path.isdir(path):
                 check_directory(path)

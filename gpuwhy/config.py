@@ -592,7 +592,7 @@ ALLOWED: dict[str, Allowed] = {
 
 
 def _coerce(setting: Setting, value: Any, source: str) -> Any:
-    expected = setting.type
+    expected: type[Any] = setting.type      # isinstance() below narrows value to Any
     if isinstance(value, bool) and expected is not bool:
         raise ConfigError(f"expected {expected.__name__}, got a boolean", source=source,
                           key=setting.name)
@@ -607,8 +607,8 @@ def _coerce(setting: Setting, value: Any, source: str) -> Any:
     if expected in (int, float) and not (0 <= value <= MAX_INT and math.isfinite(value)):
         raise ConfigError(f"expected a finite number from 0 to {MAX_INT}, got {_short(value)}",
                           source=source, key=setting.name)
-    if expected is str and _CONTROL.search(value):
-        raise ConfigError(f"control character {_CONTROL.search(value)[0]!r} in "
+    if expected is str and (control := _CONTROL.search(value)):
+        raise ConfigError(f"control character {control[0]!r} in "
                           f"{_short(value)}", source=source, key=setting.name)
     allowed = ALLOWED.get(setting.name)
     if allowed is not None and (why := allowed.why_not(value)):

@@ -9,9 +9,10 @@ and the open), and refused with a :class:`FileRefused` that says why in one line
 
 from __future__ import annotations
 
+import io
 import os
 import stat
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 
 class FileRefused(ValueError):
@@ -47,7 +48,7 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     # reads of a regular file never block; blocking mode back for whoever reads on
     os.set_blocking(fd, True)
     file = os.fdopen(fd, "rb")
-    file.raw.name = os.fspath(path)        # in messages, the path, not the descriptor
+    cast(io.FileIO, file.raw).name = os.fspath(path)   # in messages, the path, not the fd
     try:
         file.peek(1)            # a file that fails every read (/proc/self/mem) fails here
     except OSError as exc:

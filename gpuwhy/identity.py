@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 
 @dataclass(frozen=True, order=True)
@@ -110,7 +111,7 @@ DEVICE_KINDS = ("nvidiactl", "nvidiaN", "nvidia-uvm", "nvidia-uvm-tools", "nvidi
 _GPU_NODE = re.compile(r"nvidia(\d+)\Z")
 
 
-def using_gpu_minor(event: object) -> int | None:
+def using_gpu_minor(event: Any) -> int | None:
     """The minor of the GPU an event shows its process using, if it does: a ``/dev/nvidiaN``
     it opened (or held at the start-up scan), or driver calls on one. An fd inherited at fork
     does not count: a forked child (a DataLoader worker) holds them without using them, as

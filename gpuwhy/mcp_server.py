@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -266,7 +266,7 @@ def build_server(store_path: str, load_rules: Callable[[], tuple[dict, list[str]
         from gpuwhy.store.series import window
 
         end = _time(until, "until") or now_ns()
-        start = _time(since, "since")
+        start = cast(int, _time(since, "since"))        # since is a text: never None
         if start >= end:
             raise Refused("since must be before until")
         if end - start > MAX_SERIES_DAYS * 86400 * NS_PER_SECOND:

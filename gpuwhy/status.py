@@ -6,6 +6,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from typing import Any
 
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
@@ -61,8 +62,8 @@ def collect_status(config: Config) -> dict:
     from gpuwhy.store.queries import gpus, source_health
 
     web_state, web_detail = web_health(config)
-    parts = [{"part": "web", "state": web_state, "detail": web_detail, "age_s": None,
-              "counters": {}}]
+    parts: list[dict[str, Any]] = [{"part": "web", "state": web_state, "detail": web_detail,
+                                    "age_s": None, "counters": {}}]
     try:
         db = open_store(config["store.path"], readonly=True)
         try:

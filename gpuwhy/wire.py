@@ -24,7 +24,7 @@ from typing import Any
 try:
     import orjson
 except ImportError:     # scripts/check-env.sh runs this checkout before install, without it
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 from gpuwhy.errors import DecodeError
 from gpuwhy.events import EVENT_TYPES, SCHEMA_VERSION, Envelope, Event, event_fields
@@ -155,7 +155,7 @@ def _decode_plan(cls: type[Event]) -> _DecodePlan:
 
 
 def _build(cls: type[Event], body: dict[str, Any]) -> Event:
-    plan = _decode_plan(cls)
+    plan = _decode_plan(cls)  # type: ignore[arg-type]  # a class is hashable (events.py)
     if not plan.required <= body.keys():
         missing = ", ".join(sorted(plan.required - body.keys()))
         raise DecodeError(f"{cls.kind}: missing field(s) {missing}")
@@ -174,7 +174,7 @@ def _build(cls: type[Event], body: dict[str, Any]) -> Event:
             raise DecodeError(f"{cls.kind}.{name} is not a process key") from None
     # What the frozen dataclass's __init__ would do, at once: it sets each field through
     # object.__setattr__, which made construction a third of decoding an event.
-    event = object.__new__(cls)
+    event: Any = object.__new__(cls)          # may have a __post_init__ (plan.post_init)
     event.__dict__.update(values)
     if plan.post_init:
         try:

@@ -800,7 +800,8 @@ def catalogue_fields(kind: str, code: int | None, details: dict | None = None) -
             fields["gpu_reset"], fields["reboot"] = RECOVERY_ACTIONS[action]
             fields["severity"] = "info" if action == "None" else "critical"
         intrinfo, status = _word(details.get("intrinfo")), _word(details.get("error_status"))
-        if fields["immediate"] == "WORKFLOW_NVLINK5_ERR" and None not in (intrinfo, status):
+        if fields["immediate"] == "WORKFLOW_NVLINK5_ERR" and intrinfo is not None \
+                and status is not None:
             decoded = nvlink5_decode(code, intrinfo, status)
             if decoded:
                 unit, resolution, investigatory = decoded

@@ -292,7 +292,7 @@ class FdTable:
         for seq, group in self._group_of_seq.items():
             if group in seqs:
                 seqs[group].append(seq)
-        events = [event for group, ops in moved.items()
+        events: list[Event] = [event for group, ops in moved.items()
                   if (event := self._group_event(group, ops, seqs[group], ts)) is not None]
         moved.clear()
         events += self._finish_exits()

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpuwhy.caps import can_load_bpf
 from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter, now_ns
@@ -215,7 +216,7 @@ def ebpf_text() -> str:
         BPF_SOURCE.read_text()
 
 
-def load_bpf(name: str, source: Path, cflags: tuple[str, ...]) -> object:
+def load_bpf(name: str, source: Path, cflags: tuple[str, ...]) -> Any:
     """Compile and attach a bcc program; every way it fails becomes a ProbeLoadError."""
     if not can_load_bpf():
         raise ProbeLoadError(name, "needs CAP_BPF and CAP_PERFMON; run as root or as "
@@ -282,7 +283,7 @@ class FdTrackProbe:
         self._last_read: dict[bytes, tuple[int, tuple]] = {}
         self._reported: dict[tuple, int] = {}      # a repeatable call's kind -> when sent
         self.task_offsets_error: str | None = None
-        self._bpf = None
+        self._bpf: Any = None      # the loaded bcc.BPF (bcc has no types); None before load()
         self._user_seq = USER_SEQ_BASE
 
     # --- loading ---------------------------------------------------------------------------
@@ -315,7 +316,7 @@ class FdTrackProbe:
         else:
             self.scan(only_pid=self.pid)
 
-    def _fill_tails(self, bpf: object) -> None:
+    def _fill_tails(self, bpf: Any) -> None:
         from bcc import BPF
 
         tails = bpf[b"enter_tails"]
@@ -326,7 +327,7 @@ class FdTrackProbe:
                 raise ProbeLoadError(NAME, f"tail call {name}: {exc}") from None
             tails[ctypes.c_int(slot)] = ctypes.c_int(program.fd)
 
-    def _configure(self, bpf: object) -> None:
+    def _configure(self, bpf: Any) -> None:
         table = bpf[b"config"]
         cfg = table.Leaf()
         prefix = literal_prefix(self.device_glob).encode()[:PREFIX_LEN]
@@ -432,7 +433,7 @@ class FdTrackProbe:
             self._emit(handler(self, record, ts))
         return -1 if self._budget <= 0 else 0     # < 0: libbpf stops reading the ring
 
-    def _on_open(self, record: object, ts: int) -> list[Event]:
+    def _on_open(self, record: Any, ts: int) -> list[Event]:
         path = bytes(record.data).split(b"\0", 1)[0].decode("utf-8", errors="replace")
         if not fnmatch.fnmatchcase(path, self.device_glob):
             self.filtered += 1       # the prefix matched, the whole glob does not
@@ -441,14 +442,14 @@ class FdTrackProbe:
         return self.table.opened(record.tgid, record.fd, record.open_seq, path, ts,
                                  cloexec=bool(record.cloexec), start_ticks=record.start_ticks)
 
-    def _on_dup(self, record: object, ts: int) -> list[Event]:
+    def _on_dup(self, record: Any, ts: int) -> list[Event]:
         return self.table.duped(record.tgid, record.fd, record.open_seq, record.aux, ts,
                                 cloexec=bool(record.cloexec), start_ticks=record.start_ticks)
 
-    def _on_close(self, record: object, ts: int) -> list[Event]:
+    def _on_close(self, record: Any, ts: int) -> list[Event]:
         return self.table.closed(record.tgid, record.fd, record.open_seq, ts)
 
-    def _on_close_range(self, record: object, ts: int) -> list[Event]:
+    def _on_close_range(self, record: Any, ts: int) -> list[Event]:
         events, closed, cloexec = self.table.close_range(record.tgid, record.fd, record.aux,
                                                           record.cloexec, ts)
         self._kernel_untrack(record.tgid, closed)
@@ -459,7 +460,7 @@ class FdTrackProbe:
                 self._tracked[key] = self._tracked.Leaf(info.open_seq, 1, 0)
         return events
 
-    def _on_fork(self, record: object, ts: int) -> list[Event]:
+    def _on_fork(self, record: Any, ts: int) -> list[Event]:
         """A tracked process forked (the kernel told threads apart): copy its fd table.
         Where the kernel already copied an fd (the child used it first), take its seq."""
         child = record.aux
@@ -486,7 +487,7 @@ class FdTrackProbe:
                     self.table.adopt_seq(child, tracked.fd, self._tracked[key].open_seq)
         return events
 
-    def _on_inherit(self, record: object, ts: int) -> list[Event]:
+    def _on_inherit(self, record: Any, ts: int) -> list[Event]:
         """The child used an inherited fd before we copied its table; the kernel copied it."""
         known = self.table.fds.get((record.tgid, record.fd))
         if known is not None:
@@ -500,7 +501,7 @@ class FdTrackProbe:
                                  how="fork", cloexec=bool(record.cloexec),
                                  start_ticks=record.start_ticks)
 
-    def _on_exec(self, record: object, ts: int) -> list[Event]:
+    def _on_exec(self, record: Any, ts: int) -> list[Event]:
         cloexec_now = {}
         for tracked in self.table.fds_of(record.tgid):
             key = self._tracked.Key(record.tgid, tracked.fd)
@@ -510,12 +511,12 @@ class FdTrackProbe:
         self._kernel_untrack(record.tgid, closed)
         return events
 
-    def _on_exit(self, record: object, ts: int) -> list[Event]:
+    def _on_exit(self, record: Any, ts: int) -> list[Event]:
         events, fds = self.table.exited(record.tgid, ts)
         self._kernel_untrack(record.tgid, fds)   # an exit closes no fd one by one
         return events
 
-    def _on_call(self, record: object, ts: int) -> list[Event]:
+    def _on_call(self, record: Any, ts: int) -> list[Event]:
         tracked = self.table.fds.get((record.tgid, record.fd))
         path = tracked.path if tracked else "?"
         device = tracked.device if tracked else classify_device(path)[0]
@@ -545,7 +546,7 @@ class FdTrackProbe:
             raw_ts=record.ktime_ns))
         return events
 
-    def _repeated(self, record: object, reasons: list[str], ts: int) -> bool:
+    def _repeated(self, record: Any, reasons: list[str], ts: int) -> bool:
         """Whether this call, sent only for failing or being big, is like one sent less
         than ``repeat_ns`` ago: a process retrying an unsupported call 50 times a second
         says nothing new after the first, and each one stored cost the sidecar more than
@@ -652,7 +653,7 @@ class FdTrackProbe:
         self.flush()
 
     @property
-    def bpf(self) -> object:
+    def bpf(self) -> Any:
         """The loaded bcc program (None before ``load()``): its ring buffers are waited on."""
         return self._bpf
 

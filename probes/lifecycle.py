@@ -13,6 +13,7 @@ import logging
 import mmap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpuwhy.clock import (
     CLOCK_TICKS_PER_SECOND,
@@ -81,7 +82,7 @@ class LifecycleProbe:
         self._publish = publish
         self._on_event = on_event
         self._clock = clock or ClockConverter()
-        self._bpf = None
+        self._bpf: Any = None      # the loaded bcc.BPF (bcc has no types); None before load()
         self.records = 0
         self.enrich_failures = 0
         self._budget = RECORDS_PER_POLL
@@ -121,7 +122,7 @@ class LifecycleProbe:
         self._handle(self._events.event(data))
         return -1 if self._budget <= 0 else 0     # < 0: libbpf stops reading the ring
 
-    def _handle(self, record: object) -> None:
+    def _handle(self, record: Any) -> None:
         self.records += 1
         ts = self._clock.realtime_from_monotonic(record.ktime_ns)
         key = ProcessKey(record.tgid, record.start_ticks)
@@ -152,7 +153,7 @@ class LifecycleProbe:
                 "dropped_ringbuf_full": int(self._drops.sum(ctypes.c_int(0)).value)}
 
     @property
-    def bpf(self) -> object:
+    def bpf(self) -> Any:
         """The loaded bcc program (None before ``load()``): its ring buffers are waited on."""
         return self._bpf
 

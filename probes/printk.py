@@ -9,6 +9,7 @@ Cost: one map update per kernel log record; nothing on any other path.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gpuwhy.probes.bpfdefs import Define, cflags
 from gpuwhy.probes.fdtrack import load_bpf
@@ -29,14 +30,14 @@ class PrintkProbe:
     """``load()``, then ``counters()`` whenever; ``close()`` detaches."""
 
     def __init__(self) -> None:
-        self._bpf = None
+        self._bpf: Any = None      # the loaded bcc.BPF (bcc has no types); None before load()
 
     def load(self) -> None:
         """Compile and attach (raises ProbeLoadError)."""
         self._bpf = load_bpf(NAME, BPF_SOURCE, CFLAGS)
 
     @property
-    def bpf(self) -> object:
+    def bpf(self) -> Any:
         """The loaded bcc program (None before ``load()``)."""
         return self._bpf
 

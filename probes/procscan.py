@@ -72,7 +72,7 @@ def inherited(found: list[OpenDevice], proc_root: str = "/proc") -> set[tuple[in
     is; a process that opens a device itself gets the lowest free number, not one its parent
     happens to use for the same file). A DataLoader worker forked before gpuwhy started is
     then its parent's worker, as one seen forking is, not a GPU process of its own."""
-    held = {(d.pid, d.fd): d.path for d in found}
+    held: dict[tuple[int | None, int], str] = {(d.pid, d.fd): d.path for d in found}
     pids = {d.pid for d in found}
     parents = {pid: _parent(pid, proc_root) for pid in pids}
     return {(d.pid, d.fd) for d in found

@@ -14,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
-_libbpf: ctypes.CDLL | None | bool = False      # False: not looked up yet
+_libbpf: ctypes.CDLL | None | Literal[False] = False      # False: not looked up yet
 
 
 def _load_libbpf() -> ctypes.CDLL | None:

@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuwhy.clock import now_ns
 from gpuwhy.config import SETTINGS_BY_NAME, Config
@@ -232,7 +233,7 @@ class SchedProbe:
         self._node_last: dict[tuple[int, int], int] = {}  # (owner, node) -> ns at last flush
         self._running_last: dict[int, list[int]] = {}      # owner -> unsettled ns per node
         self._publish = publish
-        self._bpf = None
+        self._bpf: Any = None      # the loaded bcc.BPF (bcc has no types); None before load()
         self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
         self._seen: dict[bytes, Seen] = {}         # the tid's bytes (the map's key) -> Seen
         self._tgid: dict[int, int] = {}                  # tid -> its process
@@ -463,16 +464,16 @@ class SchedProbe:
             if only_owner is not None and owner != only_owner:
                 continue
             now = running.get(owner, [0] * self.numa_nodes)
-            before = self._running_last.pop(owner, [0] * self.numa_nodes)
+            last = self._running_last.pop(owner, [0] * self.numa_nodes)
             if owner in running:
                 self._running_last[owner] = now
             figures = out.setdefault(owner, [0] * self.numa_nodes)
             for node in range(self.numa_nodes):
-                figures[node] = max(0, figures[node] + now[node] - before[node])
+                figures[node] = max(0, figures[node] + now[node] - last[node])
         return out
 
     @property
-    def bpf(self) -> object:
+    def bpf(self) -> Any:
         """The loaded bcc program (None before ``load()``)."""
         return self._bpf
 

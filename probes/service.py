@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 from gpuwhy.bus import BATCH_BYTES, Publisher
 from gpuwhy.clock import now_ns
@@ -226,7 +227,8 @@ class Probes:
         back in once a read at the end of a hold finds none (see LIFECYCLE_HOLD_S)."""
         now = time.monotonic()
         if read:
-            full = read >= self.lifecycle.ring_records // 4
+            # called only while the lifecycle probe runs
+            full = read >= cast(LifecycleProbe, self.lifecycle).ring_records // 4
             self.lifecycle_held_until = now + (LIFECYCLE_FULL_HOLD_S if full
                                                else LIFECYCLE_HOLD_S)
         elif now >= self.lifecycle_held_until:
@@ -241,7 +243,7 @@ class Probes:
             return None
         fds = {name: epoll_fd(probe.bpf) for name, probe in
                (("fdtrack", self.fdtrack), ("lifecycle", self.lifecycle)) if probe is not None}
-        return None if None in fds.values() else fds
+        return None if None in fds.values() else cast(dict[str, int], fds)
 
     def waited_on(self, fds: dict[str, int]) -> list[int]:
         """Of ``ring_fds()``, those to wait on now: not a ring while it is held."""

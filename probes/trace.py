@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 
@@ -97,7 +97,7 @@ Examples:
 @click.option("--summary", is_flag=True, help="Print a per-process table at the end.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per call.")
 @click.pass_obj
-def trace(ctx: object, pid: int, comm: str | None, device_glob: str | None,
+def trace(ctx: Any, pid: int, comm: str | None, device_glob: str | None,
           duration: float | None, summary: bool, as_json: bool) -> None:
     """Trace decoded NVIDIA driver calls live (needs root; works without `gpuwhy up`).
 

@@ -32,7 +32,7 @@ def cursor(db: Database, name: str = PUSHER) -> int | None:
 
 
 def set_cursor(db: Database, value: int, ts: int, name: str = PUSHER) -> None:
-    db["feed_cursors"].upsert({"name": name, "cursor": value, "updated_at": ts}, pk="name")
+    db.table("feed_cursors").upsert({"name": name, "cursor": value, "updated_at": ts}, pk="name")
 
 
 def tracked(db: Database) -> dict[int, Row]:

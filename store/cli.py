@@ -7,6 +7,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -30,7 +31,7 @@ class StoreUnusable(click.ClickException):
     exit_code = 2
 
 
-def _open(ctx: object, readonly: bool = False, newer_ok: bool = False):  # noqa: ANN202
+def _open(ctx: Any, readonly: bool = False, newer_ok: bool = False):  # noqa: ANN202
     """The config and the store, opened and readable; :class:`StoreUnusable` otherwise
     (``newer_ok``: a store from a newer gpuwhy is opened too, for `db check` to report)."""
     from gpuwhy.store import open_store
@@ -59,7 +60,7 @@ def _open(ctx: object, readonly: bool = False, newer_ok: bool = False):  # noqa:
     return config, store
 
 
-def _refuse_second_writer(db: object, force: bool) -> None:
+def _refuse_second_writer(db: Any, force: bool) -> None:
     row = db.execute("SELECT last_seen FROM source_health WHERE source = 'correlator'"
                      ).fetchone()
     if row and not force and (now_ns() - row[0]) / NS_PER_SECOND < RUNNING_AFTER_S:
@@ -92,7 +93,7 @@ def db() -> None:
 @db.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def info(ctx: object, as_json: bool) -> None:
+def info(ctx: Any, as_json: bool) -> None:
     """Size against the cap, rows per table, what the raw samples and rollups cover.
 
     \b
@@ -139,7 +140,7 @@ def info(ctx: object, as_json: bool) -> None:
 @db.command("prune")
 @click.option("--force", is_flag=True, help="Run even while the service is writing.")
 @click.pass_obj
-def prune_command(ctx: object, force: bool) -> None:
+def prune_command(ctx: Any, force: bool) -> None:
     """Delete what is past its retention window now, in small batches.
 
     The service does this by itself; this is for a stopped service or new settings.
@@ -163,7 +164,7 @@ def prune_command(ctx: object, force: bool) -> None:
 @db.command("rollup")
 @click.option("--force", is_flag=True, help="Run even while the service is writing.")
 @click.pass_obj
-def rollup_command(ctx: object, force: bool) -> None:
+def rollup_command(ctx: Any, force: bool) -> None:
     """Roll up every finished minute of raw samples not rolled up yet.
 
     \b
@@ -186,7 +187,7 @@ def rollup_command(ctx: object, force: bool) -> None:
 
 @db.command()
 @click.pass_obj
-def check(ctx: object) -> None:
+def check(ctx: Any) -> None:
     """Integrity check, pending migrations and the size cap; exit 1 on a problem.
 
     \b

@@ -54,7 +54,7 @@ def apply_transition(db: Database, move: gh.Transition) -> None:
     db.execute("update gpus set health = ?, health_since = ?, health_evidence = ?, "
                "health_clears = ?, health_boot_id = ? where id = ?",
                [move.state, move.ts, body, clears, move.boot_id, move.gpu_id])
-    db["gpu_health_history"].insert({
+    db.table("gpu_health_history").insert({
         "gpu_id": move.gpu_id, "ts": move.ts, "state": move.state, "previous": move.previous,
         "cause": move.cause, "evidence": body, "clears": clears, "boot_id": move.boot_id})
 

@@ -10,6 +10,7 @@ resolutions are :mod:`gpuwhy.lifecycle`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal, cast, overload
 
 from sqlite_utils import Database
 
@@ -53,6 +54,10 @@ def _state(db: Database, incident_id: int) -> tuple[str, int | None]:
     return row[0], row[1]
 
 
+@overload
+def _text(value: str | None, what: str, limit: int, required: Literal[True]) -> str: ...
+@overload
+def _text(value: str | None, what: str, limit: int, required: bool = False) -> str | None: ...
 def _text(value: str | None, what: str, limit: int, required: bool = False) -> str | None:
     if value is None or not value.strip():
         if required:
@@ -77,10 +82,10 @@ def log_change(db: Database, incident_id: int, action: str, ts: int, actor: str,
                resolution: str | None = None, text: str | None = None) -> int:
     """Append one row to the incident's log; returns its id. The caller changed the row."""
     state = db.execute("select state from incidents where id = ?", [incident_id]).fetchone()
-    return db["incident_log"].insert({
+    return cast(int, db.table("incident_log").insert({
         "incident_id": incident_id, "ts": ts, "action": action, "actor": actor,
         "state": state[0] if state else None, "resolution": resolution, "text": text,
-    }).last_pk
+    }).last_pk)       # the rowid of the row just inserted
 
 
 def acknowledge(db: Database, incident_id: int, actor: str, text: str | None = None,

@@ -63,7 +63,7 @@ def set_override(db: Database, rule: Rule, enabled: str | None = None,
                    shadow=current.shadow if shadow is None else _boolean("shadow", shadow),
                    params=params)
     with db.atomic():
-        db["rule_overrides"].upsert({"rule_id": rule.id, "enabled": int(new.enabled),
+        db.table("rule_overrides").upsert({"rule_id": rule.id, "enabled": int(new.enabled),
                                      "shadow": int(new.shadow),
                                      "params": json.dumps(params, sort_keys=True),
                                      "updated_at": now_ns()}, pk="rule_id")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from typing import cast
 
 from sqlite_utils import Database
 
@@ -93,6 +94,6 @@ def roll_up(db: Database, now_ns: int, settle: float = 30.0, max_minutes: int = 
             done = minute + MINUTE_NS
             count += 1
         if count:
-            set_mark(db, DONE_MARK, done)
+            set_mark(db, DONE_MARK, cast(int, done))     # set by the minutes just done
     return count
 

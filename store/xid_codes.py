@@ -45,7 +45,7 @@ def sync_xid_codes(db: Database) -> bool:
         return False
     with db.conn:
         db.execute("DELETE FROM xid_codes")
-        db["xid_codes"].insert_all(rows, pk="code", alter=True)
+        db.table("xid_codes").insert_all(rows, pk="code", alter=True)
         db.execute("INSERT INTO store_state (name, value, updated_at) VALUES (?, ?, ?) "
                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
                    "updated_at = excluded.updated_at", [FINGERPRINT, crc, now_ns()])

@@ -112,9 +112,9 @@ def compare(before: dict[str, dict], after: dict[str, dict], threshold: float) -
 # Keeping baselines in the store (table ``baselines``, migration m901).
 def save(db: Database, name: str, record: dict) -> None:
     with db.conn:
-        db["baselines"].upsert({"name": name, **{k: json.dumps(v) if isinstance(v, (dict, list))
-                                                 else v for k, v in record.items()}},
-                               pk="name")
+        db.table("baselines").upsert({"name": name, **{
+            k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in record.items()}},
+            pk="name")
 
 
 def load(db: Database, name: str) -> dict | None:

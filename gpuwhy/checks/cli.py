@@ -10,6 +10,8 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import click
 
@@ -23,6 +25,12 @@ from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.rules.parser import RuleSyntaxError
 
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+
+    from gpuwhy.correlator.rules.signals import Signals
+
+T = TypeVar("T")
 SOURCES = ("auto", "service", "standalone")
 
 
@@ -60,7 +68,7 @@ def watch_options(func):  # noqa: ANN001, ANN201
 
 
 def run_watch(ctx: click.Context, target: Target, duration: float, source: str,
-              judge) -> object:  # noqa: ANN001
+              judge: Callable[[Watched], T]) -> T:
     """Watch, then call ``judge(watched)`` while the watch's store is still open."""
     config = ctx.obj.config()
     try:
@@ -107,8 +115,8 @@ def check(ctx: click.Context, expectations: tuple[str, ...], pid: int | None, cm
     started = time.monotonic()
 
     def judge(watched: Watched) -> tuple[Watched, list]:
-        return watched, evaluate(list(expectations), watched.signals, watched.scope,
-                                 watched.start, watched.end)
+        return watched, evaluate(list(expectations), cast(Signals, watched.signals),
+                                 watched.scope, watched.start, watched.end)
 
     watched, results = run_watch(ctx, target, duration, source, judge)
     passed = all(r.passed for r in results)
@@ -151,9 +159,11 @@ def _store(ctx: click.Context):  # noqa: ANN202
 
 
 def _figures(watched: Watched) -> dict:
-    return {"figures": baselines.capture(watched.signals, watched.scope, watched.start,
-                                         watched.end),
-            "environment": environment(watched.db, watched.gpu_id, watched.process,
+    # a watch that has run: signals and db are set (open while it is judged)
+    return {"figures": baselines.capture(cast(Signals, watched.signals), watched.scope,
+                                         watched.start, watched.end),
+            "environment": environment(cast(Database, watched.db), watched.gpu_id,
+                                       watched.process,
                                        watched.libraries),
             "watched": watched.describe()}
 

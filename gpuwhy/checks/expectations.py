@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, cast
 
 from gpuwhy.correlator.rules.evaluator import Evaluation, truth
 from gpuwhy.correlator.rules.signals import Scope, Signals
@@ -62,7 +63,7 @@ def _rewrite(node: object, window_ns: int) -> object:
     if isinstance(node, m.Ref):
         return dataclasses.replace(node, name=canonical(node.name))
     if isinstance(node, m.Call) and node.func == "count" and node.args:
-        stream = node.args[0]
+        stream: Any = node.args[0]      # a stream reference, or what the checks refuse
         name = getattr(stream, "name", "")
         window = node.args[1:] if len(node.args) > 1 else (m.Dur(window_ns),)
         if name == "xid":   # both Xid streams: the larger count
@@ -84,7 +85,7 @@ def _rewrite(node: object, window_ns: int) -> object:
 
 def parse(text: str, window_ns: int = PLACEHOLDER_WINDOW_NS) -> m.Node:
     """The checked expression; raises RuleSyntaxError with the column of the problem."""
-    return parse_expression(text, rewrite=lambda node: _rewrite(node, window_ns),
+    return parse_expression(text, rewrite=lambda node: cast(m.Node, _rewrite(node, window_ns)),
                             path="--expect")
 
 

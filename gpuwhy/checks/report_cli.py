@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -83,7 +84,9 @@ def report(ctx: click.Context, incident_id: int | None, gpu: str | None, since_t
                 subject = gpu_subject(db, gpu, parse_since(since_text), now_ns())
                 name = "gpu-" + "".join(c if c.isalnum() else "-" for c in subject.gpu_ids[0])
             else:
-                subject, name = process_subject(db, process), f"process-{process}"
+                # exactly one of the three was given: this one
+                subject = process_subject(db, cast(ProcessKey, process))
+                name = f"process-{process}"
             html = render(gather(db, subject, compare))
         except GpuwhyError as exc:
             raise EnvironmentProblem(str(exc)) from None

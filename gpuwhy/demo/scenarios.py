@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -35,6 +35,8 @@ from gpuwhy.demo.standin import DEMO_MARK, write_kmsg
 from gpuwhy.lifeline import child_environment
 from gpuwhy.reset import RESET_CONTROLS
 from gpuwhy.text import printable
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:      # the pipeline (flask, the correlator) loads when a demo runs
     from gpuwhy.service import Pipeline
@@ -103,7 +105,7 @@ def cron_daemon(progress: Progress) -> Iterator[None]:
             started.wait(10)
 
 
-def _wait(predicate: Callable[[], object], timeout: float, every: float = 0.2) -> object:
+def _wait(predicate: Callable[[], T], timeout: float, every: float = 0.2) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -301,7 +303,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         trainer_proc = subprocess.Popen(_standin(*args), stdout=subprocess.PIPE, text=True,
                                         env=child_environment())
         stack.callback(_stop, trainer_proc)
-        trainer = int(trainer_proc.stdout.readline())
+        trainer = int(cast(IO[str], trainer_proc.stdout).readline())    # stdout=PIPE: set
         progress.step(f"stand-in training process pid {trainer} holds {work}/dev/nvidia0")
         bound = _wait(lambda: pipe.one("select gpu_id from gpu_bindings where pid = ?",
                                        [trainer]), 15)
@@ -321,7 +323,8 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
             from gpuwhy.store.queries import incident_detail
 
             with contextlib.closing(pipe.reader()) as db:
-                detail = incident_detail(db, incident)
+                # the incident just found in this store: there
+                detail = cast(dict[str, Any], incident_detail(db, incident))
             click.echo("")
             print_incident(detail)
     if keep:

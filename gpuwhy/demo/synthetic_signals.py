@@ -210,7 +210,7 @@ class Synthetic:
 
 
     def _cuda(self, key: ProcessKey, t: float, ts: int) -> CudaStats:
-        v = {**HEALTHY_CUDA, **_at(self.cuda, t)}
+        v = {**HEALTHY_CUDA, **_at(self.cuda, t)}  # type: ignore[arg-type]  # called when set
         s = self.step_s
         copies = {d: {"count": 0, "bytes": 0, "ns": 0, "async_count": 0, "pinned_bytes": 0,
                       "pageable_bytes": 0} for d in ("htod", "dtoh", "dtod", "htoh", "unknown")}

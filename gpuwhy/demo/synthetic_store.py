@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sqlite_utils import Database
 
@@ -94,7 +95,7 @@ def _host_events(plan: Plan, tick: int, t_ns: int, gpus: list) -> list[Event]:
     return events
 
 
-def _reset_story(day: int, t_ns: int, gpu: object, index: int) -> list[Event]:
+def _reset_story(day: int, t_ns: int, gpu: Any, index: int) -> list[Event]:
     s = NS_PER_SECOND
     mark = dict(gpu_id=gpu.id, source="sim", simulated=True)
     cron_pid = ProcessKey(50_000 + day, 900_000 + day)
@@ -123,9 +124,9 @@ def _reset_story(day: int, t_ns: int, gpu: object, index: int) -> list[Event]:
     ]
 
 
-def _incident(db: Database, story_ts: int, gpu_id: str, xid_id: int) -> None:
+def _incident(db: Database, story_ts: int, gpu_id: str, xid_id: int | None) -> None:
     s = NS_PER_SECOND
-    incident = db["incidents"].insert({
+    incident = db.table("incidents").insert({
         "opened_at": story_ts, "closed_at": story_ts + 70 * s, "kind": "gpu_reset",
         "severity": "critical", "gpu_id": gpu_id, "title": "GPU reset after Xid 79",
         "summary": "cron ran nvidia-smi -r after the GPU fell off the bus (simulated)",
@@ -134,7 +135,7 @@ def _incident(db: Database, story_ts: int, gpu_id: str, xid_id: int) -> None:
              ("cron_job", story_ts + 60 * s, "cron: nvidia-smi -r"),
              ("driver_call", story_ts + 61 * s, RESET_CONTROLS[0]),
              ("gpu_reset", story_ts + 62 * s, "GPU reset")]
-    db["incident_links"].insert_all(
+    db.table("incident_links").insert_all(
         [{"incident_id": incident, "seq": seq, "kind": kind, "ts": ts, "summary": summary,
           "evidence": json.dumps({"event_id": xid_id}), "confidence": 0.9, "gpu_id": gpu_id}
          for seq, (kind, ts, summary) in enumerate(links, start=1)])
@@ -144,7 +145,8 @@ def _retimed(events: list[Event], ts: int, keep: tuple[str, ...] | None) -> Iter
     for event in events:
         if keep is not None and hasattr(event, "fields"):
             fields = {k: v for k, v in event.fields.items() if k in keep}
-            yield dataclasses.replace(event, ts=ts, fields=fields)
+            sample: Any = event             # a GpuSample (it has fields)
+            yield dataclasses.replace(sample, ts=ts, fields=fields)
         else:
             yield dataclasses.replace(event, ts=ts)
 

@@ -169,7 +169,7 @@ def check_dcgm(host: Host, driver: str | None,
     from gpuwhy.probes.gpu.select import make_source
 
     try:
-        source = make_source("dcgm", host.source_config())
+        source: Any = make_source("dcgm", host.source_config())    # a DcgmSource: .mode
     except ImportError as exc:       # scripts/check-env.sh before install: no psutil yet
         return Check("dcgm", "warn", f"not checked ({exc}); packages: "
                      f"{', '.join(sorted(packages)) or 'none'}", install)
@@ -204,8 +204,8 @@ def check_headers(host: Host) -> Check:
                      "/build (bcc compiles the probes against them)", envfixes.KERNEL_HEADERS)
     try:
         text = build.joinpath("include/generated/utsrelease.h").read_text()
-        release = re.search(r'"(.*)"', text).group(1)
-    except (OSError, AttributeError):
+        release = re.search(r'"(.*)"', text).group(1)  # type: ignore[union-attr]
+    except (OSError, AttributeError):               # AttributeError: no match
         release = "unknown"
     if release != host.kernel:
         return Check("kernel-headers", "warn", f"headers are for {release}, the kernel is "

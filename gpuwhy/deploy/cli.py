@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -13,7 +14,7 @@ from gpuwhy.deploy.checkenv import Host, render, report, run_checks
 @click.command("check-env")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def check_env(ctx: object, as_json: bool) -> None:
+def check_env(ctx: Any, as_json: bool) -> None:
     """Check the NVIDIA driver, DCGM, NVML, BTF, kernel headers, tracefs, BPF, Python and disk.
 
     Each failure comes with the command that fixes it on Debian, Ubuntu and RHEL-family

@@ -184,8 +184,8 @@ def answers(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]) -> list[
         mine = sorted(f.finding_id for f in explains[cause.finding_id])
         explained.update(mine)
         found.append(Answer(cause, CAUSE, tuple(mine)))
-    for cause, mine in _held(findings, symptoms, rules).values():
-        ids = sorted(f.finding_id for f in mine)
+    for cause, held_for in _held(findings, symptoms, rules).values():
+        ids = sorted(f.finding_id for f in held_for)
         explained.update(ids)
         found.append(Answer(cause, CAUSE, tuple(ids), held_until=cause.ts))
     for symptom in symptoms:

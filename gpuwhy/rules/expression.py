@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
+from typing import cast
 
 import lark
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+)
 
 from gpuwhy.rules import model as m
 from gpuwhy.rules.parser import (
@@ -50,17 +56,19 @@ def parse_expression(text: str, *, scope: str = "process",
                               "expected "
                               + _expected(_accepted(exc, exc.expected))) from None
     except UnexpectedCharacters as exc:
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        pos = cast(int, exc.pos_in_stream)       # set on every lexer error
+        char = text[pos] if pos < len(text) else ""
         raise RuleSyntaxError(path, exc.line, exc.column,
                               f"unexpected character {char!r}") from None
     except UnexpectedInput as exc:
-        token = exc.token
+        unexpected = cast(UnexpectedToken, exc)     # the one left: EOF, characters are above
+        token = unexpected.token
         at_end = token.type == "$END"
         what = "end of expression" if at_end else f"{str(token)!r}"
         column = len(text.rstrip()) + 1 if at_end else max(exc.column, 1)
         raise RuleSyntaxError(path, max(exc.line, 1), column,
                               f"unexpected {what}; expected "
-                              + _expected(_accepted(exc, exc.expected))) from None
+                              + _expected(_accepted(exc, unexpected.expected))) from None
     except RecursionError:
         raise RuleSyntaxError(path, 1, 1, "expression nested too deeply") from None
     rule = m.Rule(id="expression", path=path, line=1, text=text, scope=scope)

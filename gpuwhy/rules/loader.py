@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,10 @@ def load_file(path: str | os.PathLike[str]) -> list[Rule]:
     return file.rules
 
 
+def _parse_text(name: str, text: str) -> RuleFile:
+    return RuleFile(name, *parse_rules_report(text, name))
+
+
 def _guarded(path: str, load: Callable[[], RuleFile]) -> RuleFile:
     try:
         return load()
@@ -104,8 +109,7 @@ def load_rule_set(paths: list[str] | tuple[str, ...] = (), builtin: bool = True)
     loaded = RuleSet()
     if builtin:
         for name, text in builtin_files():
-            loaded.files.append(_guarded(name, lambda n=name, t=text: RuleFile(
-                n, *parse_rules_report(t, n))))
+            loaded.files.append(_guarded(name, partial(_parse_text, name, text)))
     for path in paths:
         try:
             files = _files(path)
@@ -113,7 +117,7 @@ def load_rule_set(paths: list[str] | tuple[str, ...] = (), builtin: bool = True)
             loaded.files.append(RuleFile(str(path), [], [RuleSyntaxError(
                 str(path), 1, 1, f"cannot read the folder: {exc.strerror}")]))
             continue
-        loaded.files += [_guarded(str(file), lambda f=file: read_file(f)) for file in files]
+        loaded.files += [_guarded(str(file), partial(read_file, file)) for file in files]
     seen: dict[str, Rule] = {}
     for file in loaded.files:
         kept = []

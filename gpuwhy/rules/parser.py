@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from functools import cache
+from typing import Any, cast
 
 import lark
 import re2
@@ -443,7 +444,7 @@ class _Checker:
     def _window(self, call: m.Call, index: int) -> None:
         if len(call.args) <= index or not isinstance(call.args[index], m.Dur):
             raise _Problem(call, f"{call.func}() expects a duration as argument {index + 1}")
-        if call.args[index].ns <= 0:
+        if cast(m.Dur, call.args[index]).ns <= 0:
             raise _Problem(call.args[index], "a window must be longer than 0")
 
     def _stream(self, node: m.Node, depth: int) -> m.StreamRef:
@@ -692,7 +693,7 @@ class _Lines:
         return len(self.newlines) + 1
 
 
-def _move(item: object, lines: int, columns: int, chars: int) -> None:
+def _move(item: Any, lines: int, columns: int, chars: int) -> None:
     """Positions in a block -> positions in its file: ``columns`` only on the block's first
     line (the block may start inside a line)."""
     if item.line is not None and item.line == 1:
@@ -740,12 +741,13 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str, lines: _Lines, lin
     """A lark error in a block (``text``, starting ``line_offset`` lines and, on its first
     line, ``column_offset`` columns into the file) as a RuleSyntaxError at its place in the
     file; ``next_rule``: where the next block starts."""
+    err: Any = exc      # an UnexpectedToken (.token, .expected) where not EOF nor characters
     at_end = isinstance(exc, UnexpectedEOF) or (
-        not isinstance(exc, UnexpectedCharacters) and exc.token.type == "$END")
+        not isinstance(exc, UnexpectedCharacters) and err.token.type == "$END")
     if exc.line == 1 and exc.column > 0:
         exc.column += column_offset
     if at_end:
-        expected = _expected(_accepted(exc, exc.expected))
+        expected = _expected(_accepted(exc, err.expected))
         if next_rule is not None:   # the input ends only because the next rule starts
             line, column, name, own = next_rule
             above = f"rule {own}" if own else "the text above"
@@ -755,13 +757,14 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str, lines: _Lines, lin
         return RuleSyntaxError(path, line, max(exc.column, 1),
                                f"unexpected end of file; expected {expected}")
     if isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        pos = cast(int, exc.pos_in_stream)       # set on every lexer error
+        char = text[pos] if pos < len(text) else ""
         expected = f"; expected {_expected(set(exc.allowed))}" if exc.allowed else ""
         return RuleSyntaxError(path, exc.line + line_offset, exc.column,
                                f"unexpected character {char!r}{expected}")
     return RuleSyntaxError(path, max(exc.line, 1) + line_offset, max(exc.column, 1),
-                           f"unexpected {str(exc.token)!r}; expected "
-                           + _expected(_accepted(exc, exc.expected)))
+                           f"unexpected {str(err.token)!r}; expected "
+                           + _expected(_accepted(exc, err.expected)))
 
 
 def parse_rules_report(source: str, path: str = "<rules>"
@@ -807,7 +810,7 @@ def parse_rules_report(source: str, path: str = "<rules>"
         except RecursionError:
             problems.append(RuleSyntaxError(path, line, column, "rule nested too deeply"))
             continue
-        for rule_tree in tree.children:
+        for rule_tree in cast("list[lark.Tree]", tree.children):     # a block: rules only
             try:
                 with problems_reported(path, "rule"):
                     check_tree(rule_tree, line - 1, block.start, column - 1)

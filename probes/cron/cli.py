@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -13,7 +14,7 @@ from gpuwhy.text import format_ts, table
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, one object per job.")
 @click.option("--gpu", "gpu_only", is_flag=True, help="Only jobs that act on GPUs.")
 @click.pass_obj
-def cron(ctx: object, as_json: bool, gpu_only: bool) -> None:
+def cron(ctx: Any, as_json: bool, gpu_only: bool) -> None:
     """The cron and systemd-timer schedule of this host; jobs that act on GPUs are flagged.
 
     Reads /etc/crontab, /etc/cron.d/*, the users' crontabs and systemd timer units
@@ -26,7 +27,7 @@ def cron(ctx: object, as_json: bool, gpu_only: bool) -> None:
     """
     from gpuwhy.probes.cron.reread import read_schedule
 
-    jobs = read_schedule(ctx.config())    # type: ignore[attr-defined]
+    jobs = read_schedule(ctx.config())
     if gpu_only:
         jobs = [job for job in jobs if job.gpu_action]
     if as_json:

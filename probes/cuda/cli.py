@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -42,7 +43,7 @@ def _state_line(state: dict | None) -> str:
 @click.option("--reason", default="disabled by hand (gpuwhy cuda disable)",
               help="Why, for the record.")
 @click.pass_obj
-def disable(ctx: object, reason: str) -> None:
+def disable(ctx: Any, reason: str) -> None:
     """Kill switch: detach every CUDA uprobe at once; they stay off (across restarts of the
     probes) until `gpuwhy cuda enable`. Waits up to 2 s for the probes process to confirm."""
     config = ctx.config()
@@ -68,7 +69,7 @@ def disable(ctx: object, reason: str) -> None:
 
 @cuda.command()
 @click.pass_obj
-def enable(ctx: object) -> None:
+def enable(ctx: Any) -> None:
     """Clear the kill switch (the probes attach again if probes.cuda_uprobes is true)."""
     config = ctx.config()
     was_set = cudactl.enable(config)
@@ -80,7 +81,7 @@ def enable(ctx: object) -> None:
 @cuda.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def status(ctx: object, as_json: bool) -> None:
+def status(ctx: Any, as_json: bool) -> None:
     """Settings, kill switch and what the probes process holds."""
     config = ctx.config()
     allowed = parse_allowed(config["probes.cuda_allowed_build_ids"])
@@ -110,7 +111,7 @@ def status(ctx: object, as_json: bool) -> None:
 @click.argument("paths", nargs=-1, type=InputFile())
 @click.option("--pid", type=int, help="Take the CUDA libraries this process has mapped.")
 @click.pass_obj
-def allow_build_id(ctx: object, paths: tuple[str, ...], pid: int | None) -> None:
+def allow_build_id(ctx: Any, paths: tuple[str, ...], pid: int | None) -> None:
     """Print the build ids of CUDA libraries and the setting that allows them.
 
     gpuwhy does not edit the config file: add the printed line under [probes].

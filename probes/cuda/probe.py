@@ -23,6 +23,7 @@ import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpuwhy.clock import ClockConverter, now_ns
 from gpuwhy.config import Config
@@ -83,7 +84,7 @@ class CudaProbe:
         self.max_errors_per_second: int = config["probes.cuda_max_errors_per_second"]
         self._publish = publish
         self._clock = clock or ClockConverter()
-        self._bpf = None
+        self._bpf: Any = None      # the loaded bcc.BPF (bcc has no types); None before load()
         self._keys: dict[int, ProcessKey] = {}
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()   # the attacher's events
         self._attacher = Attacher(self)
@@ -221,7 +222,7 @@ class CudaProbe:
         self._handle(self._bpf[b"records"].event(data))
         return -1 if self._budget <= 0 else 0     # < 0: libbpf stops reading the ring
 
-    def _handle(self, record: object) -> None:
+    def _handle(self, record: Any) -> None:
         self.counts["records"] += 1
         process = self._keys.get(record.tgid)
         if process is None:

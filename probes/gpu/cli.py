@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import click
 
@@ -115,7 +116,7 @@ def gpu() -> None:
               help="Also print each GPU's compute processes (NVML: pid, memory, per-process "
                    "utilisation); with --json as objects whose kind is gpu_processes.")
 @click.pass_obj
-def sample(ctx: object, source_name: str | None, url: str | None, once: bool,
+def sample(ctx: Any, source_name: str | None, url: str | None, once: bool,
            interval: float | None, as_json: bool, processes: bool) -> None:
     """Sample the GPUs and print the counters; needs no running `gpuwhy up`.
 
@@ -191,7 +192,7 @@ def fields(markdown: bool) -> None:
 @click.option("--by", "actor", help="Who says so (default: $SUDO_USER, else your login name).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def mark_healthy(ctx: object, gpu_name: str, why: str, actor: str | None,
+def mark_healthy(ctx: Any, gpu_name: str, why: str, actor: str | None,
                  as_json: bool) -> None:
     """Mark a GPU healthy by hand: its health goes to ok whatever it waited for (a reset,
     a reboot), with who and why kept in its health history, and the incidents that rest on
@@ -252,7 +253,7 @@ def dcgm() -> None:
     """
 
 
-def _set_profiling(ctx: object, pause: bool) -> None:
+def _set_profiling(ctx: Any, pause: bool) -> None:
     from gpuwhy.probes.gpu.dcgm import Bindings, connect
 
     config = ctx.config()
@@ -273,7 +274,7 @@ def _set_profiling(ctx: object, pause: bool) -> None:
 
 @dcgm.command()
 @click.pass_obj
-def pause(ctx: object) -> None:
+def pause(ctx: Any) -> None:
     """Pause DCGM profiling; its profiling fields read as missing until `resume`.
 
     \b
@@ -285,7 +286,7 @@ def pause(ctx: object) -> None:
 
 @dcgm.command()
 @click.pass_obj
-def resume(ctx: object) -> None:
+def resume(ctx: Any) -> None:
     """Resume DCGM profiling after `pause`.
 
     \b

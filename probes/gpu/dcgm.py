@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, cast
 
 import psutil
 
@@ -108,7 +109,7 @@ def _other_hostengine_running() -> str | None:
     return None
 
 
-def connect(bindings: Bindings, host: str, embedded_allowed: bool) -> tuple[object, str]:
+def connect(bindings: Bindings, host: str, embedded_allowed: bool) -> tuple[Any, str]:
     """A DcgmHandle: to the hostengine at ``host``, else embedded when that is safe."""
     s = bindings.structs
     try:
@@ -150,21 +151,23 @@ class DcgmSource:
         self.gpus: list[GpuInfo] = []
         self.mode = ""
         self.profiling_note = ""
-        self._b: Bindings | None = None
-        self._handle = None
-        self._group = None
-        self._groups: dict[str, object] = {}
-        self._cursors: dict[str, object] = {}
-        self._last_ts: dict[tuple[int, int], int] = {}
+        # DCGM's objects (untyped bindings) from open() to close(), else None; every reader
+        # runs in between. A Bindings' attributes are modules: Any to mypy either way.
+        self._b: Any = None
+        self._handle: Any = None
+        self._group: Any = None
+        self._groups: dict[str, Any] = {}
+        self._cursors: dict[str, Any] = {}
+        self._last_ts: dict[tuple[object, str, int], int] = {}   # (handle, instance, field)
         self._by_dcgm_id: dict[int, GpuInfo] = {}
         self._lost: set[int] = set()
         # MIG: the GPU instances by DCGM entity id, their entity group, field groups, cursors
         self.mig_note = ""
         self.mig_recheck_s = MIG_RECHECK_S
         self._instances: dict[int, MigInstance] = {}
-        self._mig_group = None
-        self._mig_groups: dict[str, object] = {}
-        self._mig_cursors: dict[str, object] = {}
+        self._mig_group: Any = None
+        self._mig_groups: dict[str, Any] = {}
+        self._mig_cursors: dict[str, Any] = {}
         self._mig_checked: float | None = None   # monotonic time of the last hierarchy read
 
     def open(self) -> list[GpuInfo]:
@@ -191,7 +194,7 @@ class DcgmSource:
         self._discover_instances()
         return self.gpus
 
-    def _describe(self, system: object, gpu_id: int) -> GpuInfo:
+    def _describe(self, system: Any, gpu_id: int) -> GpuInfo:
         ids = system.discovery.GetGpuAttributes(gpu_id).identifiers
         bus_id = normalise_bus_id(ids.pciBusId)
         identity = GpuIdentity(uuid=ids.uuid or None, pci_bus_id=bus_id, index=gpu_id,
@@ -261,7 +264,7 @@ class DcgmSource:
             return []
         if getattr(status, "value", status) != ENTITY_STATUS_LOST:
             return []
-        self._lost.add(gpu.handle)
+        self._lost.add(cast(int, gpu.handle))      # a DCGM GPU's handle: its DCGM id
         return [GpuState(ts=now_ns(), gpu_id=gpu.id, state="lost", source="dcgm",
                          simulated=False, detail="DCGM: GPU is lost (DcgmEntityStatusLost)")]
 
@@ -274,7 +277,7 @@ class DcgmSource:
         stamps: dict[int, int] = {}
         events: list[Event] = []
         prof_seen = prof_blank = 0
-        mark = dict(gpu_id=gpu.id, source="dcgm", simulated=False)
+        mark: dict[str, Any] = dict(gpu_id=gpu.id, source="dcgm", simulated=False)
         extra: dict = {}
         if instance is not None:
             extra = dict(instance=str(instance.gpu_instance),
@@ -458,7 +461,7 @@ class DcgmSource:
             self._handle = None
 
 
-def _drop_groups(entities: object | None, fields: dict) -> None:
+def _drop_groups(entities: Any, fields: dict) -> None:
     """Unwatch and delete the field groups watched on an entity group, then the entity
     group itself; best effort (the hostengine may be gone) and ``fields`` emptied."""
     for group in fields.values():

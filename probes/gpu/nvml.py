@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable
 from time import monotonic_ns
 from types import ModuleType
+from typing import Any
 
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import NoSuchProcess
@@ -107,7 +108,7 @@ def _load() -> ModuleType:
                                         "pip install nvidia-ml-py)") from None
 
 
-def memory_info(nv: ModuleType, handle: object) -> object:
+def memory_info(nv: ModuleType, handle: object) -> Any:
     """The framebuffer as nvidia-smi and DCGM (field 252, with drivers from 510 on) count
     it: NVML's v2 struct, whose ``used`` leaves out what the driver reserves for itself
     (``reserved``). The v1 struct's ``used`` is total - free, the reserve included: 615 MiB
@@ -257,7 +258,9 @@ class NvmlSource:
         self.proc_root = proc_root
         self.xid_events = xid_events
         self.gpus: list[GpuInfo] = []
-        self._nv: ModuleType | None = None
+        # pynvml from open() to close(), else None; every reader runs in between (a module's
+        # attributes are Any to mypy either way: only the None would be checked)
+        self._nv: Any = None
         self._readers: dict[str, Callable] = {}
         self._unsupported: dict[str, set[str]] = {}
         self._gone: dict[str, str] = {}
@@ -502,7 +505,7 @@ class NvmlSource:
             return {}
         return {} if got is None else self._gpm_values(gpu, got, "GPM")
 
-    def _gpm_values(self, gpu: GpuInfo, got: object, where: str) -> dict[str, float]:
+    def _gpm_values(self, gpu: GpuInfo, got: Any, where: str) -> dict[str, float]:
         """Our fields from one ``nvmlGpmMetricsGet``; a metric NVML could not give is
         missing, noted under ``where``."""
         nv, fields = self._nv, {}
@@ -724,7 +727,8 @@ class NvmlSource:
 
     def _xid_loop(self) -> None:
         nv = self._nv
-        by_handle = {}
+        by_handle: dict[object, GpuInfo] = {}
+        gpu: GpuInfo | None
         try:
             event_set = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
@@ -771,7 +775,7 @@ class NvmlSource:
             self._nv = None
 
 
-def _handle_key(handle: object) -> object:
+def _handle_key(handle: Any) -> object:
     """NVML handles are ctypes pointers: equal devices, distinct Python objects."""
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value

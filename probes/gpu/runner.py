@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from typing import cast
 
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
@@ -194,7 +195,8 @@ class GpuRunner:
             return
         now = time.monotonic()
         wake = next_health
-        stalls_at = self.reading_since + self.stall_after + 0.01
+        # busy: a read is in flight, reading_since is set
+        stalls_at = cast(float, self.reading_since) + self.stall_after + 0.01
         if stalls_at > now:   # wake when the read becomes a stall, to say so then
             wake = min(wake, stalls_at)
         self._take_result(min(POLL_WHILE_READING, max(0.0, wake - now)))

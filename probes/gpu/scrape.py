@@ -74,13 +74,14 @@ def _watched(connection_class: type[http.client.HTTPConnection],
     from the moment it exists (before a TLS handshake, which is bounded too)."""
     def make(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
         connection = connection_class(*args, **kwargs)
-        create = connection._create_connection   # what connect() calls to get the socket
+        # what connect() calls to get the socket: private, undeclared in the stubs
+        create = connection._create_connection  # type: ignore[attr-defined]
 
         def create_watched(*a: Any, **kw: Any) -> socket.socket:
             sock = create(*a, **kw)
             deadline.watch(sock)
             return sock
-        connection._create_connection = create_watched
+        connection._create_connection = create_watched  # type: ignore[attr-defined]
         return connection
     return make
 
@@ -101,7 +102,7 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(_watched(http.client.HTTPSConnection, self.deadline), req,
-                            context=self._context)
+                            context=self._context)  # type: ignore[attr-defined]
 
 
 def fetch_within(url: str, seconds: float, max_bytes: int) -> bytes:

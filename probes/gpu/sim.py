@@ -22,6 +22,7 @@ import os
 import random
 import uuid
 from dataclasses import dataclass
+from typing import Any, cast
 
 from gpuwhy.clock import now_ns
 from gpuwhy.events import Event, GpuSample, GpuState, GpuXid
@@ -147,7 +148,7 @@ class SimulatedGpus:
     def _gpu_events(self, gpu: GpuInfo, t: float, ts: int) -> list[Event]:
         index = gpu.identity.index or 0
         struck = index == 0 and self.scenario in ("xid-79", "gpu-reset")
-        mark = dict(gpu_id=gpu.id, source="sim", simulated=True)
+        mark: dict[str, Any] = dict(gpu_id=gpu.id, source="sim", simulated=True)
         if struck and t >= self.event_after:
             return self._struck_events(gpu, t, ts, mark)
         rng = random.Random(f"{self.seed}:{self.scenario}:{index}:{self.tick}")
@@ -216,9 +217,10 @@ class SimulatedGpus:
         f["power_w"] = min(f["power_w"], f["power_limit_w"])   # the limit is enforced
         counters = self._counters[index]
         counters["energy_mj"] += f["power_w"] * self.interval * 1000
-        if f["clocks_event_reasons"] & SW_POWER_CAP:
+        reasons = cast(int, f["clocks_event_reasons"])     # a bit mask among the floats
+        if reasons & SW_POWER_CAP:
             counters["power_violation_ns"] += self.interval * 1e9
-        if f["clocks_event_reasons"] & (SW_THERMAL | HW_THERMAL):
+        if reasons & (SW_THERMAL | HW_THERMAL):
             counters["thermal_violation_ns"] += self.interval * 1e9
         f.update(counters, fb_total_mib=s.fb_total, enc_util=0.0, dec_util=0.0,
                  ecc_sbe_volatile=0, ecc_dbe_volatile=0, retired_pages_sbe=0,

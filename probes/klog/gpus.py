@@ -26,7 +26,7 @@ MAX_UNLISTED = 16       # an HGX board holds 8 GPUs and 4 NVSwitches: room for o
 def nvidia_pci_addresses(root: str = PCI_DEVICES) -> set[str]:
     """The addresses (``dddd:bb:dd``) of the NVIDIA PCI functions sysfs lists; empty when
     sysfs cannot be read."""
-    found = set()
+    found: set[str] = set()
     try:
         devices = list(Path(root).iterdir())
     except OSError:

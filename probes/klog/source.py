@@ -75,7 +75,10 @@ LOST_LOG_EVERY_S = 10.0
 
 class KernelLogReader(Protocol):
     origin: str
-    wakes_on_new_lines: bool     # wait() returns when a line comes: it may be given long
+
+    # wait() returns when a line comes: it may be given long
+    @property
+    def wakes_on_new_lines(self) -> bool: ...
 
     def seek(self, cursor: str | None, start: str) -> bool: ...
     def lines(self, limit: int = 1000) -> object: ...
@@ -124,6 +127,7 @@ def open_reader(config: Config) -> tuple[KernelLogReader, str, str | None]:
         raise ConfigError(f"expected one of {', '.join(STARTS)}, got {config['klog.start']!r}",
                           key="klog.start")
     reasons = []
+    reader: KernelLogReader
     if backend in ("auto", "journald"):
         unproven = journald_unproven(config)
         # A journal named (by backend or path) is read even unproven; it fails until it delivers.
@@ -563,7 +567,7 @@ def resume(config: Config, reader: KernelLogReader) -> str:
         if stamp is not None:
             boot_id, usec, ties, how = stamp
             reader.seek(None, "boot")
-            if reader.seek_stamp(boot_id, usec, ties):   # type: ignore[attr-defined]
+            if reader.seek_stamp(boot_id, usec, ties):
                 return f"resumed after the stored {stored.origin} position, at printk time " \
                        f"{usec} us of boot {boot_id[:8]} ({how})"
     reader.seek(None, config["klog.start"])

@@ -19,6 +19,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from typing import BinaryIO
 
 from gpuwhy.probes.klog.lines import RawLine, UserSender
 
@@ -49,7 +50,7 @@ class FileKernelLog:
     def __init__(self, path: str = "/var/log/kern.log", boot_id: str = ""):
         self.path = path
         self.boot_id = boot_id
-        self._file = None
+        self._file: BinaryIO | None = None
         self._inode = -1
         self._offset = 0
 
