@@ -16,7 +16,9 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     Raises :class:`gpuwhy.errors.ConfigError` when auth is on without a token.
     """
     from gpuwhy.webui import (
+        answers,
         auth,
+        compress,
         db,
         errors,
         filters,
@@ -44,9 +46,10 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     app.extensions["gpuwhy.throttle"] = throttle.Throttle()   # token attempts (auth)
     db.init_app(app)
     security.init_app(app)
+    compress.init_app(app)
     filters.init_app(app)
     errors.init_app(app)
-    for module in (auth, gpus, processes, incidents, resets, rules, vendor, health):
+    for module in (auth, answers, gpus, processes, incidents, resets, rules, vendor, health):
         app.register_blueprint(module.bp)
     from gpuwhy.webui import metrics  # /metrics
 

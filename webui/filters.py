@@ -54,6 +54,22 @@ def rate(value: object) -> str:
     return "–"
 
 
+def age(seconds: object) -> str:
+    """A sample's age in words: "4 s", "3 min", "2 h 5 min", "3 d 4 h"; NO_VALUE for none
+    (static/overview.js writes the same as it refreshes)."""
+    figure = _figure(seconds)
+    if figure is None:
+        return NO_VALUE
+    s = max(0, int(figure))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 172800:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
 def instant(ts: int | None, precision: str = "ms") -> Markup:
     """A time as the pages show it: its UTC text (format_ts) in a ``<time>`` that carries
     the instant (ISO 8601 in ``datetime``, ns in ``data-ns``), beside which the browser
@@ -93,6 +109,7 @@ def init_app(app: Flask) -> None:
     app.add_template_filter(moment, "when")
     app.add_template_filter(number, "number")
     app.add_template_filter(rate, "rate")
+    app.add_template_filter(age, "age")
     app.add_template_filter(instant, "instant")
     from gpuwhy.webui import evidence  # here, not above: it imports this module (rate)
 

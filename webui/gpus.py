@@ -8,6 +8,7 @@ from flask.typing import ResponseReturnValue
 
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.store import queries, series
+from gpuwhy.webui import answers
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
 from gpuwhy.webui.window import requested_tail, requested_window
@@ -39,9 +40,24 @@ def _window(gpu: dict) -> series.Window:
         abort(400, description=str(exc))
 
 
+def _cards() -> list[dict]:
+    """The overview's GPUs in the answer's order (worst first), each with its answer
+    (``verdict``, None for a GPU the answer does not name) and its sample's ``freshness``."""
+    cards = queries.overview(get_db())
+    found = answers.verdicts()
+    place = {v.gpu.gpu_id: n for n, v in enumerate(found)}
+    by_id = {v.gpu.gpu_id: v for v in found}
+    cards.sort(key=lambda g: place.get(g["id"], len(found)))
+    for g in cards:
+        g["verdict"] = by_id.get(g["id"])
+        g["freshness"] = answers.sample_age(g["sample"])
+    return cards
+
+
 @bp.get("/")
 def overview() -> ResponseReturnValue:
-    return render_template("overview.html", gpus=queries.overview(get_db()),
+    return render_template("overview.html", gpus=_cards(), level=answers.level,
+                           said=answers.said,
                            ranges=[r for r in series.RANGES if series.RANGES[r] >= 3600],
                            ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
@@ -49,7 +65,15 @@ def overview() -> ResponseReturnValue:
 
 @bp.get("/api/gpus")
 def api_overview() -> ResponseReturnValue:
-    return jsonify(queries.overview(get_db()))
+    """The cards' data in the store's order; each with its sample's ``freshness`` and its
+    ``answer`` (severity word, sentence, ``rank``: its place on the overview, worst first)."""
+    found = answers.verdicts()
+    told = {v.gpu.gpu_id: {"severity": answers.level(v), "sentence": answers.said(v),
+                           "rank": n} for n, v in enumerate(found)}
+    unknown = {"severity": answers.HEALTHY, "sentence": "healthy", "rank": len(found)}
+    return jsonify([{**g, "freshness": answers.sample_age(g["sample"]),
+                     "answer": told.get(g["id"], unknown)}
+                    for g in queries.overview(get_db())])
 
 
 @bp.get("/api/heatmap")
@@ -78,12 +102,18 @@ def api_heatmap() -> ResponseReturnValue:
 @bp.get("/gpus/<gpu_id>")
 def show(gpu_id: str) -> ResponseReturnValue:
     gpu = _gpu_or_404(gpu_id)
+    sample = queries.latest_sample(get_db(), gpu["id"])
+    verdict = next((v for v in answers.verdicts() if v.gpu.gpu_id == gpu["id"]), None)
     return render_template("gpu.html", gpu=gpu, ranges=list(series.RANGES),
+                           verdict=verdict, level=answers.level(verdict),
+                           said=answers.said(verdict) if verdict is not None else "healthy",
+                           others=answers.others(verdict) if verdict is not None else [],
+                           freshness=answers.sample_age(sample),
                            ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"],
                            processes=queries.bound_processes(get_db(), gpu["id"]),
                            incidents=queries.open_incidents(get_db(), gpu["id"]),
-                           sample=queries.latest_sample(get_db(), gpu["id"]),
+                           sample=sample,
                            health_history=queries.gpu_health_history(get_db(), gpu["id"]))
 
 

@@ -116,6 +116,40 @@ def filtered_incidents(filters: dict) -> list[dict]:
     return found
 
 
+GROUP_WITHIN_NS = 3600 * 1_000_000_000    # like incidents opened within an hour: one row
+
+
+def grouped(incidents: list[dict]) -> list[dict]:
+    """The list with like incidents on several GPUs of this host as one row: the same kind,
+    title, severity and state, opened within an hour of the group's first, on more than one
+    GPU. Each row: ``lead`` (the newest), ``members`` (all, in list order), ``gpus`` (their
+    distinct GPU ids); a lone incident is a row of one. The list's order is kept: a group
+    stands where its newest member stood."""
+    rows: list[dict] = []
+    open_groups: dict[tuple, dict] = {}
+    for incident in incidents:
+        key = (incident.get("kind"), incident.get("title"), incident.get("severity"),
+               incident.get("state"))
+        row = open_groups.get(key)
+        opened = incident.get("opened_at") or 0
+        if row is not None and abs((row["lead"].get("opened_at") or 0) - opened) \
+                <= GROUP_WITHIN_NS:
+            row["members"].append(incident)
+            continue
+        row = {"lead": incident, "members": [incident]}
+        open_groups[key] = row
+        rows.append(row)
+    out = []
+    for row in rows:
+        gpus = list(dict.fromkeys(m.get("gpu_id") for m in row["members"] if m.get("gpu_id")))
+        if len(row["members"]) > 1 and len(gpus) < 2:
+            # the same GPU's repeats are separate incidents (their own counts say so)
+            out.extend({"lead": m, "members": [m], "gpus": gpus[:1]} for m in row["members"])
+        else:
+            out.append({**row, "gpus": gpus})
+    return out
+
+
 def recommended_actions(incident: dict) -> list[str]:
     details = incident.get("details") or {}
     actions = [str(f) for f in details.get("fixes") or []]
@@ -137,7 +171,7 @@ def index() -> ResponseReturnValue:
     kinds = incident_kinds(get_db())
     # read before the rows: a change in between shows as a newer cursor, never as none
     cursor = feed.latest_cursor(get_db())
-    return render_template("incidents.html", incidents=filtered_incidents(filters),
+    return render_template("incidents.html", rows=grouped(filtered_incidents(filters)),
                            cursor=cursor,
                            filters=filters, kinds=kinds, severities=sev.DESCENDING,
                            states=STATES, within=WITHIN,

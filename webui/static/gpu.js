@@ -230,15 +230,21 @@
       view = Object.assign({}, before, { data, events });
       draw(data, events, false);
       live.updated();
-      if (changed) await takeLists();
+      // the answer and the latest sample's age, as the server words them now: on a change
+      // of processes or incidents, and every ANSWER_EVERY_MS
+      if (changed || Date.now() - answerTaken >= ANSWER_EVERY_MS) await takeLists();
     } catch (err) {
       live.failed(err);
     }
   }
 
   // The bound processes and open incidents, from this page as the server renders it now.
+  const ANSWER_EVERY_MS = 10000;
+  let answerTaken = Date.now();
   async function takeLists() {
-    G.takeParts(await G.pageNow(window.location.pathname), ["#bound tbody", "#open-incidents"]);
+    answerTaken = Date.now();
+    G.takeParts(await G.pageNow(window.location.pathname), ["#bound tbody", "#open-incidents",
+      "#answer", "#sample-age"]);
   }
 
   // Back from a zoom or an absolute range: the range, following it.

@@ -18,6 +18,10 @@
   const ROW_PX = 30, EDGES_PX = 80;
   const whole = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
   const url = new URL(window.location.href);
+  // 4.4:1 against ZERO, 4.5:1 against white; the page's key below the chart says so
+  // (style.css .swatch.no-sample: the same grey)
+  const NO_SAMPLE = "#767676";
+  const ZERO = "#f7fbff";              // 0 %: the palest end of the scale
   let measure = url.searchParams.get("measure") === "gpu_util" ? "gpu_util" : "sm_active";
   let view = null;                     // {params, data, grid}: what is drawn, on which grid
   let generation = 0;                  // a newer load makes an older answer stale
@@ -63,7 +67,10 @@
     const range = { from: data.from, to: data.to };
     const o = G.base(range);
     delete o.legend;
-    o.grid = G.grid({ top: 10, bottom: 60 });
+    // a cell with no sample shows the grid behind it: a grey 4.4:1 against 0 %'s colour
+    // (and 4.5:1 against the page), never read as an idle GPU; the legend says so
+    o.grid = G.grid({ top: 10, bottom: 60, show: true, backgroundColor: NO_SAMPLE,
+      borderWidth: 0 });
     o.yAxis = G.rowAxis(names);
     o.tooltip = { trigger: "item", renderMode: "richText",
       formatter: (p) => p.seriesIndex === 0
@@ -73,16 +80,17 @@
     o.visualMap = { type: "continuous", dimension: 3, seriesIndex: 0, min: 0, max: 100,
       orient: "horizontal", left: "center", bottom: 0, itemHeight: 200, calculable: false,
       text: ["100 %", `0 %   ${measure === "sm_active" ? "SM active" : "utilisation"}`],
-      inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } };
+      inRange: { color: [ZERO, "#6baed6", "#08306b"] } };
     // before the store's first figure the blank is no news: say so on the chart
     const held = data.held_since && data.held_since > data.from ? G.ms(data.held_since) : null;
     const spans = Object.assign(G.spans(out), held === null ? {} : { markArea: { silent: true,
       itemStyle: { color: "rgba(120, 120, 120, 0.08)" },
-      label: { color: "#777", position: "inside" },
+      label: { color: "#fff", position: "inside" },
       data: [[{ xAxis: G.ms(data.from), name: "nothing stored yet" }, { xAxis: held }]] } });
     o.series = [spans,
       { type: "scatter", data: marks(data), symbolSize: 13, z: 5, cursor: "pointer" }];
     o.graphic = G.emptyNote(!out.length, "samples", data.held_since);
+    Object.assign(o.graphic[0].style, { backgroundColor: "#fff", padding: [3, 6] });
     return o;
   }
 
