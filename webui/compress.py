@@ -58,7 +58,7 @@ def compress(response: Response) -> Response:
         response.direct_passthrough = False
         response.set_data(b"")
         response.headers.pop("Content-Length", None)
-        response.set_etag(gz_etag, weak)
+        response.set_etag(gz_etag, bool(weak))
         return response
     if response.status_code != 200 or (response.content_length or MIN_BYTES) < MIN_BYTES:
         return response
@@ -67,7 +67,7 @@ def compress(response: Response) -> Response:
     response.set_data(body)             # sets Content-Length
     response.headers["Content-Encoding"] = "gzip"
     response.headers.pop("Accept-Ranges", None)   # byte ranges of the file, not of this
-    response.set_etag(gz_etag, weak)
+    response.set_etag(gz_etag, bool(weak))
     return response
 
 

@@ -62,7 +62,7 @@
   // local time beside it as times.js adds it; built with the DOM, never from markup.
   function dated(holder, ns) {
     const time = document.createElement("time");
-    const iso = new Date(ns / 1e6).toISOString();
+    const iso = window.GpuwhyCharts.isoTime(ns);
     time.dateTime = iso;
     time.dataset.ns = String(ns);
     time.textContent = `${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`;
