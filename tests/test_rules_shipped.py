@@ -418,6 +418,11 @@ def test_a_refused_version_check_alone_is_a_driver_mismatch():
     assert finding.evidence["failed_version_checks"] == 1
     assert finding.evidence["mismatch_lines"] == 0
     assert not fired("R41_driver_api_mismatch", Synthetic(extra=_version_check(0)))[0]
+    # a call that fails otherwise is no refusal: -ENOTTY is what a look-alike device file
+    # (the test stand-ins' replay) answers, -EFAULT a bad pointer
+    for errno_ret in (-25, -14):
+        assert not fired("R41_driver_api_mismatch",
+                         Synthetic(extra=_version_check(errno_ret)))[0]
 
 
 def test_socket_figures_a_kernel_could_not_count_are_unknown_not_zero():

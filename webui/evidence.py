@@ -74,7 +74,8 @@ TIME_KEYS = frozenset({"ts", "since", "until", "started", "ended", "first_ts", "
 RATIO_NAMES = frozenset({"busy", "gpu_busy", "max_busy", "util", "p05_util", "p95_util",
                          "sm_active", "tensor", "dram", "fp16", "fp32", "fp64", "occupancy",
                          "main_blocked", "workers_blocked", "workers_network_wait",
-                         "workers_oncpu", "cpu_on_other_nodes", "idle_share_hour"})
+                         "workers_oncpu", "cpu_on_other_nodes", "idle_share_hour",
+                         "main_oncpu", "main_network_wait", "kv_cache_usage"})
 RATIO_SUFFIXES = ("_share", "_frac", "_ratio")
 # (suffix, unit) for plain quantities, the suffix case-sensitive (``_Bps`` is bytes/s)
 UNIT_SUFFIXES = (("_per_s", "/s"), ("_per_minute", "/min"), ("_per_hour", "/h"),

@@ -520,7 +520,8 @@ class MemorySignals(Signals):
             self._event("driver.call", ts, {
                 "_process": event.process, "op": event.op, "sub_name": event.sub_name or "",
                 "reasons": ",".join(event.reasons), "status": event.status_name,
-                "latency_ms": event.latency_ns / 1e6, "reset": reset_kind(event.sub_name)})
+                "ret": event.ret, "latency_ms": event.latency_ns / 1e6,
+                "reset": reset_kind(event.sub_name)})
         elif isinstance(event, KernelLogRecord):
             gpu = event.uuid or self._gpu_for_pci(event.pci)
             if event.record_kind == "xid":

@@ -296,6 +296,7 @@ class StoreSignals(Signals):
             return [(r["ts"], {"_process": ProcessKey(r["pid"], r["start_time"]),
                                "op": r["op"] or "", "sub_name": r["sub_name"] or "",
                                "reasons": r["reasons"] or "", "status": r["status_name"] or "",
+                               "ret": r["ret"] if r["ret"] is not None else 0,
                                "latency_ms": (r["latency_ns"] or 0) / 1e6,
                                "reset": reset_kind(r["sub_name"])})
                     for r in streams.driver_calls_between(self.db, start, end)]

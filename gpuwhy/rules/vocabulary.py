@@ -433,10 +433,11 @@ STREAMS: dict[str, Stream] = {s.name: s for s in (
            "a process that had opened the GPU's device files ended (GPU monitors such as "
            "nvidia-smi not counted); the host's other processes are not this stream's"),
     Stream("driver.call", "host", {"op": "text", "sub_name": "text", "reasons": "text",
-                                   "status": "text", "latency_ms": "num", "reset": "text",
-                                   "own": "num"},
-           "a notable, slow or failed driver call; reset is \"reset\" when the call resets "
-           "the GPU, \"request\" when it marks the GPU for a reset, \"\" otherwise"),
+                                   "status": "text", "ret": "num", "latency_ms": "num",
+                                   "reset": "text", "own": "num"},
+           "a notable, slow or failed driver call; ret is the ioctl's return (0, or minus the "
+           "errno: -22 EINVAL is the module's refusal); reset is \"reset\" when the call "
+           "resets the GPU, \"request\" when it marks the GPU for a reset, \"\" otherwise"),
 )}
 
 # G-MONITOR: processes that open the GPU to watch it, never to compute.

@@ -83,7 +83,13 @@ def test_the_chain_names_the_reset_call_and_the_cron_job(client, scenario):
     kinds = [link["kind"] for link in chain]
     assert kinds[:4] == ["cron_job", "command", "driver_call", "gpu_reset"]
     [call_ts] = [r[0] for r in view_rows(scenario, "reset") if r[3] == "driver call"]
-    assert chain[2]["ts"] == call_ts and RESET_CONTROLS[0] in chain[2]["summary"]
+    # the view lists the call as stored, at its return; the chain dates it when it was made
+    # (its return less its latency), so that it comes before the reset it caused
+    with sqlite3.connect(scenario.path) as db:
+        [(latency,)] = db.execute("select latency_ns from driver_calls where ts = ?",
+                                  [call_ts]).fetchall()
+    assert chain[2]["ts"] == call_ts - latency and RESET_CONTROLS[0] in chain[2]["summary"]
+    assert chain[2]["ts"] <= chain[3]["ts"]
     assert any(RESET_CONTROLS[0] in step for step in reset["by"])
 
 
