@@ -115,7 +115,7 @@ def check(ctx: click.Context, expectations: tuple[str, ...], pid: int | None, cm
     started = time.monotonic()
 
     def judge(watched: Watched) -> tuple[Watched, list]:
-        return watched, evaluate(list(expectations), cast(Signals, watched.signals),
+        return watched, evaluate(list(expectations), cast("Signals", watched.signals),
                                  watched.scope, watched.start, watched.end)
 
     watched, results = run_watch(ctx, target, duration, source, judge)
@@ -160,9 +160,9 @@ def _store(ctx: click.Context):  # noqa: ANN202
 
 def _figures(watched: Watched) -> dict:
     # a watch that has run: signals and db are set (open while it is judged)
-    return {"figures": baselines.capture(cast(Signals, watched.signals), watched.scope,
+    return {"figures": baselines.capture(cast("Signals", watched.signals), watched.scope,
                                          watched.start, watched.end),
-            "environment": environment(cast(Database, watched.db), watched.gpu_id,
+            "environment": environment(cast("Database", watched.db), watched.gpu_id,
                                        watched.process,
                                        watched.libraries),
             "watched": watched.describe()}

@@ -109,7 +109,10 @@ def test_cron_reset_chain_end_to_end_with_its_journal_alerts(tmp_config, tmp_pat
     assert incident["gpu_id"] == minor0 == call["gpu_id"] and minor0.startswith("GPU-")
     # The right times, in order, each from its evidence row.
     assert cron["ts"] == run["ts"] and command["ts"] == exec_event["ts"]
-    assert call["ts"] == reset_call["ts"] == incident["opened_at"] == reset["ts"]
+    # the call's step is dated when it was made (its return less its latency), so that it
+    # comes before the reset it caused; the reset and the incident at its return
+    assert call["ts"] == reset_call["ts"] - reset_call["latency_ns"]
+    assert reset_call["ts"] == incident["opened_at"] == reset["ts"]
     assert cron["ts"] <= command["ts"] <= call["ts"]
     assert call["ts"] <= stall["ts"] < call["ts"] + 5 * NS_PER_SECOND
     assert abs(cron["ts"] - started_ns) < 100 * NS_PER_SECOND
