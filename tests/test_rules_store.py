@@ -60,9 +60,10 @@ def host_events(ts: int, tick: int) -> list:
     return events
 
 
-def fill(db, scenario: str, seconds: int, start: int, with_host: bool = True) -> int:
+def fill(db, scenario: str, seconds: int, start: int, with_host: bool = True,
+         event_after: float = 60) -> int:
     """Write ``seconds`` of a simulator scenario (plus host events) through the StoreWriter."""
-    sim = SimulatedGpus(count=2, scenario=scenario, seed=1, event_after=60)
+    sim = SimulatedGpus(count=2, scenario=scenario, seed=1, event_after=event_after)
     writer = StoreWriter(db)
     gpus = sim.open()
     batch = [Envelope("gpu", 0, gpu.seen(start, "sim", True)) for gpu in gpus]
@@ -118,9 +119,12 @@ def test_input_starved_simulation_fires_the_starvation_rules(db_path):
 
 def test_xid79_simulation_fires_fallen_off_bus_and_the_peer_hang(db_path):
     db = open_store(db_path)
-    end = fill(db, "xid-79", 400, start=1_764_000_000 * NS, with_host=False)
+    # the job ran 11 minutes before GPU 0 fell off: R17 needs a sign of peers, here the
+    # NVLink traffic of those minutes (read over its 10-minute window, so it must be covered)
+    end = fill(db, "xid-79", 1000, start=1_764_000_000 * NS, with_host=False,
+               event_after=660)
     db.close()
-    findings, _ = evaluate(db_path, end, 400)
+    findings, _ = evaluate(db_path, end, 340)
     by_rule = {}
     for f in findings:
         by_rule.setdefault(f.rule_id, []).append(f)
