@@ -34,7 +34,10 @@ def main() -> None:
     with open(os.environ["STANDIN_FRAMES"]) as f:
         frames = f.read().split(FRAME)
     mode = os.environ.get("STANDIN_MODE", "")
-    served = [0]
+    # one sequence of frames per scraper (its User-Agent names its pid): a gpuwhy service
+    # running on the same host finds this stand-in too, and its scrapes must not advance
+    # the frames the test's own scraper reads
+    served: dict[str, int] = {}
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -50,9 +53,11 @@ def main() -> None:
             if mode == "garbage":
                 body = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n" * 10
             else:
+                who = self.headers.get("User-Agent", "")
                 with lock:
-                    body = frames[min(served[0], len(frames) - 1)].encode()
-                    served[0] += 1
+                    n = served.get(who, 0)
+                    body = frames[min(n, len(frames) - 1)].encode()
+                    served[who] = n + 1
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             if mode == "slow":

@@ -193,10 +193,17 @@ def test_kmsg_sequence_numbers_show_every_lost_range(tmp_path):
     reader.close()
 
 
-def seed_cursor(db, origin, cursor, boot_id):
-    with db.atomic():
-        db.execute("insert or replace into source_cursors (source, origin, cursor, boot_id, "
-                   "updated_at) values ('klog', ?, ?, ?, 0)", [origin, cursor, boot_id])
+def seed_cursor(path, origin, cursor, boot_id):
+    """A cursor as an earlier run left it, written on a connection of its own: the
+    correlator's thread holds the fixture's connection (one connection is one transaction)."""
+    db = open_store(path)
+    try:
+        with db.atomic():
+            db.execute("insert or replace into source_cursors (source, origin, cursor, "
+                       "boot_id, updated_at) values ('klog', ?, ?, ?, 0)",
+                       [origin, cursor, boot_id])
+    finally:
+        db.close()
 
 
 def test_lines_lost_across_a_restart_degrade_the_source_with_their_range(tmp_config,
@@ -207,7 +214,7 @@ def test_lines_lost_across_a_restart_degrade_the_source_with_their_range(tmp_con
         (500, 9_000_000, "NVRM: Xid (PCI:0000:0a:00): 13, pid=1, name=t, first"),
         (501, 9_000_001, "eth0: up"),
         (720, 9_000_220, "NVRM: Xid (PCI:0000:0a:00): 13, pid=2, name=t, after a gap")))
-    seed_cursor(correlator, "kmsg", f"kmsg:{boot}:389:8999000", boot)
+    seed_cursor(tmp_config["store.path"], "kmsg", f"kmsg:{boot}:389:8999000", boot)
     config = tmp_config.replace({"klog.backend": "kmsg", "klog.kmsg_path": str(path)})
 
     def reported(db):

@@ -20,12 +20,14 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from gpuwhy import __version__
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
@@ -37,6 +39,10 @@ from gpuwhy.probes.engines.discover import Engine, Finder
 from gpuwhy.probes.gpu.scrape import Deadline
 from gpuwhy.proc import read_process
 from gpuwhy.text import printable
+
+# Who reads an engine's /metrics, as its operator sees it in an access log: gpuwhy, and which
+# process (two gpuwhy instances on one host are two scrapers, each with its own rates)
+USER_AGENT = f"gpuwhy/{__version__} (engines source; pid {os.getpid()})"
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,7 @@ def get(url: str, seconds: float = TIMEOUT_S, max_bytes: int = MAX_BODY) -> byte
             deadline.watch(connection.sock)
             connection.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query
                                                              else ""),
-                               headers={"Accept": "text/plain"})
+                               headers={"Accept": "text/plain", "User-Agent": USER_AGENT})
             response = connection.getresponse()
             if 300 <= response.status < 400:
                 failure = f"{url} answered a redirect (HTTP {response.status}): not followed"
