@@ -45,6 +45,7 @@ from gpuwhy.correlator.rules.signals import names_a_monitor
 from gpuwhy.events import EVENT_TYPES, Envelope, Event, RuleFinding, methods_by_kind
 from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
+from gpuwhy.rules import answer
 from gpuwhy.rules.model import CAUSE, SYMPTOM
 from gpuwhy.store import gpu_activity, gpu_bindings, gpu_identity, incident_rows, process_seconds
 from gpuwhy.store import health as store_health
@@ -565,30 +566,28 @@ class IncidentBuilder:
                 return []
         return [wanted]
 
-    # --- cause over symptom ----------------------------------------------------------------
-    def _findings_on(self, db: Database, event: RuleFinding, kind: str,
-                     rule_ids: list[str] | None = None) -> list[tuple]:
-        """Active rule-finding incidents of ``event``'s GPU whose rule is of ``kind`` (and
-        among ``rule_ids``), about the same process or the whole GPU, oldest first."""
-        rows = incident_rows.active_findings(db, event.gpu_id, kind)
-        process = event.process
-        return [r for r in rows
-                if (rule_ids is None or r[3] in rule_ids)
-                and (r[1] is None or process is None or (r[1], r[2]) ==
-                     (process.pid, process.start_time))]
+    # --- cause over symptom: the answer's own relation (gpuwhy/rules/answer.py) ------------
+    def _findings_on(self, db: Database, event: RuleFinding, kind: str
+                     ) -> list[tuple[tuple, RuleFinding]]:
+        """Active rule-finding incidents of ``event``'s GPU whose rule is of ``kind``, each
+        with the finding it holds, oldest first. Which of them a finding explains, or is
+        explained by, is the answer's decision, not this module's."""
+        return [(row, _finding_of(row, event.gpu_id))
+                for row in incident_rows.active_findings(db, event.gpu_id, kind)]
 
     def _explaining(self, db: Database, event: RuleFinding) -> int | None:
-        """The active cause finding's incident that explains this symptom, if any."""
-        for row in self._findings_on(db, event, CAUSE):
-            if event.rule_id in json.loads(row[4] or "[]"):
-                return row[0]
-        return None
+        """The incident of the active cause that answers this symptom (the cause
+        :func:`answer.answering_cause` ranks first among those explaining it), if any."""
+        held = self._findings_on(db, event, CAUSE)
+        cause = answer.answering_cause(event, [finding for _, finding in held], {})
+        return next((row[0] for row, finding in held if finding is cause), None)
 
     def _promote(self, db: Database, event: RuleFinding, wanted: Opened) -> int | None:
         """A cause that explains an open symptom incident becomes that incident's answer (its
         id stays: the link in the first alert still leads to it); the symptom is kept as a
         link of it, and the alert goes out again with the cause. Returns the incident id."""
-        symptoms = self._findings_on(db, event, SYMPTOM, list(event.explains))
+        symptoms = [row for row, finding in self._findings_on(db, event, SYMPTOM)
+                    if answer.explains(event, finding, {})]
         if not symptoms:
             return None
         incident_id, _, _, _, _, symptom_key, symptom_details, symptom_title, severity, \
@@ -686,10 +685,35 @@ def _finding_details(event: RuleFinding, since: int) -> dict[str, Any]:
             "evidence": event.evidence, "root_cause": event.root_cause,
             "fixes": list(event.fixes), "verify": event.verify, "group": event.group,
             "rule_kind": event.rule_kind or CAUSE, "explains": list(event.explains),
-            "unexplained": list(event.unexplained),
+            "unexplained": list(event.unexplained), "scope": event.scope,
             "processes": [{"pid": p.pid, "start_time": p.start_time} for p in processes],
             **({"instance": event.instance, "mig_profile": event.mig_profile}
                if event.instance else {})}
+
+
+def _finding_of(row: tuple, gpu_id: str) -> RuleFinding:
+    """The finding an active rule-finding incident holds (a row of
+    :func:`incident_rows.active_findings`), as the rules sent it: what the answer's relation
+    reads (rule, kind, explains, scope, group, process, instance)."""
+    incident_id, pid, start_time, rule_id, _, _, details, title, severity, opened_at = row
+    try:
+        held = json.loads(details or "{}")
+    except ValueError:
+        held = {}
+    held = held if isinstance(held, dict) else {}
+
+    def strings(name: str) -> list[str]:
+        value = held.get(name)
+        return [str(v) for v in value] if isinstance(value, list) else []
+    return RuleFinding(
+        ts=opened_at or 0, finding_id=str(held.get("finding_id") or f"incident:{incident_id}"),
+        rule_id=str(rule_id or ""), title=title or "", severity=severity or "warning",
+        state="firing", gpu_id=gpu_id,
+        process=ProcessKey(pid, start_time) if pid is not None and start_time is not None
+        else None, group=str(held.get("group") or ""), since=int(held.get("since") or 0),
+        rule_kind=str(held.get("rule_kind") or CAUSE), explains=strings("explains"),
+        instance=str(held.get("instance") or ""), scope=str(held.get("scope") or ""),
+        window_start=int(held.get("window_start") or 0))
 
 
 def _finding_title(event: RuleFinding) -> str:

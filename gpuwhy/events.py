@@ -599,6 +599,7 @@ class RuleFinding(Event):
     unexplained: list[str] = field(default_factory=list)  # a symptom's causes, not established
     instance: str = ""                  # MIG GPU instance ("" = the whole GPU)
     mig_profile: str = ""               # that instance's profile, "" when not known
+    scope: str = ""                     # the rule's scope (gpu, process, instance); "" older
 
     def __post_init__(self) -> None:
         if isinstance(self.process, dict):   # decoded from the wire

@@ -710,3 +710,15 @@ def m120_python_stacks(db: Database) -> None:
     }, pk=("finding_id", "pid", "start_time"), if_not_exists=True)
     db.table("python_stacks").create_index(["ts"], if_not_exists=True)
     db.table("python_stacks").create_index(["gpu_id", "ts"], if_not_exists=True)
+
+
+@migrations()
+def m126_finding_relations(db: Database) -> None:
+    """``rule_findings.rule_kind`` / ``explains`` / ``scope``: what the answer relates
+    findings by (gpuwhy.rules.answer), as the rules sent it, so that a reader whose rule
+    files differ from the service's (or lack a rule since removed) ranks the stored
+    findings as the service did. NULL in rows stored before: the reader's rules decide."""
+    db.table("rule_findings").add_column("rule_kind", str)
+    db.table("rule_findings").add_column("explains", str)
+    db.table("rule_findings").add_column("scope", str)
+

@@ -667,7 +667,18 @@ def _finding_event(row: Row, at: int | None) -> RuleFinding:
         evidence=evidence, root_cause=row["root_cause"] or "", fixes=fixes,
         verify=row["verify"] or "", shadow=bool(row["shadow"]), group=row["rule_group"] or "",
         since=row.get("since") or row["first_ts"] or 0, processes=processes,
-        instance=row.get("instance") or "", mig_profile=row.get("mig_profile") or "")
+        instance=row.get("instance") or "", mig_profile=row.get("mig_profile") or "",
+        rule_kind=row.get("rule_kind") or "", explains=_strings(row.get("explains")),
+        scope=row.get("scope") or "")
+
+
+def _strings(text: str | None) -> list[str]:
+    """A stored JSON list of strings; [] for NULL or anything else."""
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def answer_findings(db: Database, at: int | None = None,

@@ -140,7 +140,11 @@ DESCRIPTIONS = {
                      "process the finding names: for a GPU rule each compute process on the "
                      "GPU when the condition began to hold. `instance` is the MIG GPU instance "
                      "a `scope: instance` rule's finding is about ('' the whole GPU; NULL: "
-                     "stored by an older version), `mig_profile` its profile ('' unknown).",
+                     "stored by an older version), `mig_profile` its profile ('' unknown). "
+                     "`rule_kind` (cause or symptom), `explains` (JSON: the symptom rule ids "
+                     "a cause explains) and `scope` are the rule's as the finding was made: "
+                     "what the answer relates findings by (NULL: stored by an older "
+                     "version).",
     "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
                       "threshold parameters (JSON).",
     "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "

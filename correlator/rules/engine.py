@@ -415,7 +415,7 @@ class Engine:
             processes=list(state.processes), rule_kind=rule.kind,
             explains=list(rule.explains),
             unexplained=self._unexplained(rule, scope) if rule.kind == m.SYMPTOM else [],
-            instance=scope.instance, mig_profile=state.mig_profile)
+            instance=scope.instance, mig_profile=state.mig_profile, scope=rule.scope)
 
     def _unexplained(self, symptom: m.Rule, scope: Scope) -> list[str]:
         """Why each cause rule that could explain ``symptom`` is not established here: what

@@ -28,6 +28,7 @@ from pathlib import Path
 import click
 
 from gpuwhy.clitypes import InputDir
+from gpuwhy.rules.answer import answers
 
 NS = 10**9
 MANIFEST_FORMAT = "gpuwhy-scenario/1"
@@ -95,25 +96,11 @@ class Outcome:
 
 # --- ranking ------------------------------------------------------------------------------
 def ranking() -> tuple[str, Callable[[list, dict], list[tuple[object, str | None]]]]:
-    """(how, rank): rank(open findings, rules by id) -> [(finding, kind)], best first."""
-    try:
-        from gpuwhy.rules.answer import answers
-    except ImportError:
-        return "fallback (gpuwhy.rules.answer not found): worst severity, then earliest", \
-            _fallback
-
+    """(how, rank): rank(open findings, rules by id) -> [(finding, kind)], best first: the
+    answer's own ranking (gpuwhy/rules/answer.py), never one of the evaluation's."""
     def rank(findings: list, rules: dict) -> list[tuple[object, str | None]]:
         return [(a.finding, a.kind) for a in answers(findings, rules)]
     return "gpuwhy.rules.answer.answers", rank
-
-
-def _fallback(findings: list, rules: dict) -> list[tuple[object, str | None]]:
-    """FALLBACK only, while gpuwhy.rules.answer is missing: worst severity, then earliest."""
-    from gpuwhy import severity as sev
-
-    live = [f for f in findings if f.state == "firing" and not f.shadow]
-    live.sort(key=lambda f: (sev.sort_key(f.severity), f.since or f.ts, f.rule_id, f.gpu_id))
-    return [(f, None) for f in live]
 
 
 # --- the corpus ---------------------------------------------------------------------------

@@ -96,9 +96,13 @@ def missing_for(symptom_id: str, rules: Mapping[str, Rule]) -> list[str]:
 
 
 def _scope(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
+    """The rule's scope; else what the finding says (its sender's rule); else, from a sender
+    that predates ``scope``, "process" when it names one."""
     rule = rules.get(finding.rule_id)
     if rule is not None:
         return rule.scope
+    if finding.scope:
+        return finding.scope
     return "process" if finding.process is not None else "gpu"
 
 
@@ -110,7 +114,7 @@ FAILURES = "failures"
 
 def _group(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
     rule = rules.get(finding.rule_id)
-    return rule.group if rule is not None else ""
+    return rule.group if rule is not None else finding.group
 
 
 def _same_work(cause: RuleFinding, symptom: RuleFinding, rules: Mapping[str, Rule]) -> bool:
@@ -125,6 +129,13 @@ def _same_work(cause: RuleFinding, symptom: RuleFinding, rules: Mapping[str, Rul
     if "gpu" in (_scope(cause, rules), _scope(symptom, rules)):
         return True
     return cause.process is None or symptom.process is None or cause.process == symptom.process
+
+
+def explains(cause: RuleFinding, symptom: RuleFinding, rules: Mapping[str, Rule]) -> bool:
+    """Whether ``cause`` explains ``symptom``: its rule lists the symptom's rule and both are
+    about the same work (:func:`_same_work`). The one test of "explains", for the answers
+    here and for the incidents the correlator links (correlator/incidents.py)."""
+    return symptom.rule_id in explains_of(cause, rules) and _same_work(cause, symptom, rules)
 
 
 def firing(findings: Iterable[RuleFinding]) -> list[RuleFinding]:
@@ -145,8 +156,8 @@ def _held(findings: Iterable[RuleFinding], symptoms: list[RuleFinding],
     for cause in findings:
         if cause.state == "firing" or cause.shadow or kind_of(cause, rules) != CAUSE:
             continue
-        mine = [s for s in symptoms if s.rule_id in explains_of(cause, rules)
-                and _same_work(cause, s, rules) and cause.ts >= s.window_start]
+        mine = [s for s in symptoms if explains(cause, s, rules)
+                and cause.ts >= s.window_start]
         if mine:
             held[cause.finding_id] = (cause, mine)
     return held
@@ -168,20 +179,19 @@ def answers(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]) -> list[
     symptoms = [f for f in live if kind_of(f, rules) == SYMPTOM]
     found = []
     explained: set[str] = set()
-    explains = {c.finding_id: [f for f in live if f is not c
-                               and f.rule_id in explains_of(c, rules)
-                               and _same_work(c, f, rules)] for c in causes}
+    explaining = {c.finding_id: [f for f in live if f is not c and explains(c, f, rules)]
+                  for c in causes}
     # A cause another present cause explains (pageable copies -> launch gaps, a failed GPU
     # -> its peers' collective hang) is evidence, not an answer, unless they explain each
     # other (then both stay, ranked as usual).
     by_id = {c.finding_id: c for c in causes}
-    effects = {f.finding_id for c in causes for f in explains[c.finding_id]
+    effects = {f.finding_id for c in causes for f in explaining[c.finding_id]
                if kind_of(f, rules) == CAUSE
-               and by_id[c.finding_id] not in explains.get(f.finding_id, [])}
+               and by_id[c.finding_id] not in explaining.get(f.finding_id, [])}
     for cause in causes:
         if cause.finding_id in effects:
             continue
-        mine = sorted(f.finding_id for f in explains[cause.finding_id])
+        mine = sorted(f.finding_id for f in explaining[cause.finding_id])
         explained.update(mine)
         found.append(Answer(cause, CAUSE, tuple(mine)))
     for cause, held_for in _held(findings, symptoms, rules).values():
@@ -194,6 +204,17 @@ def answers(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]) -> list[
         missing = tuple(symptom.unexplained) or tuple(missing_for(symptom.rule_id, rules))
         found.append(Answer(symptom, SYMPTOM, (), False, missing))
     return sorted(found, key=_order)
+
+
+def answering_cause(symptom: RuleFinding, causes: Iterable[RuleFinding],
+                    rules: Mapping[str, Rule]) -> RuleFinding | None:
+    """Of the firing ``causes``, the one whose answer carries ``symptom``: the best-ranked
+    answer that explains it (:func:`answers`), None when none does. The correlator links a
+    new symptom's incident to this cause's, so the incident and the answer agree."""
+    for answer in answers([*causes, symptom], rules):
+        if answer.kind == CAUSE and symptom.finding_id in answer.explained:
+            return answer.finding
+    return None
 
 
 def answers_by_gpu(findings: Iterable[RuleFinding], rules: Mapping[str, Rule]

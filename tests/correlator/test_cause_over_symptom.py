@@ -93,3 +93,26 @@ def test_a_symptom_on_another_gpu_is_not_explained(harness):
     bound(h)
     h.feed(cause(h, 250, since=190), symptom(h, 260, since=200, gpu=UUID1))
     assert sorted(i["gpu_id"] for i in list_incidents(h.db)) == sorted([UUID0, UUID1])
+
+
+def test_a_symptom_joins_the_cause_the_answer_ranks_first(harness):
+    """Two causes explain the symptom: its incident joins the one `gpuwhy why` leads with
+    (the worse), not the one that opened first; the store's findings, read without any rule
+    files, rank the same (they keep kind, explains and scope)."""
+    from gpuwhy.store.queries import gpu_verdicts
+    h = harness
+    bound(h)
+    h.feed(cause(h, 250, since=190))                   # error, opened first
+    sync = RuleFinding(ts=h.at(270), finding_id=f"R03_sync_bound:{UUID0}:200",
+                       rule_id="R03_sync_bound", title="Host and GPU take turns",
+                       severity="critical", state="firing", gpu_id=UUID0, process=TRAINER,
+                       since=h.at(200), window_start=h.at(140), window_end=h.at(270),
+                       rule_kind=CAUSE, explains=[BURSTY], scope="process")
+    h.feed(sync, symptom(h, 280, since=210))
+    causes = {i["title"]: i for i in list_incidents(h.db)}
+    assert set(causes) == {"DataLoader workers cannot keep up", "Host and GPU take turns"}
+    chain = incident_detail(h.db, causes["Host and GPU take turns"]["id"])["chain"]
+    assert "symptom" in [link["kind"] for link in chain]
+    [verdict] = [v for v in gpu_verdicts(h.db, {}) if v.gpu.gpu_id == UUID0]
+    assert verdict.lead is not None and verdict.lead.rule_id == "R03_sync_bound"
+    assert [a.rule_id for a in verdict.candidates] == ["R03_sync_bound", STARVED]
