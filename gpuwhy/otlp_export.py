@@ -21,11 +21,13 @@ standard variables only (the SDK reads them itself):
 **Metrics.** One definition of each family: the web view's collector
 (:class:`gpuwhy.webui.metrics.StoreCollector`, with the process and platform collectors beside
 it, as ``/metrics`` registers them) is read once per export, and every family it yields is
-published through an observable instrument of the same name, the same labels (as attributes)
-and the unit its name ends in (``_bytes`` -> ``By``, ``_seconds`` -> ``s``, ``_ratio`` -> ``1``,
-...): a counter family as a monotonic cumulative sum, the rest as gauges. A Collector's
-Prometheus exporter turns them back into the names ``/metrics`` serves (``_total`` added to
-the sums). A family that appears later (a column a source adds) gets its instrument then.
+exported under the same name, the same labels (as attributes) and the unit its name ends in
+(``_bytes`` -> ``By``, ``_seconds`` -> ``s``, ``_ratio`` -> ``1``, ...): a counter family as a
+monotonic cumulative sum (started when the export first saw it), the rest as gauges. A
+Collector's Prometheus exporter turns them back into the names ``/metrics`` serves (``_total``
+added to the sums). The families are already the values to send, so they are put straight
+into the SDK's metrics data and handed to its OTLP exporter: the SDK's instruments and
+aggregation would only copy them again, at twice the CPU (docs/decisions/0022-otlp-direct.md).
 
 **Logs.** Each change of the store's incident feed (store/feed.py: opened, acknowledged,
 resolved, reopened, note, answered) becomes one log record: severity from the incident's
@@ -55,7 +57,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -64,21 +66,26 @@ from opentelemetry._logs import SeverityNumber
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider, ReadableLogRecord
 from opentelemetry.sdk._logs.export import (
     BatchLogRecordProcessor,
     LogRecordExporter,
     LogRecordExportResult,
 )
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
     MetricExporter,
     MetricExportResult,
     MetricsData,
-    PeriodicExportingMetricReader,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
 )
+from opentelemetry.sdk.metrics.export import Metric as OtelMetric
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -89,6 +96,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.journal import one_line
 from gpuwhy.otlp import SOURCE, Plan, plan
+from gpuwhy.otlp_encode import MetricsEncoder
 from gpuwhy.store import alertpush, feed
 from gpuwhy.store.writer import StoreWriter
 from gpuwhy.webui.metrics import StoreCollector, host_name
@@ -109,13 +117,17 @@ _UNIT_SUFFIXES = (("_bytes_per_second", "By/s"), ("_bytes", "By"), ("_seconds", 
                   ("_joules", "J"))
 
 
+def _own_version() -> str:
+    try:
+        return version("gpuwhy")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def resource(config: Mapping[str, Any]) -> Resource:
     """gpuwhy's resource: service name and version and the host's name, under what
     ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` say (theirs win)."""
-    try:
-        own_version = version("gpuwhy")
-    except PackageNotFoundError:
-        own_version = "unknown"
+    own_version = _own_version()
     host = host_name(config)
     # service.instance.id: what a Collector's Prometheus exporters make the instance label
     # of; without it every host's series would be one series (job="gpuwhy", instance="")
@@ -164,15 +176,26 @@ class CountingMetricExporter(MetricExporter):
     """The OTLP metric exporter, each export's outcome counted."""
 
     def __init__(self, inner: MetricExporter, figures: Figures) -> None:
-        # the reader asks the exporter for its temporality and aggregation: the inner one's
         super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
                          preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
         self.inner, self.figures = inner, figures
+        self.encoder = MetricsEncoder()
+        # The OTLP/HTTP exporter sends a request already encoded through its one-batch path
+        # (its size limit, retries, compression and timeout all kept): ours is encoded at
+        # half the CPU (gpuwhy/otlp_encode.py). An exporter without that path, or asked to
+        # split batches, is given the data as the SDK's public API takes it.
+        send = getattr(inner, "_export_batch", None)
+        self._send_encoded = send if callable(send) and \
+            getattr(inner, "_max_export_batch_size", None) is None else None
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
         try:
-            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            if self._send_encoded is not None and not getattr(self.inner, "_shutdown", False):
+                result = self._send_encoded(self.encoder.encode(metrics_data))
+            else:
+                result = self.inner.export(metrics_data, timeout_millis=timeout_millis,
+                                           **kwargs)
         except Exception as exc:  # noqa: BLE001 - an exporter's failure is counted, never raised
             result, why = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         else:
@@ -243,63 +266,48 @@ def metrics_registry(open_db: Callable[[], Database],
     return registry
 
 
-class FamilyBridge:
-    """Publishes the families a Prometheus collector yields through the SDK's observable
-    instruments: :meth:`refresh` reads them once (making the instruments of new ones), and
-    each instrument's callback hands out what that read found."""
+class FamilySnapshot:
+    """The families a Prometheus collector yields, as the SDK's metrics data: :meth:`read`
+    reads them once (one read of the store) and returns what to export."""
 
-    def __init__(self, meter_provider: MeterProvider, collector: Collector) -> None:
-        self.meter = meter_provider.get_meter(SCOPE)
+    def __init__(self, the_resource: Resource, collector: Collector) -> None:
+        self.resource = the_resource
+        self.scope = InstrumentationScope(SCOPE, _own_version())
         self.collector = collector
-        self.kinds: dict[str, str] = {}        # instrument name -> counter or gauge
-        self.made: set[str] = set()            # the instruments made so far
-        self._latest: dict[str, list[tuple[float, dict[str, str]]]] = {}
-        self._lock = threading.Lock()
+        self.kinds: dict[str, str] = {}        # family name -> counter or gauge, as first seen
+        self.started: dict[str, int] = {}      # a counter's start: when it was first read
 
-    def refresh(self) -> int:
-        """Read the families (one read of the store); returns how many series they hold."""
-        latest: dict[str, list[tuple[float, dict[str, str]]]] = {}
-        for family in self.collector.collect():
-            self._take(family, latest)
-        with self._lock:
-            self._latest = latest
-        return sum(len(points) for points in latest.values())
+    def read(self) -> tuple[MetricsData, int]:
+        """(the families as metrics data, how many points they hold)."""
+        now = now_ns()
+        metrics = [metric for family in self.collector.collect()
+                   if (metric := self._metric(family, now)) is not None]
+        data = MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(
+            self.scope, metrics, "")], "")])
+        return data, sum(len(m.data.data_points) for m in metrics)
 
-    def _take(self, family: Metric, latest: dict) -> None:
+    def _metric(self, family: Metric, now: int) -> OtelMetric | None:
         if family.type == "counter":
             name, sample_name, kind = family.name, f"{family.name}_total", "counter"
         elif family.type in ("gauge", "info", "unknown", "stateset"):
             name, sample_name, kind = family.name, None, "gauge"
         else:           # histograms and summaries: /metrics has none; never guessed at
-            return
+            return None
         if self.kinds.setdefault(name, kind) != kind:
-            return      # a family that changed its type keeps the instrument it had
-        points = latest.setdefault(name, [])
-        for sample in family.samples:
-            if (sample_name is None and sample.name.endswith("_created")) or \
-                    (sample_name is not None and sample.name != sample_name):
-                continue        # a counter's _created is not a series of its own
-            if math.isfinite(sample.value):
-                points.append((sample.value, dict(sample.labels)))
-        if name not in self.made:
-            self._make(name, kind, family.documentation)
-
-    def _make(self, name: str, kind: str, description: str) -> None:
-        make = self.meter.create_observable_counter if kind == "counter" \
-            else self.meter.create_observable_gauge
-        make(name, callbacks=[self._callback(name)], unit=unit_of(name),
-             description=description)
-        self.made.add(name)
-
-    def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(_options: CallbackOptions) -> list[Observation]:
-            with self._lock:
-                points = self._latest.get(name, ())
-            return [Observation(value, labels) for value, labels in points]
-        return observe
+            return None     # a family that changed its type keeps the one it had
+        start = self.started.setdefault(name, now) if kind == "counter" else 0
+        points = [NumberDataPoint(dict(sample.labels), start, now, sample.value)
+                  for sample in family.samples
+                  if (sample.name == sample_name if sample_name is not None
+                      else not sample.name.endswith("_created"))   # not a series of its own
+                  and math.isfinite(sample.value)]
+        if not points:
+            return None
+        data: Sum | Gauge = Sum(points, AggregationTemporality.CUMULATIVE, True) \
+            if kind == "counter" else Gauge(points)
+        return OtelMetric(name, family.documentation, unit_of(name), data)
 
 
-# --- logs: the incident feed as log records ---------------------------------------------------
 def _what(change: Mapping[str, Any]) -> str:
     action = change["action"]
     if action == "resolved" and change.get("resolution"):
@@ -366,21 +374,14 @@ class OtlpExporter:
         self._threads: list[threading.Thread] = []
         self._next_health = 0.0
         the_resource = resource(config)
-        self.meter_provider: MeterProvider | None = None
-        self.reader: PeriodicExportingMetricReader | None = None
-        self.bridge: FamilyBridge | None = None
+        self.metric_exporter: CountingMetricExporter | None = None
+        self.snapshot: FamilySnapshot | None = None
         if self.plan.metrics.endpoint:
-            exporter = CountingMetricExporter(
+            self.metric_exporter = CountingMetricExporter(
                 OTLPMetricExporter(endpoint=self.plan.metrics.endpoint), self.figures)
-            # no ticker of the SDK's own: our thread reads the families, then collects and
-            # exports in one go, so an instrument is never made while the SDK collects
-            self.reader = PeriodicExportingMetricReader(exporter,
-                                                        export_interval_millis=math.inf)
-            self.meter_provider = MeterProvider(resource=the_resource,
-                                                metric_readers=[self.reader])
             store_path = config["store.path"]
             opener = open_reader or (lambda: open_store(store_path, readonly=True))
-            self.bridge = FamilyBridge(self.meter_provider, metrics_registry(opener, config))
+            self.snapshot = FamilySnapshot(the_resource, metrics_registry(opener, config))
         self.logger_provider: LoggerProvider | None = None
         if self.plan.logs.endpoint:
             self.logger_provider = LoggerProvider(resource=the_resource)
@@ -393,19 +394,18 @@ class OtlpExporter:
     # --- metrics ------------------------------------------------------------------------------
     def export_metrics(self) -> bool:
         """Read the families and export them once; whether the collector took them."""
-        if self.bridge is None or self.reader is None:
+        if self.snapshot is None or self.metric_exporter is None:
             return False
-        before = self.figures.metric_exports
         started = time.thread_time()
         try:
-            self.bridge.refresh()
+            data, _ = self.snapshot.read()
         except sqlite3.Error as exc:
             self._store_error(exc)
             return False
         finally:
             self.figures.collect_seconds += time.thread_time() - started
-        self.reader.force_flush()       # collect + export, bounded by the exporter's timeout
-        return self.figures.metric_exports > before
+        # bounded by the exporter's timeout (OTEL_EXPORTER_OTLP[_METRICS]_TIMEOUT)
+        return self.metric_exporter.export(data) is MetricExportResult.SUCCESS
 
     def _run_metrics(self) -> None:
         while not self._stop.wait(self.interval):
@@ -496,7 +496,7 @@ class OtlpExporter:
 
         log.info("OTLP export: %s", self.plan.describe())
         targets = [("feed", self._run_feed)]
-        if self.bridge is not None:
+        if self.snapshot is not None:
             targets.append(("metrics", self._run_metrics))
         for name, target in targets:
             thread = Thread(target=target, name=f"gpuwhy-otlp-{name}", daemon=True)
@@ -525,8 +525,8 @@ class OtlpExporter:
         if self.logger_provider is not None:
             with contextlib.suppress(Exception):    # what it could not send is counted
                 self.logger_provider.shutdown()
-        if self.meter_provider is not None:
+        if self.metric_exporter is not None:
             with contextlib.suppress(Exception):
-                self.meter_provider.shutdown(timeout_millis=timeout * 1000)
+                self.metric_exporter.shutdown(timeout_millis=timeout * 1000)
 
 

@@ -27,6 +27,7 @@ from gpuwhy.rules.model import Rule
 
 # GPU names are resolved in one place; the read API offers them under its own name too
 from gpuwhy.store.gpu_identity import gpu_named, pci_and_uuid, resolve_gpu  # noqa: F401
+from gpuwhy.store.rollups import DONE_MARK, get_mark
 
 Row = dict[str, Any]
 _CONTAINER = "coalesce(p.container_id, p.pod_uid, p.unit)"
@@ -512,16 +513,56 @@ def findings_in_window(db: Database, gpu_ids: list[str], process: ProcessKey | N
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+# The newest samples are read from this span before the newest sample of any GPU: the
+# samples' primary key leads with time, so a span is a range of it, not a scan of the table.
+# Two minutes hold several samples of every GPU a source reads (every 1 s by default, a
+# dcgm-exporter scrape every 15-30 s); one read less often is found through its rollups.
+LATEST_SPAN_NS = 120 * 1_000_000_000
+
+
 def latest_gpu_samples(db: Database, columns: list[str]) -> list[tuple]:
-    """Per GPU its latest whole-GPU sample: ``(gpu_id, ts, *columns, simulated)``."""
+    """Per GPU its latest whole-GPU sample: ``(gpu_id, ts, *columns, simulated)``.
+
+    Read from the newest ``LATEST_SPAN_NS`` of samples (a range of the primary key; every
+    sampled GPU is there while its source runs). A GPU with none there (lost, or its source
+    stopped) is looked for in the samples not yet rolled up, then through its newest
+    one-minute rollup in that minute's samples: ranges of the key again, never a scan of a
+    week of samples (the /metrics scrape and the OTLP export read this every time)."""
     bad = [c for c in columns if not _IDENTIFIER.fullmatch(c)]
     if bad:   # the names are spliced into the SQL
         raise ValueError(f"not gpu_samples column names: {bad!r}")
+    newest = db.execute("select max(ts) from gpu_sample_data").fetchone()[0]
+    if newest is None:
+        return []
     select = ", ".join(["s.gpu_id", "s.ts", *("s." + c for c in columns), "g.simulated"])
-    return db.execute(
-        f"select {select} from gpu_samples s join (select gpu_id, max(ts) as ts from "
-        "gpu_samples where instance = '' group by gpu_id) last on last.gpu_id = s.gpu_id and "
-        "last.ts = s.ts left join gpus g on g.id = s.gpu_id where s.instance = ''").fetchall()
+    rows = db.execute(
+        f"select {select} from (select d.gpu, max(d.ts) as ts from gpu_sample_data d "
+        "where d.ts >= ? and d.instance = '' group by d.gpu) last "
+        "join gpus g on g.gpu_key = last.gpu "
+        "join gpu_samples s on s.ts = last.ts and s.gpu_id = g.id and s.instance = ''",
+        [newest - LATEST_SPAN_NS]).fetchall()
+    found = {row[0] for row in rows}
+    missing = [(gpu_id, key) for gpu_id, key in db.execute("select id, gpu_key from gpus")
+               if gpu_id not in found and key is not None]
+    if not missing:
+        return rows
+    # Samples before the rollups' mark are in the rollups; those after it, not yet (the
+    # rollups trail the samples by a minute or so; with no rollups made, an hour is looked at)
+    done = get_mark(db, DONE_MARK)
+    unrolled = max(done if done is not None else 0, newest - 3600 * 1_000_000_000)
+    latest = (f"select {select} from gpu_samples s join gpus g on g.id = s.gpu_id "
+              "where s.gpu_id = ? and s.instance = '' and s.ts >= ? and s.ts < ? "
+              "order by s.ts desc limit 1")
+    for gpu_id, key in missing:
+        row = db.execute(latest, [gpu_id, unrolled, newest - LATEST_SPAN_NS]).fetchone()
+        if row is None:
+            minute = db.execute("select max(minute) from gpu_rollup_data where gpu = ? and "
+                                "instance = ''", [key]).fetchone()[0]
+            row = None if minute is None else db.execute(
+                latest, [gpu_id, minute, minute + 60 * 1_000_000_000]).fetchone()
+        if row is not None:
+            rows.append(row)
+    return rows
 
 
 def bound_process_counts(db: Database) -> list[tuple[str, int]]:

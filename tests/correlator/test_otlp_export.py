@@ -360,3 +360,37 @@ def test_the_service_starts_the_export_only_with_an_endpoint(tmp_config, otel_en
     with contextlib.closing(open_store(tmp_config["store.path"], readonly=True)) as db:
         [row] = [r for r in source_health(db) if r["source"] == "otlp"]
     assert row["state"] == "ok" and receiver.url in row["detail"]
+
+
+def test_the_cached_encoder_makes_what_the_sdks_encoder_makes():
+    """gpuwhy/otlp_encode.py against the SDK's own encoder, on gauges and sums whose label
+    sets repeat (the second encode reuses the first one's attributes), ints and floats, and
+    a resource with non-string attributes."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Gauge,
+        Metric,
+        MetricsData,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from gpuwhy.otlp_encode import MetricsEncoder
+
+    gpu = {"gpu": "0", "UUID": UUID0, "Hostname": "node-7"}
+    gauge = Metric("gpuwhy_gpu_utilization_ratio", "GPU busy share", "1", Gauge([
+        NumberDataPoint(gpu, 0, 2_000, 0.4), NumberDataPoint({**gpu, "gpu": "1"}, 0, 2_000, 1)]))
+    total = Metric("gpuwhy_gpu_xid_errors", "Xid lines", "", Sum([
+        NumberDataPoint({**gpu, "xid": "79"}, 1_000, 2_000, 3)],
+        AggregationTemporality.CUMULATIVE, True))
+    data = MetricsData([ResourceMetrics(
+        Resource.create({"host.name": "node-7", "k8s.node.uid": 7, "gpuwhy.test": True}),
+        [ScopeMetrics(InstrumentationScope("gpuwhy", "1.0"), [gauge, total], "")], "")])
+    encoder = MetricsEncoder()
+    for _ in range(2):
+        assert encoder.encode(data) == encode_metrics(data)
