@@ -176,6 +176,11 @@ SETTINGS: tuple[Setting, ...] = (
             "pod); empty: not lent"),
     Setting("klog.file", "/var/log/kern.log", "GPUWHY_KLOG_FILE",
             "kernel log file tailed when neither journald nor /dev/kmsg can be read"),
+    Setting("klog.test_lines", False, "GPUWHY_KLOG_TEST_LINES",
+            "take the lines gpuwhy's own test suite writes into the kernel log as root "
+            "(marked \"[gpuwhy test line, not a GPU error]\"); off, they are counted "
+            "(test_lines in `gpuwhy status`) and otherwise ignored, so a host that ran the "
+            "suite has no GPU faults from it. The driver's own lines are never ignored"),
     Setting("klog.start", "boot", "GPUWHY_KLOG_START",
             "where the kernel-log and cron sources' first run (no stored cursor) starts in "
             "the journal: boot (this boot's start), all (everything kept) or now"),
@@ -585,6 +590,7 @@ ALLOWED: dict[str, Allowed] = {
     "checks.chromium": _path(),
     "checks.pdf_timeout": _range(1, 3600, " seconds"),
     "stacks.enabled": Allowed("true or false", lambda value: None),
+    "klog.test_lines": Allowed("true or false", lambda value: None),
     "stacks.interval_ms": _range(10, 1000, " ms"),
     "stacks.window_seconds": _range(1, 3600, " seconds"),
     "stacks.targets_path": _path(),

@@ -18,6 +18,10 @@ import pytest
 from gpuwhy.config import load_config
 from gpuwhy.store import open_store
 
+# Every gpuwhy the suite starts (in this process or a child) takes the suite's own marked
+# kernel-log lines; a service started outside it ignores them (setting klog.test_lines).
+os.environ.setdefault("GPUWHY_KLOG_TEST_LINES", "true")
+
 REPO = Path(__file__).resolve().parent.parent
 IS_ROOT = os.geteuid() == 0
 KMSG_EXCLUDED = os.environ.get("GPUWHY_TEST_KMSG") == "0"
@@ -77,6 +81,7 @@ def tmp_config(tmp_path: Path):
         "GPUWHY_DEVICE_GLOB": f"{devices}/nvidia*",
         "GPUWHY_POLL_INTERVAL": "0.2",
         "GPUWHY_FLUSH_INTERVAL": "0.1",
+        "GPUWHY_KLOG_TEST_LINES": "true",       # the suite's marked kernel lines count here
     }
     return load_config(environ=environ)
 

@@ -299,4 +299,5 @@ def test_pump_turns_any_failure_into_an_unparsed_record_and_goes_on(monkeypatch)
     assert records[1].details["reason"] == "RuntimeError: parser bug"
     assert records[1].line == lines[1].text
     assert pump.counters == {"lines": 3, "records": 2, "unparsed": 1, "checkpoints": 0,
-                             "forged": 0, "gpus_over_bound": 0, "daemon_missed": 0}
+                             "forged": 0, "gpus_over_bound": 0, "daemon_missed": 0,
+                             "test_lines": 0}

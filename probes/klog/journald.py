@@ -117,7 +117,18 @@ def line_of(entry: dict, kernel_only: bool = False) -> RawLine:
     return RawLine(message, entry["__CURSOR"], boot_id,
                    source_us * 1000 if isinstance(source_us, int) else None,
                    realtime_us * 1000 if isinstance(realtime_us, int) else None,
-                   sender if isinstance(sender, int) else None, forged, missed)
+                   sender if isinstance(sender, int) else None, forged, missed,
+                   _facility(entry) if transport == "kernel" else None)
+
+
+def _facility(entry: dict) -> int | None:
+    """The facility journald read from the kernel's record (``SYSLOG_FACILITY``), for a
+    kernel-transport entry only: there journald, not the sender, set it."""
+    value = entry.get("SYSLOG_FACILITY")
+    try:
+        return int(_text(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 class JournalKernelLog:

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from gpuwhy.text import printable
 
+# What every line gpuwhy's test suite writes into the kernel log carries (as root, through
+# /dev/kmsg): the driver never prints it, and a process name (15 bytes) cannot hold it.
+TEST_LINE_MARK = "[gpuwhy test line, not a GPU error]"
+
 
 @dataclass(frozen=True)
 class RawLine:
@@ -19,8 +23,15 @@ class RawLine:
     user-space process sent it (journald's ``_TRANSPORT`` is not ``kernel``): such a line
     is counted and shown as a forgery attempt, never parsed. ``missed`` is not a line but
     the log daemon's own report that it missed that many kernel lines (journald's "Missed N
-    kernel messages"): a loss to report, nothing to parse.
+    kernel messages"): a loss to report, nothing to parse. ``facility`` is the syslog
+    facility the kernel filed the line under: 0 for the kernel's own lines, never 0 for a
+    line user space wrote to /dev/kmsg (None: the reader cannot tell).
     """
+
+    def is_test_line(self) -> bool:
+        """Written to /dev/kmsg from user space (a facility other than the kernel's) and
+        marked as gpuwhy's test suite marks its lines: never a driver line."""
+        return bool(self.facility) and TEST_LINE_MARK in self.text
 
     text: str
     cursor: str

@@ -280,12 +280,13 @@ class KernelLogPump:
     A line that cannot be parsed is published as an ``unparsed`` record with its reason
     (counted in ``unparsed``), like any other record: the store keeps it and moves the
     cursor past it, so one bad line never stops the source, nor stops it again after a
-    restart.
+    restart. A line of gpuwhy's own test suite (:meth:`RawLine.is_test_line`) is counted in
+    ``test_lines`` and dropped unless ``take_test_lines`` (setting ``klog.test_lines``).
     """
 
     def __init__(self, reader: KernelLogReader, publisher: Publisher, stop: threading.Event,
                  clock: ClockConverter | None = None, boot_id: str | None = None,
-                 bound: GpuBound | None = None):
+                 bound: GpuBound | None = None, take_test_lines: bool = False):
         self.reader = reader
         self.publisher = publisher
         self.stop = stop
@@ -295,7 +296,9 @@ class KernelLogPump:
         self.bound = bound if bound is not None else GpuBound()
         self.forgeries = Forgeries()
         self.counters = {"lines": 0, "records": 0, "unparsed": 0, "checkpoints": 0,
-                         "forged": 0, "gpus_over_bound": 0, "daemon_missed": 0}
+                         "forged": 0, "gpus_over_bound": 0, "daemon_missed": 0,
+                         "test_lines": 0}
+        self.take_test_lines = take_test_lines
         self.missed_at: float | None = None
         self._safe: RawLine | None = None        # last line not inside a multi-line report
         self._previous: RawLine | None = None    # the line fed before this one
@@ -316,6 +319,9 @@ class KernelLogPump:
             self.counters["lines"] += 1
             if raw.missed:
                 self.missed(raw.missed)
+                records = []
+            elif not self.take_test_lines and raw.is_test_line():
+                self.counters["test_lines"] += 1      # gpuwhy's test suite's, not the driver's
                 records = []
             else:
                 records = self.forgery(raw) if raw.forged_by is not None else \
@@ -451,7 +457,7 @@ def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publis
          stop: threading.Event, unproven: str | None = None) -> None:
     detail += "; " + resume(config, reader)
     log.info("kernel-log source: %s", detail)
-    pump = KernelLogPump(reader, publisher, stop)
+    pump = KernelLogPump(reader, publisher, stop, take_test_lines=config["klog.test_lines"])
     lost = LostLines()
     watch = ReaderLiveness(config, reader, detail, unproven)
     # The probes lend /dev/kmsg only once they run (a pod's containers start together):

@@ -5,7 +5,10 @@ a GPU error."""
 
 import time
 
-MARK = "[gpuwhy test line, not a GPU error]"
+from gpuwhy.probes.klog.lines import TEST_LINE_MARK
+
+MARK = TEST_LINE_MARK      # gpuwhy ignores marked lines unless klog.test_lines is on
+
 LINES_PER_OPEN = 8      # /dev/kmsg rate-limits writers to 10 lines per open (printk_devkmsg)
 
 

@@ -247,3 +247,31 @@ class _Watch:
 
     def check(self, lines_read):
         return "ok", "journald (test)"
+
+
+def test_the_suites_marked_lines_are_counted_not_taken_unless_asked():
+    """A host that ran this suite has its marked Xid lines in the kernel log: a service
+    (klog.test_lines off, the default) counts them and takes none, so `gpuwhy why` shows no
+    GPU fault the suite wrote; with the setting on (as the suite's own services run) they
+    are taken. Root's unmarked lines are taken either way (root can load a driver anyway)."""
+    run = os.urandom(4).hex()
+    line = f"<3>NVRM: Xid (PCI:0000:5c:00): 79, pid=0, GPU has fallen off the bus. {MARK} run={run}"
+    readers = {take: KmsgKernelLog() for take in (False, True)}
+    for reader in readers.values():
+        reader.seek(None, "now")
+    write_kmsg([line])
+    taken = {}
+    for take, reader in readers.items():
+        publisher = Kept()
+        pump = KernelLogPump(reader, publisher, threading.Event(), take_test_lines=take)
+
+        def arrived(pump=pump, publisher=publisher):
+            pump.pump()
+            return pump.counters["test_lines"] or \
+                any(f"run={run}" in e.line for e in publisher.events)
+        wait_for(arrived, 10, "the line written to /dev/kmsg")
+        reader.close()
+        taken[take] = ([e.record_kind for e in publisher.events if f"run={run}" in e.line],
+                       pump.counters["test_lines"])
+    assert taken[False] == ([], 1)
+    assert taken[True] == (["xid"], 0)
