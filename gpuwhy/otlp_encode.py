@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
-from opentelemetry.sdk.metrics.export import MetricsData, Sum
+from opentelemetry.sdk.metrics.export import Gauge, MetricsData, NumberDataPoint, Sum
 
 # label sets kept at most: a host's series are a few thousand; a churn of processes past
 # this starts the cache afresh rather than growing it without end
@@ -76,6 +76,8 @@ class MetricsEncoder:
                 out_scope.scope.name = scope.name
                 out_scope.scope.version = scope.version or ""
                 for metric in scope_metrics.metrics:
+                    if not isinstance(metric.data, Sum | Gauge):
+                        continue    # histograms: the /metrics families have none
                     out_metric = out_scope.metrics.add(name=metric.name,
                                                        description=metric.description or "",
                                                        unit=metric.unit or "")
@@ -87,6 +89,8 @@ class MetricsEncoder:
                     else:
                         points = out_metric.gauge.data_points
                     for point in metric.data.data_points:
+                        if not isinstance(point, NumberDataPoint):
+                            continue
                         added = points.add(start_time_unix_nano=point.start_time_unix_nano,
                                            time_unix_nano=point.time_unix_nano)
                         if isinstance(point.value, int) and not isinstance(point.value, bool):

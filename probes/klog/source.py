@@ -317,12 +317,11 @@ class KernelLogPump:
         for raw in self.reader.lines(limit):   # type: ignore[attr-defined]
             count += 1
             self.counters["lines"] += 1
+            records: list[KernelLogRecord] = []
             if raw.missed:
                 self.missed(raw.missed)
-                records = []
             elif not self.take_test_lines and raw.is_test_line():
                 self.counters["test_lines"] += 1      # gpuwhy's test suite's, not the driver's
-                records = []
             else:
                 records = self.forgery(raw) if raw.forged_by is not None else \
                     self.events(raw)
