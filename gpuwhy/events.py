@@ -327,7 +327,9 @@ class PythonStacks(Event):
     to ``gpu_id``) and of its child processes, sampled every ``interval_ms`` while the
     host-side answer ``finding_id`` (rule ``rule_id``) held, from ``started`` (realtime ns)
     to ``ts``: ``stacks`` holds one dict per (pid, start_time, role, stack) with its
-    ``count`` of samples, ``role`` being ``main`` (the main thread of ``process``),
+    ``count`` of samples (and ``seconds``: [second of the window, samples] pairs, which
+    line them up with the GPU's 1 s samples), ``role`` being ``main`` (the main thread of
+    ``process``),
     ``threads`` (its other threads) or ``workers`` (its children: DataLoader workers);
     ``stack`` is folded, outermost frame first, frames ``file:line function`` joined by
     ``;`` (gpuwhy.pystacks: escaped, bounded, waits folded into ``waiting on ...``), never

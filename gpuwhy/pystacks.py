@@ -133,26 +133,44 @@ def fold(frames: Iterable[Frame]) -> tuple[str, bool]:
     return SEPARATOR.join(out), cut
 
 
+# A stack's samples per second of the window (``seconds``: [[second, samples], ...]), kept
+# for the first MAX_SECONDS seconds: what lines them up with the GPU's 1 s samples (idle or
+# busy). The default window is 30 s; a longer one is split for its first two minutes only.
+MAX_SECONDS = 120
+
+
 class Aggregate:
     """Folded stacks of one sampled process tree, counted per (pid, start_time, role), with
-    at most MAX_STACKS distinct stacks per (process, role); what did not fit is counted."""
+    at most MAX_STACKS distinct stacks per (process, role); what did not fit is counted.
+    Each stack's samples are also counted per second of the window, where known."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[int, int, str], Counter[str]] = {}
+        self.seconds: dict[tuple[int, int, str, str], Counter[int]] = {}
         self.dropped: Counter[str] = Counter()
 
-    def add(self, pid: int, start_time: int, role: str, stack: str, count: int = 1) -> None:
+    def add(self, pid: int, start_time: int, role: str, stack: str, count: int = 1,
+            second: int | None = None) -> None:
         held = self.counts.setdefault((pid, start_time, role), Counter())
         if stack not in held and len(held) >= MAX_STACKS:
             self.dropped["stacks_over_limit"] += count
             return
         held[stack] += count
+        if second is not None and 0 <= second < MAX_SECONDS:
+            self.seconds.setdefault((pid, start_time, role, stack), Counter())[second] += count
 
     def rows(self) -> list[dict]:
         """The aggregate as the event carries it: one dict per (process, role, stack)."""
-        return [{"pid": pid, "start_time": start, "role": role, "stack": stack, "count": n}
-                for (pid, start, role), held in sorted(self.counts.items())
-                for stack, n in held.most_common()]
+        out = []
+        for (pid, start, role), held in sorted(self.counts.items()):
+            for stack, n in held.most_common():
+                row: dict[str, Any] = {"pid": pid, "start_time": start, "role": role,
+                                       "stack": stack, "count": n}
+                seconds = self.seconds.get((pid, start, role, stack))
+                if seconds:
+                    row["seconds"] = sorted([s, c] for s, c in seconds.items())
+                out.append(row)
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.counts)
@@ -177,19 +195,83 @@ def clean_rows(rows: object) -> list[dict]:
             continue
         if not stack.isprintable():
             stack = escape(stack, MAX_STACK_CHARS)
-        out.append({"pid": pid, "start_time": start, "role": role,
-                    "stack": stack[:MAX_STACK_CHARS], "count": count})
+        cleaned: dict[str, Any] = {"pid": pid, "start_time": start, "role": role,
+                                   "stack": stack[:MAX_STACK_CHARS], "count": count}
+        seconds = _clean_seconds(row.get("seconds"), count)
+        if seconds:
+            cleaned["seconds"] = seconds
+        out.append(cleaned)
     out.sort(key=lambda r: -r["count"])
     return out[:MAX_ROWS]
 
 
+_FRAME_FILE = re.compile(r"^(.*?):\d+ ")
+
+
+def _library(frame: str) -> bool:
+    """Whether a stored frame is a library's (a package path below site-packages or the
+    standard library, or native: not a ``.py`` file) rather than the user's own code."""
+    found = _FRAME_FILE.match(frame)
+    if found is None:
+        return False
+    file = found.group(1)
+    return "/" in file or file.startswith("<") or not file.endswith(".py")
+
+
+def _clean_seconds(seconds: object, count: int) -> list[list[int]]:
+    """A row's ``seconds`` as the store keeps them: [second, samples] pairs of whole numbers,
+    seconds in [0, MAX_SECONDS), no more samples than the row's count; [] for anything
+    else."""
+    if not isinstance(seconds, list):
+        return []
+    out: dict[int, int] = {}
+    for pair in seconds[:MAX_SECONDS]:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
+            return []
+        second, samples = pair
+        if not 0 <= second < MAX_SECONDS or samples <= 0:
+            return []
+        out[second] = out.get(second, 0) + samples
+    if sum(out.values()) > count:
+        return []
+    return [[second, samples] for second, samples in sorted(out.items())]
+
+
+def split_by_gpu(stacks: Iterable[Mapping], idle: Mapping[int, bool]
+                 ) -> dict[str, list[dict]]:
+    """The stacks' samples split by what the GPU did in each second of the window (``idle``:
+    second -> True when idle, False when busy; a second it has no sample of is neither):
+    ``{"idle": rows, "busy": rows}``, rows as the stacks' with their counts in those
+    seconds (stacks without ``seconds`` are in neither)."""
+    out: dict[str, list[dict]] = {"idle": [], "busy": []}
+    for row in stacks:
+        counts = {"idle": 0, "busy": 0}
+        for second, samples in row.get("seconds") or []:
+            state = idle.get(second)
+            if state is not None:
+                counts["idle" if state else "busy"] += samples
+        for name, n in counts.items():
+            if n:
+                out[name].append({**row, "count": n})
+    return out
+
+
 def _leaf(stack: str) -> str:
-    """What a stack's samples say a person should look at: its innermost frame, or for a wait
-    the frame that waits and what it waits on."""
+    """What a stack's samples say a person should look at: its innermost frame (for a wait,
+    the frame that waits and what it waits on), and when that frame is a library's, the
+    user's own frame that called into it first (``dataset.py:41 load → PIL/Image.py:3236
+    open``): the line a person can change."""
     frames = stack.split(SEPARATOR)
-    if frames[-1].startswith("waiting on ") and len(frames) > 1:
-        return f"{frames[-2]}, {frames[-1]}"
-    return frames[-1]
+    waits = frames[-1].startswith("waiting on ") and len(frames) > 1
+    leaf, rest = (frames[-2], frames[:-2]) if waits else (frames[-1], frames[:-1])
+    said = f"{leaf}, {frames[-1]}" if waits else leaf
+    if _library(leaf):
+        caller = next((f for f in reversed(rest) if not _library(f)
+                       and not f.startswith("waiting on ")), None)
+        if caller is not None:
+            return f"{caller} → {said}"
+    return said
 
 
 def top_frames(rows: Iterable[Mapping], limit: int = 3) -> dict[str, list[tuple[str, float]]]:

@@ -89,7 +89,7 @@ def _exit_status(shown: list[Verdict]) -> int:
 def _stack_lines(rows: list[dict]) -> list[str]:
     """Where the sampled processes spent their time (the stack sampler's aggregates of the
     lead answer), under the answer: per process, each role's top frames with their shares."""
-    from gpuwhy.pystacks import ROLE_WORDS
+    from gpuwhy.pystacks import ROLE_WORDS, split_by_gpu, summary_line
 
     lines = []
     for row in rows:
@@ -103,6 +103,11 @@ def _stack_lines(rows: list[dict]) -> list[str]:
             shares = "; ".join(f"{round(share * 100)} % in {printable(frame, 160)}"
                                for frame, share in found)
             lines.append(f"    {ROLE_WORDS[role]}: {shares}")
+        # the same samples lined up with the GPU's seconds: the contrast shows
+        split = split_by_gpu(row["stacks"], row.get("gpu_idle") or {})
+        for name, words in (("idle", "while the GPU sat idle"), ("busy", "while it was busy")):
+            if said := summary_line(split[name]):
+                lines.append(f"    {words}: {printable(said, 400)}")
     return lines
 
 
@@ -132,6 +137,11 @@ def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool,
                 click.echo(f"    {printable(str(name))}: {printable(str(shown), 200)}")
         for i, fix in enumerate(f.fixes, 1):
             click.echo(f"  fix {i}      {printable(fix)}")
+        if stacks:     # the fix, naming the line the sampled stacks point at
+            from gpuwhy.stack_advice import sentences
+
+            for said in sentences([s for row in stacks for s in row["stacks"]], f.rule_id):
+                click.echo(f"  in code    {printable(said, 400)}")
         if f.verify:
             click.echo(f"  verify     {printable(f.verify)}")
         for line in _stack_lines(stacks or []):
@@ -189,11 +199,15 @@ def _sure_words(sure: float) -> str:
 
 def _stacks_of(db: Database, shown: list[Verdict]) -> dict[str, list[dict]]:
     """The stored Python stacks of each shown GPU's lead answer, by GPU."""
-    from gpuwhy.store.stacks import python_stacks
+    from gpuwhy.store.stacks import gpu_idle_by_second, python_stacks
 
-    return {v.gpu.gpu_id: python_stacks(db, finding_id=v.lead.finding.finding_id,
-                                        gpu_id=v.gpu.gpu_id, limit=8)
-            for v in shown if v.lead is not None}
+    found = {v.gpu.gpu_id: python_stacks(db, finding_id=v.lead.finding.finding_id,
+                                         gpu_id=v.gpu.gpu_id, limit=8)
+             for v in shown if v.lead is not None}
+    for rows in found.values():
+        for row in rows:    # what the GPU did in each second the stacks were sampled
+            row["gpu_idle"] = gpu_idle_by_second(db, row["gpu_id"], row["started"], row["ts"])
+    return found
 
 
 @click.command()

@@ -126,7 +126,14 @@ def parse_speedscope(data: bytes, target: ProcessKey,
         if pid == target.pid and role == "main":
             rounds = max(rounds, len(samples))
         folded: dict[tuple[int, ...], str] = {}
-        for sample in samples:
+        # py-spy keeps a thread's samples in order, each with its weight (the seconds it
+        # stands for): their running sum is when each was taken, from the window's start
+        weights = profile.get("weights") or []
+        at = float(profile.get("startValue") or 0.0)
+        for index, sample in enumerate(samples):
+            second = int(at) if index < len(weights) else None
+            if index < len(weights):
+                at += float(weights[index])
             key = tuple(sample)
             stack = folded.get(key)
             if stack is None:
@@ -135,7 +142,7 @@ def parse_speedscope(data: bytes, target: ProcessKey,
                 folded[key] = stack
                 if cut:
                     aggregate.dropped["stacks_cut"] += 1
-            aggregate.add(pid, start, role, stack or "(no Python frame)")
+            aggregate.add(pid, start, role, stack or "(no Python frame)", second=second)
     return aggregate, rounds
 
 

@@ -176,7 +176,8 @@ DESCRIPTIONS = {
                      "(the stack sampler, docs/decisions/0018): one row per (finding, sampled "
                      "process), `stacks` the window's folded stacks as JSON (`pid`, "
                      "`start_time`, `role`: main, threads or workers, `stack`: frames "
-                     "`file:line function` joined by `;`, `count` of samples), bounded and "
+                     "`file:line function` joined by `;`, `count` of samples, `seconds`: "
+                     "[second of the window, samples] pairs), bounded and "
                      "escaped, never raw samples; `samples` rounds every `interval_ms`.",
     "process_gpu_timeline": "Per-process GPU timeline: the samples of each GPU a process "
                             "held, while it held it. Filter on pid, start_time and a `ts` "

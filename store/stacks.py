@@ -1,8 +1,9 @@
 """Read the Python stacks the stack sampler stored: per finding, per GPU, per process.
 
-The read API of the ``python_stacks`` table (store/migrations.py ``m120``) for `gpuwhy why`
-and, later, the web view's ``/api/.../stacks``: each row's folded stacks decoded, most
-samples first, with :func:`gpuwhy.pystacks.top_frames` ready to say them.
+The read API of the ``python_stacks`` table (store/migrations.py ``m120``) for `gpuwhy why`,
+the web view's ``/api/.../stacks``, the incident page and the report: each row's folded
+stacks decoded, most samples first, with :func:`gpuwhy.pystacks.top_frames` ready to say
+them; and the GPU's idle and busy seconds over a sampled window.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.identity import ProcessKey
 from gpuwhy.pystacks import clean_rows, summary_line, top_frames
 
@@ -20,11 +22,13 @@ MAX_ROWS = 50
 
 
 def python_stacks(db: Database, *, finding_id: str | None = None, gpu_id: str | None = None,
-                  process: ProcessKey | None = None, limit: int = MAX_ROWS) -> list[Row]:
-    """Stored stack aggregates, newest first, of a finding, a GPU or a sampled process (all
-    given filters apply): each row with ``stacks`` (a list of ``{pid, start_time, role,
-    stack, count}``, most samples first), ``dropped`` (a dict), ``top`` (per role, the top
-    frames with their shares) and ``summary`` (one line). [] on a store without the table."""
+                  process: ProcessKey | None = None, since: int | None = None,
+                  until: int | None = None, limit: int = MAX_ROWS) -> list[Row]:
+    """Stored stack aggregates, newest first, of a finding, a GPU or a sampled process, whose
+    window ``[started, ts]`` overlaps ``[since, until]`` (all given filters apply): each row
+    with ``stacks`` (a list of ``{pid, start_time, role, stack, count}``, most samples
+    first), ``dropped`` (a dict), ``top`` (per role, the top frames with their shares) and
+    ``summary`` (one line). [] on a store without the table."""
     if not db["python_stacks"].exists():
         return []
     where: list[str] = []
@@ -38,6 +42,12 @@ def python_stacks(db: Database, *, finding_id: str | None = None, gpu_id: str | 
     if process is not None:
         where.append("pid = ? and start_time = ?")
         params += [process.pid, process.start_time]
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("started <= ?")
+        params.append(until)
     sql = ("select * from python_stacks" + (" where " + " and ".join(where) if where else "")
            + " order by ts desc limit ?")
     rows = db.execute_returning_dicts(sql, [*params, max(1, min(int(limit), 1000))])
@@ -48,6 +58,21 @@ def python_stacks(db: Database, *, finding_id: str | None = None, gpu_id: str | 
         row["top"] = top_frames(row["stacks"])
         row["summary"] = summary_line(row["stacks"])
     return rows
+
+
+IDLE_BELOW = 10.0       # gpu_util (%) under which a GPU second counts as idle
+
+
+def gpu_idle_by_second(db: Database, gpu_id: str, since: int, until: int,
+                       idle_below: float = IDLE_BELOW) -> dict[int, bool]:
+    """What the whole GPU did in each second of ``[since, until]`` that it has a sample of:
+    second since ``since`` -> True when idle (``gpu_util`` under ``idle_below`` %), False
+    when busy (samples without a utilisation are left out)."""
+    rows = db.execute(
+        "select ts, gpu_util from gpu_samples where gpu_id = ? and instance = '' and "
+        "ts between ? and ? and gpu_util is not null order by ts",
+        [gpu_id, since, until]).fetchall()
+    return {(ts - since) // NS_PER_SECOND: util < idle_below for ts, util in rows}
 
 
 def folded_text(row: Row) -> str:

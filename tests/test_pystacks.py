@@ -227,3 +227,28 @@ def test_py_spy_output_is_read_by_structure_and_its_own_frames_are_left_out():
          "stack": "train.py:88 <module>;waiting on queue.Queue", "count": 1},
         {"pid": 12, "start_time": 600, "role": "workers",
          "stack": "train.py:88 <module>;dataset.py:41 load", "count": 2}]
+
+
+def test_samples_line_up_with_the_gpus_seconds_and_hostile_seconds_are_dropped():
+    import json
+
+    from gpuwhy.probes.pystacks import parse_speedscope
+    from gpuwhy.pystacks import clean_rows, split_by_gpu
+
+    frames = [{"name": "step", "file": "/job/train.py", "line": 7},
+              {"name": "wait", "file": "/job/train.py", "line": 9}]
+    body = {"shared": {"frames": frames}, "profiles": [
+        {"name": "Process 10 Thread 10 \"MainThread\"", "startValue": 0.0,
+         "samples": [[0], [0], [1], [1], [1]], "weights": [0.5, 0.5, 0.5, 0.5, 0.5]}]}
+    aggregate, _ = parse_speedscope(json.dumps(body).encode(), ProcessKey(10, 500),
+                                    lambda pid: 0)
+    rows = aggregate.rows()
+    assert [(r["stack"], r["seconds"]) for r in rows] == [
+        ("train.py:9 wait", [[1, 2], [2, 1]]), ("train.py:7 step", [[0, 2]])]
+    assert clean_rows(rows) == rows
+    split = split_by_gpu(rows, {0: False, 1: True})        # no sample of second 2
+    assert [(r["stack"], r["count"]) for r in split["idle"]] == [("train.py:9 wait", 2)]
+    assert [(r["stack"], r["count"]) for r in split["busy"]] == [("train.py:7 step", 2)]
+    for hostile in ([[1, 99]], [[-1, 1]], [[1, True]], "x", [[1, 1, 1]], [[10**6, 1]]):
+        [kept] = clean_rows([{**rows[0], "seconds": hostile}])
+        assert "seconds" not in kept

@@ -29,6 +29,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
         resets,
         rules,
         security,
+        stacks,
         throttle,
         vendor,
     )
@@ -49,7 +50,8 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     compress.init_app(app)
     filters.init_app(app)
     errors.init_app(app)
-    for module in (auth, answers, gpus, processes, incidents, resets, rules, vendor, health):
+    for module in (auth, answers, gpus, processes, incidents, resets, rules, vendor, health,
+                   stacks):
         app.register_blueprint(module.bp)
     from gpuwhy.webui import metrics  # /metrics
 

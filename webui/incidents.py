@@ -165,6 +165,18 @@ def _incident_or_404(incident_id: int) -> dict:
     return {**detail, "actions": recommended_actions(detail)}
 
 
+def _with_stacks(incident: dict) -> tuple[dict, dict | None]:
+    """The incident with the advice its sampled stacks give appended to its actions, and
+    the stacks section (webui/stacks.py; None when nothing was sampled)."""
+    from gpuwhy.webui.stacks import incident_section
+
+    stacks = incident_section(get_db(), incident)
+    if stacks:
+        incident = {**incident, "actions": [*incident["actions"],
+                                             *(a["sentence"] for a in stacks["advice"])]}
+    return incident, stacks
+
+
 @bp.get("/incidents")
 def index() -> ResponseReturnValue:
     filters = _filters()
@@ -181,7 +193,10 @@ def index() -> ResponseReturnValue:
 @bp.get(f"/incidents/{ID}")
 def show(incident_id: int) -> ResponseReturnValue:
     changed = request.args.get("changed")
-    return render_template("incident.html", incident=_incident_or_404(incident_id),
+    incident, stacks = _with_stacks(_incident_or_404(incident_id))
+    return render_template("incident.html", incident=incident, stacks=stacks,
+                           stacks_url=url_for("stacks.incident_stacks", incident_id=incident_id,
+                                              format="json"),
                            auth=bool(current_app.config["AUTH_TOKEN"]),
                            changed=changed if changed in CHANGES else None,
                            unwritten=request.args.get("journal") == "unwritten",
@@ -190,7 +205,11 @@ def show(incident_id: int) -> ResponseReturnValue:
 
 @bp.get(f"/incidents/{ID}/report")
 def report(incident_id: int) -> ResponseReturnValue:
-    return render_template("incident_report.html", incident=_incident_or_404(incident_id))
+    from gpuwhy.webui.reports.flame import flame_svg
+
+    incident, stacks = _with_stacks(_incident_or_404(incident_id))
+    return render_template("incident_report.html", incident=incident, stacks=stacks,
+                           stacks_svg=flame_svg(stacks["flame"]) if stacks else None)
 
 
 @bp.get("/api/incidents")

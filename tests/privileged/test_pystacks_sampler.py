@@ -200,6 +200,9 @@ def test_a_hostile_function_name_is_stored_escaped_and_bounded(tmp_path):
         db.close()
     evil = [s["stack"] for s in row["stacks"] if "evil" in s["stack"]]
     assert evil, row["stacks"]
+    # each stack's samples per second of the window, from py-spy's ordered weights
+    seconds = [s for stack in row["stacks"] for s, _ in stack.get("seconds", [])]
+    assert seconds and 0 <= min(seconds) and max(seconds) <= 3, row["stacks"]
     for stack in evil:
         frames = stack.split(";")
         assert stack.isprintable() and "\x1b" not in stack and "\u202e" not in stack

@@ -27,6 +27,7 @@ from gpuwhy.events import (
     KernelLogRecord,
     ProcessExec,
     ProcessSeen,
+    PythonStacks,
     RuleFinding,
     SchedStats,
 )
@@ -133,6 +134,14 @@ def _host_events(sc: Scenario, t: int) -> list:
                                      "note": "<script>alert(3)</script>"},
             root_cause="DataLoader workers are blocked on I/O while the GPU waits.",
             fixes=["Raise num_workers", "Use pin_memory=True"], verify="GPU idle share < 0.2"))
+    if t == 280:    # the stack sampler's window on that finding: a function named in markup
+        out.append(PythonStacks(
+            ts=at, process=TRAIN, gpu_id=sc.gpu_ids[0], finding_id="R02:x:4242",
+            rule_id="R02_input_io_bound", started=sc.at(250), interval_ms=100, samples=300,
+            stacks=[{"pid": TRAIN.pid, "start_time": TRAIN.start_time, "role": "main",
+                     "stack": f"train.py:88 <module>;train.py:95 {EVIL_NAME}", "count": 200},
+                    {"pid": TRAIN.pid, "start_time": TRAIN.start_time, "role": "main",
+                     "stack": "train.py:88 <module>;waiting on a lock", "count": 100}]))
     return out
 
 

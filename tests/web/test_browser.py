@@ -254,6 +254,14 @@ def test_html_from_processes_and_the_kernel_log_is_only_text(browser, server, sc
         page.goto(f"{server.url}/processes", wait_until="networkidle")
         page.wait_for_timeout(2500)                                   # one live refresh
         assert EVIL_NAME in page.inner_text("#processes")
+        # sampled Python stacks: a function named in markup, in the table and flame graph
+        finding = next(i["id"] for i in page.request.get(f"{server.url}/api/incidents").json()
+                       if i["kind"] == "rule_finding")
+        page.goto(f"{server.url}/incidents/{finding}", wait_until="networkidle")
+        page.wait_for_selector("#flame[data-drawn='true'] canvas", timeout=10_000)
+        assert EVIL_NAME in page.inner_text("#stacks table")
+        page.hover("#flame canvas", position={"x": 200, "y": 12})    # its tooltip: text
+        assert page.locator("img[src='x']").count() == 0
         assert watched.dialogs == [] and watched.problems == []
     finally:
         watched.close()

@@ -166,11 +166,19 @@ def _incidents(db: Database, subject: Subject) -> list[dict]:
     if subject.process is not None:
         for incident_id in queries.process_incident_ids(db, subject.process):
             found.setdefault(incident_id, {})
+    from gpuwhy.webui.reports.flame import flame_svg
+    from gpuwhy.webui.stacks import incident_section
+
     out = []
     for incident_id in found:
         detail = queries.incident_detail(db, incident_id)
         if detail is not None:
-            out.append({**detail, "actions": recommended_actions(detail)})
+            # where its processes' Python time went, and the advice that names the line
+            stacks = incident_section(db, detail)
+            advice = [a["sentence"] for a in stacks["advice"]] if stacks else []
+            out.append({**detail, "actions": recommended_actions(detail) + advice,
+                        "stacks": stacks,
+                        "stacks_svg": flame_svg(stacks["flame"]) if stacks else None})
     out.sort(key=lambda i: (i["id"] != subject.incident_id, sev.sort_key(i["severity"]),
                             i["started"]))
     return out
