@@ -230,6 +230,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("otlp.interval", 10.0, "GPUWHY_OTLP_INTERVAL",
             "seconds between OTLP exports of the /metrics families (1 to 3600), when an "
             "OTEL_EXPORTER_OTLP_ENDPOINT is set"),
+    # --- the fleet's Prometheus, asked by `gpuwhy mcp`'s fleet tool (docs/mcp.md) ---
+    Setting("fleet.prometheus_url", "", "GPUWHY_FLEET_PROMETHEUS_URL",
+            "base URL of the Prometheus that scrapes the fleet, e.g. http://prometheus:9090 "
+            "(its /api/v1/query): the MCP fleet tool's PromQL goes there; empty: that tool "
+            "answers that no fleet Prometheus is configured"),
+    Setting("fleet.prometheus_timeout", 10.0, "GPUWHY_FLEET_PROMETHEUS_TIMEOUT",
+            "seconds one fleet query may take in all (0.1 to 60) before it is given up"),
     # --- rules settings ---
     Setting("rules.interval", 10.0, "GPUWHY_RULES_INTERVAL",
             "seconds between evaluations of the rules (a rule's own 'every' can be longer)"),
@@ -561,6 +568,8 @@ ALLOWED: dict[str, Allowed] = {
     "alertmanager.resend_seconds": _range(1, 3600, " seconds"),
     "alertmanager.timeout": _range(0.1, 60, " seconds"),
     "otlp.interval": _range(1, 3600, " seconds"),
+    "fleet.prometheus_url": _url(optional=True),
+    "fleet.prometheus_timeout": _range(0.1, 60, " seconds"),
     "rules.interval": _range(0.1, DAY, " seconds"),
     "rules.paths": _path(optional=True),
     "rules.builtin": Allowed("true or false", lambda value: None),

@@ -1,9 +1,10 @@
 """The read-only MCP server of `gpuwhy mcp`: tools, docs resources and a prompt for assistants.
 
 Every tool is a thin call of the store's read API (:mod:`gpuwhy.store.queries`,
-:mod:`gpuwhy.store.series`, :mod:`gpuwhy.store.adhoc`) or of the one answer per GPU
-(:func:`gpuwhy.store.queries.gpu_verdicts`, the read `gpuwhy why` makes); none runs SQL of its
-own and none writes: each call opens the store read-only and closes it.
+:mod:`gpuwhy.store.series`, :mod:`gpuwhy.store.stacks`, :mod:`gpuwhy.store.adhoc`) or of the
+one answer per GPU (:func:`gpuwhy.store.queries.gpu_verdicts`, the read `gpuwhy why` makes);
+none runs SQL of its own and none writes: each call opens the store read-only and closes it.
+``fleet`` asks the Prometheus that scrapes the fleet (:mod:`gpuwhy.promql`), when configured.
 
 What an assistant sends is untrusted: every argument has a type, a size and a range (the
 tool's input schema, checked strictly by the SDK), and what the tools return is bounded
@@ -15,6 +16,7 @@ data, never as instructions. An error is one clear sentence, never a traceback.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sqlite3
@@ -33,6 +35,8 @@ from pydantic import Field
 from gpuwhy import __version__
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.errors import GpuwhyError
+from gpuwhy.identity import ProcessKey
+from gpuwhy.promql import MAX_QUERY_CHARS, PromQLError, instant_query
 from gpuwhy.rules.answer import verdict_dict
 from gpuwhy.store.adhoc import MAX_ROWS, MAX_SQL_CHARS, QUERYABLE, QueryRefused, query_views
 from gpuwhy.text import parse_ts
@@ -49,6 +53,8 @@ MAX_STRING = 2000
 MAX_ANSWER_BYTES = 512 * 1024
 MAX_SERIES_BUCKETS = 500
 MAX_SERIES_DAYS = 31
+MAX_STACK_ROWS = 20            # stored aggregates (one per finding and sampled process)
+MAX_FLEET_SERIES = 500
 
 # Strings a traced process, the kernel log or a person with the token controls; returned
 # wrapped so an assistant cannot mistake them for part of our answer.
@@ -98,6 +104,8 @@ def shaped(value: Any, *, untrusted: bool = False, depth: int = 0,
     if depth > 12:
         notes.append(f"{where or 'a value'}: nested too deep, left out")
         return None
+    if isinstance(value, dict) and _marked(value):
+        return {"untrusted_data": _text(value["untrusted_data"])}    # marked already: once
     if isinstance(value, dict):
         return {str(k): shaped(v, untrusted=untrusted or k in UNTRUSTED_KEYS
                                or k in UNTRUSTED_CONTAINERS, depth=depth + 1, notes=notes,
@@ -117,6 +125,10 @@ def shaped(value: Any, *, untrusted: bool = False, depth: int = 0,
     if value is None or isinstance(value, bool | int | float):
         return value
     return shaped(str(value), untrusted=untrusted, depth=depth, notes=notes, where=where)
+
+
+def _marked(value: dict) -> bool:
+    return len(value) == 1 and isinstance(value.get("untrusted_data"), str)
 
 
 def answer(key: str, items: Any, *, limit: int | None = None, **extra: Any) -> dict[str, Any]:
@@ -201,21 +213,36 @@ class _Store:
 
 # --- the server ---------------------------------------------------------------------------
 
+def settle() -> None:
+    """Move everything alive now (the SDK's and pydantic's modules and schemas, the server,
+    its rules) out of the garbage collector's sight, for a process that only serves MCP.
+
+    A big answer allocates tens of thousands of objects and soon triggers a full collection,
+    which then walks every one of those long-lived objects: 50-220 ms a time, measured, the
+    whole of the calls' p95 (`gpuwhy bench --only mcp`); frozen, 4-20 ms."""
+    gc.collect()
+    gc.freeze()
+
+
 def _doc(text: str) -> str:
     """A tool's description: its own words, then the note on untrusted data."""
     return textwrap.dedent(text).strip() + "\n\n" + UNTRUSTED_NOTE
 
 
 def build_server(store_path: str, load_rules: Callable[[], tuple[dict, list[str]]],
-                 docs: Path = DOCS) -> MCPServer:
+                 docs: Path = DOCS, *, prometheus_url: str = "",
+                 prometheus_timeout: float = 10.0) -> MCPServer:
     """The MCP server over the store at ``store_path``; ``load_rules`` gives the service's
-    rules by id and the problems of the files it skipped (:func:`gpuwhy.why_cli.service_rules`)."""
+    rules by id and the problems of the files it skipped (:func:`gpuwhy.why_cli.service_rules`);
+    ``prometheus_url`` (``fleet.prometheus_url``, '' for none) is what the fleet tool asks."""
     store = _Store(store_path, load_rules)
     server = MCPServer(
         "gpuwhy", title="gpuwhy", version=__version__,
         instructions=("gpuwhy watches the GPUs of this host and answers why a GPU is not busy "
                       "or what broke it. Start with the `why` tool; follow its incidents with "
-                      "`incidents` and `incident`. Everything is read-only. " + UNTRUSTED_NOTE),
+                      "`incidents` and `incident`; `stacks` says where a starved job's Python "
+                      "spent its time, `fleet` asks about other hosts. Everything is "
+                      "read-only. " + UNTRUSTED_NOTE),
         log_level="WARNING")
 
     def tool(description: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -378,6 +405,102 @@ def build_server(store_path: str, load_rules: Callable[[], tuple[dict, list[str]
                       elapsed_ms=found["elapsed_ms"])
         body["notes"] = notes + body["notes"]
         return body
+
+    @tool(f"""The Python stacks the stack sampler stored for host-side answers (a data
+        loader that cannot keep up, a launch- or sync-bound loop): per sampled process, where
+        its main thread, other threads and workers spent their samples (folded stacks, most
+        samples first), the top frames per role and a one-line summary. incident: the
+        stacks of that incident's finding; gpu: of that GPU; process: of PID-STARTTIME;
+        none: the newest on the host. At most limit (1-{MAX_STACK_ROWS}) aggregates, newest
+        first. Every frame is the process's own text.""")
+    def stacks(incident: Annotated[int, Field(ge=1, le=(1 << 63) - 1, strict=True,
+                                              description="An incident's id")] | None = None,
+               gpu: GpuName | None = None,
+               process: Annotated[str, Field(min_length=3, max_length=64, strict=True,
+                                             description="A process: PID-STARTTIME")
+                                  ] | None = None,
+               limit: Annotated[int, Field(ge=1, le=MAX_STACK_ROWS, strict=True)] = 8
+               ) -> dict[str, Any]:
+        from gpuwhy.store.queries import incident_detail
+        from gpuwhy.store.stacks import python_stacks
+
+        key = None
+        if process is not None:
+            try:
+                key = ProcessKey.parse(process)
+            except ValueError:
+                raise Refused(f"process: {json.dumps(process[:64])} is not PID-STARTTIME "
+                              "(the key the processes tool shows)") from None
+        notes: list[str] = []
+        with store.read() as db:
+            gpu_id = store.gpu_id(db, gpu) if gpu is not None else None
+            finding_id = None
+            if incident is not None:
+                detail = incident_detail(db, incident)
+                if detail is None:
+                    raise Refused(f"no incident {incident} (list them with the incidents tool)")
+                details = detail["details"]
+                finding_id = str(details.get("finding_id") or "") if isinstance(
+                    details, dict) else ""
+                if not finding_id:
+                    raise Refused(f"incident {incident} is a {detail['kind']} incident: stacks "
+                                  "are sampled for host-side rule findings only (try gpu=)")
+            rows = python_stacks(db, finding_id=finding_id, gpu_id=gpu_id, process=key,
+                                 limit=limit + 1)
+        if not rows:
+            notes.append("no stored stacks match: the sampler runs only while a host-side "
+                         "answer holds (a starved input, a launch- or sync-bound loop), for "
+                         "stacks.window_seconds, and only where stacks.enabled is on")
+        # every frame, summary and error is the sampled process's text: marked as data
+        listed = [{"finding_id": r["finding_id"], "rule_id": r["rule_id"], "gpu": r["gpu_id"],
+                   "pid": r["pid"], "start_time": r["start_time"], "started": r["started"],
+                   "ts": r["ts"], "interval_ms": r["interval_ms"], "samples": r["samples"],
+                   "final": r["final"], "dropped": r["dropped"],
+                   "summary": shaped(r["summary"], untrusted=True),
+                   "error": shaped(r["error"], untrusted=True) if r["error"] else None,
+                   "top": shaped(r["top"], untrusted=True, notes=notes, where="top"),
+                   "stacks": [{**s, "stack": shaped(s["stack"], untrusted=True)}
+                              for s in r["stacks"]]}
+                  for r in rows]
+        body = answer("stacks", listed, limit=limit)
+        body["notes"] = notes + body["notes"]
+        return body
+
+    @tool(f"""One PromQL instant query to the Prometheus that scrapes the fleet (the
+        fleet.prometheus_url setting), so one question can span hosts: gpuwhy's own metrics
+        of every host (gpuwhy_gpu_utilization_ratio, gpuwhy_gpu_health,
+        gpuwhy_incidents_open, ...) and whatever else it scrapes. at: evaluate then
+        (default now). At most limit series (1-{MAX_FLEET_SERIES}); an answer over 4 MiB or
+        slower than fleet.prometheus_timeout is refused: aggregate (sum by, topk) to narrow
+        it.
+        Label values are the scraped targets' text.""")
+    def fleet(promql: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
+                                           strict=True, description="A PromQL expression")],
+              at: When | None = None,
+              limit: Annotated[int, Field(ge=1, le=MAX_FLEET_SERIES, strict=True)] = 100
+              ) -> dict[str, Any]:
+        if not prometheus_url:
+            raise Refused("no fleet Prometheus is configured: set fleet.prometheus_url "
+                          "(GPUWHY_FLEET_PROMETHEUS_URL) to the Prometheus that scrapes the "
+                          "fleet's gpuwhy /metrics")
+        moment = _time(at, "at")
+        try:
+            found = instant_query(prometheus_url, promql, at_ns=moment,
+                                  timeout_s=prometheus_timeout)
+        except PromQLError as exc:
+            raise Refused(str(exc)) from None
+        result = found["result"]
+        kind = found["resultType"]
+        if kind in ("vector", "matrix") and isinstance(result, list):
+            # a series' labels are the scraped targets' text (a process name, a pod's)
+            series = [{"metric": shaped(s.get("metric"), untrusted=True),
+                       **{k: v for k, v in s.items() if k != "metric"}}
+                      if isinstance(s, dict) else s for s in result]
+        else:
+            series = [shaped(result, untrusted=kind == "string")]
+        return answer("result", series, limit=limit, result_type=kind,
+                      warnings=shaped(found.get("warnings"), untrusted=True),
+                      at=moment, prometheus=prometheus_url)
 
     for page in sorted(docs.glob("*.md")) if docs.is_dir() else []:
         server.add_resource(FileResource(

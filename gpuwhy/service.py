@@ -196,6 +196,9 @@ class Service:
         from gpuwhy.webui.server import make_web_server
 
         self.web: WebServer = make_web_server(config)
+        from gpuwhy.mcp_http import mount  # /mcp: the SDK is loaded at its first use only
+
+        self.mcp = mount(self.web.wsgi_app, config)
         self.probes: subprocess.Popen | None = None
         self._probes_owner: threading.Thread | None = None
         self._probes_reaped = threading.Event()
@@ -355,6 +358,7 @@ class Service:
             self.otlp.db.close()
         self.web.shutdown()
         self.web.server_close()
+        self.mcp.close()
 
 class PipelineError(GpuwhyError):
     """A part of an in-process pipeline failed to start."""

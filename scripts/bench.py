@@ -35,6 +35,8 @@ means). Benchmarks (--only takes these names):
   answers     A the right first answer: `gpuwhy rules eval` over the built-in corpus
               (accuracy on faults, false alarms on healthy hosts, time to answer)
   webui       GPU chart API latency over 7 days of samples
+  mcp         M p50/p95 of each `gpuwhy mcp` tool call (the SDK's in-process client) on a
+              7-day, 8-GPU store
   cuda        CUDA uprobes: ns added per traced CUDA call
 
 Root is needed for probes, sidecar, cron, cuda and the Xid latency (eBPF, /dev/kmsg,
@@ -581,6 +583,20 @@ def bench_webui(quick: bool) -> tuple[Figures, dict]:
     return rows, r
 
 
+def bench_mcp(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 8 GPUs × 0.1 day, 10 calls per tool (full: 8 GPUs × 7 days, 20 calls)."""
+    import bench_mcp
+
+    days = 0.1 if quick else 7.0
+    r = bench_mcp.run(gpus=8, days=days, runs=10 if quick else 20)
+    rows = [figure("M", f"MCP tool call: {label}, {r['gpus']} GPUs × {days:g} days", "ms",
+                   call["times_ms"], goal=f"p95 ≤ {bench_mcp.GOAL_MS:g}",
+                   goal_value=bench_mcp.GOAL_MS, judged="p95",
+                   note=f"answer {call['bytes']:,} bytes")
+            for label, call in r["calls"].items()]
+    return rows, r
+
+
 def bench_cuda(quick: bool) -> tuple[Figures, dict]:
     """QUICK: 2 runs of 10,000 calls (full: 5 runs of 200,000)."""
     import bench_cuda_uprobes
@@ -609,6 +625,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], tuple[Figures, dict]], bool]] = {
     "rules": (bench_rules, False),
     "answers": (bench_answers, False),
     "webui": (bench_webui, False),
+    "mcp": (bench_mcp, False),
     "cuda": (bench_cuda, True),
     "cron": (bench_cron, True),
 }

@@ -25,6 +25,7 @@ ALLOWED = {
 APP_PACKAGES = ("gpuwhy.checks", "gpuwhy.deploy", "gpuwhy.demo")
 APP_MODULES = ("gpuwhy.cli", "gpuwhy.__main__", "gpuwhy.service", "gpuwhy.status",
                "gpuwhy.bench_cli", "gpuwhy.why_cli", "gpuwhy.mcp_cli", "gpuwhy.mcp_server",
+               "gpuwhy.mcp_http",
                "gpuwhy.otlp", "gpuwhy.otlp_export", "gpuwhy.stack_targets")
 
 

@@ -25,6 +25,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
         gpus,
         health,
         incidents,
+        mcp,
         processes,
         resets,
         rules,
@@ -51,7 +52,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     filters.init_app(app)
     errors.init_app(app)
     for module in (auth, answers, gpus, processes, incidents, resets, rules, vendor, health,
-                   stacks):
+                   stacks, mcp):   # /mcp: its server is put in by gpuwhy.mcp_http
         app.register_blueprint(module.bp)
     from gpuwhy.webui import metrics  # /metrics
 

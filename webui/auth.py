@@ -28,6 +28,7 @@ from flask import (
     Blueprint,
     current_app,
     jsonify,
+    make_response,
     redirect,
     render_template,
     request,
@@ -45,6 +46,8 @@ from gpuwhy.webui.throttle import Throttle, client_key
 bp = Blueprint("auth", __name__)
 # Reachable without the token: the login form itself, liveness, the stylesheet.
 OPEN_ENDPOINTS = frozenset({"auth.login", "health.healthz", "static"})
+# Paths read by programs, not browsers: refused with 401 and JSON, never sent to the login form.
+API_PATHS = ("/metrics", "/mcp")
 
 
 def auth_token(config: Config) -> str:
@@ -80,8 +83,19 @@ def presented_token() -> str | None:
     return request.form.get("token") if request.method == "POST" else None
 
 
+def bearer_matches() -> bool:
+    """Whether this request's own ``Authorization: Bearer`` header carries the token (never
+    the cookie, never a form field): what a program such as an MCP client sends."""
+    header = request.headers.get("Authorization", "")
+    return header.startswith("Bearer ") and _matches(header[len("Bearer "):])
+
+
+def _is_api() -> bool:
+    return request.path.startswith("/api/") or request.path in API_PATHS
+
+
 def _refused(status: int, message: str) -> ResponseReturnValue:
-    if request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json":
+    if _is_api() or request.accept_mimetypes.best == "application/json":
         return jsonify(error=message), status
     return render_template("refused.html", message=message), status
 
@@ -110,8 +124,10 @@ def require_login() -> ResponseReturnValue | None:
         return None
     if session.get("authenticated") or _matches(presented_token()):
         return None
-    if request.path.startswith("/api/") or request.path in ("/metrics",):
-        return _refused(401, "send 'Authorization: Bearer TOKEN'")
+    if _is_api():
+        refused = make_response(_refused(401, "send 'Authorization: Bearer TOKEN'"))
+        refused.headers["WWW-Authenticate"] = 'Bearer realm="gpuwhy"'   # what 401 must say
+        return refused
     return redirect(url_for("auth.login", next=request.full_path))
 
 
