@@ -22,6 +22,8 @@ from pathlib import Path
 import anyio
 import jsonschema
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from gpuwhy.clock import now_ns
@@ -596,3 +598,37 @@ def test_http_mcp_needs_the_token_then_serves_the_same_read_only_tools(store, we
     assert 400 <= code < 500 and "Traceback" not in text and '"result"' not in text, (code,
                                                                                      text[:300])
     assert _digest(store) == before, "a call over HTTP changed the store"
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats() | st.text(max_size=300) | st.sampled_from(
+        ["0", "GPU-nonesuch", "4242-1000", "1h", "7d", "-1", "SELECT 1", "open", HOSTILE]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                max_size=4),
+    max_leaves=12)
+_NAMES = ("target", "gpu", "since", "until", "at", "limit", "id", "sql", "search", "sort",
+          "kind", "state", "buckets", "incident", "process", "promql", "severity")
+_CALLS = st.lists(st.tuples(st.sampled_from(sorted(TOOLS)), st.dictionaries(
+    st.sampled_from(_NAMES) | st.text(max_size=12), _VALUES, max_size=4)),
+    min_size=25, max_size=25)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(calls=_CALLS)
+def test_fuzzed_arguments_are_answered_or_refused_never_a_traceback(store, calls):
+    """Any JSON the SDK's client sends to any tool: an answer or a clear, bounded refusal;
+    the store unchanged and the session still answering after them all."""
+    before = hashlib.sha256(Path(store).read_bytes()).hexdigest()
+
+    async def script(session):
+        return [await session.call_tool(n, a) for n, a in calls], \
+            await session.call_tool("gpus", {})
+
+    found, after = session_on(store, script)
+    for (name, arguments), result in zip(calls, found, strict=True):
+        text = _text(result)
+        assert "Traceback" not in text and 'File "' not in text, (name, arguments, text)
+        assert not result.is_error or len(text) < 4000, (name, len(text))
+    assert _ok(after)["gpus"]
+    assert hashlib.sha256(Path(store).read_bytes()).hexdigest() == before
