@@ -37,9 +37,12 @@ means). Benchmarks (--only takes these names):
   webui       GPU chart API latency over 7 days of samples
   mcp         M p50/p95 of each `gpuwhy mcp` tool call (the SDK's in-process client) on a
               7-day, 8-GPU store
+  otlp        O OTLP export's CPU, % of a core at 10 s (8 GPUs, 64 processes), beside a
+              /metrics render of the same store; CPU per incident log record
+  storm       P3 the probes' peak RSS under 10 M notable driver calls, beside its RSS before
   cuda        CUDA uprobes: ns added per traced CUDA call
 
-Root is needed for probes, sidecar, cron, cuda and the Xid latency (eBPF, /dev/kmsg,
+Root is needed for probes, sidecar, storm, cron, cuda and the Xid latency (eBPF, /dev/kmsg,
 /etc/cron.d); without it they are listed as not run. --quick runs smaller sizes and
 fewer repeats (each benchmark's QUICK line below says which) and leaves out cron, the
 only one that must wait for a cron minute (name it in --only to run it anyway).
@@ -597,6 +600,39 @@ def bench_mcp(quick: bool) -> tuple[Figures, dict]:
     return rows, r
 
 
+def bench_otlp(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 10 exports (full: 30), 8 GPUs × 64 processes both."""
+    import bench_otlp
+
+    r = bench_otlp.run(gpus=8, processes=64, runs=10 if quick else 30)
+    scrape = statistics.median(r["scrape_cpu_ms"])
+    rows = [figure("O", f"OTLP metrics export, {r['gpus']} GPUs × {r['processes']} processes "
+                   f"({r['points']} points), % of one core at otlp.interval = 10 s", "%",
+                   [ms / 10_000 * 100 for ms in r["export_cpu_ms"]], goal="≤ 0.1",
+                   goal_value=0.1, reference="a /metrics render of the same store",
+                   reference_value=scrape / 10_000 * 100,
+                   note=f"CPU median {r['export_cpu_ms_median']:.1f} ms an export, "
+                        f"{r['read_cpu_ms']:.1f} ms of it reading the families"),
+            figure("O", "OTLP log record (an incident change), feed read to POST", "µs",
+                   [r["log_record_cpu_us"]], note=f"{r['records']} records")]
+    return rows, r
+
+
+def bench_storm(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 2 M notable driver calls (full: 10 M)."""
+    import bench_storm
+
+    r = bench_storm.run(calls=2_000_000 if quick else 10_000_000)
+    rows = [figure("P3", f"probes peak RSS under a storm of {r['calls']:,} notable driver "
+                   f"calls (nobody reading the bus)", "MB", [r["peak_mb"]],
+                   goal=f"≤ {r['goal_mb']}", goal_value=float(r["goal_mb"]),
+                   reference="the same process before the storm",
+                   reference_value=r["baseline_mb"],
+                   note=f"read {r['records']:,}, dropped and counted {r['dropped']:,}; "
+                        f"every call accounted: {r['all_accounted']}")]
+    return rows, r
+
+
 def bench_cuda(quick: bool) -> tuple[Figures, dict]:
     """QUICK: 2 runs of 10,000 calls (full: 5 runs of 200,000)."""
     import bench_cuda_uprobes
@@ -626,6 +662,8 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], tuple[Figures, dict]], bool]] = {
     "answers": (bench_answers, False),
     "webui": (bench_webui, False),
     "mcp": (bench_mcp, False),
+    "otlp": (bench_otlp, False),
+    "storm": (bench_storm, True),
     "cuda": (bench_cuda, True),
     "cron": (bench_cron, True),
 }
