@@ -597,6 +597,11 @@ def bench_mcp(quick: bool) -> tuple[Figures, dict]:
                    goal_value=bench_mcp.GOAL_MS, judged="p95",
                    note=f"answer {call['bytes']:,} bytes")
             for label, call in r["calls"].items()]
+    why = r["why_cli"]
+    rows.append(figure("A", f"`gpuwhy why --json` (a process: start, rules, store read), "
+                       f"{r['gpus']} GPUs × {days:g} days", "ms", why["times_ms"],
+                       goal="p95 ≤ 500", goal_value=500.0, judged="p95",
+                       note=f"answer {why['bytes']:,} bytes"))
     return rows, r
 
 

@@ -722,3 +722,12 @@ def m126_finding_relations(db: Database) -> None:
     db.table("rule_findings").add_column("explains", str)
     db.table("rule_findings").add_column("scope", str)
 
+
+
+@migrations()
+def m128_finding_unexplained(db: Database) -> None:
+    """``rule_findings.unexplained``: for a symptom, why each cause rule that could explain
+    it was not established when the rules sent it (JSON list of lines), so the answer read
+    from the store says what is missing without the rule files. NULL in rows stored
+    before: the reader's rules tell."""
+    db.table("rule_findings").add_column("unexplained", str)

@@ -710,7 +710,7 @@ def _finding_event(row: Row, at: int | None) -> RuleFinding:
         since=row.get("since") or row["first_ts"] or 0, processes=processes,
         instance=row.get("instance") or "", mig_profile=row.get("mig_profile") or "",
         rule_kind=row.get("rule_kind") or "", explains=_strings(row.get("explains")),
-        scope=row.get("scope") or "")
+        unexplained=_strings(row.get("unexplained")), scope=row.get("scope") or "")
 
 
 def _strings(text: str | None) -> list[str]:

@@ -143,8 +143,9 @@ DESCRIPTIONS = {
                      "stored by an older version), `mig_profile` its profile ('' unknown). "
                      "`rule_kind` (cause or symptom), `explains` (JSON: the symptom rule ids "
                      "a cause explains) and `scope` are the rule's as the finding was made: "
-                     "what the answer relates findings by (NULL: stored by an older "
-                     "version).",
+                     "what the answer relates findings by; `unexplained` (JSON), for a "
+                     "symptom, why each cause that could explain it was not established "
+                     "(NULL: stored by an older version).",
     "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
                       "threshold parameters (JSON).",
     "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "

@@ -712,6 +712,7 @@ class StoreWriter:
                "shadow": int(event.shadow), "rule_group": event.group,
                "rule_kind": event.rule_kind or None, "scope": event.scope or None,
                "explains": json_text(event.explains) if event.rule_kind else None,
+               "unexplained": json_text(event.unexplained) if event.rule_kind else None,
                "first_ts": existing[0] if existing else event.ts, "last_ts": event.ts,
                "cleared_at": event.ts if event.state == "cleared" else None}
         if event.state != "cleared" or not existing:   # a clearing keeps the firing's advice

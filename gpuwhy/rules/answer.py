@@ -63,15 +63,29 @@ def rank_key(kind: str, severity: str, confidence: float | None = None,
             -(confidence if confidence is not None else 0.0))
 
 
+def described(finding: RuleFinding) -> bool:
+    """Whether the finding carries what the ranking reads of its rule (kind, explains,
+    scope, group), as the rules engine sends and the store keeps it since m126: then the
+    finding is read, not the rule files of whoever reads it (`gpuwhy why` loads none; a
+    rule edited since the finding was made does not rewrite it)."""
+    return finding.rule_kind in KINDS and bool(finding.scope)
+
+
 def kind_of(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
-    """The finding's kind: its rule's, else what the finding says, else CAUSE."""
+    """The finding's kind: its own when :func:`described`, else its rule's, else what the
+    finding says, else CAUSE."""
+    if described(finding):
+        return finding.rule_kind
     rule = rules.get(finding.rule_id)
     kind = rule.kind if rule is not None else finding.rule_kind
     return kind if kind in KINDS else CAUSE
 
 
 def explains_of(finding: RuleFinding, rules: Mapping[str, Rule]) -> tuple[str, ...]:
-    """The symptom rule ids the finding's rule explains (its rule's, else the finding's)."""
+    """The symptom rule ids the finding's rule explains (the finding's own when
+    :func:`described`, else its rule's, else the finding's)."""
+    if described(finding):
+        return tuple(finding.explains)
     rule = rules.get(finding.rule_id)
     return tuple(rule.explains) if rule is not None else tuple(finding.explains)
 
@@ -98,7 +112,7 @@ def missing_for(symptom_id: str, rules: Mapping[str, Rule]) -> list[str]:
 def _scope(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
     """The rule's scope; else what the finding says (its sender's rule); else, from a sender
     that predates ``scope``, "process" when it names one."""
-    rule = rules.get(finding.rule_id)
+    rule = None if described(finding) else rules.get(finding.rule_id)
     if rule is not None:
         return rule.scope
     if finding.scope:
@@ -113,7 +127,7 @@ FAILURES = "failures"
 
 
 def _group(finding: RuleFinding, rules: Mapping[str, Rule]) -> str:
-    rule = rules.get(finding.rule_id)
+    rule = None if described(finding) else rules.get(finding.rule_id)
     return rule.group if rule is not None else finding.group
 
 
