@@ -47,7 +47,14 @@ from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.rules import answer
 from gpuwhy.rules.model import CAUSE, SYMPTOM
-from gpuwhy.store import gpu_activity, gpu_bindings, gpu_identity, incident_rows, process_seconds
+from gpuwhy.store import (
+    gpu_activity,
+    gpu_bindings,
+    gpu_identity,
+    incident_rows,
+    process_seconds,
+    queries,
+)
 from gpuwhy.store import health as store_health
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store.gpu_identity import resolve_gpu
@@ -133,6 +140,10 @@ class IncidentBuilder:
         # decide made, for the journal once its transaction commits
         self.changes: list[int] = []
         self._realert: list[int] = []       # incidents whose answer changed: alerted again
+        # The finding that leads each GPU's answer (gpuwhy.rules.answer.verdicts), as of the
+        # last decide that moved a finding or a health state: its change is logged
+        self._leads: dict[str, tuple[str, str] | None] = {}
+        self._answers_moved = False
         self.resolved = 0
         self.reopened = 0
 
@@ -149,6 +160,7 @@ class IncidentBuilder:
         new: list[int] = []
         self.changes = []                   # a failed decide's were rolled back with it
         self._realert = []
+        self._answers_moved = False
         self.timelines.discard_pending()    # held by a decide that failed: rolled back with it
         self.health.forget()
         if envelopes:
@@ -181,8 +193,40 @@ class IncidentBuilder:
             chains.rebuild(db, incident_id, self)
         self._resolve_exited(db, now)
         self._resolve_settled(db, now)
+        if self._answers_moved:     # live: the store's now (its firing rows, indexed)
+            self._log_answer_changes(db, now, None if wall_ns is not None else now)
         new += [i for i in self._realert if i not in new]
         return new
+
+    def _log_answer_changes(self, db: Database, now: int, at: int | None) -> None:
+        """A line in the incidents' logs when the finding that leads a GPU's answer changes
+        (the answer `gpuwhy why` gives, read from what this decide stored): "now the answer
+        on GPU 2 (was: ...)" in the new lead's incident, "no longer the answer" in the old
+        one's. Not at the first look after a start (nothing to compare with), not for a
+        cause that became its symptom's incident's answer here (logged as such)."""
+        leads: dict[str, tuple[str, str] | None] = {}
+        for verdict in queries.gpu_verdicts(db, {}, at=at):
+            gpu = verdict.gpu
+            lead = verdict.lead.finding if verdict.lead and not verdict.health_leads else None
+            leads[gpu.gpu_id] = (lead.finding_id, lead.title) if lead else None
+            if gpu.gpu_id not in self._leads or lead is None:
+                continue
+            before = self._leads[gpu.gpu_id]
+            if before is not None and before[0] == lead.finding_id:
+                continue
+            row = incident_rows.active_by_key(db, f"rule_finding:{lead.finding_id}")
+            if row is not None and row[0] not in self._realert:
+                was = f" (was: {before[1]})" if before else ""
+                self._logged(db, row[0], lc.ANSWERED, now,
+                             text=f"now the answer on {gpu.label}{was}"[:lc.NOTE_MAX])
+            old = incident_rows.active_by_key(db, f"rule_finding:{before[0]}") \
+                if before else None
+            if old is not None and incident_rows.is_cause(db, old[0]) and \
+                    (row is None or old[0] != row[0]):
+                self._logged(db, old[0], lc.NOTE, now,
+                             text=f"no longer the answer on {gpu.label}: {lead.title} "
+                                  f"ranks above it"[:lc.NOTE_MAX])
+        self._leads = leads
 
     def _route_table(self) -> dict[str, tuple[tuple[Callable[[Database, Event], None], ...],
                                                  Any]]:
@@ -212,6 +256,7 @@ class IncidentBuilder:
         if not (self.health.transitions or self.health.contradicted):
             return                          # the common case: a sample that moved nothing
         moved, contradicted = self.health.take()
+        self._answers_moved = self._answers_moved or bool(moved)
         for move in moved:
             if not move.leaves_unusable:
                 continue
@@ -538,6 +583,7 @@ class IncidentBuilder:
         findings are the rules' own business: no incident, no alert."""
         if event.shadow:
             return []
+        self._answers_moved = True
         dedup_key = f"rule_finding:{event.finding_id}"
         active = incident_rows.active_by_key(db, dedup_key)
         if event.state == "cleared":

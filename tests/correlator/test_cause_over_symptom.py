@@ -3,6 +3,8 @@ its cause is not established and what is missing; a cause that explains it, arri
 becomes that same incident's answer (the alert goes out again with it) and the symptom a
 link; a symptom after its cause joins the cause; another GPU's symptom stays its own."""
 
+import dataclasses
+
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.journal import MESSAGE_IDS
@@ -116,3 +118,28 @@ def test_a_symptom_joins_the_cause_the_answer_ranks_first(harness):
     [verdict] = [v for v in gpu_verdicts(h.db, {}) if v.gpu.gpu_id == UUID0]
     assert verdict.lead is not None and verdict.lead.rule_id == "R03_sync_bound"
     assert [a.rule_id for a in verdict.candidates] == ["R03_sync_bound", STARVED]
+
+
+def test_a_change_of_answer_is_a_line_in_both_incidents_logs(harness):
+    """The answer on a GPU moves from one cause to a worse one and back when that clears:
+    each move is a line in the incident that became the answer and in the one it left."""
+    h = harness
+    bound(h)
+    h.feed(cause(h, 250, since=190))                   # the answer: the starved loader
+    worse = RuleFinding(ts=h.at(300), finding_id=f"R03_sync_bound:{UUID0}:290",
+                        rule_id="R03_sync_bound", title="Host and GPU take turns",
+                        severity="critical", state="firing", gpu_id=UUID0, process=TRAINER,
+                        since=h.at(290), window_start=h.at(230), window_end=h.at(300),
+                        rule_kind=CAUSE, explains=[BURSTY], scope="process")
+    h.feed(worse)
+    h.feed(dataclasses.replace(worse, ts=h.at(400), state="cleared"))
+    by_title = {i["title"]: incident_detail(h.db, i["id"]) for i in h.incidents()}
+    starved = [(r["action"], r["text"]) for r in
+               by_title["DataLoader workers cannot keep up"]["log"]][1:]
+    synced = [(r["action"], r["text"]) for r in by_title["Host and GPU take turns"]["log"]][1:]
+    gpu = "GPU 0 · 0000:18:00.0"
+    assert synced[0] == ("answered", f"now the answer on {gpu} (was: DataLoader workers "
+                                     "cannot keep up)")
+    assert starved[0] == ("note", f"no longer the answer on {gpu}: Host and GPU take turns "
+                                  "ranks above it")
+    assert starved[1] == ("answered", f"now the answer on {gpu} (was: Host and GPU take turns)")
