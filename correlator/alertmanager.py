@@ -211,7 +211,9 @@ class AlertmanagerPusher:
         rows = alertpush.due(self.db, now, self.resend_ns, SEND_MAX)
         if not rows:
             return 0
-        alerts, firing, resolved = [], [], []
+        alerts: list[dict] = []
+        firing: list[int] = []
+        resolved: list[int] = []
         for row in rows:
             alert, is_resolved = self._alert(row, now)
             alerts.append(alert)

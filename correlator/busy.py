@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sqlite_utils import Database
 
-from gpuwhy.events import Event
+from gpuwhy.events import GpuSample
 from gpuwhy.store import gpu_activity
 from gpuwhy.store.samples import BY_FIELD
 
@@ -29,7 +29,7 @@ class LastBusy:
         self._seen: dict[str, int] = {}             # from the samples the decide stage saw
         self._stored: dict[str, int | None] = {}    # read once from the store, per GPU
 
-    def observe(self, db: Database, event: Event) -> None:
+    def observe(self, db: Database, event: GpuSample) -> None:
         """Note a GPU sample (already written by the store's writer)."""
         util = event.fields.get("gpu_util")
         # compared as stored (an integer percent), so that this and the store agree

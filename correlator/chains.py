@@ -213,7 +213,8 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
 
 # --- effects -------------------------------------------------------------------------------
 def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
-                  exclude: set[ProcessKey] = frozenset(), only: set | None = None) -> list[Link]:
+                  exclude: frozenset[ProcessKey] | set[ProcessKey] = frozenset(),
+                  only: set | None = None) -> list[Link]:
     """The incident's effects (rows naming it as their cause: stalls, deaths, rule findings,
     later Xids), then the other processes on the GPU at the time (unless ``only`` names the
     processes it is about)."""

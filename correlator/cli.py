@@ -8,7 +8,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -237,7 +237,8 @@ def change_incident(ctx: click.Context, incident_id: int, change: str, actor: st
         except GpuwhyError as exc:    # IncidentNotFound, LifecycleError
             raise click.ClickException(str(exc)) from None
         try:
-            unsent = store_lifecycle.send_change(db, done["log_id"], config["correlator.url"])
+            unsent = store_lifecycle.send_change(db, cast(int, done["log_id"]),
+                                                 config["correlator.url"])
         except Exception as exc:      # the change stands, whatever the journal does
             unsent = f"{type(exc).__name__}: {exc}"
     finally:

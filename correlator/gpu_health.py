@@ -41,7 +41,17 @@ from typing import Any
 from sqlite_utils import Database
 
 from gpuwhy import gpu_health as gh
-from gpuwhy.events import Event, methods_by_kind
+from gpuwhy.events import (
+    CronExecution,
+    DriverCall,
+    Event,
+    GpuSample,
+    GpuState,
+    GpuXid,
+    KernelLogCheckpoint,
+    KernelLogRecord,
+    methods_by_kind,
+)
 from gpuwhy.gpufields import FABRIC_HEALTH, FABRIC_STATES
 from gpuwhy.identity import classify_device
 from gpuwhy.reset import reset_kind, state_kind
@@ -175,7 +185,7 @@ class GpuHealth:
             return
         current = queries.gpu_health(db, gpu_id)
         now = (current["health"] if current else None) or gh.OK
-        if state == gh.DEGRADED and now == gh.DEGRADED:
+        if state == gh.DEGRADED and now == gh.DEGRADED and current is not None:
             causes = list(current["evidence"].get("causes", []))
             if cause not in causes:
                 self._move(db, gpu_id, ts, gh.DEGRADED, cause, evidence, [*causes, cause])
@@ -252,7 +262,7 @@ class GpuHealth:
                        own=gh.xid_remedies(catalogue) if state != gh.DEGRADED else frozenset())
 
     # --- the sources -----------------------------------------------------------------------
-    def _on_kernel_log_record(self, db: Database, event: Event) -> None:
+    def _on_kernel_log_record(self, db: Database, event: KernelLogRecord) -> None:
         self._boot_seen(db, event.boot_id, event.ts)
         kind = event.record_kind
         if kind not in ("xid", "fallen_off_bus", "rm_init_failed"):
@@ -271,13 +281,13 @@ class GpuHealth:
         self._xid(db, gpu_id, event.ts, code, catalogue_fields(kind, code, event.details),
                   evidence, event.pci)
 
-    def _on_kernel_log_checkpoint(self, db: Database, event: Event) -> None:
+    def _on_kernel_log_checkpoint(self, db: Database, event: KernelLogCheckpoint) -> None:
         self._boot_seen(db, event.boot_id, event.ts)
 
-    def _on_cron_execution(self, db: Database, event: Event) -> None:
+    def _on_cron_execution(self, db: Database, event: CronExecution) -> None:
         self._boot_seen(db, event.boot_id, event.ts)
 
-    def _on_gpu_xid(self, db: Database, event: Event) -> None:
+    def _on_gpu_xid(self, db: Database, event: GpuXid) -> None:
         if event.before_start:
             return              # from before gpuwhy started: when, and whether a reset has
             # cleared it since, nobody can tell (the GPU page shows it as a note)
@@ -285,7 +295,7 @@ class GpuHealth:
                   {"event": "gpu_xid", "source": event.source,
                    "detail": event.detail[:MAX_DETAIL]})
 
-    def _on_gpu_state(self, db: Database, event: Event) -> None:
+    def _on_gpu_state(self, db: Database, event: GpuState) -> None:
         evidence = {"event": f"gpu_state {event.state}", "source": event.source,
                     "detail": event.detail[:MAX_DETAIL]}
         if event.state == gh.LOST:
@@ -322,7 +332,7 @@ class GpuHealth:
             store_health.note_contradiction(db, gpu_id, seen)
             self.contradicted.append((gpu_id, seen))
 
-    def _on_driver_call(self, db: Database, event: Event) -> None:
+    def _on_driver_call(self, db: Database, event: DriverCall) -> None:
         if reset_kind(event.sub_name) != "reset" or event.ret != 0 or event.status != 0:
             return              # a request, or a reset call that failed: no reset happened
         kind, minor = classify_device(event.path)
@@ -334,7 +344,7 @@ class GpuHealth:
             if gpu_id:
                 self._reset_seen(db, gpu_id, event.ts, evidence, done=True)
 
-    def _on_gpu_sample(self, db: Database, event: Event) -> None:
+    def _on_gpu_sample(self, db: Database, event: GpuSample) -> None:
         if event.instance:
             return              # a MIG instance: the whole GPU's sample speaks for it
         gpu_id, ts, fields = event.gpu_id, event.ts, event.fields
@@ -354,7 +364,9 @@ class GpuHealth:
         current = queries.gpu_health(db, gpu_id)
         now = (current["health"] if current else None) or gh.OK
         later = current is not None and ts > (current["since"] or 0)
-        if later and fields and bad is None and now in (gh.LOST, gh.RESETTING):
+        if current is None:
+            pass                # a GPU with no health row yet: only an escalation below
+        elif later and fields and bad is None and now in (gh.LOST, gh.RESETTING):
             self._read_again(db, gpu_id, ts, current,
                              "source reads it again with clean counters", evidence)
         elif later and now == gh.DEGRADED:

@@ -42,7 +42,19 @@ from gpuwhy.correlator.busy import LastBusy
 from gpuwhy.correlator.gpu_health import GpuHealth
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.correlator.rules.signals import names_a_monitor
-from gpuwhy.events import EVENT_TYPES, Envelope, Event, RuleFinding, methods_by_kind
+from gpuwhy.events import (
+    EVENT_TYPES,
+    DriverCall,
+    Envelope,
+    Event,
+    GpuSeen,
+    GpuState,
+    GpuXid,
+    KernelLogRecord,
+    ProcessExited,
+    RuleFinding,
+    methods_by_kind,
+)
 from gpuwhy.identity import GpuIdentity, ProcessKey, mig_instance_name
 from gpuwhy.reset import NEEDED_STATES, RESET_STATES, reset_kind, state_kind
 from gpuwhy.rules import answer
@@ -82,16 +94,15 @@ def may_open_incident(event: Event) -> bool:
     """An event a detector below may open an incident on (keep in step with them): the
     correlator writes its batch at once instead of on the batch timer, so the alert is not
     held back. Process deaths and stalls follow such an event, or are found on the timer."""
-    kind = event.kind
-    if kind == "gpu_xid":
+    if isinstance(event, GpuXid):
         return not event.before_start          # see _detect_gpu_xid
-    if kind == "rule_finding":
+    if isinstance(event, RuleFinding):
         return True
-    if kind == "gpu_state":
+    if isinstance(event, GpuState):
         return event.state == "lost" or state_kind(event.state) == "reset"
-    if kind == "kernel_log_record":
+    if isinstance(event, KernelLogRecord):
         return event.record_kind in ("xid", "fallen_off_bus")
-    if kind == "driver_call":
+    if isinstance(event, DriverCall):
         return reset_kind(event.sub_name) == "reset"
     return False
 
@@ -228,12 +239,12 @@ class IncidentBuilder:
                                   f"ranks above it"[:lc.NOTE_MAX])
         self._leads = leads
 
-    def _route_table(self) -> dict[str, tuple[tuple[Callable[[Database, Event], None], ...],
+    def _route_table(self) -> dict[str, tuple[tuple[Callable[[Database, Any], None], ...],
                                                  Any]]:
         """Per kind, who reads its events: the handlers each one is fed (the timelines, GPU
         health, the stall check's busy samples), and its detector. A kind none reads (most of
         a busy batch's device opens and closes) costs the decide loop one lookup."""
-        table = {}
+        table: dict[str, tuple[tuple[Callable[[Database, Any], None], ...], Any]] = {}
         for kind in EVENT_TYPES:
             handlers = tuple(handler for handler in (
                 self.timelines.handler(kind),
@@ -486,7 +497,7 @@ class IncidentBuilder:
                        f"GPU {gpu_id or '?'}: {fields.get('action') or info.action}",
                        f"{kind}:{gpu_id}:{code}", gpu_id, process, details, cause)]
 
-    def _detect_kernel_log_record(self, db: Database, event: Event) -> list[Opened]:
+    def _detect_kernel_log_record(self, db: Database, event: KernelLogRecord) -> list[Opened]:
         gpu_id = resolve_gpu(db, uuid=event.uuid, pci=event.pci)
         if event.record_kind == "xid" and event.xid is not None:
             return self._xid(db, event.ts, gpu_id, event.xid, event.pid, event.name,
@@ -499,12 +510,12 @@ class IncidentBuilder:
             gpu_identity.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci), event.ts)
         return []
 
-    def _detect_gpu_seen(self, db: Database, event: Event) -> list[Opened]:
+    def _detect_gpu_seen(self, db: Database, event: GpuSeen) -> list[Opened]:
         gpu_identity.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci_bus_id,
                                        index=event.index, minor=event.minor), event.ts)
         return []
 
-    def _detect_gpu_xid(self, db: Database, event: Event) -> list[Opened]:
+    def _detect_gpu_xid(self, db: Database, event: GpuXid) -> list[Opened]:
         if event.before_start:
             # An Xid from before gpuwhy started, time unknown (dcgm-exporter's gauge at the
             # first scrape): an incident would be dated now and alert as if it just happened.
@@ -513,7 +524,7 @@ class IncidentBuilder:
         return self._xid(db, event.ts, event.gpu_id, event.xid, None, None,
                          f"GPU source {event.source}", event.detail)
 
-    def _detect_gpu_state(self, db: Database, event: Event) -> list[Opened]:
+    def _detect_gpu_state(self, db: Database, event: GpuState) -> list[Opened]:
         if event.state == "lost":
             return self._xid(db, event.ts, event.gpu_id, 79, None, None,
                              f"GPU source {event.source}", event.detail)
@@ -539,7 +550,7 @@ class IncidentBuilder:
             return None
         return incident_rows.needing_reset(db, gpu_id, ts)
 
-    def _detect_driver_call(self, db: Database, event: Event) -> list[Opened]:
+    def _detect_driver_call(self, db: Database, event: DriverCall) -> list[Opened]:
         if reset_kind(event.sub_name) != "reset":   # a request: the reset call follows
             return []
         key = event.process
@@ -550,7 +561,7 @@ class IncidentBuilder:
                             {"pid": key.pid, "start_time": key.start_time,
                              "path": event.path}) for gpu in gpus or [None]]
 
-    def _detect_process_exited(self, db: Database, event: Event) -> list[Opened]:
+    def _detect_process_exited(self, db: Database, event: ProcessExited) -> list[Opened]:
         key = event.process
         if event.exit_code == 0 and not event.signal:
             return []                       # a clean exit is not a death
@@ -659,7 +670,7 @@ class IncidentBuilder:
         """Bound, living processes whose GPU has been near idle (or silent while resetting or
         lost) for ``stall_seconds`` after being busy. Not a monitor (nv-hostengine, an NVML
         exporter, gpuwhy): it holds the device files and waits whatever the GPU does."""
-        found = []
+        found: list[Opened] = []
         rows = gpu_bindings.held_by_living(db)
         if not rows:
             return found                    # an idle host: no further read

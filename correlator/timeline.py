@@ -15,7 +15,15 @@ from collections.abc import Callable, Sequence
 from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
-from gpuwhy.events import Event, methods_by_kind
+from gpuwhy.events import (
+    CudaStats,
+    DriverCallStats,
+    Event,
+    GpuProcesses,
+    ProcessExited,
+    SchedStats,
+    methods_by_kind,
+)
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import process_seconds
 from gpuwhy.wire import json_text
@@ -39,11 +47,11 @@ class _HeldSecond:
         sched: list = [None] * len(process_seconds.SCHED_COLUMNS)
         if self.sched:
             # insert: the first interval's figures; conflict: coalesce(col, 0) + figures
-            totals = [v or 0 for v in stored[:-1]] if stored else None
+            totals: list | None = [v or 0 for v in stored[:-1]] if stored else None
             for figures in self.sched:
                 totals = list(figures) if totals is None else \
                     [t + f for t, f in zip(totals, figures, strict=True)]
-            sched = totals
+            sched = totals if totals is not None else sched
         if not self.ioctls:
             return [*sched, None, None]
         merged = json.loads(stored[-1]) if stored and stored[-1] else None
@@ -53,6 +61,7 @@ class _HeldSecond:
                 for name, count in merged.items():
                     step[name] = step.get(name, 0) + count
             merged = step
+        merged = merged or {}
         return [*sched, sum(merged.values()), json_text(merged)]
 
 
@@ -93,7 +102,7 @@ class TimelineBuilder:
             held = self._held[second] = _HeldSecond()
         return held
 
-    def _on_sched_stats(self, db: Database, event: Event) -> None:
+    def _on_sched_stats(self, db: Database, event: SchedStats) -> None:
         own, workers = event.own.get, event.workers.get
         # flushes come every probes.poll_interval: several may end in a second, and add up
         self._hold(event.process, event.ts).sched.append((
@@ -102,7 +111,7 @@ class TimelineBuilder:
             workers("on_cpu_ns", 0) / _MS, workers("runqueue_ns", 0) / _MS,
             workers("blocked_ns", 0) / _MS))
 
-    def _on_driver_call_stats(self, db: Database, event: Event) -> None:
+    def _on_driver_call_stats(self, db: Database, event: DriverCallStats) -> None:
         by_op: dict[str, int] = {}
         process, path = event.process, event.path
         last = self._last_counts.get((process.pid, process.start_time))
@@ -120,7 +129,7 @@ class TimelineBuilder:
         if by_op:
             self._hold(process, event.ts).ioctls.append(by_op)
 
-    def _on_cuda_stats(self, db: Database, event: Event) -> None:
+    def _on_cuda_stats(self, db: Database, event: CudaStats) -> None:
         figures = event.totals()
         process_seconds.upsert_second(db, event.process, event.ts // NS_PER_SECOND, {
             "cuda_launches": figures["launches"] + figures["graph_launches"],
@@ -131,10 +140,10 @@ class TimelineBuilder:
             "cuda_allocs": figures["allocs"] + figures["host_allocs"],
             "cuda_frees": figures["frees"]}, add=True)
 
-    def _on_process_exited(self, db: Database, event: Event) -> None:
+    def _on_process_exited(self, db: Database, event: ProcessExited) -> None:
         self._last_counts.pop((event.process.pid, event.process.start_time), None)
 
-    def _on_gpu_processes(self, db: Database, event: Event) -> None:
+    def _on_gpu_processes(self, db: Database, event: GpuProcesses) -> None:
         for p in event.processes:
             if p.get("start_time") is None:
                 continue
