@@ -204,7 +204,9 @@ class SchedStats(Event):
     its child processes (DataLoader workers) and their threads. Each holds nanoseconds
     ``on_cpu_ns``, ``runqueue_ns`` (runnable, waiting for a CPU), ``sleep_ns`` (interruptible),
     ``blocked_ns`` (uninterruptible, usually I/O) and counts ``voluntary_switches``,
-    ``involuntary_switches``, ``migrations``, ``threads``; ``net_rx_bytes`` (received from
+    ``involuntary_switches``, ``migrations``, ``threads``, ``busiest_on_cpu_ns`` (the on-CPU
+    ns of the side's busiest thread, for ``own`` the busiest but its main thread, whose
+    own is ``own.main_on_cpu_ns``); ``net_rx_bytes`` (received from
     TCP/IP sockets) and ``net_wait_ns`` (the sleep that ended in such a receive: waiting for
     the network), both absent where the kernel offers no hook to count them.
     ``node_on_cpu_ns``: on a host with several NUMA nodes, the on-CPU ns of its threads and

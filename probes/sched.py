@@ -210,7 +210,7 @@ def _current_state(proc_root: str, pid: int, tid: int) -> int:
 
 def _group() -> list:
     """A GPU process's figures in a flush (see SchedProbe.flush)."""
-    return [[], [], 0, 0, set(), [0] * (NO_CREDIT + 1), [0] * (NO_CREDIT + 1)]
+    return [[], [], 0, 0, set(), [0] * (NO_CREDIT + 1), [0] * (NO_CREDIT + 1), 0, [0, 0]]
 
 
 def _figures(said: list[list[int]], quiet: list[int], interval: int) -> list[int]:
@@ -345,7 +345,10 @@ class SchedProbe:
         now_ktime = time.monotonic_ns()
         interval = now_ktime - self._last_flush
         # owner -> [what was said of each own thread read in full, of each worker's, own
-        # threads, workers' threads, worker pids, own quiet threads by credit, workers']
+        # threads, workers' threads, worker pids, own quiet threads by credit, workers',
+        # the on-CPU ns of its main thread, of its busiest other thread and worker thread]
+        # (one thread on a CPU all the time: a serving engine's Python loop on its main
+        # thread, a frontend's or tokeniser's on another; the sums cannot tell)
         per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
@@ -361,6 +364,13 @@ class SchedProbe:
             group = per_owner.get(owner)
             if group is None:
                 group = per_owner[owner] = _group()
+            on_cpu = interval if said is None and credit == ThreadState.RUNNING else \
+                said[0] if said is not None else 0
+            if on_cpu:
+                if not side and int.from_bytes(key, "little") == owner:
+                    group[7] = on_cpu
+                elif on_cpu > group[8][side]:
+                    group[8][side] = on_cpu
             if said is None:
                 group[5 + side][credit] += 1
             else:
@@ -387,7 +397,9 @@ class SchedProbe:
                 continue
             own, workers = ({**dict(zip(FIELDS, _figures(group[side], group[5 + side],
                                                          interval), strict=True)),
-                             "threads": group[2 + side]} for side in (0, 1))
+                             "threads": group[2 + side], "busiest_on_cpu_ns": group[8][side]}
+                            for side in (0, 1))
+            own["main_on_cpu_ns"] = group[7]
             if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
                 for name in NET_FIELDS:
                     del own[name], workers[name]

@@ -723,6 +723,16 @@ def m126_finding_relations(db: Database) -> None:
     db.table("rule_findings").add_column("scope", str)
 
 
+@migrations()
+def m127_sched_busiest_thread(db: Database) -> None:
+    """``sched_stats.own_main_on_cpu_ns``: the on-CPU ns of the GPU process's main thread
+    in the interval (a serving engine's loop); ``own_busiest_on_cpu_ns``: of its busiest
+    other thread (a frontend's, a tokeniser's); ``workers_busiest_on_cpu_ns``: of its
+    workers' busiest thread. One thread on a CPU all the time, which the sums cannot tell.
+    NULL in rows stored before."""
+    for column in ("own_main_on_cpu_ns", "own_busiest_on_cpu_ns", "workers_busiest_on_cpu_ns"):
+        db.table("sched_stats").add_column(column, int)
+
 
 @migrations()
 def m128_finding_unexplained(db: Database) -> None:

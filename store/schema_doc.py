@@ -149,7 +149,9 @@ DESCRIPTIONS = {
     "rule_overrides": "Per-rule overrides set with `gpuwhy rules set`: enabled, shadow, "
                       "threshold parameters (JSON).",
     "sched_stats": "Scheduler time per GPU process and interval (ns), of its own threads "
-                   "and of its worker processes: on CPU, run queue, sleep, blocked (D).",
+                   "and of its worker processes: on CPU, run queue, sleep, blocked (D); "
+                   "the on-CPU ns of its main thread, of its busiest other thread and of "
+                   "its workers' busiest thread (`*_busiest_on_cpu_ns`).",
     "source_cursors": "Where each log source resumes (journal cursor or kmsg sequence), "
                       "stored with the records it covers.",
     "process_seconds": "The correlator's per-process timeline, one row per process and second "

@@ -151,8 +151,8 @@ def test_every_shipped_rule_has_a_kind_and_explains_symptoms_or_the_causes_it_br
 def test_the_host_starvation_causes_explain_the_utilisation_symptoms():
     for cause in (STARVED, "R02_input_io_bound", "R03_dataloader_synchronous"):
         assert {BURSTY, LOW} <= set(SHIPPED[cause].explains)
-    for cause in ("R19_power_cap", "R12_tensor_cores_unused"):
-        assert SHIPPED[cause].explains == ()
+    for cause in ("R19_power_cap", "R12_tensor_cores_unused"):   # a busy GPU, slowed
+        assert not {BURSTY, LOW} & set(SHIPPED[cause].explains)
     # a GPU off the bus explains any idle GPU, more of it than a starved loader does: it
     # outranks a starvation cause on the same GPU whatever their order
     assert {BURSTY, LOW} < set(SHIPPED["R32_xid79_fallen_off_bus"].explains)

@@ -45,15 +45,30 @@ def command(cmdline: str) -> list:
             (200, ProcessExec(ts=0, process=key, filename="/usr/bin/" + cmdline.split()[0]))]
 
 
-def engine_scrapes(kv_cache_usage: float, preemptions_per_s: float) -> list:
-    """An inference engine's /metrics every 5 s (the engines source) for the process."""
+def engine_scrapes(kv_cache_usage: float, preemptions_per_s: float, until: int = 400,
+                   **values) -> list:
+    """An inference engine's /metrics every 5 s (the engines source) for the process;
+    ``values`` change the others (a number, or a function of the second)."""
     server = Synthetic().process(0, 0)
+    given = {"kv_cache_usage": kv_cache_usage, "preemptions_per_s": preemptions_per_s,
+             "requests_running": 30.0, "requests_waiting": 40.0, **values}
     return [(t, EngineSample(ts=0, engine="vllm", endpoint="http://127.0.0.1:8000/metrics",
                              process=server, processes=[server],
-                             values={"kv_cache_usage": kv_cache_usage,
-                                     "preemptions_per_s": preemptions_per_s,
-                                     "requests_running": 30.0, "requests_waiting": 40.0}))
-            for t in range(5, 400, 5)]
+                             values={k: v(t) if callable(v) else v for k, v in given.items()}))
+            for t in range(5, until, 5)]
+
+
+def serving(gpu_busy: float, main: float = 0.6, worker: float = 0.5, **values) -> Synthetic:
+    """A serving engine (its scrapes) on a GPU busy ``gpu_busy`` of the time, its main
+    thread and its workers' busiest thread on a CPU ``main``, ``worker`` of it."""
+    return Synthetic(gpu={"gpu_util": 100 * gpu_busy, "gr_engine_active": gpu_busy},
+                     own={"main": main}, workers={"busiest": worker},
+                     extra=engine_scrapes(0.3, 0.0, **values))
+
+
+# the inter-token latency's tail of a step that computes a long prompt whole (R51)
+PREFILL_HEAVY = {"prompt_tokens_per_s": 14000.0, "generation_tokens_per_s": 700.0,
+                 "tpot_p50_s": 0.02}
 
 
 def bursty(trough: float):
@@ -242,6 +257,25 @@ CASES = {
     # a full KV cache that holds its requests is no fault; one that preempts them is
     "R48_kv_cache_pressure": (Synthetic(extra=engine_scrapes(0.97, 0.4)),
                               Synthetic(extra=engine_scrapes(0.97, 0.0))),
+    # requests wait while the GPU idles between steps and the engine's loop holds a core;
+    # near miss: the same queue at full GPU (a capacity limit, the loop spins on the GPU)
+    "R49_engine_cpu_bound": (serving(0.55, main=1.0), serving(0.93, main=1.0)),
+    # a worker (a tokenising pre/post-processing instance) on a core, the engine starved;
+    # near miss: the worker at half a core
+    "R50_engine_frontend_bound": (serving(0.3, main=0.1, worker=1.0, requests_per_s=0.4),
+                                  serving(0.3, main=0.1, worker=0.5, requests_per_s=0.4)),
+    "R51_long_prefills_block_decodes": (serving(0.95, **PREFILL_HEAVY, tpot_p95_s=0.25),
+                                        serving(0.95, **PREFILL_HEAVY, tpot_p95_s=0.08)),
+    "R52_engine_low_load": (serving(0.1, main=0.1, requests_waiting=0.0, requests_running=0.2),
+                            serving(0.1, main=0.1, requests_waiting=2.0)),
+    "R53_engine_gpu_shared": (dataclasses.replace(serving(0.9), processes=2),
+                              serving(0.9)),
+    # p95 time to first token four times its level of the 10 minutes before
+    "R54_serving_latency_up": (
+        Synthetic(duration_s=960, extra=engine_scrapes(
+            0.3, 0.0, until=960, ttft_p95_s=lambda t: 1.6 if t >= 720 else 0.4 + 0.02 * (t % 3))),
+        Synthetic(duration_s=960, extra=engine_scrapes(
+            0.3, 0.0, until=960, ttft_p95_s=lambda t: 0.4 + 0.02 * (t % 3)))),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),

@@ -49,10 +49,13 @@ HEALTHY_GPU: dict[str, float] = {
 }
 # Per side, CPU time per second of wall time (cores) in each scheduler state, and threads;
 # net_wait: the part of sleep that ended in a receive from a TCP/IP socket, net_rx: bytes/s.
+# main, busiest: the share of wall time its main thread, its busiest other thread was on
+# a CPU.
 HEALTHY_OWN = {"on_cpu": 1.0, "runqueue": 0.02, "sleep": 2.0, "blocked": 0.0, "threads": 3,
-               "net_wait": 0.0, "net_rx": 0.0}
+               "net_wait": 0.0, "net_rx": 0.0, "main": 0.6, "busiest": 0.3}
 HEALTHY_WORKERS = {"on_cpu": 2.0, "runqueue": 0.05, "sleep": 1.9, "blocked": 0.05,
-                   "threads": 4, "processes": 4, "net_wait": 0.0, "net_rx": 0.0}
+                   "threads": 4, "processes": 4, "net_wait": 0.0, "net_rx": 0.0,
+                   "busiest": 0.5}
 HEALTHY_CALLS = {"rm_alloc": 2.0, "rm_free": 2.0, "rm_control": 20.0, "rm_map": 1.0,
                  "uvm_migrate": 0.0, "uvm_advise": 0.0}
 # CUDA API per second (the uprobes): calls, bytes, and the shares pinned / blocked.
@@ -186,6 +189,9 @@ class Synthetic:
             sides[side]["threads"] = int(values["threads"])
             sides[side]["net_wait_ns"] = int(values["net_wait"] * interval)
             sides[side]["net_rx_bytes"] = int(values["net_rx"] * self.step_s)
+            sides[side]["busiest_on_cpu_ns"] = int(values["busiest"] * interval)
+            if side == "own":
+                sides[side]["main_on_cpu_ns"] = int(values["main"] * interval)
         workers = int({**HEALTHY_WORKERS, **_at(self.workers, t)}["processes"])
         if workers == 0:
             sides["workers"] = dict.fromkeys(sides["workers"], 0)

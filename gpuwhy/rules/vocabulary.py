@@ -228,6 +228,18 @@ SIGNALS["proc.cpu_remote_frac"] = Signal(
     "proc.cpu_remote_frac", "sched", "ratio",
     "share of the on-CPU time of the process and its workers spent on CPUs of another NUMA "
     "node than its GPU's (unknown on a one-node host)", _remote_share, per_gpu=True)
+# One thread on a CPU all the time, which the sums cannot tell from many threads each a
+# little busy: a Python serving engine's loop holding the GIL on the main thread (vLLM's
+# EngineCore busy loop, SGLang's scheduler), a frontend's or tokeniser's on another.
+for _name, _column_name, _help in (
+        ("proc.main_thread_oncpu", "own_main_on_cpu_ns", "the GPU process's main thread"),
+        ("proc.busiest_thread_oncpu", "own_busiest_on_cpu_ns",
+         "the GPU process's busiest thread other than its main thread"),
+        ("workers.busiest_thread_oncpu", "workers_busiest_on_cpu_ns",
+         "the busiest thread of its worker processes")):
+    SIGNALS[_name] = Signal(_name, "sched", "ratio", f"share of the interval {_help} spent "
+                            "on a CPU (1: one core all the time)",
+                            _ratio(_column_name, "interval_ns"))
 SIGNALS["proc.threads"] = Signal("proc.threads", "sched", "count", "threads of the process",
                                  _column("own_threads"))
 SIGNALS["workers.count"] = Signal("workers.count", "sched", "count",

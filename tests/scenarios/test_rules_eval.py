@@ -53,11 +53,15 @@ HITS = {
     "cron-reset-idle-gpu": "R40_operator_or_cron_intervention",
     # an inference engine's KV cache full, its requests preempted (its /metrics scraped)
     "vllm-kv-cache-pressure": "R48_kv_cache_pressure",
+    # the engine's loop on one core while requests wait; a tokenising worker on one core
+    "vllm-cpu-bound-scheduler": "R49_engine_cpu_bound",
+    "triton-trtllm-postprocessing-bound": "R50_engine_frontend_bound",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
          "checkpoint-dips", "node-boot-fabric-training", "healthy-two-socket-unpinned",
-         "healthy-s3-streaming", "healthy-mig-tenants", "healthy-vllm-light-load")
+         "healthy-s3-streaming", "healthy-mig-tenants", "healthy-vllm-light-load",
+         "healthy-vllm-overnight-trickle")       # too little load: no alert (R52, info)
 
 
 def invoke(tmp_path, *args):

@@ -195,6 +195,9 @@ class Trace:
         self.main_on = Bins(n)
         self.main_blocked = Bins(n)
         self.aux_on = Bins(n)
+        self.front_on = Bins(n)              # a frontend thread (an inference server's)
+        self.w_front = Bins(n)               # a worker's frontend thread (a tokeniser's)
+        self.loop_on = Bins(n)               # an engine loop on a thread other than main
         self.w_on = Bins(n)
         self.w_blocked = Bins(n)
         self.w_runq = Bins(n)
@@ -358,6 +361,34 @@ class Inference:
     prompt_tokens: float = 0.0
     prefill_s_per_token: float = 0.0
     max_seqs: int = 256
+    # Chunked prefill: the tokens one step computes at most, decodes first, prompts in the
+    # rest (vLLM's --max-num-batched-tokens with chunked prefill on); 0: off, a step takes
+    # every admitted prompt whole and the running requests' next token waits for it.
+    chunk_tokens: int = 0
+    # The engine loop's CPU work per step for each running request (scheduling, sampling,
+    # output processing in Python), on its main thread while the GPU waits.
+    cpu_s_per_seq: float = 0.0
+    # The frontend (HTTP, tokenisation, detokenisation) on one thread: CPU seconds per
+    # request and per generated token; a request reaches the engine's queue only once the
+    # frontend has handled it (0: not simulated). ``frontend_in``: "own", a thread of the
+    # engine's process other than its main one; "workers", a child process of it (Triton's
+    # Python pre/post-processing model instances, triton_python_backend_stub).
+    frontend_s: float = 0.0
+    frontend_s_per_token: float = 0.0
+    frontend_in: str = "own"
+    workers: int = 0
+    # Which engine's /metrics the scrapes are (engine_sample.engine), and so which values
+    # it gives: Triton's only pending requests (of every model: its ensemble's pre- and
+    # post-processing models' queues too), requests/s and the mean queue time; its
+    # scheduling loop is TensorRT-LLM's C++ executor thread, not the main thread.
+    engine: str = "vllm"
+    # Closed-loop clients (a benchmark such as Apache bench or benchmark_serving with a
+    # fixed concurrency): this many requests in flight, each followed at once by the next
+    # when it ends; ``rate`` is then unused. 0: open-loop arrivals at ``rate``.
+    concurrency: int = 0
+    # The GPU's speed by second (1.0: full clocks, alone on the GPU): a step's GPU time
+    # is divided by it (clocks throttled, or another process time-slicing the GPU).
+    gpu_speed: Callable[[float], float] | None = None
 
 
 @dataclass
@@ -639,7 +670,8 @@ class Host:
             # the server process (rank 0) serves /metrics; every rank holds a GPU
             for t, values in scrapes:
                 self.extra.append((t, "engines", EngineSample(
-                    ts=0, engine="vllm", endpoint="http://127.0.0.1:8000/metrics",
+                    ts=0, engine=getattr(job, "engine", "vllm"),
+                    endpoint="http://127.0.0.1:8000/metrics",
                     process=made[0].key, version="v1",
                     processes=[p.key for p in made], gpu_ids=[self.uuids[g] for g in gpus],
                     values=values)))
@@ -954,7 +986,8 @@ class Host:
         if tr is None:
             on, blocked, runq = jitter(proc.monitor_cpu), 0.0, 0.00005
         else:
-            on = jitter(tr.main_on.v[k] + tr.aux_on.v[k] + 0.03)
+            on = jitter(tr.main_on.v[k] + tr.aux_on.v[k] + tr.front_on.v[k] + tr.loop_on.v[k]
+                        + 0.03)
             blocked = tr.main_blocked.v[k]
             runq = jitter(0.004 + 0.01 * on)
         threads = proc.threads
@@ -969,6 +1002,15 @@ class Host:
             workers = _state_ns(tr.w_on.v[k], tr.w_runq.v[k] + 0.002 * count,
                                 tr.w_blocked.v[k], w_threads, rng, tr.w_net.v[k],
                                 tr.w_net_wait.v[k])
+        # the main thread (one core at most); the busiest other one: a frontend's, or of
+        # the helper threads (aux_on: runtime threads, a pin-memory thread)
+        main, other = (min(1.0, proc.monitor_cpu), 0.0) if tr is None else \
+            (min(1.0, tr.main_on.v[k]), min(1.0, max(tr.front_on.v[k], tr.aux_on.v[k],
+                                                     tr.loop_on.v[k])))
+        own["main_on_cpu_ns"], own["busiest_on_cpu_ns"] = int(main * NS), int(other * NS)
+        workers["busiest_on_cpu_ns"] = int(NS * min(1.0, max(tr.w_on.v[k] / count,
+                                                             tr.w_front.v[k]))) \
+            if tr is not None and count else 0
         return SchedStats(ts=0, process=proc.key, interval_ns=NS, own=own, workers=workers,
                           worker_processes=count,
                           node_on_cpu_ns=self._nodes(proc, k, own["on_cpu_ns"]
@@ -1327,60 +1369,129 @@ def simulate_training(job: Training, host: Host, rng: random.Random) -> list[Tra
 ENGINE_SCRAPE_S = 5.0    # the engines source's round
 
 
+def _quantiles(name: str, values: list[float]) -> dict[str, float]:
+    """p50, p95 and mean of the interval's ``values`` as the engine's histograms give them
+    (none when the interval had none: the engine's quantile is then unknown, not 0)."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]   # noqa: E731
+    return {f"{name}_p50_s": round(at(0.5), 4), f"{name}_p95_s": round(at(0.95), 4),
+            f"{name}_mean_s": round(sum(ordered) / len(ordered), 4)}
+
+
 def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[Trace]:
     """An engine with a KV cache of ``job.kv_tokens`` (see :class:`Inference`), iteration by
-    iteration: admit from the queue while the cache holds the next request, decode one token
-    for every running request, preempt the latest admitted while the cache overflows. Its
-    /metrics (what vLLM's would show) every ENGINE_SCRAPE_S go on ``traces[0].engine``."""
+    iteration: admit from the queue while the cache holds the next request, compute the
+    admitted prompts (whole, or ``chunk_tokens`` a step), decode one token for every
+    running request past its prompt, preempt the latest admitted while the cache
+    overflows. Its /metrics (what vLLM's would show: requests, KV cache, token rates, TTFT,
+    inter-token latency and queue time quantiles) every ENGINE_SCRAPE_S go on
+    ``traces[0].engine``."""
     n = host.n
     traces = [Trace(n) for _ in job.gpus]
     for tr in traces:
         tr.mix = job.mix
         tr.fb_mib = lambda t, fb=job.fb_mib: fb
-    waiting: list[list[float]] = []          # [prompt, output, generated, arrival]
+    # [prompt, output, generated, arrival, prefill left, first token at, admitted at]
+    waiting: list[list[float]] = []
     running: list[list[float]] = []
+    frontend: list[list[float]] = []          # handled by the frontend, not yet queued
+    front_free = 0.0
     totals = {"preemptions": 0.0, "prompt": 0.0, "generation": 0.0, "finished": 0.0}
     before = dict(totals)
+    latencies: dict[str, list[float]] = {"ttft": [], "tpot": [], "queue": []}
     scrapes: list[tuple[float, dict[str, float]]] = []
     next_scrape = ENGINE_SCRAPE_S
     used = 0.0
     t = 0.0
     next_arrival = rng.expovariate(max(job.rate(0.0), 1e-6))
+    arrivals: list[float] = []                # closed loop: when the next clients send
+    if job.concurrency:
+        arrivals = [0.05 * i / job.concurrency for i in range(job.concurrency)]
+        next_arrival = math.inf
     while t < n:
+        while arrivals and arrivals[0] <= t:
+            at = arrivals.pop(0)
+            prompt = max(16.0, rng.lognormvariate(math.log(job.prompt_tokens), 0.5))
+            output = max(8.0, rng.lognormvariate(math.log(job.tokens), 0.6))
+            waiting.append([prompt, output, 0.0, at, prompt, -1.0, -1.0])
         while next_arrival <= t:
             prompt = max(16.0, rng.lognormvariate(math.log(job.prompt_tokens), 0.5))
             output = max(8.0, rng.lognormvariate(math.log(job.tokens), 0.6))
-            waiting.append([prompt, output, 0.0, next_arrival])
+            request = [prompt, output, 0.0, next_arrival, prompt, -1.0, -1.0]
+            if job.frontend_s:
+                begin = max(next_arrival, front_free)
+                front_free = begin + job.frontend_s + job.frontend_s_per_token * output
+                request[3] = front_free               # the engine sees it from then on
+                for tr in traces[:1]:
+                    if job.frontend_in == "workers":
+                        tr.w_front.span(begin, front_free)
+                        tr.w_on.span(begin, front_free)
+                    else:
+                        tr.front_on.span(begin, front_free)
+                frontend.append(request)
+            else:
+                waiting.append(request)
             next_arrival += rng.expovariate(max(job.rate(next_arrival), 1e-6))
+        while frontend and frontend[0][3] <= t:
+            waiting.append(frontend.pop(0))
         while next_scrape <= t:
             values = {"requests_running": float(len(running)),
                       "requests_waiting": float(len(waiting)),
                       "kv_cache_usage": round(min(1.0, used / job.kv_tokens), 4)}
+            if job.engine == "triton":    # pending in every model of the ensemble
+                values = {"requests_waiting": float(len(waiting) + len(frontend))}
             if scrapes:
                 for ours, name in (("preemptions_per_s", "preemptions"),
                                    ("prompt_tokens_per_s", "prompt"),
                                    ("generation_tokens_per_s", "generation"),
                                    ("requests_per_s", "finished")):
                     values[ours] = (totals[name] - before[name]) / ENGINE_SCRAPE_S
+                for name, seen in latencies.items():
+                    values.update(_quantiles(name, seen))
+                if job.engine == "triton":
+                    values = {name: values[name] for name in
+                              ("requests_waiting", "requests_per_s", "queue_mean_s")
+                              if name in values}
             scrapes.append((next_scrape, values))
             before = dict(totals)
+            latencies = {name: [] for name in latencies}
             next_scrape += ENGINE_SCRAPE_S
-        prefill = 0.0
+        admitted = []
         while waiting and len(running) < job.max_seqs and \
                 used + waiting[0][0] + waiting[0][2] + 1 <= job.kv_tokens:
             request = waiting.pop(0)
-            prefill += request[0] + request[2]       # its prompt and, if preempted, its tokens
-            used += request[0] + request[2]
+            request[4] = request[0] + request[2]  # its prompt and, if preempted, its tokens
+            used += request[4]
+            if request[6] < 0:
+                request[6] = t
+                latencies["queue"].append(t - request[3])
             running.append(request)
+            admitted.append(request)
         if not running:
-            t = min(float(n), next_arrival, next_scrape)
+            t = min(float(n), next_arrival, next_scrape,
+                    frontend[0][3] if frontend else math.inf,
+                    arrivals[0] if arrivals else math.inf)
             continue
+        fresh = {id(r) for r in admitted} if not job.chunk_tokens else set()
+        decoding = {id(r) for r in running if r[4] <= 0 or id(r) in fresh}
+        budget = max(0.0, job.chunk_tokens - len(decoding)) if job.chunk_tokens else math.inf
+        prefill = 0.0
+        for request in running:
+            if request[4] > 0 and budget > 0:
+                part = min(request[4], budget)
+                request[4] -= part
+                budget -= part
+                prefill += part
         totals["prompt"] += prefill
-        seqs = len(running)
-        gap = job.sched_gap_s * rng.uniform(0.8, 1.2)
+        seqs = len(decoding)
+        gap = job.sched_gap_s * rng.uniform(0.8, 1.2) + job.cpu_s_per_seq * len(running)
         it = job.iter_s + job.per_seq_s * seqs + job.prefill_s_per_token * prefill
+        if job.gpu_speed is not None:
+            it /= job.gpu_speed(t)
         for tr in traces:
-            tr.main_on.span(t, t + gap + it)
+            (tr.loop_on if job.engine == "triton" else tr.main_on).span(t, t + gap + it)
             tr.aux_on.span(t, t + gap + it, 0.2)
             tr.compute.span(t + gap, t + gap + it)
             tr.util.span(t + gap, t + gap + it)
@@ -1389,10 +1500,19 @@ def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[T
                 tr.nvl.at(t, job.comm_bytes_per_iter * seqs / 32)
             tr.rx.at(t, 4096 * seqs)
             tr.tx.at(t, 2048 * seqs)
+        step_end = t + gap + it
+        made = 0
         for request in running:
-            request[2] += 1.0
-        used += seqs
-        totals["generation"] += seqs
+            if id(request) in decoding or request[4] <= 0:
+                if request[5] < 0:
+                    request[5] = step_end
+                    latencies["ttft"].append(step_end - request[3])
+                else:
+                    latencies["tpot"].append(gap + it)
+                request[2] += 1.0
+                made += 1
+        used += made
+        totals["generation"] += made
         while used > job.kv_tokens and len(running) > 1:
             request = running.pop()                  # the latest admitted gives way
             used -= request[0] + request[2]
@@ -1403,7 +1523,9 @@ def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[T
             running.remove(request)
             used -= request[0] + request[2]
         totals["finished"] += len(done)
-        t += gap + it
+        if job.concurrency:
+            arrivals += [step_end] * len(done)
+        t = step_end
     traces[0].engine = scrapes
     return traces
 

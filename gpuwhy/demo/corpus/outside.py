@@ -421,6 +421,49 @@ def _(seed: int) -> Host:
     return host
 
 
+# === serving engines: the engine's loop on one core (issue #59) ==============================
+@scenario("vllm-qwen2-05b-h800-cpu-bound", 2701,
+          "vLLM 0.4.2 serving Qwen2-0.5B on one H800 (80 GB): 247 requests running, 740 "
+          "pending, KV cache ~99.7 %, ~2,100 generated tokens/s, and the GPU's compute "
+          "~20 % used: for so small a model the engine's Python loop (scheduling, "
+          "sampling, output processing on one core) takes most of each step",
+          ("R49_engine_cpu_bound", "R48_kv_cache_pressure"), "host_starvation",
+          notes="source: vllm-project/vllm issue #6737 (its metrics.py log lines: Running "
+                "247 reqs, Pending 740 reqs, GPU KV cache usage 99.7 %, Avg generation "
+                "throughput ~2136 tokens/s, prompt throughput 0). The H800 is modelled as an "
+                "H100 (the same GH100 die, NVLink cut); the step's CPU share from the log: "
+                "~240 tokens a step at 2,136 tokens/s is 0.11 s a step, 20 % of it on the GPU. "
+                "The KV cache size is not given: sized so that the running requests fill it")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 1, 12)
+    host.add(Inference(gpus=[0], rate=lambda t: 3.0, tokens=1000, iter_s=0.004,
+                       per_seq_s=0.00007, cpu_s_per_seq=0.00036, fb_mib=72000,
+                       kv_tokens=200_000, prompt_tokens=300, prefill_s_per_token=0.000004,
+                       cmdline="/usr/bin/python3 -m vllm.entrypoints.openai.api_server "
+                               "--model /data/qwen2-0.5b --port 8000"))
+    return host
+
+
+@scenario("vllm-llama2-7b-a100-100-concurrent", 2702,
+          "vLLM 0.3.2 serving Llama-2 7B (fp16) on one A100 80 GB, load-tested with Apache "
+          "bench: from 1 to 100 concurrent requests the GPU's utilisation falls from 94 % "
+          "to 56 %: each step's Python work grows with the batch, on one core",
+          ("R49_engine_cpu_bound",), "host_starvation",
+          notes="source: vllm-project/vllm issue #6105 (vllm-openai v0.3.2, A100, "
+                "Llama-2-7b-chat-hf float16; Apache bench; GPU utilisation 94 % at 1 "
+                "concurrent request, 56 % at 100). A closed loop: 100 requests in flight, "
+                "each followed by the next, none left waiting in the engine's queue "
+                "(max_num_seqs 256)")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 1, 12)
+    host.add(Inference(gpus=[0], rate=lambda t: 1.0, concurrency=100, tokens=256,
+                       iter_s=0.016, per_seq_s=0.0002, cpu_s_per_seq=0.00025, fb_mib=72000,
+                       kv_tokens=115_000, prompt_tokens=100, prefill_s_per_token=0.00007,
+                       cmdline="python3 -m vllm.entrypoints.openai.api_server --model "
+                               "meta-llama/Llama-2-7b-chat-hf --dtype float16"))
+    return host
+
+
 # === healthy hosts ============================================================================
 @scenario("healthy-h200-vm-single", 2901,
           "none: a Firecracker VM with one H200 (the real recording's: driver 580.159.04, "

@@ -23,6 +23,7 @@ from gpuwhy.demo.corpus.host import (
     HW_POWER_BRAKE,
     L4,
     L40S,
+    LLM_DECODE,
     LLM_TRAIN,
     Board,
     Holder,
@@ -1084,4 +1085,192 @@ def _(seed: int) -> Host:
                            per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
                            prompt_tokens=1500, prefill_s_per_token=0.00004,
                            cmdline=LLAMA3_8B_SERVE))
+    return host
+
+
+# --- serving: why the engine's GPU is not busier, what its latency waits on (issue #59) ---
+VLLM_05_SERVE = "/usr/bin/python3 -m vllm.entrypoints.openai.api_server --model " \
+                "/models/Qwen-7B-Chat --trust-remote-code --max-num-seqs 256"
+TRITON_TRTLLM = "/opt/tritonserver/bin/tritonserver --model-repository=/models/" \
+                "inflight_batcher_llm --http-port 8000 --metrics-port 8002"
+
+
+def steady(per_s: float) -> Callable[[float], float]:
+    """Requests arriving at ``per_s`` a second, whatever the time."""
+    return lambda t: per_s
+
+
+@scenario("vllm-cpu-bound-scheduler", 507,
+          "vLLM 0.5 serving a 7B chat model on GPU 0 of two H100 at high concurrency: every "
+          "step the engine's Python loop schedules, samples and detokenises each of up to "
+          "256 running requests on one core (the GIL) while the GPU waits; requests queue. "
+          "GPU 1's engine, at a tenth of the load, keeps up",
+          ("R49_engine_cpu_bound",), "host_starvation",
+          notes="source: vllm-project/vllm issue #6560 (13B on an H100: at batch 64-96 GPU "
+                "utilisation ~60 %, the schedule and post-processing of requests, Python on "
+                "one core) and #4806 (7B, 128 concurrent requests: CPU 100 %, SM 60-75 %); "
+                "vLLM blog 'vLLM v0.6.0: 2.7x Throughput Improvement' (2024-09-05). CPU per "
+                "request and step from #6560: 0.67 x the GPU's 21 ms step at batch 80")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    for g, rate in ((0, 14.0), (1, 1.4)):
+        host.add(Inference(gpus=[g], rate=steady(rate), tokens=250, iter_s=0.012,
+                           per_seq_s=0.00012, cpu_s_per_seq=0.00014, fb_mib=73500,
+                           kv_tokens=400_000, prompt_tokens=600,
+                           prefill_s_per_token=0.00004, cmdline=VLLM_05_SERVE), seed=str(g))
+    return host
+
+
+@scenario("healthy-vllm-gpu-saturated", 508,
+          "none: vLLM's V1 engine serving Llama-3 8B on one H100 past its capacity: full "
+          "batches back to back, the GPU busy, the main loop spinning on the GPU, requests "
+          "queueing. A capacity limit (add replicas), not a fault of the host",
+          notes="near miss of R49: requests wait and the engine's main thread is on a CPU "
+                "all the time, but the GPU is busy: the thread waits on the GPU (CUDA "
+                "synchronisation spins). source: vLLM V1 engine (docs/design/arch_overview): "
+                "EngineCore's busy loop; CPU per request and step ~0.01 ms")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=lambda t: 22.0, tokens=250, iter_s=0.012,
+                       per_seq_s=0.00012, cpu_s_per_seq=0.00001, fb_mib=73500,
+                       kv_tokens=400_000, prompt_tokens=600, prefill_s_per_token=0.00004,
+                       cmdline=LLAMA3_8B_SERVE))
+    return host
+
+
+@scenario("triton-trtllm-postprocessing-bound", 509,
+          "Triton with the TensorRT-LLM in-flight batcher on GPU 0 of two H100, streaming: "
+          "the ensemble's Python postprocessing model (one instance) spends ~40 ms a call "
+          "computing len(tokenizer.vocab), a call per streamed token; its stub process "
+          "holds one core and requests reach the engine no faster than it passes them",
+          ("R50_engine_frontend_bound",), "host_starvation",
+          notes="source: triton-inference-server/tensorrtllm_backend issue #622 "
+                "(postprocessing model in v0.13.0: len(self.tokenizer.vocab) on every "
+                "execute(), ~40 ms, critical in streaming mode); triton-inference-server/"
+                "server issue #5317 (a single preprocessing instance bottlenecks: raise its "
+                "instance_group count)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Inference(gpus=[0], rate=lambda t: 1.2, tokens=60, iter_s=0.010,
+                       per_seq_s=0.0001, fb_mib=76000, kv_tokens=300_000, prompt_tokens=800,
+                       prefill_s_per_token=0.00004, frontend_s=0.004,
+                       frontend_s_per_token=0.04, frontend_in="workers", workers=2,
+                       engine="triton", cmdline=TRITON_TRTLLM, comm="tritonserver",
+                       exe="/opt/tritonserver/bin/tritonserver"))
+    return host
+
+
+@scenario("healthy-triton-trtllm-streaming", 510,
+          "none: Triton with the TensorRT-LLM in-flight batcher on one H100, streaming, "
+          "its postprocessing model fixed (vocab size read once): the stub at a tenth of a "
+          "core, the requests flowing",
+          notes="near miss of R50: the same server after the fix of tensorrtllm_backend "
+                "issue #622 (self.tokenizer.vocab_size, ~4 ms a call)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=lambda t: 1.2, tokens=60, iter_s=0.010,
+                       per_seq_s=0.0001, fb_mib=76000, kv_tokens=300_000, prompt_tokens=800,
+                       prefill_s_per_token=0.00004, frontend_s=0.004,
+                       frontend_s_per_token=0.001, frontend_in="workers", workers=2,
+                       engine="triton", cmdline=TRITON_TRTLLM, comm="tritonserver",
+                       exe="/opt/tritonserver/bin/tritonserver"))
+    return host
+
+
+@scenario("vllm-long-prefills-no-chunking", 511,
+          "vLLM serving Llama-3 8B on one H100 for a RAG application, chunked prefill off: "
+          "prompts of ~4,000 tokens at 3 requests/s; every step that computes a prompt "
+          "takes ~0.15 s or more and every running request's next token waits for it",
+          ("R51_long_prefills_block_decodes",), "device_efficiency",
+          notes="source: vLLM docs, Optimization and Tuning, 'Chunked Prefill' (with it "
+                "off, prefills are scheduled first and decodes wait; chunking bounds a "
+                "step's tokens to max_num_batched_tokens and improves inter-token latency); "
+                "Agrawal et al., 'Taming Throughput-Latency Tradeoff in LLM Inference with "
+                "Sarathi-Serve' (OSDI 2024): generation stalls behind prefills")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=lambda t: 3.0, tokens=200, iter_s=0.012,
+                       per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                       prompt_tokens=4000, prefill_s_per_token=0.00004,
+                       cmdline=LLAMA3_8B_SERVE + " --no-enable-chunked-prefill"))
+    return host
+
+
+@scenario("healthy-vllm-chunked-prefill-rag", 512,
+          "none: the same RAG load on vLLM with chunked prefill on "
+          "(--max-num-batched-tokens 2048): each step computes at most 2,048 tokens, "
+          "decodes first, so no step stalls the running requests for a whole prompt",
+          notes="near miss of R51. source: vLLM docs, Optimization and Tuning, 'Chunked "
+                "Prefill'")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=lambda t: 3.0, tokens=200, iter_s=0.012,
+                       per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                       prompt_tokens=4000, prefill_s_per_token=0.00004, chunk_tokens=2048,
+                       cmdline=LLAMA3_8B_SERVE + " --enable-chunked-prefill "
+                                                 "--max-num-batched-tokens 2048"))
+    return host
+
+
+@scenario("healthy-vllm-overnight-trickle", 513,
+          "none: four vLLM replicas of an internal assistant on four A100 overnight, a "
+          "request a minute or less each, one replica with none at all for 20 minutes: the "
+          "GPUs wait for requests, nothing queues",
+          notes="too little load is not a fault (R52, info). source: vLLM docs, Production "
+                "Metrics: num_requests_waiting 0, num_requests_running 0-1; KServe scales "
+                "serving on concurrency, not on GPU utilisation")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 4, minutes=20)
+    for g, rate in ((0, 1 / 60), (1, 1 / 90), (2, 1 / 240), (3, 1e-6)):
+        host.add(Inference(gpus=[g], rate=steady(rate), tokens=300, iter_s=0.016,
+                           per_seq_s=0.0002, fb_mib=72000, kv_tokens=350_000,
+                           prompt_tokens=900, prefill_s_per_token=0.00007,
+                           cmdline=LLAMA3_8B_SERVE), seed=str(g))
+    return host
+
+
+@scenario("vllm-gpu-shared-with-finetune", 514,
+          "another process time-slices the serving engine's GPU: at 300 s a LoRA "
+          "fine-tuning job is started on GPU 0 of two A100, where vLLM serves; every "
+          "engine step now waits for the job's kernels",
+          ("R53_engine_gpu_shared", "R26_multi_process_contention"), "sharing_config",
+          onset_s=300,
+          notes="source: NVIDIA MPS documentation (without MPS, contexts of different "
+                "processes are time-sliced); Kubernetes GPU time-slicing (NVIDIA device "
+                "plugin docs: no memory or fault isolation, replicas share by time)")
+def _(seed: int) -> Host:
+    host = node(seed, A100, 2, minutes=14)
+    host.add(Inference(gpus=[0], rate=lambda t: 2.0, tokens=250, iter_s=0.018,
+                       per_seq_s=0.0002, fb_mib=52000, kv_tokens=250_000, prompt_tokens=900,
+                       prefill_s_per_token=0.00007,
+                       gpu_speed=lambda t: 0.5 if t >= 305 else 1.0,
+                       cmdline=LLAMA3_8B_SERVE + " --gpu-memory-utilization 0.65"))
+    host.add(Inference(gpus=[1], rate=lambda t: 2.0, tokens=250, iter_s=0.018,
+                       per_seq_s=0.0002, fb_mib=72000, kv_tokens=350_000, prompt_tokens=900,
+                       prefill_s_per_token=0.00007, cmdline=LLAMA3_8B_SERVE), seed="1")
+    job = host.add(Training(gpus=[0], gpu_s=0.5, host_s=0.02, mix=LLM_TRAIN, workers=2,
+                            fb_mib=24000,
+                            cmdline="/usr/bin/python3 finetune_lora.py --model llama-3-8b "
+                                    "--batch-size 4"), age_s=-300.0, seed="ft")
+    job[0].since = 305.0     # its loader workers (5 s younger) started: it computes
+    return host
+
+
+@scenario("vllm-gpu-thermal-throttle", 515,
+          "the GPU throttles under the serving engine: at 480 s GPU 0's fans fail (three "
+          "times the thermal resistance) while vLLM serves at a steady rate; clocks drop "
+          "and every step takes longer",
+          ("R20_thermal_throttle",), "power_thermal", onset_s=480,
+          notes="source: NVML clock event reasons (SW/HW thermal slowdown) and vLLM's "
+                "inter_token_latency_seconds: a step's time grows as the SM clock falls")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2, minutes=16)
+    host.conditions[0].r_factor = lambda t: 3.0 if t >= 480 else 1.0
+    slow = thermal_speed(H100, LLM_DECODE, 3.0, host.inlet[0])
+    for g in range(2):
+        host.add(Inference(gpus=[g], rate=lambda t: 6.0, tokens=250, iter_s=0.012,
+                           per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                           prompt_tokens=900, prefill_s_per_token=0.00004,
+                           gpu_speed=(lambda t: slow if t >= 540 else 1.0) if g == 0 else None,
+                           cmdline=LLAMA3_8B_SERVE), seed=str(g))
     return host
