@@ -194,3 +194,20 @@ def held_since(db: Database, gpu_id: str | None = None) -> int | None:
         db.execute(f"select minute from gpu_rollups {one}order by minute limit 1",
                    params).fetchone()) if row]
     return min(found) if found else None
+
+
+PERIOD_SAMPLES = 33          # the spacings the sample period is the median of (32)
+
+
+def sample_period_s(db: Database, gpu_id: str, until: int) -> float | None:
+    """The GPU's sample period (s) before ``until``: the median spacing of its last raw
+    samples, None with fewer than two. A chart judges a gap against it: with samples 10 s
+    apart, a 5 s bucket is empty every other time, and that is no gap (the median, so one
+    outage among them does not stretch the period)."""
+    times = [row[0] for row in db.execute(
+        "select ts from gpu_samples where gpu_id = ? and instance = '' and ts < ? "
+        "order by ts desc limit ?", [gpu_id, until, PERIOD_SAMPLES]).fetchall()]
+    spacings = sorted(a - b for a, b in zip(times, times[1:], strict=False) if a > b)
+    if not spacings:
+        return None
+    return round(spacings[len(spacings) // 2] / NS_PER_SECOND, 3)

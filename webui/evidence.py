@@ -75,7 +75,8 @@ RATIO_NAMES = frozenset({"busy", "gpu_busy", "max_busy", "util", "p05_util", "p9
                          "sm_active", "tensor", "dram", "fp16", "fp32", "fp64", "occupancy",
                          "main_blocked", "workers_blocked", "workers_network_wait",
                          "workers_oncpu", "cpu_on_other_nodes", "idle_share_hour",
-                         "main_oncpu", "main_network_wait", "kv_cache_usage"})
+                         "main_oncpu", "main_network_wait", "kv_cache_usage",
+                         "main_thread_on_cpu", "busiest_worker_thread_on_cpu"})
 RATIO_SUFFIXES = ("_share", "_frac", "_ratio")
 # (suffix, unit) for plain quantities, the suffix case-sensitive (``_Bps`` is bytes/s)
 UNIT_SUFFIXES = (("_per_s", "/s"), ("_per_minute", "/min"), ("_per_hour", "/h"),
@@ -89,10 +90,33 @@ LABELS = {"incident": "incident", "cause_incident": "cause", "incidents": "incid
           "events": "stored events", "driver_calls": "driver calls (stored)",
           "cron_runs": "cron runs", "kernel_log_pid": "pid in the kernel log",
           "evidence": "measured", "root_cause": "root cause", "rule_id": "rule",
-          "rule_kind": "rule kind", "finding_id": "finding", "seen_by": "seen by",
+          "finding_id": "finding", "seen_by": "seen by",
           "gpu_action": "GPU action", "ancestry_depth": "ancestry depth",
           "gpu_reset": "needs a GPU reset", "reboot": "needs a reboot",
-          "exit_code": "exit code", "xid": "Xid", "since": "condition held since"}
+          "exit_code": "exit code", "xid": "Xid", "since": "condition held since",
+          # an Xid's catalogue entry (gpuwhy/xid.py) and its kernel-log line
+          "mnemonic": "NVIDIA's name", "immediate": "NVIDIA's immediate action",
+          "investigatory": "NVIDIA's investigation", "applies_to": "applies to",
+          "origin": "likely origin", "detail": "kernel log line", "name": "process name",
+          "named": "processes the line names", "action": "what to do",
+          "rule_kind": "the finding names"}
+# Internal identifiers and bookkeeping a person has no use for on a page (the JSON has them)
+HIDDEN = frozenset({"finding_id", "group", "scope", "xid154_since"})
+# NVIDIA's immediate resolution buckets (the Xid catalogue's), in words
+RESOLUTIONS = {"RESTART_APP": "restart the application", "RESET_GPU": "reset the GPU",
+               "RESTART_BM": "reboot the node", "RESTART_VM": "restart the virtual machine",
+               "IGNORE": "none needed", "CONTACT_SUPPORT": "contact NVIDIA support",
+               "CHECK_MECHANICALS": "check the board's seating, power and cooling",
+               "UPDATE_SWFW": "update the driver and firmware", "UNKNOWN": "not documented"}
+RULE_KINDS = {"cause": "a cause (why)", "symptom": "a symptom (what is seen, not why)"}
+# Words in keys written as people write them (``gpu_idle_share``: "GPU idle share")
+WORDS = {"gpu": "GPU", "gpus": "GPUs", "sm": "SM", "pcie": "PCIe", "nvl": "NVLink",
+         "nvlink": "NVLink", "dram": "DRAM", "cpu": "CPU", "cpus": "CPUs", "mig": "MIG",
+         "xid": "Xid", "ecc": "ECC", "fb": "memory", "kv": "KV", "oncpu": "on CPU",
+         "numa": "NUMA", "io": "I/O", "id": "id", "pid": "pid", "tx": "sent", "rx": "received",
+         "clk": "clock", "plim": "power limit", "occ": "occupancy", "util": "utilisation"}
+# Unit suffixes a name drops once its value carries the unit (``fb_used_mib``: "4,096 MiB")
+NAME_UNITS = ("_Bps", "_mib", "_w", "_c", "_mhz", "_ns", "_us", "_ms", "_per_s", "_s")
 # Shown first, in this order (what it is, what was measured, what to do); the rest as stored
 FIRST = ("title", "xid", "rule_id", "instance", "evidence", "root_cause", "fixes", "verify",
          "unexplained", "explains")
@@ -200,7 +224,9 @@ class _Rows:
         return None
 
     def row(self, key: str, value: Any) -> Row | None:
-        name = LABELS.get(key, key)
+        if key in HIDDEN:
+            return None
+        name = label(key, value)
         if key == "evidence" and isinstance(value, Mapping):
             nested = _Rows(value, self.at, self.process, set(), self.link).build()
             return Row(key, name, rows=tuple(nested)) if nested else None
@@ -225,6 +251,13 @@ class _Rows:
         if key in ("pid", "kernel_log_pid", "ppid") and _is_int(value):
             mine = self.process is not None and self.process.pid == int(value)
             return [self._process(self.process)] if mine else [Part(str(int(value)))]
+        if key == "named" and isinstance(value, list):
+            # [pid, name, start time or None] a kernel-log line names: its processes
+            return _joined(self._named(v) for v in value)
+        if key == "immediate" and isinstance(value, str):
+            return [Part(RESOLUTIONS.get(value, value.replace("_", " ").lower()))]
+        if key == "rule_kind" and isinstance(value, str):
+            return [Part(RULE_KINDS.get(value, value))]
         if key in ("events", "driver_calls") and isinstance(value, list):
             # stored rows of the process's event list: linked to it, at the step's time
             href = self._href("events", self.process) if self.process else None
@@ -250,11 +283,37 @@ class _Rows:
             return Part(str(value))
         return Part(quantity(key, value))
 
+    def _named(self, value: Any) -> Part:
+        """One process a kernel-log line names: linked where its start time is known, the
+        pid as the kernel wrote it (no thousands separator), its name after it."""
+        if not isinstance(value, list | tuple) or not value or not _is_int(value[0]):
+            return Part(compact(value))
+        pid, rest = int(value[0]), list(value[1:])
+        name = f" ({rest[0]})" if rest and isinstance(rest[0], str) and rest[0] else ""
+        if len(rest) > 1 and _is_int(rest[1]):
+            key = ProcessKey(pid, int(rest[1]))
+            return Part(f"process {key}{name}", self._href("process", key))
+        return Part(f"pid {pid}{name}")
+
     def _process(self, key: ProcessKey) -> Part:
         return Part(f"process {key}", self._href("process", key))
 
     def _href(self, kind: str, ident: Any) -> str | None:
         return self.link(kind, ident, self.at) if self.link else None
+
+
+def label(key: str, value: Any = None) -> str:
+    """What a key is called on a page: its label, else its words as people write them
+    (``gpu_idle_share``: "GPU idle share"), a unit suffix dropped where the value is a
+    number that carries the unit (``fb_used_mib`` 4096: "memory used", "4,096 MiB")."""
+    if key in LABELS:
+        return LABELS[key]
+    name = key
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        name = next((name[:-len(u)] for u in NAME_UNITS if name.endswith(u) and
+                     len(name) > len(u)), name)
+    words = [w for w in name.split("_") if w]
+    return " ".join(WORDS.get(w.lower(), w) for w in words) or key
 
 
 def quantity(key: str, value: float) -> str:

@@ -120,7 +120,9 @@ def show(gpu_id: str) -> ResponseReturnValue:
 @bp.get("/api/gpus/<gpu_id>/series")
 def api_series(gpu_id: str) -> ResponseReturnValue:
     """The GPU's chart series for a window; with ``after``/``grid``/``bucket`` only what a
-    live chart drawn on that grid lacks (its last bucket again, and the newer ones)."""
+    live chart drawn on that grid lacks (its last bucket again, and the newer ones).
+    ``sample_period_s``: the GPU's sample period (median spacing; None when unknown), what
+    the charts judge a gap against (no sample for ~3 periods, or a bucket when coarser)."""
     gpu = _gpu_or_404(gpu_id)
     try:
         tail = requested_tail(request.args, latest_ts(gpu))
@@ -130,6 +132,7 @@ def api_series(gpu_id: str) -> ResponseReturnValue:
     held = {} if tail else {"held_since": series.held_since(get_db(), gpu["id"])}
     return jsonify({"gpu": gpu["id"], "from": w.since, "to": w.until,
                     "throttle_bits": THROTTLE_BITS, **held,
+                    "sample_period_s": series.sample_period_s(get_db(), gpu["id"], w.until),
                     **series.gpu_series(get_db(), gpu["id"], w, after)})
 
 

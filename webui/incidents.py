@@ -158,11 +158,39 @@ def recommended_actions(incident: dict) -> list[str]:
     return actions or ADVICE.get(incident["kind"], [])
 
 
+def _step_time(link: dict) -> tuple[bool, int]:
+    """A chain step's place in time order: dated steps by their time, undated ones last."""
+    ts = link.get("ts")
+    if isinstance(ts, int) and not isinstance(ts, bool):
+        return (False, ts)
+    return (True, 0)
+
+
 def _incident_or_404(incident_id: int) -> dict:
     detail = incident_detail(get_db(), incident_id)
     if detail is None:
         abort(404, description=f"no incident {incident_id}")
-    return {**detail, "actions": recommended_actions(detail)}
+    # the chain in time order (stored in the order the correlator found its steps: a cause
+    # found after its effect came out dated before it); steps of one moment keep theirs
+    chain = sorted(detail.get("chain") or [], key=_step_time)
+    return {**detail, "chain": chain, "actions": recommended_actions(detail)}
+
+
+def _trigger(incident: dict) -> dict | None:
+    """The chart of what raised the incident (webui/trigger.py); the rules as the service
+    loads them, none when they cannot be read (the chart then shows the GPU's usual)."""
+    from gpuwhy.store.queries import gpu as stored_gpu
+    from gpuwhy.webui.rules import all_rules
+    from gpuwhy.webui.trigger import trigger_chart
+
+    if not incident.get("gpu") or stored_gpu(get_db(), incident["gpu"]) is None:
+        return None               # no GPU page to read its series from
+    try:
+        rules = all_rules()
+    except (GpuwhyError, OSError) as exc:
+        log.warning("incident chart without the rules: %s", exc)
+        rules = []
+    return trigger_chart(incident, rules)
 
 
 def _with_stacks(incident: dict) -> tuple[dict, dict | None]:
@@ -195,6 +223,7 @@ def show(incident_id: int) -> ResponseReturnValue:
     changed = request.args.get("changed")
     incident, stacks = _with_stacks(_incident_or_404(incident_id))
     return render_template("incident.html", incident=incident, stacks=stacks,
+                           trigger=_trigger(incident),
                            stacks_url=url_for("stacks.incident_stacks", incident_id=incident_id,
                                               format="json"),
                            auth=bool(current_app.config["AUTH_TOKEN"]),

@@ -112,9 +112,12 @@ def test_every_page_loads_clean_and_draws(browser, server, scenario, tmp_path):
             page.goto(server.url + path, wait_until="networkidle")
             if name == "gpu":
                 page.wait_for_selector("#gpu-page[data-loaded='true']", timeout=15_000)
-                assert charts_drawn(page, "#gpu-page") == 7
+                assert charts_drawn(page, "#gpu-page") == 8     # with the throttle lane
                 assert "1 s each" not in page.inner_text("#range-info")
                 assert page.inner_text("#chart-zone") == f"· times in {BROWSER_ZONE}"
+            if name == "incident":        # the chart of what raised it, drawn
+                page.wait_for_selector("#trigger[data-loaded='true']", timeout=15_000)
+                assert charts_drawn(page, "#trigger") == 1
             if name == "process":
                 page.wait_for_selector("#process-page[data-loaded='true']", timeout=15_000)
                 assert charts_drawn(page, "#process-page") == 2

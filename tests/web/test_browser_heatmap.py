@@ -4,6 +4,7 @@ the URL; and the GPU page's charts on one time axis (same range, same pixels for
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -84,6 +85,16 @@ def test_a_heatmap_cell_opens_that_gpus_page_at_that_moment(served, scenario):
                               ".getElementById('chart-util')).getOption().xAxis[0];"
                               " return [x.min, x.max]; }")
     assert low < middle < high and high - low == pytest.approx(15 * 60_000, abs=2_000)
+    # held at that moment, not following live, with the moment marked on the charts
+    assert page.inner_text("#live-state") == "Holding this time range"
+    held = page.evaluate("() => echarts.getInstanceByDom(document.getElementById('chart-util'))"
+                         ".getOption().series[0].markLine.data.map(d => d.xAxis)")
+    assert any(abs(x - middle) < 1_000 for x in held)
+    # the heatmap's rows on their measure's stated scale; the throttle reasons on a lane
+    rows = page.evaluate("() => echarts.getInstanceByDom(document.getElementById("
+                         "'chart-heatmap')).getOption().yAxis[0].data")
+    assert "gpu util" in rows and any(re.fullmatch(r"power 0–[\d,]+ W", r) for r in rows)
+    assert not any("throttle" in r for r in rows)
     assert served.problems == []
 
 
@@ -92,8 +103,8 @@ def test_the_gpu_page_charts_share_one_time_axis(served, scenario):
     page.goto(f"{url}/gpus/{scenario.gpu_ids[0]}?range=15m", wait_until="load")
     _until(page, lambda: page.get_attribute("#gpu-page", "data-loaded") == "true",
            "the charts drawn")
-    charts = ["chart-util", "chart-lanes", "chart-bw", "chart-power", "chart-thermal",
-              "chart-heatmap"]
+    charts = ["chart-util", "chart-lanes", "chart-bw", "chart-power", "chart-throttle",
+              "chart-thermal", "chart-heatmap"]
     axes = page.evaluate(
         "ids => ids.map(id => { const c = echarts.getInstanceByDom(document.getElementById(id));"
         " const x = c.getOption().xAxis[0]; const t = (x.min + x.max) / 2;"

@@ -74,7 +74,7 @@ def test_findings_come_with_their_fixes(scenario, incident_report):
     assert "Input pipeline starves the GPU" in findings
     assert findings.index("Raise num_workers") < findings.index("Use pin_memory=True")
     # its evidence as on the incident page: names and values with units, not JSON
-    assert re.search(r'<tr data-key="gpu_idle_share"><th>gpu_idle_share</th><td>55%</td>',
+    assert re.search(r'<tr data-key="gpu_idle_share"><th>GPU idle share</th><td>55%</td>',
                      findings)
 
 

@@ -230,9 +230,14 @@ def test_incident_chain_steps_link_to_the_moment_and_say_what_to_do(client, scen
     assert "confidence 95%" in html and "Recommended actions" in html
     assert "reschedule the cron job" in html
     assert f"/gpus/{scenario.gpu_ids[0]}?at=" in html and "/processes/301-2001?at=" in html
-    # its only code: the local times beside the UTC ones (charts.js's clock, times.js)
-    assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/charts.js">',
-                                                  '<script src="/static/times.js">']
+    # what to do above the evidence; then the chart of what raised it (a reset: the
+    # GPU's utilisation and power around it), in time order before the chain
+    assert html.index('id="actions"') < html.index('id="trigger"') < html.index('id="chain"')
+    # its code: the local times beside the UTC ones (charts.js's clock, times.js) and the
+    # chart of what raised it
+    assert re.findall(r"<script[^>]*>", html) == [
+        '<script src="/static/charts.js">', '<script src="/vendor/echarts.min.js">',
+        '<script src="/static/incident.js">', '<script src="/static/times.js">']
     api = client.get(f"/api/incidents/{reset}").get_json()
     assert api["chain"][0]["kind"] == "cron_job" and api["actions"]
     assert client.get("/incidents/999").status_code == 404

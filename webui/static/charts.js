@@ -38,6 +38,14 @@
     return response.json();
   };
 
+  // What the series APIs are asked: a zoom's from/to with a held moment's ``at`` would let
+  // ``at`` re-centre the window (webui/window.py), so the zoom wins and ``at`` stays a mark.
+  G.apiParams = function (params) {
+    const out = Object.assign({}, params);
+    if (out.from && out.to) delete out.at;
+    return out;
+  };
+
   G.withParams = function (url, params) {
     const u = new URL(url, window.location.href);
     for (const [name, value] of Object.entries(params)) {
@@ -112,11 +120,23 @@
     new ResizeObserver(() => requestAnimationFrame(redraw)).observe(element);
   };
 
-  // A field's points (ms, value); where no sample came for more than two buckets (the
-  // source stopped, gpuwhy was down) a null breaks the line instead of bridging the gap.
+  // How far apart (ms) two drawn points may be before the line breaks: no sample for more
+  // than ~3 sample periods (the GPU's, from the API's sample_period_s), or a bucket when the
+  // buckets are coarser. A fixed two buckets drew nothing at all when samples came 10 s
+  // apart into 5 s buckets (every other bucket empty). Consecutive buckets' first samples
+  // lie up to a bucket and a period apart when none is missing, hence the period's margin.
+  G.gapMs = function (data) {
+    const bucket = (data.bucket_s || 1) * 1e3;
+    const period = Number(data.sample_period_s) * 1e3;
+    if (!(period > 0)) return 2 * bucket;       // period unknown (or a process's seconds)
+    return Math.max(3.5 * period, bucket + 1.5 * period);
+  };
+
+  // A field's points (ms, value); where a gap is (G.gapMs: the source stopped, gpuwhy was
+  // down) a null breaks the line instead of bridging it.
   G.column = function (data, field, scale) {
     const i = data.fields.indexOf(field) + 1;
-    const gap = 2 * (data.bucket_s || 1) * 1e3;
+    const gap = G.gapMs(data);
     const out = [];
     let last = null;
     for (const r of data.rows) {
@@ -126,6 +146,27 @@
       last = t;
     }
     return out;
+  };
+
+  // A value with its unit, as every tooltip writes it ("no sample" where there is none).
+  const figures = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+  G.withUnit = function (value, unit) {
+    if (value === null || value === undefined || Number.isNaN(Number(value))) return "no sample";
+    const n = Number(value);
+    const shown = Math.abs(n) > 0 && Math.abs(n) < 0.1 ? n.toPrecision(2) : figures.format(n);
+    return unit ? `${shown}${unit === "%" ? " %" : ` ${unit}`}` : shown;
+  };
+  // A series' tooltip in its unit (ECharts >= 5.3 takes it per series).
+  G.unit = (unit) => ({ tooltip: { valueFormatter: (v) => G.withUnit(v, unit) } });
+
+  // A moment the view is held at (a heatmap cell's, a chain step's: the URL's ``at``), as a
+  // vertical mark with its time; null without one.
+  G.heldMark = function (atNs) {
+    if (!atNs) return null;
+    const ms = G.ms(Number(atNs));
+    return { symbol: "none", silent: true, data: [{ xAxis: ms, lineStyle: { color: "#6a3d9a",
+      width: 2 }, label: { show: true, position: "insideEndTop", color: "#6a3d9a",
+      formatter: `held at ${G.clock(ms)}` } }] };
   };
 
   // Every time chart of a page has the same plot edges, so one moment is one x on all of
@@ -284,7 +325,13 @@
         u.searchParams.delete(name);
       }
     }
-    if (!params.at) u.searchParams.delete("at");
+    if (params.at) {        // held at a moment: as the link gave it, else in UTC ISO
+      if (G.urlTime(u.searchParams.get("at")) !== String(params.at)) {
+        u.searchParams.set("at", G.isoTime(params.at));
+      }
+    } else {
+      u.searchParams.delete("at");
+    }
     window.history.replaceState(null, "", u.pathname + u.search + u.hash);
   };
 
@@ -297,7 +344,8 @@
     let current = { range: url.get("range") || picker.dataset.default || "1h" };
     const from = G.urlTime(url.get("from")), to = G.urlTime(url.get("to"));
     if (from && to) Object.assign(current, { from, to });
-    const at = url.get("at");
+    // a moment to hold at (a heatmap cell, a chain step): ns or ISO, as from/to
+    const at = G.urlTime(url.get("at"));
     if (at) current.at = at;
     // An absolute range, in the browser's time zone (as the axes), to the second.
     const fromInput = document.getElementById("range-from");
@@ -327,7 +375,8 @@
           G.showError("Give a start and an end after it.");
           return;
         }
-        current = { range: current.range, from: String(f * 1e6), to: String(t * 1e6) };
+        current = { range: current.range, from: String(f * 1e6), to: String(t * 1e6),
+          at: current.at };
         show(current);
       });
     }
@@ -342,7 +391,8 @@
           const from = Math.floor(low * 1e6);
           const to = Math.ceil(high * 1e6);
           if (to - from < 2e9) return;
-          current = { range: current.range, from, to };
+          // a held moment stays marked (and in the URL) through a zoom
+          current = { range: current.range, from, to, at: current.at };
           show(current);
         }, 500);
       });

@@ -24,11 +24,13 @@
     const a = G.base(range);
     a.yAxis = [{ type: "value", name: "%" }, { type: "value", name: "calls/s" }];
     a.series = [G.line("SM util (NVML, this process)", G.column(data, "sm_util"),
-      { connectNulls: true }),
-      { name: "driver calls", type: "bar", yAxisIndex: 1, data: G.column(data, "ioctls"),
-        barMaxWidth: 6 },
-      { name: "CUDA launches", type: "bar", yAxisIndex: 1,
-        data: G.column(data, "cuda_launches"), barMaxWidth: 6 }];
+      Object.assign({ connectNulls: true }, G.unit("%"))),
+      Object.assign({ name: "driver calls", type: "bar", yAxisIndex: 1,
+        data: G.column(data, "ioctls"), barMaxWidth: 6 }, G.unit("calls/s")),
+      Object.assign({ name: "CUDA launches", type: "bar", yAxisIndex: 1,
+        data: G.column(data, "cuda_launches"), barMaxWidth: 6 }, G.unit("launches/s"))];
+    const held = G.heldMark(view && view.params.at);
+    if (held) a.series[0].markLine = held;
     a.graphic = G.emptyNote(!G.hasPoints(data, ["sm_util", "ioctls", "cuda_launches"]),
       "GPU activity or driver calls of this process");
     activity.setOption(a, fresh);
@@ -36,7 +38,7 @@
     c.yAxis = { type: "value", name: "ms/s" };
     c.series = ["on_cpu_ms", "runqueue_ms", "sleep_ms", "blocked_ms", "workers_on_cpu_ms",
       "workers_runqueue_ms", "workers_blocked_ms", "cuda_sync_ms"].map((f) =>
-      G.line(f.replace(/_ms$/, "").replace(/_/g, " "), G.column(data, f)));
+      G.line(f.replace(/_ms$/, "").replace(/_/g, " "), G.column(data, f), G.unit("ms/s")));
     c.graphic = G.emptyNote(!G.hasPoints(data, ["on_cpu_ms", "sleep_ms", "blocked_ms"]),
       "scheduler figures of this process");
     cpu.setOption(c, fresh);
@@ -46,7 +48,7 @@
 
   async function load(params) {
     // The whole life unless a range button or a zoom asked for less.
-    const query = params.from || params.at || params.picked ? params : {};
+    const query = params.from || params.at || params.picked ? G.apiParams(params) : {};
     const mine = ++generation;
     try {
       const data = await G.fetchJson(G.withParams(page.dataset.series, query));
