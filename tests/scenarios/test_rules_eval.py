@@ -176,3 +176,28 @@ def test_the_engine_path_is_still_there(tmp_path):
     assert result.exit_code == 0, result.output
     assert "ranking: gpuwhy.rules.answer.answers" in result.output
     assert "accuracy: 1/1 faults = 1.00" in result.output
+
+
+def test_an_input_starved_job_is_answered_without_gpu_counters(written, tmp_path):
+    """A container without NVML or DCGM access, or a capture of driver calls and threads
+    only: the starved loader's capture with every GPU sample taken out is still answered
+    R01 on its GPU (the threads alone tell), and the answer says the counters are missing."""
+    from gpuwhy.correlator.rules.cli import read_capture
+    from gpuwhy.correlator.rules.live_replay import replay_live
+    from gpuwhy.store import open_store
+    from gpuwhy.store.queries import gpu_verdicts
+
+    case = written["single-gpu-cpu-starved"]
+    capture = tmp_path / "no-counters.jsonl"
+    capture.write_text("".join(
+        line + "\n" for line in case.capture.read_text().splitlines()
+        if json.loads(line).get("kind") not in ("gpu_sample", "gpu_processes")))
+    rounds = []
+    replay_live(read_capture(str(capture)), RULES, 10 * 10**9, tmp_path,
+                lambda now, new, verdicts: rounds.append(now))
+    db = open_store(tmp_path / "replay.db", readonly=True)
+    [verdict] = [v for v in gpu_verdicts(db, {}, at=rounds[-1]) if not v.healthy]
+    finding = verdict.lead.finding
+    assert finding.rule_id == "R01_input_cpu_bound"
+    assert finding.evidence["gpu_busy"] is None
+    assert any(fix.startswith("No GPU counters were read") for fix in finding.fixes)
