@@ -39,7 +39,7 @@ from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import Config
 from gpuwhy.correlator import chains, timeline
 from gpuwhy.correlator.busy import LastBusy
-from gpuwhy.correlator.gpu_health import GpuHealth
+from gpuwhy.correlator.health_machine import GpuHealth
 from gpuwhy.correlator.pending import Alignment
 from gpuwhy.correlator.rules.signals import names_a_monitor
 from gpuwhy.events import (

@@ -153,7 +153,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 def _run_service(ctx: _Context, with_probes: bool, host: str | None, port: int | None,
                  pidfile: str | None) -> None:
-    from gpuwhy.correlator.service import tune_gc
+    from gpuwhy.correlator.pipeline import tune_gc
     from gpuwhy.lifeline import ParentGone, die_with_parent_named_in
     from gpuwhy.memory import limit_malloc_arenas
     from gpuwhy.service import Service

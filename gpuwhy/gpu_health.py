@@ -2,7 +2,7 @@
 
 Every part names a GPU's health with these words (the correlator decides it, the store keeps
 it, the CLI, the web view and ``/metrics`` show it). The transitions themselves are the
-correlator's (:mod:`gpuwhy.correlator.gpu_health`); this module says what each source's
+correlator's (:mod:`gpuwhy.correlator.health_machine`); this module says what each source's
 facts mean for health, so that the words and their meaning are defined once:
 
 - ``ok``: nothing known to be wrong;

@@ -31,7 +31,7 @@ from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.correlator.alertmanager import AlertmanagerPusher
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment

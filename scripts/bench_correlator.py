@@ -38,7 +38,7 @@ import zmq
 from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
-from gpuwhy.correlator.service import Correlator, tune_gc
+from gpuwhy.correlator.pipeline import Correlator, tune_gc
 from gpuwhy.events import (
     DeviceClosed,
     DeviceOpened,

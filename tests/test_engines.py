@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpuwhy.bus import Subscriber
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.correlator.service import Correlator
 from gpuwhy.events import EngineSample
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.engines import metrics

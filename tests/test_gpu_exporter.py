@@ -10,9 +10,9 @@ import pytest
 
 from gpuwhy.bus import Subscriber
 from gpuwhy.correlator.alerts import Alerter
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.correlator.service import Correlator
 from gpuwhy.events import Envelope, GpuSample, GpuSeen, GpuXid
 from gpuwhy.probes.gpu.exporter import ExporterSource
 from gpuwhy.probes.gpu.source import SourceUnavailable

@@ -6,7 +6,7 @@ import time
 from click.testing import CliRunner
 
 from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.gpu.runner import run_gpu_source
 from gpuwhy.probes.gpu.select import open_source
 from gpuwhy.probes.gpu.source import SourceUnavailable

@@ -13,7 +13,7 @@ import pytest
 
 from gpuwhy.bus import Subscriber
 from gpuwhy.clock import ClockConverter
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.klog.journald import JournalKernelLog
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.source import run_klog_source

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.klog.source import run_klog_source
 from gpuwhy.store import open_store
 

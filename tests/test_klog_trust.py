@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.klog.gpus import GpuBound, nvidia_pci_addresses
 from gpuwhy.probes.klog.journald import JournalKernelLog, stamp_of_cursor
 from gpuwhy.probes.klog.kmsg import KmsgKernelLog, current_boot_id

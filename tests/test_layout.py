@@ -64,7 +64,7 @@ def test_the_command_line_and_the_probes_load_no_web_stack(entry):
     # is in the probes process's memory for good; the web view's stack loads where it runs.
     code = (f"import sys, {entry}, gpuwhy.cli\n"
             "print(sorted(m for m in ('flask', 'werkzeug', 'jinja2', 'gpuwhy.webui', "
-            "'gpuwhy.service', 'gpuwhy.correlator.service') if m in sys.modules))")
+            "'gpuwhy.service', 'gpuwhy.correlator.pipeline') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

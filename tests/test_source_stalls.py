@@ -223,7 +223,7 @@ def test_a_read_that_raises_a_bug_still_ends_the_runner_loudly(tmp_config):
 
 def test_the_periods_are_the_sources_own():
     from gpuwhy.correlator import alertmanager
-    from gpuwhy.correlator import service as correlator
+    from gpuwhy.correlator import pipeline as correlator
     from gpuwhy.correlator.rules import runner as rules
     from gpuwhy.probes import service as probes
     from gpuwhy.probes.cron import source as cron
@@ -263,9 +263,9 @@ def test_judge_stalled_stale_and_failed():
 
 
 def test_the_correlator_logs_a_stall_once_and_its_end_once(db, tmp_config, caplog):
-    from gpuwhy.correlator.stalls import StallWatch
+    from gpuwhy.correlator.source_stalls import StallWatch
 
-    caplog.set_level(logging.INFO, logger="gpuwhy.correlator.stalls")
+    caplog.set_level(logging.INFO, logger="gpuwhy.correlator.source_stalls")
     writer, started = StoreWriter(db), now_ns() - 60 * NS_PER_SECOND
     watch = StallWatch(tmp_config, started=started)
     writer.record_health("klog", "ok", "", {}, now_ns() - 30 * NS_PER_SECOND)
@@ -315,7 +315,7 @@ def test_service_with_a_stalling_exporter_is_degraded_then_recovers(tmp_config, 
     from gpuwhy.probes.gpu.runner import run_gpu_source
     from gpuwhy.service import Service
 
-    caplog.set_level(logging.INFO, logger="gpuwhy.correlator.stalls")
+    caplog.set_level(logging.INFO, logger="gpuwhy.correlator.source_stalls")
     config = tmp_config.replace({"gpu.source": "dcgm-exporter", "gpu.exporter_url": target.url,
                                  "gpu.interval": 0.2, "gpu.exporter_timeout": 1.0,
                                  "web.port": 0, "correlator.alerts": False})
@@ -359,7 +359,7 @@ def test_service_with_a_stalling_exporter_is_degraded_then_recovers(tmp_config, 
         assert _metrics(service.url)[stalls_total] == 1
     finally:
         service.stop()
-    lines = [r.getMessage() for r in caplog.records if r.name == "gpuwhy.correlator.stalls"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuwhy.correlator.source_stalls"]
     assert len(lines) == 2, lines
     assert lines[0].startswith("source gpu stalled: STALLED: ")
     assert lines[1].startswith("source gpu recovered after about")

@@ -19,10 +19,10 @@ from pathlib import Path
 from gpuwhy.bus import Subscriber
 from gpuwhy.config import load_config
 from gpuwhy.correlator.alerts import Alerter
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.runner import env_keys
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.correlator.service import Correlator
 from gpuwhy.events import Envelope, Event, RuleFinding
 from gpuwhy.rules.answer import Verdict
 from gpuwhy.rules.model import Rule

@@ -9,7 +9,7 @@ import pytest
 from gpuwhy.bus import Subscriber
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.correlator.alerts import Alerter
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.events import (
     DeviceOpened,
     DriverCall,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwhy.correlator.gpu_health import GpuHealth, host_boot_id
+from gpuwhy.correlator.health_machine import GpuHealth, host_boot_id
 from gpuwhy.events import GpuState, KernelLogRecord
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import queries

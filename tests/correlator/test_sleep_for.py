@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gpuwhy.correlator.service import DECIDE_EVERY, MAX_SLEEP
+from gpuwhy.correlator.pipeline import DECIDE_EVERY, MAX_SLEEP
 from gpuwhy.events import Envelope
 
 

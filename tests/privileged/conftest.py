@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.service import run_probes
 from gpuwhy.store import open_store
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.probes.cron.source import run_cron_source
 from gpuwhy.proc import read_stat

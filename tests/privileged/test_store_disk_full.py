@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpuwhy.bus import Subscriber
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.gpu.runner import run_gpu_source
 from gpuwhy.store import open_store
 
@@ -74,7 +74,7 @@ def test_full_disk_holds_events_reports_and_resumes(small_fs, tmp_config, caplog
         return reader.execute("SELECT count(*) FROM gpu_sample_data").fetchone()[0]
     try:
         _wait(lambda: stored() >= 10, 20, "the first samples")
-        with caplog.at_level(logging.WARNING, logger="gpuwhy.correlator.service"):
+        with caplog.at_level(logging.WARNING, logger="gpuwhy.correlator.pipeline"):
             _fill(small_fs / "filler")
             _wait(lambda: correlator.store_error is not None, 30, "the store to fail")
             assert "full" in correlator.store_error

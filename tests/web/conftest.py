@@ -16,7 +16,7 @@ from gpuwhy.bus import Subscriber
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.config import load_config
 from gpuwhy.correlator.alerts import Alerter
-from gpuwhy.correlator.service import Correlator
+from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.events import (
     CronExecution,
     DeviceOpened,

@@ -1,4 +1,4 @@
-"""Correlator service loop: bus -> batches -> store -> decide -> alerts, with health.
+"""The correlator's pipeline: bus -> batches -> store -> decide -> alerts, with health.
 
 Threads: one, the caller's. It owns the store's only writing connection. Each batch is one
 transaction: the writer applies the events, then the decide stage (incidents, chains,
@@ -28,7 +28,7 @@ from gpuwhy.config import Config
 from gpuwhy.correlator.alerts import Alerter
 from gpuwhy.correlator.incidents import MAY_OPEN_KINDS, IncidentBuilder, may_open_incident
 from gpuwhy.correlator.klog_liveness import KernelLogLiveness
-from gpuwhy.correlator.stalls import StallWatch
+from gpuwhy.correlator.source_stalls import StallWatch
 from gpuwhy.events import Envelope, SourceHealth
 from gpuwhy.identity import GpuIdentity
 from gpuwhy.store import incident_rows
