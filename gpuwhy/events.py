@@ -629,6 +629,8 @@ class RuleFinding(Event):
 
 
 # --- inference engines ---
+# The engines' names as their projects write them (``EngineSample.engine`` holds the key)
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "triton": "Triton"}
 @dataclass(frozen=True)
 class EngineSample(Event):
     """Event name: ``engine_sample`` (topic ``engine``). One scrape of an inference engine's

@@ -24,6 +24,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
+from gpuwhy.quantities import compact, label, quantity
 from gpuwhy.rules.answer import Answer, Verdict, ranks_lower, sentence, verdict_dict
 from gpuwhy.rules.model import Rule
 from gpuwhy.text import format_ts, parse_ts, printable
@@ -152,8 +153,8 @@ def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool,
         if f.evidence:
             click.echo("  evidence")
             for name, value in sorted(f.evidence.items()):
-                shown = "unknown" if value is None else value
-                click.echo(f"    {printable(str(name))}: {printable(str(shown), 200)}")
+                click.echo(f"    {printable(label(str(name), value))}: "
+                           f"{printable(_measured(str(name), value), 200)}")
         for i, fix in enumerate(f.fixes, 1):
             click.echo(f"  fix {i}      {printable(fix)}")
         if stacks:     # the fix, naming the line the sampled stacks point at
@@ -310,6 +311,16 @@ def why(ctx: click.Context, target: str | None, as_json: bool, at_text: str | No
                 line += f" ({_sure_words(sureness)}, watched {watched_s:.0f} s)"
             click.echo(printable(line))
     ctx.exit(_exit_status(shown))
+
+
+def _measured(name: str, value: object) -> str:
+    """A measured value in its unit (``0.973`` as kv_cache_usage: "97%"), as the web view
+    writes it; "unknown" where the rule had no samples of it."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return quantity(name, value)
+    return compact(value)
 
 
 class NotNamed(GpuwhyError):

@@ -18,7 +18,7 @@ from typing import Any, cast
 from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns as _now_ns
-from gpuwhy.events import RuleFinding
+from gpuwhy.events import ENGINE_NAMES, RuleFinding
 from gpuwhy.gpu_health import is_live
 from gpuwhy.identity import ProcessKey
 from gpuwhy.lifecycle import sql_active
@@ -752,6 +752,7 @@ def answer_gpus(db: Database, at: int | None = None) -> list[GpuFacts]:
                 "and ts <= ? order by ts desc, id desc limit 1)", [at, at]):
             then[row["gpu_id"]] = row
     facts = []
+    engines = _serving_engines(db, at)
     for g in gpus(db):
         if at is not None and g["first_seen"] is not None and g["first_seen"] > at:
             continue      # not known yet then
@@ -767,11 +768,41 @@ def answer_gpus(db: Database, at: int | None = None) -> list[GpuFacts]:
         if not cause and health != "ok" and db["gpu_health_history"].exists():
             last = gpu_health_history(db, g["id"], limit=1)
             cause = last[0]["cause"] or "" if last else ""
+        engine, spans = engines.get(g["id"], ("", ()))
         facts.append(GpuFacts(
             gpu_id=g["id"], index=g["gpu_index"], model=g["model"] or "",
             pci=g["pci_bus_id"] or pci_and_uuid(db, g["id"])[0] or "", health=health or "ok",
-            health_since=since, health_cause=str(cause), health_clears=clears))
+            health_since=since, health_cause=str(cause), health_clears=clears,
+            engine=engine, engine_gpus=spans))
     return facts
+
+
+# An engine scraped within this long before the moment asked about still serves there
+# (scrapes come every 5 s; a few missed ones are not an engine gone)
+ENGINE_LOOKBACK_NS = 120 * 1_000_000_000
+
+
+def _serving_engines(db: Database, at: int | None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Per GPU id: the inference engine scraped from it lately, by its project's name, and
+    the GPUs it spans as people name them (their index, else their id)."""
+    if not db["engine_samples"].exists():
+        return {}
+    until = at if at is not None else _now_ns()
+    rows = db.execute(
+        "select engine, gpu_ids from engine_samples where id in (select max(id) from "
+        "engine_samples where ts between ? and ? group by pid, start_time)",
+        [until - ENGINE_LOOKBACK_NS, until]).fetchall()
+    if not rows:
+        return {}
+    index = {gpu_id: i for gpu_id, i in db.execute("select id, gpu_index from gpus")}
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for engine, gpu_ids in rows:
+        spans = [g for g in _strings(gpu_ids) if g in index]
+        named = tuple(str(index[g]) if index[g] is not None else g
+                      for g in sorted(spans, key=lambda g: (index[g] is None, index[g] or 0)))
+        for gpu_id in spans:
+            found[gpu_id] = (ENGINE_NAMES.get(engine, str(engine)), named)
+    return found
 
 
 def gpu_verdicts(db: Database, rules: Mapping[str, Rule], at: int | None = None

@@ -75,3 +75,38 @@ def test_closed_loop_clients_keep_their_requests_in_flight_and_none_waiting():
     scrapes = _engine(concurrency=16, prompt_tokens=500, chunk_tokens=2048)[6:]
     assert all(v["requests_waiting"] == 0 for _, v in scrapes)
     assert all(12 <= v["requests_running"] <= 16 for _, v in scrapes)
+
+
+def test_the_answer_on_an_engines_gpus_speaks_serving(tmp_path):
+    """`gpuwhy why` on a tensor-parallel vLLM's GPU: the engine, the GPUs it spans and its
+    figures in words, from the engine's latest scrape in the store (none for a GPU no engine
+    serves from, or one scraped long ago)."""
+    from gpuwhy.events import EngineSample, Envelope, GpuSeen
+    from gpuwhy.rules.answer import sentence, verdicts
+    from gpuwhy.store import open_store
+    from gpuwhy.store.queries import answer_gpus
+    from gpuwhy.store.writer import StoreWriter
+
+    t = 1_800_000_000 * 10**9
+    db = open_store(tmp_path / "gpuwhy.db")
+    uuids = [f"GPU-0000000{i}-0000-0000-0000-000000000000" for i in range(3)]
+    events = [GpuSeen(ts=t, gpu_id=u, source="nvml", simulated=True, uuid=u, index=i,
+                      minor=i, pci_bus_id=f"0000:1{i}:00.0", model="NVIDIA H100 80GB HBM3")
+              for i, u in enumerate(uuids)]
+    events += [EngineSample(ts=t - 3600 * 10**9, engine="sglang", endpoint="x",
+                            process=OTHER, gpu_ids=[uuids[2]]),       # long gone
+               EngineSample(ts=t, engine="vllm", endpoint="http://127.0.0.1:8000/metrics",
+                            process=ENGINE, gpu_ids=[uuids[1], uuids[0]])]
+    StoreWriter(db).write_batch([Envelope("test", n, e) for n, e in enumerate(events)])
+    gpus = {g.gpu_id: g for g in answer_gpus(db, at=t)}
+    assert (gpus[uuids[0]].engine, gpus[uuids[0]].engine_gpus) == ("vLLM", ("0", "1"))
+    assert gpus[uuids[2]].engine == ""
+    rule = SHIPPED["R48_kv_cache_pressure"]
+    kv = RuleFinding(ts=t, finding_id="kv", rule_id=rule.id, title=rule.title,
+                     severity="warning", state="firing", gpu_id=uuids[0], process=ENGINE,
+                     rule_kind=rule.kind, evidence={"kv_cache_usage": 0.973,
+                                                    "preemptions_per_s": 0.2, "waiting": 12})
+    [verdict] = [v for v in verdicts(gpus.values(), [kv], SHIPPED) if not v.healthy]
+    line = sentence(verdict, utc=True)
+    assert f"vLLM on GPUs 0, 1 (tensor parallel 2): {rule.title} (KV cache used 97%, " \
+           "preemptions 12/min, requests waiting 12)" in line

@@ -11,6 +11,7 @@ from markupsafe import Markup
 
 from gpuwhy.errors import StoreError
 from gpuwhy.identity import mig_instance_name
+from gpuwhy.quantities import byte_rate
 from gpuwhy.store.queries import simulated
 from gpuwhy.text import format_ts as when
 from gpuwhy.text import rfc3339
@@ -45,13 +46,7 @@ def number(value: object, digits: int = 0, unit: str = "", scale: float = 1) -> 
 def rate(value: object) -> str:
     """Bytes per second in the largest unit under 1000."""
     value = _figure(value)
-    if value is None:
-        return NO_VALUE
-    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
-        if abs(value) < 1000 or unit == "GB/s":
-            return f"{value:,.1f} {unit}"
-        value /= 1000
-    return "–"
+    return NO_VALUE if value is None else byte_rate(value)
 
 
 def age(seconds: object) -> str:

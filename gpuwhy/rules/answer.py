@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from gpuwhy import gpu_health as gh
 from gpuwhy import severity as sev
 from gpuwhy.events import RuleFinding
+from gpuwhy.quantities import label, quantity
 from gpuwhy.rules.model import CAUSE, KINDS, SYMPTOM, Rule
 from gpuwhy.text import format_ts
 from gpuwhy.xid import xid_info
@@ -276,6 +277,10 @@ class GpuFacts:
     health_since: int | None = None
     health_cause: str = ""          # e.g. "xid 79", "throttling"
     health_clears: str = ""
+    # the inference engine serving from this GPU (probes/engines), if any: its name as its
+    # project writes it, and the GPUs it spans (tensor parallel), as people name them
+    engine: str = ""
+    engine_gpus: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -412,6 +417,11 @@ def sentence(verdict: Verdict, *, utc: bool = False) -> str:
         title = f.title or f.rule_id
         if not answer.cause_established:
             title += " (cause not established)"
+        if gpu.engine:                 # a serving engine's GPU: said in its own terms
+            title = f"{serving_name(gpu)}: {title}"
+            measured = serving_figures(f.evidence)
+            if measured:
+                title += f" ({measured})"
         parts.append(title)
         fix = f.fixes[0] if f.fixes else ""
     if verdict.explains:
@@ -421,6 +431,33 @@ def sentence(verdict: Verdict, *, utc: bool = False) -> str:
     if fix:
         parts.append(f"fix: {fix}")
     return f"{gpu.label} — [{verdict.severity}] " + "; ".join(parts)
+
+
+def serving_name(gpu: GpuFacts) -> str:
+    """``vLLM on GPU 0–1 (tensor parallel 2)``; ``vLLM on GPU 0``."""
+    spans = gpu.engine_gpus or (str(gpu.index) if gpu.index is not None else gpu.gpu_id,)
+    where = f"GPU {spans[0]}" if len(spans) == 1 else \
+        f"GPUs {', '.join(spans)} (tensor parallel {len(spans)})"
+    return f"{gpu.engine} on {where}"
+
+
+# What an engine's latency and load are read by, in the order a person asks about them
+# (the serving rules' evidence names, gpuwhy/rules/builtin/j_serving.rules and R48)
+SERVING_FIGURES = ("kv_cache_usage", "preemptions_per_s", "ttft_p95_s", "itl_p95_s",
+                   "waiting", "main_thread_on_cpu")
+
+
+def serving_figures(evidence: Mapping[str, object], most: int = 3) -> str:
+    """The finding's serving figures in words: "KV cache usage 97%, preemptions 6.5/min"."""
+    said = []
+    for name in SERVING_FIGURES:
+        value = evidence.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if name == "preemptions_per_s":     # a rare event: per minute reads better
+                said.append(f"{label(name, value)} {value * 60:.3g}/min")
+            else:
+                said.append(f"{label(name, value)} {quantity(name, value)}")
+    return ", ".join(said[:most])
 
 
 def ranks_lower(candidate: Answer, lead: Answer) -> str:
@@ -460,7 +497,8 @@ def verdict_dict(verdict: Verdict) -> dict[str, object]:
     return {
         "gpu": {"id": gpu.gpu_id, "index": gpu.index, "model": gpu.model, "pci": gpu.pci,
                 "label": gpu.label, "health": gpu.health, "health_since": gpu.health_since,
-                "health_cause": gpu.health_cause, "health_clears": gpu.health_clears},
+                "health_cause": gpu.health_cause, "health_clears": gpu.health_clears,
+                "engine": gpu.engine or None, "engine_gpus": list(gpu.engine_gpus)},
         "severity": verdict.severity or None, "healthy": verdict.healthy,
         "sentence": sentence(verdict, utc=True), "since": verdict.since,
         "health_leads": verdict.health_leads,

@@ -143,7 +143,7 @@ def test_why_reads_the_rules_answer_and_names_a_process(harness):
     detail = run(env, str(TRAINER))
     assert detail.exit_code == 1
     assert f"rule       {STARVED} (cause, warning)" in detail.output
-    assert "workers_cpu: 0.97" in detail.output and "verify     gpu.util rises" in detail.output
+    assert "workers CPU: 0.97" in detail.output and "verify     gpu.util rises" in detail.output
 
 
 def test_why_says_what_is_wrong_with_its_environment(tmp_path, harness):
