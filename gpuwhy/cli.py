@@ -223,14 +223,18 @@ def serve(ctx: _Context, host: str | None, port: int | None) -> None:
 
 @cli.command()
 @click.option("--ebpf", is_flag=True, help="Print the BPF C programs and exit.")
+@click.option("--only", type=click.Choice(["stacks"]),
+              help="Run only this privileged source: `stacks`, the Python stack sampler "
+                   "(CAP_SYS_PTRACE alone: systemd/gpuwhy-stacks.service).")
 @click.pass_obj
-def probes(ctx: _Context, ebpf: bool) -> None:
+def probes(ctx: _Context, ebpf: bool, only: str | None) -> None:
     """Run the privileged eBPF probes and publish on the bus (needs root).
 
     \b
     Examples:
       sudo gpuwhy probes
       gpuwhy probes --ebpf | less
+      gpuwhy probes --only stacks    # the Python stack sampler alone (CAP_SYS_PTRACE)
     """
     from gpuwhy.lifeline import ParentGone, die_with_parent_named_in
 
@@ -239,6 +243,9 @@ def probes(ctx: _Context, ebpf: bool) -> None:
         die_with_parent_named_in()
     except ParentGone as exc:
         raise click.ClickException(f"{exc}: not starting the probes") from None
+    if only == "stacks":
+        _run_stack_sampler_alone(ctx)
+        return
     from gpuwhy.probes import fdtrack
 
     if ebpf:
@@ -253,6 +260,22 @@ def probes(ctx: _Context, ebpf: bool) -> None:
     stop = _stop_on_signals()
     try:
         run_probes(config, stop)
+    except GpuwhyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _run_stack_sampler_alone(ctx: _Context) -> None:
+    """The stack sampler as a process of its own (its unit holds CAP_SYS_PTRACE and none of
+    the eBPF probes' capabilities), without loading bcc or any probe."""
+    from gpuwhy.memory import limit_malloc_arenas
+    from gpuwhy.probes.pystacks import run_stack_sampler
+
+    limit_malloc_arenas()
+    config = ctx.config()
+    _setup_logging(config["log.level"])
+    stop = _stop_on_signals()
+    try:
+        run_stack_sampler(config, stop, alone=True)
     except GpuwhyError as exc:
         raise click.ClickException(str(exc)) from None
 

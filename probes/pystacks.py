@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
+from gpuwhy.errors import GpuwhyError
 from gpuwhy.events import Event, PythonStacks
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import NoSuchProcess, process_key
@@ -54,6 +55,11 @@ STOP_SECONDS = 5.0           # a py-spy asked to stop (SIGINT) that has not writ
 MAX_OUTPUT_BYTES = 64 << 20  # a speedscope file larger than this is not read
 MAX_ERROR_CHARS = 300
 MAX_WINDOW_SECONDS = 3600    # a run's longest window, whatever the file says
+# A window's first py-spy run lasts this long and is published at once (``final`` false),
+# so that the answer has its stacks seconds after it forms (issue #57: within 10 s), not
+# at the end of a 30 s window; a second run samples the rest, and its event (the whole
+# window, cumulative) replaces the first in the store. A shorter window is one run.
+FIRST_RUN_SECONDS = 5
 _PROFILE = re.compile(r"^Process (\d+) Thread (\d+)\b")
 _MARK = re.compile(r"^(?:process \d+:|thread \(\d+\))")
 
@@ -66,13 +72,18 @@ def find_py_spy() -> str | None:
 
 @dataclass
 class Run:
-    """One py-spy child sampling one target."""
+    """One py-spy child sampling one target: the window's first run, or the one that
+    samples the rest of it (``so_far``: what the first one sampled)."""
 
     target: Target
     process: subprocess.Popen
     output: str
     errors: str
-    started: int
+    started: int                    # when this run's py-spy started
+    window_started: int             # when the window's first one did
+    last: bool                      # this run ends the window
+    so_far: Aggregate | None = None
+    rounds_so_far: int = 0
     stopping_since: float | None = None
 
 
@@ -92,12 +103,14 @@ def namespace_pid(pid: int, proc_root: str = "/proc") -> int | None:
 def parse_speedscope(data: bytes, target: ProcessKey,
                      start_time_of: Callable[[int], int],
                      main_tids: Callable[[int], set[int]] = lambda pid: {pid},
+                     aggregate: Aggregate | None = None, offset: float = 0.0,
                      ) -> tuple[Aggregate, int]:
     """py-spy's speedscope output as a bounded aggregate and the sampling rounds it holds.
     A profile is one thread: ``Process PID Thread TID "name"``; a process's main thread is
     the one whose id is in ``main_tids(PID)`` (its pid, and its pid in its own namespace),
     ``main`` for the target, ``workers`` for a child process; every other thread is
-    ``threads``."""
+    ``threads``. ``aggregate``: add to this one (a window's earlier run); ``offset``: the
+    seconds from the window's start to this run's, for each sample's second."""
     body = json.loads(data)
     frames = [f if isinstance(f, dict) else {} for f in body.get("shared", {}).get("frames", [])]
     table = [Frame(str(f.get("file") or ""), f.get("line"), str(f.get("name") or ""))
@@ -105,7 +118,7 @@ def parse_speedscope(data: bytes, target: ProcessKey,
     # py-spy's own frames for --subprocesses and --threads (a process's command line, a
     # thread's id): the role says as much, and a command line is no code
     marks = {i for i, f in enumerate(table) if not f.file and _MARK.match(f.function)}
-    aggregate = Aggregate()
+    aggregate = Aggregate() if aggregate is None else aggregate
     rounds = 0
     processes: dict[int, tuple[int, set[int]]] = {}     # each process read from /proc once
     for profile in body.get("profiles", []):
@@ -129,7 +142,7 @@ def parse_speedscope(data: bytes, target: ProcessKey,
         # py-spy keeps a thread's samples in order, each with its weight (the seconds it
         # stands for): their running sum is when each was taken, from the window's start
         weights = profile.get("weights") or []
-        at = float(profile.get("startValue") or 0.0)
+        at = float(profile.get("startValue") or 0.0) + offset
         for index, sample in enumerate(samples):
             second = int(at) if index < len(weights) else None
             if index < len(weights):
@@ -219,7 +232,18 @@ class StackSampler:
         if self.py_spy is None:
             self._publish_error(target, now, "py-spy is not installed (pip install py-spy)")
             return
+        self._spawn(target, now, now)
+
+    def _spawn(self, target: Target, now: int, window_started: int,
+               so_far: Aggregate | None = None, rounds_so_far: int = 0) -> None:
+        """Start a py-spy run for ``target``: the window's first (FIRST_RUN_SECONDS at most),
+        or, given what it sampled, the rest of the window."""
+        if self.py_spy is None:        # said on the answer by _start
+            return
         seconds = min(MAX_WINDOW_SECONDS, max(1, math.ceil((target.until - now) / 1e9)))
+        last = so_far is not None or seconds <= FIRST_RUN_SECONDS + 1
+        if not last:
+            seconds = FIRST_RUN_SECONDS
         name = f"{target.pid}-{target.start_time}-{len(self.runs)}-{self.counters['runs']}"
         output = os.path.join(self.workdir, f"{name}.json")
         errors = os.path.join(self.workdir, f"{name}.err")
@@ -232,44 +256,57 @@ class StackSampler:
                                            stdout=subprocess.DEVNULL, stderr=err,
                                            close_fds=True)
             except OSError as exc:
-                self._publish_error(target, now, f"cannot run py-spy: {exc.strerror}")
+                self._publish_error(target, window_started, f"cannot run py-spy: {exc.strerror}")
                 return
         # The sampler gives way to the work it watches.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, process.pid, 10)
         self.counters["runs"] += 1
-        self.runs[target.key] = Run(target, process, output, errors, started=now)
+        self.runs[target.key] = Run(target, process, output, errors, started=now,
+                                    window_started=window_started, last=last, so_far=so_far,
+                                    rounds_so_far=rounds_so_far)
 
     def _finish(self, key: tuple[str, int, int], run: Run) -> None:
         del self.runs[key]
         target = run.target
+        started = run.window_started
         try:
             size = os.path.getsize(run.output)
         except OSError:
             size = -1
         try:
             if size < 0:
-                self._publish_error(target, run.started, self._error_text(run))
+                self._publish_error(target, started, self._error_text(run), run)
                 return
             if size > MAX_OUTPUT_BYTES:
-                self._publish_error(target, run.started,
-                                    f"py-spy wrote {size} bytes, more than {MAX_OUTPUT_BYTES}")
+                self._publish_error(target, started,
+                                    f"py-spy wrote {size} bytes, more than {MAX_OUTPUT_BYTES}",
+                                    run)
                 return
             with open(run.output, "rb") as file:
                 data = file.read(MAX_OUTPUT_BYTES + 1)
             try:
                 aggregate, rounds = parse_speedscope(
                     data, ProcessKey(target.pid, target.start_time), self._start_time,
-                    self._main_tids)
+                    self._main_tids, aggregate=run.so_far,
+                    offset=(run.started - run.window_started) / 1e9)
             except (ValueError, TypeError, AttributeError) as exc:
-                self._publish_error(target, run.started, f"unreadable py-spy output: {exc}")
+                self._publish_error(target, started, f"unreadable py-spy output: {exc}", run)
                 return
+            rounds += run.rounds_so_far
+            now = self.clock()
+            # the first run ended on its own and the window goes on: say what it found now,
+            # sample the rest
+            more = not run.last and run.stopping_since is None and \
+                target.until - now > 1e9 and self._same_process(target)
             self.publish(PythonStacks(
-                ts=self.clock(), process=ProcessKey(target.pid, target.start_time),
+                ts=now, process=ProcessKey(target.pid, target.start_time),
                 gpu_id=target.gpu_id, finding_id=target.finding_id, rule_id=target.rule_id,
-                started=run.started, interval_ms=self.interval_ms, samples=rounds,
-                stacks=aggregate.rows(), final=True, dropped=dict(aggregate.dropped)))
+                started=started, interval_ms=self.interval_ms, samples=rounds,
+                stacks=aggregate.rows(), final=not more, dropped=dict(aggregate.dropped)))
             self.counters["published"] += 1
+            if more:
+                self._spawn(target, now, started, aggregate, rounds)
         finally:
             for path in (run.output, run.errors):
                 with contextlib.suppress(OSError):
@@ -296,14 +333,26 @@ class StackSampler:
         except (NoSuchProcess, OSError, ValueError, IndexError):
             return 0         # a worker gone before the window ended: its samples stay
 
-    def _publish_error(self, target: Target, started: int, error: str) -> None:
+    def _same_process(self, target: Target) -> bool:
+        try:
+            return process_key(target.pid, self.proc_root).start_time == target.start_time
+        except (NoSuchProcess, OSError, ValueError, IndexError):
+            return False
+
+    def _publish_error(self, target: Target, started: int, error: str,
+                       run: Run | None = None) -> None:
+        """Say why sampling failed; a window's second run that failed keeps what the first
+        one sampled (its event replaces the first's in the store)."""
         self.counters["errors"] += 1
         log.warning("stack sampler: pid %d: %s", target.pid, error)
+        so_far = run.so_far if run is not None else None
         self.publish(PythonStacks(
             ts=self.clock(), process=ProcessKey(target.pid, target.start_time),
             gpu_id=target.gpu_id, finding_id=target.finding_id, rule_id=target.rule_id,
-            started=started, interval_ms=self.interval_ms, samples=0, stacks=[],
-            final=True, error=error))
+            started=started, interval_ms=self.interval_ms,
+            samples=run.rounds_so_far if run is not None and so_far is not None else 0,
+            stacks=so_far.rows() if so_far is not None else [], final=True, error=error,
+            dropped=dict(so_far.dropped) if so_far is not None else {}))
 
     def close(self) -> None:
         """Stop every run, publish what each sampled, remove the working directory."""
@@ -325,10 +374,10 @@ CAP_SYS_PTRACE = 19
 
 
 def may_read_other_processes(proc_root: str = "/proc") -> bool:
-    """Whether this process may read other users' processes' memory: root, or
-    CAP_SYS_PTRACE in its effective set (py-spy, its child, inherits the same)."""
-    if os.geteuid() == 0:
-        return True
+    """Whether this process may read other users' processes' memory: CAP_SYS_PTRACE in its
+    effective set (py-spy, its child, inherits the same). Root holds it, unless it was
+    taken away: uid 0 alone (a container's `serve`, every capability dropped) is not
+    enough, and its py-spy would fail on every answer."""
     try:
         with open(f"{proc_root}/self/status") as status:
             for line in status:
@@ -336,18 +385,26 @@ def may_read_other_processes(proc_root: str = "/proc") -> bool:
                     return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
     except (OSError, ValueError, IndexError):
         pass
-    return False
+    return os.geteuid() == 0
 
 
-def run_stack_sampler(config: Config, stop: threading.Event) -> None:
+def run_stack_sampler(config: Config, stop: threading.Event, alone: bool = False) -> None:
     """The sampler as a source: publish ``python_stacks`` events until ``stop`` is set.
     Does nothing when ``stacks.enabled`` is false, or without the privilege to read other
-    processes (said once: the unprivileged service of the systemd split)."""
+    processes (said once: the unprivileged service of the systemd split). ``alone``: the
+    sampler is the whole process (`gpuwhy probes --only stacks`,
+    systemd/gpuwhy-stacks.service), for which no privilege is an error (GpuwhyError)."""
     if not config["stacks.enabled"]:
+        if alone:
+            log.warning("stack sampler: stacks.enabled is false: nothing to sample")
         return
     if not may_read_other_processes():
-        log.info("stack sampler: not root and no CAP_SYS_PTRACE here: Python stacks are not "
-                 "sampled by this process")
+        if alone:
+            raise GpuwhyError("the stack sampler needs CAP_SYS_PTRACE (or root) to read "
+                              "other processes' memory; systemd/gpuwhy-stacks.service "
+                              "grants it")
+        log.info("stack sampler: no CAP_SYS_PTRACE here: Python stacks are not sampled by "
+                 "this process (under systemd, gpuwhy-stacks.service samples them)")
         return
     from gpuwhy.bus import Publisher
 
@@ -355,6 +412,9 @@ def run_stack_sampler(config: Config, stop: threading.Event) -> None:
     sampler = StackSampler(config["stacks.targets_path"], publisher.publish,
                            interval_ms=config["stacks.interval_ms"],
                            proc_root=config["probes.proc_root"])
+    if alone:
+        log.info("stack sampler: sampling the processes %s names, at %d samples a second",
+                 config["stacks.targets_path"], sampler.rate)
     try:
         while not stop.wait(STEP_SECONDS if sampler.runs else IDLE_SECONDS):
             sampler.step()

@@ -41,6 +41,10 @@ means). Benchmarks (--only takes these names):
               /metrics render of the same store; CPU per incident log record
   storm       P3 the probes' peak RSS under 10 M notable driver calls, beside its RSS before
   cuda        CUDA uprobes: ns added per traced CUDA call
+  stacks      S the Python stack sampler (issue #57; root: py-spy reads other processes),
+              windows unsampled and sampled alternated: the sampled program's slowdown
+              (a CPU-bound loop, a DataLoader-like loop), py-spy's CPU per sampled
+              process, seconds to the first stacks
 
 Root is needed for probes, sidecar, storm, cron, cuda and the Xid latency (eBPF, /dev/kmsg,
 /etc/cron.d); without it they are listed as not run. --quick runs smaller sizes and
@@ -652,6 +656,40 @@ def bench_cuda(quick: bool) -> tuple[Figures, dict]:
     return rows, r
 
 
+def bench_stacks(quick: bool) -> tuple[Figures, dict]:
+    """QUICK: 3 sampled windows of 8 s per program (full: 6 of 10 s)."""
+    import bench_stacks
+
+    r = bench_stacks.run(pairs=3 if quick else 6, window=8.0 if quick else 10.0)
+    rows = []
+    for kind, label, processes in (("cpu", "a CPU-bound Python loop", 1),
+                                   ("loader", "a DataLoader-like loop (2 workers)", 3)):
+        k = r[kind]
+        per_cpu = k["slowdown_per_cpu_pct"]
+        rows.append(figure(
+            "S", f"slowdown of {label}, sampled at {1000 // k['interval_ms']}/s", "%",
+            k["slowdown_pct"], goal=f"≤ {bench_stacks.SLOWDOWN_GOAL_PCT:g}",
+            goal_value=bench_stacks.SLOWDOWN_GOAL_PCT,
+            note=f"unsampled {statistics.median(k['off']):,.0f} steps/s; per CPU second of "
+                 f"the program {statistics.median(per_cpu):+.2f} % "
+                 f"[{min(per_cpu):+.1f} – {max(per_cpu):+.1f}]"))
+        tree = statistics.median(k["spy_cpu_pct"])
+        rows.append(figure(
+            "S", f"py-spy CPU per sampled process, {label}", "% of one core",
+            [v / processes for v in k["spy_cpu_pct"]],
+            goal=f"≤ {bench_stacks.CPU_GOAL_PCT:g}", goal_value=bench_stacks.CPU_GOAL_PCT,
+            note=f"{processes} processes: {tree:.2f} % for the tree" if processes > 1 else ""))
+        rows.append(figure(
+            "S", f"first stacks after the answer formed, {label}", "s", k["first_stacks_s"],
+            goal=f"max ≤ {bench_stacks.FIRST_STACKS_GOAL_S:g}",
+            goal_value=bench_stacks.FIRST_STACKS_GOAL_S, judged="max"))
+    idle = r["cpu"]["idle_sampler_cpu_pct"] + r["loader"]["idle_sampler_cpu_pct"]
+    rows.append(figure("S", "the sampler while no answer holds (no py-spy runs)",
+                       "% of one core", idle, goal="≈ 0", goal_value=0.05,
+                       note="its own process: a look at the targets file every 2 s"))
+    return rows, r
+
+
 def _not_run(fid: str, name: str, why: str) -> dict:
     return {"id": fid, "name": name, "unit": "", "runs": 0, "not_run": why}
 
@@ -670,6 +708,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], tuple[Figures, dict]], bool]] = {
     "otlp": (bench_otlp, False),
     "storm": (bench_storm, True),
     "cuda": (bench_cuda, True),
+    "stacks": (bench_stacks, True),
     "cron": (bench_cron, True),
 }
 FULL_ONLY = {"cron"}

@@ -6,8 +6,8 @@
 #
 #   --mode standalone  a venv under PREFIX (default /opt/gpuwhy) with gpuwhy from this
 #                      checkout, config /etc/gpuwhy/config.toml (kept when present), data
-#                      /var/lib/gpuwhy, users gpuwhy and gpuwhy-probes, the two systemd
-#                      units (enabled and started when systemd is PID 1) and the journald
+#                      /var/lib/gpuwhy, users gpuwhy and gpuwhy-probes, the three systemd
+#                      services (enabled and started when systemd is PID 1) and the journald
 #                      catalog; then `gpuwhy check-env` says what this host still lacks.
 #   --uninstall        stops and removes all of it, data and users too (--keep-data
 #                      keeps /var/lib/gpuwhy and /etc/gpuwhy).
@@ -56,7 +56,7 @@ unitdir=$R/etc/systemd/system
 catalogdir=$R/usr/lib/systemd/catalog
 sysusersdir=$R/usr/lib/sysusers.d
 manifest=$R$prefix/install-manifest   # directories this script created, to remove them again
-units=(gpuwhy.service gpuwhy-probes.service gpuwhy-kmsg.socket)
+units=(gpuwhy.service gpuwhy-probes.service gpuwhy-stacks.service gpuwhy-kmsg.socket)
 systemd_running() { [ -z "$R" ] && [ -d /run/systemd/system ]; }
 
 remember_dir() {   # mkdir -p, noting in the manifest each directory that did not exist
@@ -203,16 +203,17 @@ printf '%s\n' "${created_dirs[@]}" | awk '!seen[$0]++' > "$manifest"
 
 if systemd_running; then
   systemctl daemon-reload
-  systemctl enable gpuwhy.service gpuwhy-probes.service
-  systemctl restart gpuwhy.service gpuwhy-probes.service
-  say "enabled and (re)started gpuwhy.service and gpuwhy-probes.service"
+  systemctl enable gpuwhy.service gpuwhy-probes.service gpuwhy-stacks.service
+  systemctl restart gpuwhy.service gpuwhy-probes.service gpuwhy-stacks.service
+  say "enabled and (re)started gpuwhy.service, gpuwhy-probes.service and gpuwhy-stacks.service"
   "$venv/bin/gpuwhy" --config "$etc/config.toml" status || true
 else
   say "systemd is not PID 1${R:+ (--root $R)}: not starting anything. On a systemd host this step runs:"
-  say "  systemctl daemon-reload && systemctl enable --now gpuwhy.service gpuwhy-probes.service"
-  say "to run the two services by hand instead (as root):"
+  say "  systemctl daemon-reload && systemctl enable --now gpuwhy.service gpuwhy-probes.service gpuwhy-stacks.service"
+  say "to run the three services by hand instead (as root):"
   say "  $(sed -n 's/^ExecStart=//p' "$unitdir/gpuwhy.service") &"
   say "  $(sed -n 's/^ExecStart=//p' "$unitdir/gpuwhy-probes.service") &"
+  say "  $(sed -n 's/^ExecStart=//p' "$unitdir/gpuwhy-stacks.service") &"
 fi
 say "checking this host (gpuwhy check-env):"
 "$venv/bin/gpuwhy" --config "$etc/config.toml" check-env | sed 's/^/  /' || true

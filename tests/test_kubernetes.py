@@ -45,7 +45,7 @@ def test_the_validator_rejects_a_broken_manifest():
 
 def test_capabilities_instead_of_privileged():
     containers = _containers()
-    assert set(containers) == {"probes", "serve"}
+    assert set(containers) == {"probes", "stacks", "serve"}
     for container in containers.values():
         context = container["securityContext"]
         assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
@@ -53,7 +53,14 @@ def test_capabilities_instead_of_privileged():
     added = containers["probes"]["securityContext"]["capabilities"]["add"]
     assert ["CAP_" + c for c in added] == list(PROBE_CAPABILITIES)   # the unit's, exactly
     assert "add" not in containers["serve"]["securityContext"]["capabilities"]
-    assert [c["args"] for c in containers.values()] == [["probes"], ["serve"]]
+    # the stack sampler: CAP_SYS_PTRACE alone, as systemd/gpuwhy-stacks.service; read-only
+    # on the bus volume (the targets file, the socket) and a /tmp of its own
+    sampler = containers["stacks"]
+    assert sampler["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+    mounts = {m["mountPath"]: m for m in sampler["volumeMounts"]}
+    assert mounts["/run/gpuwhy"]["readOnly"] is True and mounts["/tmp"]["name"] == "stacks-tmp"
+    assert [c["args"] for c in containers.values()] == [["probes"], ["probes", "--only",
+                                                                     "stacks"], ["serve"]]
     assert {"probes", "serve"} <= set(cli.list_commands(click.Context(cli)))
 
 
@@ -64,7 +71,8 @@ def _mebibytes(quantity: str) -> int:
 def test_memory_limits_match_the_units_budgets():
     """Each container's limit is its unit's MemoryMax= (#54: measured, then budgeted)."""
     units = Path(__file__).resolve().parent.parent / "systemd"
-    for name, unit in (("probes", "gpuwhy-probes.service"), ("serve", "gpuwhy.service")):
+    for name, unit in (("probes", "gpuwhy-probes.service"), ("serve", "gpuwhy.service"),
+                       ("stacks", "gpuwhy-stacks.service")):
         limit = _containers()[name]["resources"]["limits"]["memory"]
         max_line = next(line for line in (units / unit).read_text().splitlines()
                         if line.startswith("MemoryMax="))

@@ -252,3 +252,77 @@ def test_samples_line_up_with_the_gpus_seconds_and_hostile_seconds_are_dropped()
     for hostile in ([[1, 99]], [[-1, 1]], [[1, True]], "x", [[1, 1, 1]], [[10**6, 1]]):
         [kept] = clean_rows([{**rows[0], "seconds": hostile}])
         assert "seconds" not in kept
+
+
+FAKE_PY_SPY = '''#!{python}
+"""Stands in for py-spy record: writes one sample a second of its --duration at once and
+exits; fails, writing nothing, when the file named by FAIL_AFTER holds a count at 0."""
+import json, os, sys
+args = sys.argv
+seconds, output = int(args[args.index("--duration") + 1]), args[args.index("--output") + 1]
+pid = args[args.index("--pid") + 1]
+calls = "{calls}"
+done = int(open(calls).read()) if os.path.exists(calls) else 0
+open(calls, "w").write(str(done + 1))
+if done >= {fail_after}:
+    sys.stderr.write("Error: the process went away\\n")
+    sys.exit(1)
+frames = [{{"name": "step", "file": "/job/train.py", "line": 7 + done}}]
+json.dump({{"shared": {{"frames": frames}}, "profiles": [{{
+    "name": f"Process {{pid}} Thread {{pid}} \\"MainThread\\"", "startValue": 0.0,
+    "samples": [[0]] * seconds, "weights": [1.0] * seconds}}]}}, open(output, "w"))
+'''
+
+
+@pytest.mark.parametrize("fail_after", [2, 1])
+def test_a_window_publishes_its_first_seconds_at_once_then_the_whole_window(tmp_path,
+                                                                           fail_after):
+    """The first run (FIRST_RUN_SECONDS) is published not final, the second adds the rest
+    of the window (its seconds after the first's) and ends it; a second run that fails
+    keeps what the first sampled, with the error."""
+    import sys
+    import time
+
+    from gpuwhy.probes.pystacks import FIRST_RUN_SECONDS, StackSampler
+    from gpuwhy.proc import process_key
+    from gpuwhy.pystacks import Target, write_targets
+
+    spy = tmp_path / "py-spy"
+    spy.write_text(FAKE_PY_SPY.format(python=sys.executable, calls=tmp_path / "calls",
+                                      fail_after=fail_after))
+    spy.chmod(0o755)
+    me = process_key(os.getpid())
+    path = str(tmp_path / "targets.json")
+    write_targets(path, [Target(me.pid, me.start_time, "g", "f", STARVED,
+                                now_ns() + 20 * S)], now_ns())
+    events: list[PythonStacks] = []
+    sampler = StackSampler(path, events.append, py_spy=str(spy))
+    try:
+        deadline = time.monotonic() + 20
+        while not (events and events[-1].final) and time.monotonic() < deadline:
+            sampler.step()
+            time.sleep(0.05)
+    finally:
+        sampler.close()
+    first, whole = events
+    assert not first.final and first.samples == FIRST_RUN_SECONDS and first.error == ""
+    assert [r["stack"] for r in first.stacks] == ["train.py:7 step"]
+    assert whole.final and whole.started == first.started
+    if fail_after == 1:
+        assert "went away" in whole.error and whole.stacks == first.stacks
+        assert whole.samples == first.samples
+        return
+    # the fake ends at once: the second run asks for what is left of the 20 s window
+    assert whole.error == "" and first.samples + 14 <= whole.samples <= first.samples + 20
+    stacks = {r["stack"]: r for r in whole.stacks}
+    assert stacks["train.py:7 step"] == first.stacks[0]
+    # the second run's seconds count from the window's start: here the fake's first run
+    # took no time, so they start at 0 again; parse_speedscope is given the offset
+    assert stacks["train.py:8 step"]["count"] == whole.samples - first.samples
+    from gpuwhy.probes.pystacks import parse_speedscope
+
+    body = ('{"shared": {"frames": [{"name": "f", "file": "/a.py", "line": 1}]}, "profiles": '
+            '[{"name": "Process 1 Thread 1", "samples": [[0], [0]], "weights": [1, 1]}]}')
+    shifted, _ = parse_speedscope(body.encode(), ProcessKey(1, 2), lambda pid: 0,
+                                  offset=float(FIRST_RUN_SECONDS))
+    assert shifted.rows()[0]["seconds"] == [[FIRST_RUN_SECONDS, 1], [FIRST_RUN_SECONDS + 1, 1]]

@@ -1,4 +1,5 @@
-"""The systemd units: they verify, grant the probes exactly their capabilities, and harden."""
+"""The systemd units: they verify, grant the probes and the stack sampler exactly their
+capabilities, and harden."""
 
 import re
 import subprocess
@@ -11,7 +12,7 @@ from gpuwhy.caps import PROBE_CAPABILITIES
 from gpuwhy.probes.klog.source import KMSG_FD_NAME
 
 REPO = Path(__file__).resolve().parent.parent
-UNITS = ("gpuwhy.service", "gpuwhy-probes.service")
+UNITS = ("gpuwhy.service", "gpuwhy-probes.service", "gpuwhy-stacks.service")
 SOCKET = "gpuwhy-kmsg.socket"
 GPUWHY = Path(sys.executable).parent / "gpuwhy"
 
@@ -69,6 +70,39 @@ def test_probes_get_exactly_their_capabilities():
             "kcmp"} <= denied
 
 
+
+def test_the_stack_sampler_reads_memory_and_nothing_more():
+    """gpuwhy-stacks.service (decision 0018): CAP_SYS_PTRACE alone, process_vm_readv allowed
+    (py-spy reads with it) and every other way into a process denied; the same sampler
+    source as `gpuwhy up` runs, alone, on the bus and targets file of gpuwhy.service."""
+    stacks = _settings("gpuwhy-stacks.service")
+    for key in ("CapabilityBoundingSet", "AmbientCapabilities"):
+        assert stacks[key] == ["CAP_SYS_PTRACE"], key
+    assert stacks["ExecStart"][0].endswith(" probes --only stacks")
+    assert stacks["DynamicUser"] == ["yes"] and stacks["SupplementaryGroups"] == ["gpuwhy"]
+    assert "User" not in stacks       # not the probes' user: no uid shared with CAP_BPF
+    allowed = {call for line in stacks["SystemCallFilter"] if not line.startswith("~")
+               for call in line.split()}
+    denied = {call for line in stacks["SystemCallFilter"] if line.startswith("~")
+              for call in line[1:].split()}
+    assert allowed == {"@system-service"} and "process_vm_readv" not in denied
+    assert {"ptrace", "process_vm_writev", "pidfd_getfd", "kcmp"} <= denied
+    listed = subprocess.run(["systemd-analyze", "syscall-filter", "@ipc"],
+                            capture_output=True, text=True, timeout=60).stdout.split()
+    assert "process_vm_readv" in listed          # @system-service holds @ipc, which holds it
+    for key, value in (("ProtectSystem", "strict"), ("ProtectHome", "yes"),
+                       ("PrivateTmp", "yes"), ("NoNewPrivileges", "yes"),
+                       ("PrivateNetwork", "yes"), ("RestrictAddressFamilies", "AF_UNIX")):
+        assert stacks[key] == [value], key
+    # /run/gpuwhy stays read-only through ProtectSystem=strict; no path is made writable
+    assert not {"ReadWritePaths", "RuntimeDirectory", "StateDirectory"} & set(stacks)
+    assert stacks["After"] == ["gpuwhy.service"] and stacks["PartOf"] == ["gpuwhy.service"]
+    assert "gpuwhy-stacks.service" in _settings("gpuwhy.service")["Wants"][0].split()
+    install = (REPO / "scripts" / "install.sh").read_text()
+    assert "gpuwhy-stacks.service" in install.split("units=(", 1)[1].split(")", 1)[0]
+    assert "enable gpuwhy.service gpuwhy-probes.service gpuwhy-stacks.service" in install
+
+
 def _bytes(size: str) -> int:
     return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]]
 
@@ -76,7 +110,8 @@ def _bytes(size: str) -> int:
 # What the units' comments say was measured (MB resident, at rest and at the peak) must fit
 # under MemoryHigh=, itself under MemoryMax= (#54: memory bounded, and budgeted).
 @pytest.mark.parametrize(("unit", "measured_peak_mb"), [("gpuwhy-probes.service", 200),
-                                                       ("gpuwhy.service", 68)])
+                                                       ("gpuwhy.service", 68),
+                                                       ("gpuwhy-stacks.service", 28)])
 def test_each_unit_has_a_memory_budget_above_what_was_measured(unit, measured_peak_mb):
     settings = _settings(unit)
     high, peak = _bytes(settings["MemoryHigh"][0]), _bytes(settings["MemoryMax"][0])
@@ -118,7 +153,7 @@ def test_security_exposure_stays_low(unit_dir, unit):
     result = subprocess.run(["systemd-analyze", "security", "--offline=yes",
                              str(unit_dir / unit)], capture_output=True, text=True, timeout=60)
     score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)[1])
-    assert score <= 2.5, result.stdout     # 1.7 and 1.9 when written; "OK" ends at 3.9
+    assert score <= 2.5, result.stdout     # 1.7, 1.9 and 1.2 when written; "OK" ends at 3.9
 
 
 def test_sysusers_creates_both_users_and_their_groups(tmp_path):

@@ -111,6 +111,8 @@ def test_install_run_status_reinstall_uninstall(work):
     units = root / "etc/systemd/system"
     assert gpuwhy.exists() and (root / "var/lib/gpuwhy").is_dir()
     assert (units / "gpuwhy.service").exists() and (units / "gpuwhy-probes.service").exists()
+    assert _exec_start(units / "gpuwhy-stacks.service") == [
+        str(gpuwhy), "--config", str(config), "probes", "--only", "stacks"]
     assert (units / "gpuwhy-kmsg.socket").read_bytes() == \
         (REPO / "systemd/gpuwhy-kmsg.socket").read_bytes()
     assert (root / "usr/lib/systemd/catalog/gpuwhy.catalog").read_bytes() == \
@@ -127,7 +129,8 @@ def test_install_run_status_reinstall_uninstall(work):
     subprocess.run([str(gpuwhy.parent / "python"), "-c", "import bcc"], check=True)
     # the installed units still verify (paths rewritten to the temporary root)
     verify = subprocess.run(["systemd-analyze", "verify", "gpuwhy.service",
-                             "gpuwhy-probes.service", "gpuwhy-kmsg.socket"], cwd=units,
+                             "gpuwhy-probes.service", "gpuwhy-stacks.service",
+                             "gpuwhy-kmsg.socket"], cwd=units,
                             capture_output=True, text=True)
     assert verify.returncode == 0 and verify.stderr == "", verify.stderr
 

@@ -24,7 +24,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
 from gpuwhy.events import Envelope, PythonStacks
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.pystacks import StackSampler, run_stack_sampler
+from gpuwhy.probes.pystacks import FIRST_RUN_SECONDS, StackSampler, run_stack_sampler
 from gpuwhy.proc import process_key
 from gpuwhy.pystacks import MAX_FUNCTION_CHARS, Target, TargetsRefused, read_targets, write_targets
 from gpuwhy.store import open_store
@@ -330,3 +330,79 @@ def test_from_a_host_side_answer_in_the_store_to_its_stacks_in_the_store(tmp_pat
     assert row["error"] == "" and 30 <= row["samples"] <= 90, row["samples"]
     assert row["top"]["main"][0][0] == PLANTED, row["top"]
     assert not any(t.is_alive() for t in threads)
+
+
+NOBODY = 65534
+
+
+def test_the_stacks_unit_command_samples_with_cap_sys_ptrace_alone(tmp_path):
+    """`gpuwhy probes --only stacks` as gpuwhy-stacks.service runs it: another user than the
+    target's, holding CAP_SYS_PTRACE and no other capability, reading the targets file
+    through its group; it publishes the planted line on the bus: the window's first
+    FIRST_RUN_SECONDS at once (not final), then the whole window (final, more samples, its
+    seconds running past the first run's). Without the capability it stops at once and says
+    why, instead of standing down quietly as the service's thread."""
+    import shutil
+    import tempfile
+
+    from gpuwhy.bus import Subscriber
+
+    base = Path(tempfile.mkdtemp(prefix="gpuwhy-stacks-unit-"))
+    try:
+        base.chmod(0o755)
+        endpoint = f"ipc://{base}/bus.sock"
+        subscriber = Subscriber(endpoint, topics=("stacks",))
+        Path(endpoint.removeprefix("ipc://")).chmod(0o666)   # the unit's group access, here
+        path = base / "stack-targets.json"
+
+        def as_nobody(*caps: str) -> subprocess.Popen:
+            held = ",".join(f"+{c}" for c in caps)
+            grant = [f"--inh-caps=-all{',' + held if held else ''}",
+                     f"--ambient-caps=-all{',' + held if held else ''}",
+                     f"--bounding-set=-all{',' + held if held else ''}"]
+            env = {"PATH": os.environ["PATH"], "GPUWHY_BUS": endpoint,
+                   "GPUWHY_STACKS_TARGETS": str(path)}
+            return subprocess.Popen(
+                ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                 *grant, "--no-new-privs", sys.executable, "-m", "gpuwhy", "probes", "--only",
+                 "stacks"], env=env, cwd=base, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+
+        refused = as_nobody()
+        output = refused.communicate(timeout=30)[0]
+        assert refused.returncode == 1 and "needs CAP_SYS_PTRACE" in output, output
+        with running(tmp_path) as (process, _):
+            key = process_key(process.pid)
+            write_targets(str(path), [Target(process.pid, key.start_time, "GPU-unit",
+                                             "R01:unit", "R01_input_cpu_bound",
+                                             now_ns() + 10 * S)], now_ns())
+            os.chown(path, 0, NOBODY)          # 0640 root:gpuwhy, as the service writes it
+            sampler = as_nobody("sys_ptrace")
+            written = time.monotonic()
+            events: list[tuple[float, PythonStacks]] = []
+            try:
+                deadline = written + 25
+                while not (events and events[-1][1].final) and \
+                        time.monotonic() < deadline and sampler.poll() is None:
+                    envelope = subscriber.receive(0.5)
+                    if envelope is not None:
+                        events.append((time.monotonic() - written, envelope.event))
+            finally:
+                sampler.send_signal(signal.SIGTERM)
+                output = sampler.communicate(timeout=20)[0]
+                subscriber.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert [e.final for _, e in events] == [False, True], (events, output)
+    (first_at, first), (_, whole) = events
+    for event in (first, whole):
+        assert isinstance(event, PythonStacks) and event.error == "", (event, output)
+        assert (event.process, event.finding_id, event.started) == (
+            ProcessKey(process.pid, key.start_time), "R01:unit", first.started)
+        assert any(stack.endswith(PLANTED) for stack in main_stacks(event)), event.stacks
+    # the file is read every 2 s while idle, the interpreter starts in ~1 s
+    assert first_at < 10 and 30 <= first.samples <= 55, (first_at, first.samples)
+    assert whole.samples > first.samples + 10, (first.samples, whole.samples)
+    last_second = max(second for row in whole.stacks for second, _ in row.get("seconds", []))
+    assert last_second >= FIRST_RUN_SECONDS, whole.stacks
+    assert sampler.returncode == 0, output
