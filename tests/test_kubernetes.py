@@ -18,12 +18,21 @@ DOCS = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 
-def _daemonset():
-    return next(d for d in DOCS if d["kind"] == "DaemonSet")
+def _daemonsets():
+    return {d["metadata"]["name"]: d for d in DOCS if d["kind"] == "DaemonSet"}
+
+
+def _daemonset(name="gpuwhy-probes"):
+    return _daemonsets()[name]
+
+
+def _pod(name):
+    return _daemonset(name)["spec"]["template"]["spec"]
 
 
 def _containers():
-    return {c["name"]: c for c in _daemonset()["spec"]["template"]["spec"]["containers"]}
+    return {c["name"]: c for d in _daemonsets().values()
+            for c in d["spec"]["template"]["spec"]["containers"]}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -83,16 +92,30 @@ def test_memory_limits_match_the_units_budgets():
     assert "SYS_RESOURCE" not in added
 
 
-def test_host_pid_and_read_only_host_mounts():
-    spec = _daemonset()["spec"]["template"]["spec"]
-    assert spec["hostPID"] is True
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+def test_host_pid_for_the_probes_pod_only_and_read_only_host_mounts():
+    """#54: the probes and the stack sampler in the host's pid namespace, `serve` in a pod
+    of its own without it; the two pods share the bus through the node's /run/gpuwhy."""
+    assert set(_daemonsets()) == {"gpuwhy-probes", "gpuwhy"}
+    assert _pod("gpuwhy-probes")["hostPID"] is True
+    assert "hostPID" not in _pod("gpuwhy") and \
+        {c["name"] for c in _pod("gpuwhy")["containers"]} == {"serve"}
+    every = set()
+    for name in _daemonsets():
+        spec = _pod(name)
+        host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]
+                      if "hostPath" in v}
+        assert host_paths["bus"] == "/run/gpuwhy", name       # one socket for both pods
+        every |= set(host_paths.values())
+        for container in spec["containers"]:
+            for mount in container["volumeMounts"]:
+                if mount["name"] in host_paths and \
+                        host_paths[mount["name"]] not in ("/var/lib/gpuwhy", "/run/gpuwhy"):
+                    assert mount.get("readOnly") is True, (container["name"], mount)
     assert {"/proc", "/sys/kernel/btf", "/sys/kernel/tracing", "/dev", "/var/log/journal",
-            "/lib/modules"} <= set(host_paths.values())
-    for container in spec["containers"]:
-        for mount in container["volumeMounts"]:
-            if mount["name"] in host_paths and host_paths[mount["name"]] != "/var/lib/gpuwhy":
-                assert mount.get("readOnly") is True, (container["name"], mount)
+            "/lib/modules"} <= every
+    # the pods' labels tell them apart: each DaemonSet selects its own pods only
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in _daemonsets().values()]
+    assert selectors[0] != selectors[1]
     mounts = {m["mountPath"] for m in _containers()["probes"]["volumeMounts"]}
     # the probes read these at fixed paths (gpuwhy.probes.btf, fdtrack's tracefs, bcc)
     assert {"/sys/kernel/btf", "/sys/kernel/tracing", "/lib/modules", "/run/gpuwhy"} <= mounts
@@ -111,9 +134,12 @@ def test_every_variable_is_a_setting_and_points_at_a_mount():
 
 
 def test_gpu_tolerations_and_the_web_port():
-    spec = _daemonset()["spec"]["template"]["spec"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
-        spec["tolerations"]
+    for name in _daemonsets():
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+            _pod(name)["tolerations"]
+    # NVML in `serve` comes from NVIDIA's runtime; the probes need none of it
+    assert _pod("gpuwhy")["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in _pod("gpuwhy-probes")
     serve = _containers()["serve"]
     env = {e["name"]: e for e in serve["env"]}
     assert serve["ports"] == [{"name": "http", "containerPort": int(env["GPUWHY_PORT"]["value"]),
@@ -123,4 +149,4 @@ def test_gpu_tolerations_and_the_web_port():
     assert "secretKeyRef" in env["GPUWHY_AUTH_TOKEN"]["valueFrom"]
     service = next(d for d in DOCS if d["kind"] == "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "http"
-    assert service["spec"]["selector"] == _daemonset()["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"] == _daemonset("gpuwhy")["spec"]["selector"]["matchLabels"]
