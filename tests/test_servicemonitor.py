@@ -78,9 +78,8 @@ def test_it_finds_the_daemonsets_service_port_and_token():
     assert spec["endpoints"][0]["port"] in ports
     # the job label is "gpuwhy", which the shipped rules' GpuwhyTargetDown selects
     assert service["metadata"]["labels"][spec["jobLabel"]] == "gpuwhy"
-    daemonset = next(d for d in MANIFESTS if d["kind"] == "DaemonSet")
-    [serve] = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
-               if c["name"] == "serve"]
+    [serve] = [c for d in MANIFESTS if d["kind"] == "DaemonSet"
+               for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "serve"]
     env = {e["name"]: e for e in serve["env"]}
     token = env["GPUWHY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert spec["endpoints"][0]["authorization"]["credentials"] == token
