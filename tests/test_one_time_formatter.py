@@ -88,6 +88,9 @@ HELPER_NAME = re.compile(r"(^|_)(when|clock|utc|ts|time|timestamp|stamp|date)$")
 ALLOWED = {
     ("gpuwhy/text.py", "*"): "the one home: format_ts, and sql_utc for the store's views",
     ("scripts/bench.py", "isoformat"): "benchmark metadata in JSON: ISO 8601 with its offset",
+    ("scripts/bench_mcp.py", "isoformat"):
+        "the MCP tools' time arguments as an assistant sends them: ISO 8601 with its offset",
+    ("scripts/bench_mcp.py", "fromtimestamp"): "the same instant, made an aware datetime",
     ("probes/cron/timers.py", "%Y-%m-%d %H:%M:%S"):
         "parses systemctl's timer output (strptime), prints nothing",
     ("gpuwhy/cli.py", "%(asctime)"):

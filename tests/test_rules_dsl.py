@@ -145,7 +145,7 @@ def test_error_positions_point_into_multi_line_files():
 
 def test_every_shipped_file_parses():
     names = [name for name, _ in builtin_files()]
-    assert len(names) == 9
+    assert len(names) == 10
     for name, text in builtin_files():
         assert parse_rules(text, name)
 
