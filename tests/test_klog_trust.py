@@ -19,7 +19,7 @@ from gpuwhy.probes.klog.journald import JournalKernelLog, stamp_of_cursor
 from gpuwhy.probes.klog.kmsg import KmsgKernelLog, current_boot_id
 from gpuwhy.probes.klog.lines import RawLine
 from gpuwhy.probes.klog.parse import UNPARSED
-from gpuwhy.probes.klog.source import FORGED, KernelLogPump, LostLines
+from gpuwhy.probes.klog.source import FORGED, KernelLogPump, LostLines, health_of
 from gpuwhy.probes.klog.tail import FileKernelLog
 from gpuwhy.store import open_store
 
@@ -342,6 +342,23 @@ def test_journalds_own_report_of_missed_kernel_lines_is_a_loss_and_not_forgeable
     # words sent by a user are a forgery
     assert pump.counters["daemon_missed"] == 386 and pump.counters["forged"] == 1
     assert [e.event.record_kind for e in publisher.envelopes] == [FORGED]
+
+
+def test_a_missed_report_degrades_the_source_only_while_it_is_recent():
+    """journald's report of missed kernel lines is counted and said whenever it was made;
+    the source reads degraded for a while after the loss, not after a start that reads the
+    boot's journal and finds an hours-old report (#54: every loss said, none made new)."""
+    class Alive:
+        def check(self, lines_read):
+            return "ok", "journald"
+
+    pump = KernelLogPump(FakeReader([]), WirePublisher(), threading.Event(), boot_id=BOOT)
+    pump.missed(386, time.time_ns() - 3600 * 10**9)
+    health = health_of(Alive(), pump, LostLines(), WirePublisher())
+    assert health.state == "ok" and "journald missed 386 kernel lines" in health.detail
+    assert health.counters["daemon_missed"] == 386
+    pump.missed(5, time.time_ns() - 10**9)
+    assert health_of(Alive(), pump, LostLines(), WirePublisher()).state == "degraded"
 
 
 def test_a_kmsg_line_root_wrote_is_kept_and_says_so(tmp_path):

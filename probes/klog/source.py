@@ -319,7 +319,7 @@ class KernelLogPump:
             self.counters["lines"] += 1
             records: list[KernelLogRecord] = []
             if raw.missed:
-                self.missed(raw.missed)
+                self.missed(raw.missed, self.realtime(raw))
             elif not self.take_test_lines and raw.is_test_line():
                 self.counters["test_lines"] += 1      # gpuwhy's test suite's, not the driver's
             else:
@@ -338,10 +338,14 @@ class KernelLogPump:
                 self.checkpoint()
         return count
 
-    def missed(self, count: int) -> None:
-        """The log daemon said it missed ``count`` kernel lines (which ones, it cannot say)."""
+    def missed(self, count: int, when_ns: int | None = None) -> None:
+        """The log daemon said it missed ``count`` kernel lines (which ones, it cannot say),
+        at ``when_ns`` (realtime; None: now). Counted and said whenever it was; the source
+        reads degraded for GAP_DEGRADED_S from when it happened, not from when this reader
+        came to the report (a start that reads the boot's journal finds hours-old ones)."""
         self.counters["daemon_missed"] += count
-        self.missed_at = time.monotonic()
+        age_s = max(0.0, (now_ns() - when_ns) / 1e9) if when_ns is not None else 0.0
+        self.missed_at = time.monotonic() - age_s
         log.warning("kernel-log source: journald reports it missed %d kernel lines (the "
                     "kernel's ring buffer overwrote them before journald read them)", count)
 

@@ -71,7 +71,11 @@ def test_an_idle_service_and_its_probes_sleep_between_beats(tmp_config, tmp_path
     env = {**os.environ, "GPUWHY_DB": tmp_config["store.path"],
            "GPUWHY_BUS": tmp_config["bus.endpoint"],
            "GPUWHY_DEVICE_GLOB": tmp_config["probes.device_glob"],
-           "GPUWHY_GPU_SOURCE": "sim", "GPUWHY_CUDA_CONTROL_DIR": str(tmp_path)}
+           "GPUWHY_GPU_SOURCE": "sim", "GPUWHY_CUDA_CONTROL_DIR": str(tmp_path),
+           # idle from now: a first run reads the boot's journal from its start, and a host
+           # whose journal holds hours of lines (a CI box after many suites) is busy reading
+           # them, not idle, for as long as that takes
+           "GPUWHY_KLOG_START": "now"}
     for name in ("GPUWHY_POLL_INTERVAL", "GPUWHY_FLUSH_INTERVAL"):   # the shipped defaults
         env.pop(name, None)
     log = open(tmp_path / "up.log", "w+")

@@ -54,9 +54,10 @@ def test_the_spinning_thread_is_the_main_one_or_the_busiest_other(tmp_config, wh
         spinner.kill()
         spinner.wait()
     assert len(figures) == 3
-    for main, other, total in figures:
-        spinning, asleep = (main, other) if where == "main" else (other, main)
-        # the process's on-CPU time is the spinning thread's (a busy host may give it
-        # less than a core: the CI's two CPUs run other tests meanwhile)
-        assert spinning > 0.1 and spinning >= 0.9 * total, figures
-        assert asleep < 0.02, figures
+    # Over the three intervals together: a thread that runs without being switched out is
+    # credited when it is (a busy host's CPU may keep it on through a whole flush, then
+    # the next interval gets both), and a busy host may give it less than a core.
+    main, other, total = (sum(f[i] for f in figures) for i in range(3))
+    spinning, asleep = (main, other) if where == "main" else (other, main)
+    assert spinning > 0.3 and spinning >= 0.9 * total, figures
+    assert asleep < 0.06, figures
