@@ -114,7 +114,7 @@ SCOPE = "gpuwhy"
 # exporter turns each back into the suffix the name already has, so it adds none
 _UNIT_SUFFIXES = (("_bytes_per_second", "By/s"), ("_bytes", "By"), ("_seconds", "s"),
                   ("_ratio", "1"), ("_watts", "W"), ("_hertz", "Hz"), ("_celsius", "Cel"),
-                  ("_joules", "J"))
+                  ("_joules", "J"), ("_per_second", "1/s"))
 
 
 def _own_version() -> str:

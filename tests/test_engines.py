@@ -242,6 +242,39 @@ def test_hostile_lines_are_skipped_and_counted_and_garbage_is_refused():
         metrics.parse("vllm", "<html>\n<body>nope</body>\n")
 
 
+@pytest.mark.parametrize("engine, name", [("vllm", "vllm_v1.txt"), ("vllm", "vllm_v0.txt"),
+                                          ("sglang", "sglang.txt"), ("tgi", "tgi.txt"),
+                                          ("triton", "triton.txt")])
+def test_the_narrow_parse_reads_what_parsing_every_line_reads(engine, name):
+    """Families the signals do not read are skipped unparsed (scripts/bench_engines.py):
+    the same figures, GPU ids (Triton's gpu_uuid sits on its nv_gpu_* families) and names."""
+    others = ('http_requests_total{handler="/v1/completions",status="2xx"} 5\n'
+              'vllm:request_prompt_tokens_bucket{le="+Inf"} 3\n'
+              'nv_gpu_utilization{gpu_uuid="GPU-00000000-0000-0000-0000-00000000000f"} 0.5\n')
+    for frame in _frames(name):
+        narrow, full = metrics.parse(engine, frame + others), \
+            metrics.parse(engine, frame + others, narrow=False)
+        assert (narrow.gauges, narrow.totals, narrow.buckets, narrow.gpu_ids, narrow.names) \
+            == (full.gauges, full.totals, full.buckets, full.gpu_ids, full.names)
+    assert metrics.parse(engine, "# HELP x\nnot a sample at all\n").skipped == 1
+
+
+def test_a_command_line_is_read_again_only_for_a_new_process_or_after_rescan_s(engines):
+    from gpuwhy.probes.engines.discover import Finder
+    finder = Finder()
+    finder.find()
+    first = finder.argv_reads
+    assert first >= 1
+    proc = engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", free_port())
+    found = finder.find()          # a new pid: its command line read at once
+    assert key_of(proc) in [e.process for e in found]
+    assert finder.argv_reads - first < first / 2   # not every process's again
+    finder.RESCAN_S = 0.0
+    before = finder.argv_reads
+    finder.find()
+    assert finder.argv_reads - before >= first / 2
+
+
 # --- hostile endpoints cost their own scrape and the source's health, nothing more ----------
 def test_slow_huge_garbage_and_redirecting_endpoints_fail_alone(engines, monkeypatch):
     hostile = {}

@@ -1,4 +1,5 @@
-"""`/metrics` for Prometheus: GPU fields and health, Xids, processes, owners, incidents, rules.
+"""`/metrics` for Prometheus: GPU fields and health, Xids, processes, owners, incidents, rules,
+inference engines.
 
 A custom collector reads the store at scrape time; it is registered in a registry passed
 in, never the global one. Names are ``gpuwhy_*`` in base units (ratios 0-1, bytes, watts,
@@ -12,12 +13,14 @@ rejects: the model is a label of ``gpuwhy_gpu_info``).
 
 Cardinality is bounded: the ``max_processes`` processes with the most GPU memory or driver
 calls get their own series (pid, start_time, comm, pod_uid, container), the rest are summed
-under ``pid="other"``; Xid codes outside the catalogue count under ``xid="other"``; the
-first ``max_owners`` owners (user, pod, container) seen idle get their own idle-while-held
-series and keep it, later ones are summed under ``"other"``, so that every counter only
-grows. The idle-while-held counter is the one figure this process keeps: GPU-seconds of
-whole-GPU samples at or under ``correlator.stall_util_pct`` while an owner's process held
-the GPU, counted from the samples stored since this process started.
+under ``pid="other"``; an inference engine (``gpuwhy_engine_*``) is one series per engine
+instance (engine, pid, endpoint port, GPUs), from its latest scrape of the last
+``ENGINE_FRESH_NS``, never per request or model; Xid codes outside the catalogue count under
+``xid="other"``; the first ``max_owners`` owners (user, pod, container) seen idle get their
+own idle-while-held series and keep it, later ones are summed under ``"other"``, so that
+every counter only grows. The idle-while-held counter is the one figure this process keeps:
+GPU-seconds of whole-GPU samples at or under ``correlator.stall_util_pct`` while an owner's
+process held the GPU, counted from the samples stored since this process started.
 
 Scrapes are answered from a snapshot (:class:`Snapshot`): rendered at most once a second, one
 render shared by every scrape that waits for it, so a crowd of scrapers costs one store read a
@@ -29,6 +32,7 @@ for the next render rather than take the older one.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import re
@@ -38,6 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Flask, Response
 from prometheus_client import (
@@ -58,8 +63,10 @@ from gpuwhy.gpu_health import is_live
 from gpuwhy.gpufields import SAMPLE_FIELDS, THROTTLE_BITS, Field
 from gpuwhy.rules.loader import configured_rule_set
 from gpuwhy.rules.model import Rule
+from gpuwhy.rules.vocabulary import ENGINE_VALUES
 from gpuwhy.stalls import STALL_FACTOR, STALLED, judge, stall_counts
 from gpuwhy.store import alertpush
+from gpuwhy.store.engines import latest_engine_samples
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
@@ -84,6 +91,10 @@ OTHER = "other"
 GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "Hostname", "simulated"]
 PROCESS_LABELS = ["pid", "start_time", "comm", "pod_uid", "container"]
 OWNER_LABELS = ["user", "pod_uid", "container"]
+ENGINE_LABELS = ["engine", "pid", "port", "gpus", "Hostname"]
+# An engine scraped within this long is still serving (scrapes come every 5 s; a few missed
+# ones are not an engine gone, an engine stopped for longer leaves /metrics)
+ENGINE_FRESH_NS = 120 * NS_PER_SECOND
 # Columns of the gpus table shown on gpuwhy_gpu_info where the store has them (a source
 # that learns the VBIOS or the ECC, MIG or persistence mode adds the column).
 INFO_COLUMNS = ("driver_version", "vbios_version", "ecc_mode", "mig_mode", "persistence_mode",
@@ -256,6 +267,7 @@ class StoreCollector(Collector):
             yield from self._answers(db, gpus)
             yield from self._sources(db)
             yield from self._alertmanager(db)
+            yield from self._engines(db, gpus)
 
     def _gpu_labels(self, gpus: dict[str, dict], gpu: str | None) -> list[str]:
         row = gpus.get(gpu or "") or {}
@@ -458,6 +470,32 @@ class StoreCollector(Collector):
         yield stalls
 
 
+    def _engines(self, db: Database, gpus: dict[str, dict]) -> Iterator[Metric]:
+        """One series per engine instance and value of its latest scrape (ENGINE_VALUES: the
+        engine.* rule signals' units, in base units)."""
+        families = {value: GaugeMetricFamily(name, f"inference engine: {help_text} "
+                                             "(latest scrape)", labels=ENGINE_LABELS)
+                    for value, (name, help_text) in ENGINE_METRICS.items()}
+        info = GaugeMetricFamily("gpuwhy_engine_info", "1 per inference engine scraped in the "
+                                 "last two minutes; its version as its metric names tell",
+                                 labels=[*ENGINE_LABELS, "version"])
+        scraped = GaugeMetricFamily("gpuwhy_engine_last_scrape_timestamp_seconds",
+                                    "when the engine's latest scrape was taken",
+                                    labels=ENGINE_LABELS)
+        now = now_ns()
+        for row in latest_engine_samples(db, now - ENGINE_FRESH_NS, now):
+            labels = [_text(row["engine"])[:32], "" if row["pid"] is None else str(row["pid"]),
+                      _port(row["endpoint"]), _engine_gpus(gpus, row["gpu_ids"]),
+                      self.hostname]
+            info.add_metric([*labels, _text(row["version"])[:32]], 1)
+            scraped.add_metric(labels, row["ts"] / NS_PER_SECOND)
+            for value, family in families.items():
+                if row.get(value) is not None:
+                    family.add_metric(labels, row[value])
+        yield info
+        yield scraped
+        yield from families.values()
+
     def _alertmanager(self, db: Database) -> Iterator[Metric]:
         """The Alertmanager pusher's record (store/alertpush.py), once it has run: its own
         up/down is the ``alertmanager`` source above."""
@@ -473,6 +511,51 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("gpuwhy_alertmanager_feed_behind", "incident-feed changes "
                                 "the pusher has not taken in yet (0 when it keeps up)",
                                 value=figures["behind"])
+
+
+def _engine_metric(value: str) -> str:
+    """A value of ENGINE_VALUES as a metric name in base units: ``ttft_p95_s`` ->
+    ``gpuwhy_engine_ttft_p95_seconds``, ``prompt_tokens_per_s`` -> ``..._per_second``,
+    ``kv_cache_usage`` (0-1) -> ``..._ratio``."""
+    if value.endswith("_per_s"):
+        stem = value[:-1] + "second"
+    elif value.endswith("_s"):
+        stem = value[:-2] + "_seconds"
+    elif ENGINE_VALUES[value][0] == "ratio":
+        stem = value + "_ratio"
+    else:
+        stem = value
+    return f"gpuwhy_engine_{stem}"
+
+
+ENGINE_METRICS = {value: (_engine_metric(value), help_text)
+                  for value, (_, help_text) in ENGINE_VALUES.items()}
+
+
+def _port(endpoint: str | None) -> str:
+    """The endpoint's port (the host is loopback, the path /metrics: neither tells engines
+    apart); "" when it names none."""
+    try:
+        port = urlsplit(endpoint or "").port
+    except ValueError:
+        return ""
+    return "" if port is None else str(port)
+
+
+def _engine_gpus(gpus: dict[str, dict], stored: str | None) -> str:
+    """The engine's GPUs as people name them, comma-separated: indexes where known."""
+    try:
+        ids = json.loads(stored or "[]")
+    except ValueError:
+        return ""
+    if not isinstance(ids, list):
+        return ""
+    names = []
+    for gpu in ids[:16]:
+        if isinstance(gpu, str):
+            index = (gpus.get(gpu) or {}).get("gpu_index")
+            names.append(gpu if index is None else str(index))
+    return ",".join(names)[:200]
 
 
 def _text(value: object) -> str:

@@ -1,5 +1,6 @@
 """Process pages: the processes holding GPU devices (``/processes``) and one process's
-timeline (``/processes/<pid>-<start_time>``), with their JSON and CSV."""
+timeline (``/processes/<pid>-<start_time>``), with their JSON and CSV; for an inference
+engine (or a GPU process of one), its serving figures on the same time axis."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from flask.typing import ResponseReturnValue
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import MAX_INT
+from gpuwhy.events import ENGINE_NAMES
 from gpuwhy.identity import ProcessKey
-from gpuwhy.store import queries, series
+from gpuwhy.store import engines, queries, series
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
 from gpuwhy.webui.window import requested_tail, requested_window, whole
@@ -36,8 +38,20 @@ def _process_or_404(text: str) -> tuple[ProcessKey, dict]:
     return key, found
 
 
+def _end(key: ProcessKey) -> int | None:
+    """The last time anything was heard of the process; while it runs, an engine's latest
+    scrape too: its API server holds no GPU and is heard from by its scrapes alone (the
+    timeline and the Serving charts end there, on one axis)."""
+    db = get_db()
+    end = queries.process_end(db, key)
+    if (queries.process(db, key) or {}).get("exited_at"):
+        return end
+    serving = engines.engine_of(db, key)
+    return max(end or 0, serving["ts"] if serving else 0) or None
+
+
 def _window(process: dict) -> series.Window:
-    end = queries.process_end(get_db(), ProcessKey(process["pid"], process["start_time"]))
+    end = _end(ProcessKey(process["pid"], process["start_time"]))
     try:
         # read (and refused when bad) even where the whole life is shown instead
         asked = requested_window(request.args, end, current_app.config["MAX_POINTS"])
@@ -81,7 +95,7 @@ def _detail(key: ProcessKey, process: dict, events: bool = True) -> dict:
     ``events`` is false (the page reads them a page at a time: :func:`_events_page`)."""
     db = get_db()
     return {"process": process, "key": str(key), "calls": queries.process_calls(db, key),
-            "last_heard": queries.process_end(db, key),
+            "last_heard": _end(key),
             **({"events": queries.process_events(db, key)} if events else {}),
             "findings": queries.findings(db, key=key),
             "gpus": queries.process_gpus(db, key)}
@@ -124,11 +138,22 @@ def _events_page(key: ProcessKey) -> dict:
             "older": url(number + 1) if number < pages else None}
 
 
+def _serving(key: ProcessKey) -> dict | None:
+    """The engine the process is or serves, as the page names it; None for neither."""
+    found = engines.engine_of(get_db(), key)
+    if found is None:
+        return None
+    return {**found, "key": str(ProcessKey(found["pid"], found["start_time"])),
+            "name": ENGINE_NAMES.get(found["engine"], found["engine"]),
+            "own": (found["pid"], found["start_time"]) == (key.pid, key.start_time)}
+
+
 @bp.get("/processes/<key>")
 def show(key: str) -> ResponseReturnValue:
     process_key, process = _process_or_404(key)
     return render_template("process.html", **_detail(process_key, process, events=False),
                            events_page=_events_page(process_key),
+                           serving=_serving(process_key),
                            ranges=list(series.RANGES), ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 
@@ -144,12 +169,36 @@ def api_series(key: str) -> ResponseReturnValue:
     live chart drawn on that grid lacks."""
     process_key, process = _process_or_404(key)
     try:
-        tail = requested_tail(request.args, queries.process_end(get_db(), process_key))
+        tail = requested_tail(request.args, _end(process_key))
     except ValueError as exc:
         abort(400, description=str(exc))
     w, after = tail if tail else (_window(process), None)
     return jsonify({"key": str(process_key), "from": w.since, "to": w.until,
                     **series.process_series(get_db(), process_key, w, after)})
+
+
+@bp.get("/api/processes/<key>/engine")
+def api_engine(key: str) -> ResponseReturnValue:
+    """The serving figures of the engine the process is or serves, bucketed on the same
+    window (and tail) as :func:`api_series` answers for the same query, so that both charts
+    share one time axis, and (``gpus``) its GPUs' SM activity on the same buckets; ``engine``
+    null (and no rows) for a process that serves none."""
+    process_key, process = _process_or_404(key)
+    try:
+        tail = requested_tail(request.args, _end(process_key))
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    w, after = tail if tail else (_window(process), None)
+    db = get_db()
+    found = engines.engine_of(db, process_key)
+    data = engines.engine_series(db, ProcessKey(found["pid"], found["start_time"]), w,
+                                 after) if found else \
+        {"fields": list(engines.SERIES_FIELDS), "rows": [], "bucket_s": w.bucket_ns /
+         NS_PER_SECOND, "bucket_ns": w.bucket_ns, "sample_period_s": None}
+    return jsonify({"key": str(process_key), "from": w.since, "to": w.until,
+                    "engine": found, **data,
+                    "gpus": engines.gpus_activity(db, found["gpu_ids"] if found else [], w,
+                                                  after)})
 
 
 @bp.get("/processes/<key>/series.csv")

@@ -74,8 +74,20 @@ class Engine:
 
 
 def _read(path: str, limit: int) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(limit)
+    # os.open/os.read, not open(): no buffered file object for a read of a few hundred
+    # bytes, done for every process every round (half the cost of the /proc scan)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_argv(pid: int, proc_root: str = "/proc") -> list[str]:
@@ -268,19 +280,33 @@ def netns(pid: int | str, proc_root: str = "/proc") -> str | None:
 
 
 class Finder:
-    """Finds the engines, round after round, at the cost of a /proc scan of command lines
-    (~3 ms for 120 processes here): a namespace's TCP tables are read (once a round at
-    most) only for an engine whose set of sockets changed since they were last read for it,
-    or RECHECK_S later; a new engine's listening sockets are new sockets."""
+    """Finds the engines, round after round, at the cost of a /proc scan: a namespace's TCP
+    tables are read (once a round at most) only for an engine whose set of sockets changed
+    since they were last read for it, or RECHECK_S later; a new engine's listening sockets
+    are new sockets. A command line is read for a new process at once, and again only
+    RESCAN_S later (a process that execs an engine in place: ``exec vllm serve`` at the end
+    of a container's entrypoint); a process is new when /proc lists its pid with another
+    inode (the kernel's /proc/PID inode belongs to the process: a reused pid gets a new
+    one). An engine's ports, tree and GPU processes are read when it is found and again
+    RESCAN_S later (a worker that opens a GPU later joins its members then). A round is
+    then a readdir of /proc and an engine's start time for most rounds
+    (scripts/bench_engines.py: a third of the CPU of reading everything every round)."""
 
     RECHECK_S = 30.0
+    RESCAN_S = 10.0        # within the issue's goal: an engine found ≤ 10 s after it listens
 
     def __init__(self, proc_root: str = "/proc", own_netns: str | None = None):
         self.proc_root = proc_root
         self.own_netns = own_netns if own_netns is not None else netns("self", proc_root)
         # per process: (its socket inodes, its listeners, when the tables were read)
         self._ports: dict[ProcessKey, tuple[frozenset[int], dict[int, Listener], float]] = {}
+        # per pid: (its /proc inode, when its command line was read, the engine it runs or
+        # None, that command line when it is one)
+        self._argv: dict[int, tuple[int, float, str | None, list[str]]] = {}
+        # per engine found: (when its ports, tree and GPU processes were read, its tree, it)
+        self._engines: dict[ProcessKey, tuple[float, list[int], Engine]] = {}
         self.table_reads = 0
+        self.argv_reads = 0
 
     def _listeners(self, key: ProcessKey, now: float,
                    tables: dict[str | None, list[tuple[str, str]]]) -> dict[int, Listener]:
@@ -306,18 +332,26 @@ class Finder:
         is left to its children."""
         proc_root = self.proc_root
         try:
-            pids = [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+            with os.scandir(proc_root) as entries:
+                listed = [(int(e.name), e.inode()) for e in entries if e.name.isdigit()]
         except OSError:
             return []
+        now = time.monotonic()
+        known: dict[int, tuple[int, float, str | None, list[str]]] = {}
         candidates: dict[int, tuple[str, list[str], int]] = {}
-        for pid in pids:
-            argv = read_argv(pid, proc_root)
-            name = recognise(argv)
-            if name is not None:
+        for pid, inode in listed:
+            cached = self._argv.get(pid)
+            if cached is None or cached[0] != inode or now - cached[1] >= self.RESCAN_S:
+                argv = read_argv(pid, proc_root)
+                self.argv_reads += 1
+                name = recognise(argv)
+                cached = (inode, now, name, argv if name is not None else [])
+            known[pid] = cached
+            if cached[2] is not None:
                 started = start_time(pid, proc_root)
                 if started is not None:
-                    candidates[pid] = (name, argv, started)
-        now = time.monotonic()
+                    candidates[pid] = (cached[2], cached[3], started)
+        self._argv = known
         tables: dict[str | None, list[tuple[str, str]]] = {}
         engines: list[Engine] = []
         claimed: set[int] = set()
@@ -326,6 +360,11 @@ class Finder:
                 continue
             name, argv, started = candidates[pid]
             key = ProcessKey(pid, started)
+            found_before = self._engines.get(key)
+            if found_before is not None and now - found_before[0] < self.RESCAN_S:
+                claimed.update(p for p in found_before[1] if p in candidates)
+                engines.append(found_before[2])
+                continue
             listeners = self._listeners(key, now, tables)
             if not listeners:
                 continue
@@ -348,7 +387,9 @@ class Finder:
                     engine.members.append(ProcessKey(member, member_start))
             engine.gpu_minors = sorted(minors)
             engines.append(engine)
+            self._engines[key] = (now, members, engine)
         live = {ProcessKey(pid, c[2]) for pid, c in candidates.items()}
+        self._engines = {k: v for k, v in self._engines.items() if k in live}
         for gone in [k for k in self._ports if k not in live]:
             del self._ports[gone]
         return engines

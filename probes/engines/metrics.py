@@ -12,12 +12,19 @@ engine started. A counter that went down (the engine restarted) gives nothing th
 Label sets are added up (several models on Triton, several data-parallel engines on vLLM);
 KV-cache usage takes the fullest one. The body is parsed by the dcgm-exporter scrape's
 bounded parser (:func:`gpuwhy.probes.gpu.exporter.parse_sample`): a bad line is skipped and
-counted, never fatal.
+counted, never fatal. Only the lines of the families read are parsed: a server's body is
+mostly others (its HTTP frontend's per-handler histograms, the Python client's process
+figures, the engine's other histograms), and parsing them was most of a scrape's CPU
+(scripts/bench_engines.py); another line is only checked to begin as a sample does (a metric
+name, then labels or a value), so that a line of no sample is still counted and a body of no
+Prometheus text at all still told apart.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import dataclass, field
 
 from gpuwhy.probes.gpu.exporter import MAX_LINES, SampleSkipped, parse_sample
@@ -28,6 +35,9 @@ from gpuwhy.rules.vocabulary import ENGINE_VALUES
 VALUES = tuple(ENGINE_VALUES)
 MAX_HISTOGRAM_BUCKETS = 256     # per histogram (vLLM's longest: ~20)
 MAX_GPU_LABELS = 64
+# how a sample line of a family not read begins: a metric name, then labels or a value
+# (a number, NaN, +Inf or -Inf)
+_SAMPLE_START = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{|[ \t]+[-+0-9.NI])")
 
 
 @dataclass(frozen=True)
@@ -131,11 +141,23 @@ def _wanted(spec: Spec) -> tuple[set[str], set[str], set[str]]:
     return gauges, totals, histograms
 
 
-def parse(engine: str, text: str) -> Parsed:
+@functools.cache
+def _reading(engine: str) -> tuple[set[str], set[str], set[str], tuple[str, ...]]:
+    """The engine's names read (:func:`_wanted`, once), and what every sample line of their
+    families begins with (its name; a histogram's _bucket, _sum and _count lines too)."""
+    gauges, totals, histograms = _wanted(SPECS[engine])
+    return gauges, totals, histograms, tuple(sorted(gauges | totals | histograms))
+
+
+def parse(engine: str, text: str, narrow: bool = True) -> Parsed:
     """The engine's metrics in a /metrics body. Raises ValueError when no line at all is
-    Prometheus text (an HTML page, garbage)."""
+    Prometheus text (an HTML page, garbage). ``narrow=False`` parses every sample line, the
+    families not read too (the benchmark's "before")."""
     spec = SPECS[engine]
-    gauges, totals, histograms = _wanted(spec)
+    gauges, totals, histograms, prefixes = _reading(engine)
+    read = prefixes if narrow else ("",)
+    # the GPU label may be on families not read (Triton's gpu_uuid: on its nv_gpu_* ones)
+    marker = f'{spec.gpu_label}="' if spec.gpu_label else None
     out = Parsed()
     lines = text.split("\n", MAX_LINES)
     if len(lines) > MAX_LINES:
@@ -150,6 +172,14 @@ def parse(engine: str, text: str) -> Parsed:
             continue
         if line.startswith("#"):
             out.good += 1
+            continue
+        if not line.startswith(read) and not (marker and marker in line):
+            # a family not read: only checked to begin as a sample does (counted if not)
+            if _SAMPLE_START.match(line):
+                out.good += 1
+            else:
+                out.skipped += 1
+                out.first_skip = out.first_skip or f"line {lineno}: not a sample: {line[:40]!r}"
             continue
         try:
             name, labels, raw = parse_sample(line)

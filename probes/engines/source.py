@@ -257,14 +257,14 @@ class EngineSource:
             probing = process is not None and self.targets.get(process) is not target \
                 and target not in self.named
             if parsed is None:
-                if probing:
+                if probing and process is not None:      # (probing says so; mypy cannot)
                     port = urlsplit(target.url).port or 80
                     self.refused[(process, port)] = done
                     continue          # one port of several: not an error of the engine yet
                 self.counters["scrape_errors"] += 1
                 target.error = error
                 continue
-            if probing:
+            if probing and process is not None:
                 if process in probed:
                     continue                    # another port answered first
                 probed.add(process)

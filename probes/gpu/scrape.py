@@ -1,15 +1,17 @@
 """One HTTP GET with a limit on its total time and on the size of its body.
 
 A socket timeout bounds each read only: a target that sends a byte a second never trips it
-and holds the caller for as long as it likes. Here a timer shuts the connection's socket
-down when the scrape's time is up, which wakes whatever read is blocked on it (connect,
-TLS handshake, headers, body). urllib still does the request, so proxies from the
-environment and HTTPS work as with ``urlopen``.
+and holds the caller for as long as it likes. Here a watchdog (one thread for every scrape
+of the process) shuts the connection's socket down when the scrape's time is up, which
+wakes whatever read is blocked on it (connect, TLS handshake, headers, body). urllib still
+does the request, so proxies from the environment and HTTPS work as with ``urlopen``.
 """
 
 from __future__ import annotations
 
+import heapq
 import http.client
+import itertools
 import socket
 import threading
 import time
@@ -17,6 +19,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+from gpuwhy.threads import Thread
 
 
 class ScrapeFailed(Exception):
@@ -29,22 +33,25 @@ class ScrapeFailed(Exception):
 
 class Deadline:
     """A scrape's total-time limit: once ``seconds`` have passed, every socket it watches
-    is shut down and ``expired`` is set. A context manager; leaving it stops the timer."""
+    is shut down and ``expired`` is set. A context manager; leaving it ends the limit.
+    Every Deadline of the process is kept by one thread (:class:`_Watchdog`): a timer
+    thread started for each scrape cost more CPU than the engines source's whole parse
+    (scripts/bench_engines.py)."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.expired = False
+        self.done = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
 
     def __enter__(self) -> Deadline:
-        self._timer.start()
+        _WATCHDOG.add(self, time.monotonic() + self.seconds)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self.done = True      # the watchdog drops it when its time comes
 
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
@@ -54,9 +61,49 @@ class Deadline:
 
     def _expire(self) -> None:
         with self._lock:
+            if self.done:
+                return
             self.expired = True
             for sock in self._sockets:
                 _cut(sock)
+
+
+class _Watchdog:
+    """One thread that expires every Deadline at its time: it sleeps until the first one
+    is due, or for good while none is held (no wake-ups when idle); started at the first."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._due: list[tuple[float, int, Deadline]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: Deadline, due: float) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (due, next(self._order), deadline))
+            if self._thread is None or not self._thread.is_alive():   # first, or forked
+                self._thread = Thread(target=self._run, name="gpuwhy-deadlines", daemon=True)
+                self._thread.start()
+            elif self._due[0][2] is deadline:
+                self._changed.notify()         # due before the one the thread waits for
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while self._due and self._due[0][2].done:
+                    heapq.heappop(self._due)          # left in time
+                if not self._due:
+                    self._changed.wait()
+                    continue
+                wait = self._due[0][0] - time.monotonic()
+                if wait > 0:
+                    self._changed.wait(wait)
+                    continue
+                _, _, deadline = heapq.heappop(self._due)
+            deadline._expire()
+
+
+_WATCHDOG = _Watchdog()
 
 
 def _cut(sock: socket.socket) -> None:

@@ -1,7 +1,9 @@
 // The process page: its per-second timeline (GPU use, driver calls, CUDA launches and sync
 // time where the CUDA uprobes are on, on/off CPU of the process and its workers) from
 // /api/processes/<key>/series, re-fetched on range or zoom; live while the process runs
-// (new buckets appended, as on the GPU page), held still by pause or a zoom.
+// (new buckets appended, as on the GPU page), held still by pause or a zoom. For an
+// inference engine (or a GPU process of one), its serving figures from
+// /api/processes/<key>/engine, asked with the same query: the same window, on the same axis.
 (function () {
   "use strict";
   const G = window.GpuwhyCharts;
@@ -13,6 +15,9 @@
   }
   const activity = G.init("chart-activity");
   const cpu = G.init("chart-cpu");
+  const engineUrl = page.dataset.engine;
+  const servingLoad = engineUrl ? G.init("chart-serving-load") : null;
+  const servingSpeed = engineUrl ? G.init("chart-serving-speed") : null;
   G.connect();
 
   // What is drawn: its request and data; following: a running process, not zoomed.
@@ -46,15 +51,48 @@
       `${data.rows.length} points, ${data.bucket_s} s each`;
   }
 
+  // The engine's figures on the process timeline's range (one x for one moment on all).
+  function drawServing(data, range, fresh) {
+    const l = G.base(range);
+    l.yAxis = [{ type: "value", name: "requests" }, { type: "value", name: "%", max: 100 }];
+    l.series = [G.line("requests running", G.column(data, "requests_running"),
+      G.unit("requests")),
+    G.line("requests waiting", G.column(data, "requests_waiting"), G.unit("requests")),
+    G.line("KV cache used", G.column(data, "kv_cache_usage", 100),
+      Object.assign({ yAxisIndex: 1 }, G.unit("%"))),
+    Object.assign({ name: "preemptions", type: "bar", data: G.column(data,
+      "preemptions_per_s"), barMaxWidth: 6 }, G.unit("preemptions/s")),
+    G.line("SM active (its GPUs, mean)", G.column(data.gpus, "sm_active"),
+      Object.assign({ yAxisIndex: 1, lineStyle: { type: "dotted" } }, G.unit("%")))];
+    l.graphic = G.emptyNote(!G.hasPoints(data, ["requests_running", "requests_waiting",
+      "kv_cache_usage"]), "scrapes of the engine");
+    servingLoad.setOption(l, fresh);
+    const s = G.base(range);
+    s.yAxis = [{ type: "value", name: "s" }, { type: "value", name: "tokens/s" }];
+    s.series = [G.line("TTFT p95", G.column(data, "ttft_p95_s"), G.unit("s")),
+      G.line("time per output token p95", G.column(data, "tpot_p95_s"), G.unit("s")),
+      G.line("prompt tokens", G.column(data, "prompt_tokens_per_s"),
+        Object.assign({ yAxisIndex: 1, lineStyle: { type: "dashed" } }, G.unit("tokens/s"))),
+      G.line("generated tokens", G.column(data, "generation_tokens_per_s"),
+        Object.assign({ yAxisIndex: 1, lineStyle: { type: "dashed" } }, G.unit("tokens/s")))];
+    s.graphic = G.emptyNote(!G.hasPoints(data, ["ttft_p95_s", "tpot_p95_s",
+      "prompt_tokens_per_s", "generation_tokens_per_s"]), "latencies or token rates");
+    servingSpeed.setOption(s, fresh);
+  }
+
   async function load(params) {
     // The whole life unless a range button or a zoom asked for less.
     const query = params.from || params.at || params.picked ? G.apiParams(params) : {};
     const mine = ++generation;
     try {
-      const data = await G.fetchJson(G.withParams(page.dataset.series, query));
+      const [data, engine] = await Promise.all([
+        G.fetchJson(G.withParams(page.dataset.series, query)),
+        engineUrl ? G.fetchJson(G.withParams(engineUrl, query)) : null]);
       if (mine !== generation) return;
-      view = { params: query, data, following: Boolean(live) && !(params.from && params.to) };
+      view = { params: query, data, engine,
+        following: Boolean(live) && !(params.from && params.to) };
       draw(data, true);
+      if (engine) drawServing(engine, { from: data.from, to: data.to }, true);
       G.updateCsvLinks(query);
       if (live) live.follows(view.following);
       page.dataset.loaded = "true";
@@ -68,14 +106,19 @@
     if (!view || !view.following || live.paused()) return;
     const mine = generation, before = view;
     try {
-      const fresh = await G.fetchJson(G.withParams(page.dataset.series,
-        G.tailParams(before.data)));
+      const [fresh, freshEngine] = await Promise.all([
+        G.fetchJson(G.withParams(page.dataset.series, G.tailParams(before.data))),
+        before.engine ? G.fetchJson(G.withParams(engineUrl, G.tailParams(before.engine)))
+          : null]);
       if (mine !== generation || view !== before || live.paused()) return;
       // a picked range slides; the whole life keeps its start
       const seconds = before.params.range ? live.ranges[before.params.range] : null;
       const data = G.mergeTail(before.data, fresh, seconds);
-      view = Object.assign({}, before, { data });
+      const engine = freshEngine ? Object.assign(G.mergeTail(before.engine, freshEngine,
+        seconds), { gpus: G.mergeTail(before.engine.gpus, freshEngine.gpus, seconds) }) : null;
+      view = Object.assign({}, before, { data, engine });
       draw(data, false);
+      if (engine) drawServing(engine, { from: data.from, to: data.to }, false);
       if (Date.now() - tablesAt >= TABLES_EVERY_MS) await takeTables();
       live.updated();
     } catch (err) {
@@ -99,4 +142,8 @@
   G.rangeControl(load);
   G.onZoom(activity);
   G.onZoom(cpu);
+  if (servingLoad) {
+    G.onZoom(servingLoad);
+    G.onZoom(servingSpeed);
+  }
 })();
