@@ -42,7 +42,10 @@ def _status_kb(pid: int, field: str) -> int:
     raise RuntimeError(f"no {field} for {pid}")
 
 
-def run(calls: int = 10_000_000, threads: int = 2) -> dict:
+def run(calls: int = 10_000_000, threads: int = 2, round_s: float = ROUND_S) -> dict:
+    """Storm `gpuwhy probes` with at least ``calls`` notable calls in rounds of ``round_s``;
+    the figures, and the probes' health after it (``state``, ``counters``). The storm test
+    (tests/privileged/test_probe_memory.py) runs it small."""
     work = Path(tempfile.mkdtemp(prefix="gpuwhy-bench-storm-"))
     storm = work / "storm"
     subprocess.run(["gcc", "-O2", "-pthread", "-o", str(storm), str(STORM_C)], check=True)
@@ -84,7 +87,7 @@ def run(calls: int = 10_000_000, threads: int = 2) -> dict:
         made, seconds = 0, 0.0
         while made < calls:
             ran = subprocess.run([str(storm), str(devices / "nvidiactl"), str(threads),
-                                  str(ROUND_S), CHECK_VERSION_STR], capture_output=True,
+                                  str(round_s), CHECK_VERSION_STR], capture_output=True,
                                  text=True, check=True)
             report = json.loads(ran.stdout)
             made += report["calls"]
@@ -108,12 +111,14 @@ def run(calls: int = 10_000_000, threads: int = 2) -> dict:
         reader.join(5)
         subscriber.close()
     counters = health[-1].counters if health else {}
+    state = health[-1].state if health else None
     read_or_dropped = counters.get("records", 0) + counters.get("dropped_ringbuf_full", 0)
     return {"calls": made, "seconds": round(seconds, 1), "baseline_mb": baseline_kb / 1024,
             "peak_mb": peak_kb / 1024, "after_mb": after_kb / 1024,
             "growth_mb": (peak_kb - baseline_kb) / 1024, "records": counters.get("records"),
             "dropped": counters.get("dropped_ringbuf_full"),
-            "all_accounted": read_or_dropped >= made, "goal_mb": GOAL_MB}
+            "all_accounted": read_or_dropped >= made, "goal_mb": GOAL_MB,
+            "state": state, "counters": counters}
 
 
 def main() -> None:

@@ -1,13 +1,12 @@
-"""`gpuwhy demo starved-input` end to end, all real but the GPU: a stand-in training process
-whose one DataLoader-like worker decodes on the CPU and cannot keep up, while its main
-thread sleeps on the batch queue; the eBPF scheduler probes time both, the simulator's GPU
-idles 70 % of the time, and the rules engine's finding (R01) becomes the demo's incident,
-with the evidence it rests on.
-
-Waits for the rule's warm-up (2 min) and its evidence (2 min): about 5 minutes.
+"""`gpuwhy demo starved-input`, all real but the GPU: a stand-in training process whose one
+DataLoader-like worker decodes on the CPU and cannot keep up, while its main thread sleeps
+on the batch queue; the eBPF scheduler probes time both, the simulator's GPU idles 70 % of
+the time. The demo's own service answers R01 after the rule's warm-up and hold (about 5
+minutes); here 45 s of the demo are played and its store is read for what R01 reads: the
+test checks what the demo builds and measures in a minute of CI. R01 on such a process,
+with real probes, is tests/privileged/test_why_watch.py; a finding's way to its incident and
+chain, tests/correlator/test_cause_over_symptom.py.
 """
-
-import json
 
 import pytest
 
@@ -17,34 +16,34 @@ from gpuwhy.store import open_store
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def test_starved_input_ends_in_the_rules_finding_with_its_evidence(tmp_config, tmp_path,
-                                                                   system_journald):
+def test_starved_input_builds_the_starved_loader_r01_reads(tmp_config, tmp_path,
+                                                          system_journald):
     work = tmp_path / "demo"
-    incident_id = play(tmp_config, "starved-input", keep=True, timeout=420, work=work)
-    assert incident_id is not None
+    assert play(tmp_config, "starved-input", keep=True, timeout=45, work=work) is None
 
     with open_store(work / "demo.db", readonly=True) as db:
-        kind, pid, start_time, gpu_id, details = db.execute(
-            "select kind, pid, start_time, gpu_id, details from incidents where id = ?",
-            [incident_id]).fetchone()
         [trainer] = db.execute(     # the stand-in trainer, not its forked worker
-            "select pid, start_time from processes p where cmdline like '%standin train%' and "
-            "not exists (select 1 from processes q where q.pid = p.ppid and q.cmdline like "
-            "'%standin train%')").fetchall()
+            "select pid, start_time from processes p where cmdline like '%standin train%' "
+            "and not exists (select 1 from processes q where q.pid = p.ppid and "
+            "q.cmdline like '%standin train%')").fetchall()
+        [(workers,)] = db.execute("select count(*) from processes where ppid = ?",
+                                  [trainer[0]]).fetchall()
         minor0 = db.execute("select gpu_id from gpu_aliases where alias = 'minor:0'").fetchone()
-        chain = [r[0] for r in db.execute("select kind from incident_links where "
-                                          "incident_id = ? order by seq", [incident_id])]
-    finding = json.loads(details)
-    assert kind == "rule_finding" and finding["rule_id"] == "R01_input_cpu_bound"
-    assert (pid, start_time) == trainer and gpu_id == minor0[0]
-    evidence = finding["evidence"]
-    assert evidence["idle_share"] >= 0.5           # the simulator idles 7 s in 10
-    assert evidence["workers"] == 1
-    # measured by the sched probe: the worker wants a whole core (on a CPU or waiting for
-    # one: on a loaded 2-CPU host it gets less than that, and is no less the cause)
-    assert evidence["worker_demand"] >= 0.9 and evidence["worker_cores"] > 0.3
-    assert evidence["main_sleep_share"] >= 0.5
-    assert finding["fixes"] and "num_workers" in finding["fixes"][0]
-    # the finding, the trainer it names, and the symptoms it explains (if they fired first)
-    assert chain[0] == "rule_finding" and "process" in chain
-    assert set(chain[1:]) <= {"process", "symptom"}
+        bound = db.execute("select gpu_id from gpu_bindings where pid = ? and start_time = ?",
+                           trainer).fetchone()
+        # the correlator's per-second timeline of the trainer (the sched probe's figures)
+        seconds, demand, sleep_share = db.execute(
+            "select count(*), avg((workers_on_cpu_ms + workers_runqueue_ms) / 1000.0), "
+            "sum(sleep_ms) / sum(on_cpu_ms + runqueue_ms + sleep_ms + blocked_ms) "
+            "from process_seconds where pid = ? and start_time = ? and sleep_ms is not null",
+            trainer).fetchone()
+        samples, idle = db.execute(
+            "select count(*), avg(gpu_util < 10) from gpu_samples where gpu_id = ? and "
+            "instance = ''", minor0).fetchone()
+    assert bound == minor0 and workers == 1
+    assert seconds >= 20
+    # the worker wants a whole core (on a CPU or waiting for one: on a loaded 2-CPU host it
+    # gets less than that, and is no less the cause); the main thread sleeps on the queue
+    assert demand >= 0.9, demand
+    assert sleep_share >= 0.5, sleep_share
+    assert samples >= 20 and idle >= 0.5, (samples, idle)    # the simulator idles 7 s in 10
