@@ -81,15 +81,16 @@ def plan(environ: Mapping[str, str] | None = None) -> Plan:
 def start_otlp(config: Config, environ: Mapping[str, str] | None = None) -> OtlpExporter | None:
     """The OTLP exporter these variables ask for, started; None (nothing started) when no
     endpoint is set. A signal that cannot be exported (another protocol) is said once."""
-    from gpuwhy.otlp_export import OtlpExporter
-    from gpuwhy.store import open_store
-
     wanted = plan(environ)
     for name, signal in (("metrics", wanted.metrics), ("logs", wanted.logs)):
         if signal.why_not:
             log.warning("OTLP %s are not exported: %s", name, signal.why_not)
     if not wanted.enabled:
         return None
+    # imported only now: the SDK and its protobuf modules are ~9 MB of a sidecar's memory
+    from gpuwhy.otlp_export import OtlpExporter
+    from gpuwhy.store import open_store
+
     db = open_store(config["store.path"])
     try:
         exporter = OtlpExporter(config, db, wanted)

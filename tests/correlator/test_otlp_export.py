@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -308,6 +310,12 @@ def test_no_endpoint_starts_nothing(harness, otel_env):
     assert otlp.start_otlp(harness.config) is None
     assert not [t for t in threading.enumerate() if t.name.startswith("gpuwhy-otlp")]
     assert not [r for r in source_health(harness.db) if r["source"] == "otlp"]
+    # nor is the SDK imported (~9 MB of the sidecar): this process has it, so ask a fresh one
+    probe = ("import sys; from gpuwhy import otlp; from gpuwhy.config import load_config; "
+             "assert otlp.start_otlp(load_config(environ={}), environ={}) is None; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry', 'google'}))")
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.strip() == "[]", ran.stdout + ran.stderr
     # one signal's own endpoint turns that signal on alone; another protocol turns it off
     otel_env.setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://127.0.0.1:9/logs")
     wanted = otlp.plan()
