@@ -1,5 +1,5 @@
 """Entry point for `python -m gpuwhy`."""
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 
 cli()

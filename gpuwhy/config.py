@@ -226,7 +226,7 @@ SETTINGS: tuple[Setting, ...] = (
             "for 4 of these ends by itself"),
     Setting("alertmanager.timeout", 5.0, "GPUWHY_ALERTMANAGER_TIMEOUT",
             "seconds one push may take (0.1 to 60) before it counts as failed and is retried"),
-    # --- OTLP export (gpuwhy/otlp.py; on when OTEL_EXPORTER_OTLP_*ENDPOINT is set) ---
+    # --- OTLP export (gpuwhy/app/otlp.py; on when OTEL_EXPORTER_OTLP_*ENDPOINT is set) ---
     Setting("otlp.interval", 10.0, "GPUWHY_OTLP_INTERVAL",
             "seconds between OTLP exports of the /metrics families (1 to 3600), when an "
             "OTEL_EXPORTER_OTLP_ENDPOINT is set"),

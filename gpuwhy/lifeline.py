@@ -13,12 +13,12 @@ Two properties of that interface (prctl(2)) shape this module:
   child compares ``getppid()`` after arming, and exits when they differ.
 - The "parent" is the *thread* that forked the child: the signal comes when that thread
   ends, even while its process runs on. A parent must start such a child from a thread that
-  lives as long as the child should (gpuwhy.service keeps one until it stops the probes).
+  lives as long as the child should (gpuwhy.app.service keeps one until it stops the probes).
   ``getppid()`` names the process, not the thread, so the check above cannot see a thread
   that ended first (the kernel hands its children to another thread of the process).
 
 The marker also names the child's parent to the service's start-up check for orphans
-(gpuwhy.service): a process that carries it and whose parent is no longer that pid was
+(gpuwhy.app.service): a process that carries it and whose parent is no longer that pid was
 left behind.
 """
 

@@ -386,8 +386,8 @@ def bench_correlator(quick: bool) -> tuple[Figures, dict]:
 
 def bench_cron(quick: bool) -> tuple[Figures, dict]:
     """QUICK: as full (1 run in quick, 2 in full): each waits for the next cron minute."""
+    from gpuwhy.app.demo.scenarios import play
     from gpuwhy.config import load_config
-    from gpuwhy.demo.scenarios import play
 
     runs = []
     for _ in range(1 if quick else 2):
@@ -514,8 +514,8 @@ def bench_rules(quick: bool) -> tuple[Figures, dict]:
 
 def bench_answers(quick: bool) -> tuple[Figures, dict]:
     """QUICK: every third scenario of the built-in corpus (full: all of it)."""
-    from gpuwhy.correlator.rules.eval_cli import evaluate_case, ranking, read_corpus, summary
-    from gpuwhy.demo.corpus import corpus, write_corpus
+    from gpuwhy.app.demo.corpus import corpus, write_corpus
+    from gpuwhy.app.rules_eval_cli import evaluate_case, ranking, read_corpus, summary
     from gpuwhy.rules.loader import load_rules
 
     names = [s.name for s in corpus()]

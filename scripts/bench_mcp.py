@@ -36,9 +36,9 @@ from typing import Any
 
 import anyio
 
+from gpuwhy.app.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import load_config
-from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.events import Envelope, PythonStacks, RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import open_store
@@ -146,7 +146,7 @@ async def _http_session(path: Path, prometheus_url: str) -> AsyncIterator[Any]:
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    from gpuwhy.mcp_http import mount
+    from gpuwhy.app.mcp_http import mount
     from gpuwhy.webui import create_app
     from gpuwhy.webui.server import WebServer
 
@@ -179,8 +179,8 @@ def run(gpus: int = 8, days: float = 7.0, runs: int = 20, keep: str | None = Non
     """{gpus, days, fill_s, calls: {tool: {median_ms, p95_ms, times_ms, bytes}}}."""
     from mcp import Client
 
-    from gpuwhy.mcp_server import build_server, settle
-    from gpuwhy.why_cli import service_rules
+    from gpuwhy.app.mcp_server import build_server, settle
+    from gpuwhy.app.why_cli import service_rules
 
     folder = Path(keep or tempfile.mkdtemp(prefix="gpuwhy-bench-mcp-"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ NOTES = """
 - **P3**: the whole sidecar as it runs: the real `gpuwhy up` (service process: correlator,
   store, web view, simulated GPU source, kernel-log, cron and rules threads; and its
   `gpuwhy probes` child) with 8 simulated GPUs at 1 Hz and 16 stand-in GPU processes
-  (`gpuwhy.demo.standin train --starved`: each holds nvidiactl/nvidiaN/nvidia-uvm
+  (`gpuwhy.app.demo.standin train --starved`: each holds nvidiactl/nvidiaN/nvidia-uvm
   look-alikes and sends about 20 driver calls a second), then the seed tool's case of
   1 GPU and 3 processes, then an idle host: 2 GPUs and no GPU process, a host between
   jobs (goal ≤ 0.3 %; its memory is the 1-GPU case's, so only its CPU is shown). CPU is

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_webui import DAY_NS, _busy_host  # noqa: E402 - the same busy host as /metrics'
 
+from gpuwhy.app.demo.synthetic_store import BUDGET_FIELDS, Plan, fill  # noqa: E402
 from gpuwhy.config import load_config  # noqa: E402
-from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill  # noqa: E402
 from gpuwhy.store import lifecycle as store_lifecycle  # noqa: E402
 from gpuwhy.store import open_store  # noqa: E402
 
@@ -69,7 +69,7 @@ def run(gpus: int = 8, processes: int = 64, runs: int = 30, records: int = 2000)
             "opened_at": plan.start_ns, "last_seen": plan.start_ns, "count": 1,
             "details": "{}"}).last_pk
         config = load_config(environ={"GPUWHY_DB": str(path)})
-        from gpuwhy.otlp_export import OtlpExporter
+        from gpuwhy.app.otlp_export import OtlpExporter
         from gpuwhy.webui import create_app
 
         exporter = OtlpExporter(config, open_store(path))

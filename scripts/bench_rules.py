@@ -27,10 +27,10 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
+from gpuwhy.app.demo.synthetic_signals import BASE_TS, NS, Synthetic
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic
 from gpuwhy.events import Envelope
 from gpuwhy.rules.loader import load_rules
 from gpuwhy.store import open_store

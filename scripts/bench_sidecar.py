@@ -9,7 +9,7 @@ USAGE: sudo .venv/bin/python scripts/bench_sidecar.py [--gpus 8] [--processes 16
 Starts the real `gpuwhy up` (the service: correlator, store, web view, GPU simulator,
 kernel-log, cron and rules threads; and its `gpuwhy probes` child: fdtrack, lifecycle,
 sched) on a private store and bus, with --gpus simulated GPUs sampled at 1 Hz and
---processes stand-in GPU processes (`gpuwhy.demo.standin train --starved`: each holds
+--processes stand-in GPU processes (`gpuwhy.app.demo.standin train --starved`: each holds
 look-alike nvidiactl/nvidiaN/nvidia-uvm files and sends about 20 driver calls a second).
 After --warmup seconds it measures, over --windows windows of --window seconds, the CPU
 seconds per wall second of every gpuwhy process (its threads' schedstat) and their memory from
@@ -309,7 +309,7 @@ class Sidecar:
             raise RuntimeError("gpuwhy up did not load its probes:\n" + "\n".join(self.log[-20:]))
         for n in range(self.processes):
             standin = subprocess.Popen(
-                [sys.executable, "-m", "gpuwhy.demo.standin", "train",
+                [sys.executable, "-m", "gpuwhy.app.demo.standin", "train",
                  str(self.devices), "--minor", str(n % self.gpus), "--starved"],
                 stdout=subprocess.PIPE, text=True, cwd=self.work)
             standin.stdout.readline()             # its pid: the device files are open

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
+from gpuwhy.app.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.config import SETTINGS_BY_NAME
-from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.events import Envelope, GpuSample, GpuSeen
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.store import open_store

@@ -27,9 +27,9 @@ from pathlib import Path
 from flask.testing import FlaskClient
 from sqlite_utils import Database
 
+from gpuwhy.app.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.config import load_config
-from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.store import open_store
 from gpuwhy.store.rollups import roll_up
 from gpuwhy.webui import create_app

@@ -6,7 +6,7 @@
 # USAGE: sudo scripts/check-env.sh [--json] [--config FILE]
 #
 # Exit status 0 when gpuwhy can run, 1 when something failed, 2 on bad usage. It runs
-# `gpuwhy check-env` (one implementation: gpuwhy/deploy/checkenv.py): the installed one, else the
+# `gpuwhy check-env` (one implementation: gpuwhy/app/deploy/checkenv.py): the installed one, else the
 # repository's .venv, else this checkout's code with the system python3 (before install).
 set -euo pipefail
 
@@ -38,7 +38,7 @@ import json, sys
 sys.path.insert(0, "$here")
 import gpuwhy
 gpuwhy.__path__.append("$here")
-from gpuwhy.deploy.checkenv import Host, render, report, run_checks
+from gpuwhy.app.deploy.checkenv import Host, render, report, run_checks
 host = Host()
 result = report(host, run_checks(host))
 print(json.dumps(result, indent=2) if "--json" in sys.argv[1:] else render(result))

@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(report['steps'])} steps, failed: {', '.join(report['failed']) or 'none'}; "
               f"skipped: {', '.join(report['skipped']) or 'none'}")
     elif args.command == "nvtrace-rules":
-        from gpuwhy.demo.recorded import pointer_rules
+        from gpuwhy.app.demo.recorded import pointer_rules
 
         print(pointer_rules())
     elif args.command == "check-layout":

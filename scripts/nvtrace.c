@@ -5,7 +5,7 @@
  * load, it writes every ioctl that process sends to an NVIDIA character device, with the
  * parameter bytes before and after the driver saw them, so that the probe's decoding can
  * be checked on real traffic and the traffic replayed through the real probe here
- * (gpuwhy/demo/recorded.py, tests/privileged/test_fdtrack_recorded.py).
+ * (gpuwhy/app/demo/recorded.py, tests/privileged/test_fdtrack_recorded.py).
  *
  *   gcc -O2 -shared -fPIC -o libnvtrace.so scripts/nvtrace.c -ldl
  *   NVTRACE_OUT=calls.nvt NVTRACE_PTRS="..." LD_PRELOAD=./libnvtrace.so python3 load.py

@@ -125,7 +125,7 @@ class Maintenance:
         if self.error:
             return "degraded", f"maintenance failed: {self.error}", counters
         state = "ok" if self.size.state == "ok" else "degraded"
-        # the disk's free space is read live by whoever shows this row (gpuwhy.status)
+        # the disk's free space is read live by whoever shows this row (gpuwhy.app.status)
         return state, f"{self.size.state}: {self.size.describe(disk=False)}", counters
 
 

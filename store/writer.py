@@ -171,7 +171,7 @@ class StoreWriter:
         self._gpus_seen: dict[str, int] = {}
         # gpus.gpu_key of the GPUs touched this batch (the sample rows' key); per batch only:
         # the decide stage may delete a GPU's row (gpu_identity.learn) and a new one gets a new key
-        self._gpu_keys: dict[str, int] = {}
+        self._gpu_keys: dict[str, int | None] = {}
         # MIG instances sampled this batch: (gpu_id, instance) -> (profile, first ts, latest
         # ts), one gpu_instances statement at the end of the batch, as for _gpus_seen
         self._instances_seen: dict[tuple[str, str], tuple[str, int, int]] = {}
@@ -328,18 +328,18 @@ class StoreWriter:
             event.unit, event.started_at, event.ts, event.ts])
 
     def _on_process_exited(self, envelope: Envelope, event: ProcessExited) -> None:
-        key = [event.process.pid, event.process.start_time]
+        key = (event.process.pid, event.process.start_time)
         # held, with the batch's other exits: one statement each for all of them
         self._held.add_after(_SET_EXITED, [event.ts, event.ts, event.exit_code, event.signal,
                                            *key])
         self._held.add_after(_END_BINDINGS, [event.ts, *key])
         if self._bound:
-            self._bound = {b for b in self._bound if b[:2] != tuple(key)}
+            self._bound = {b for b in self._bound if b[:2] != key}
         self._held.add_after(_CLOSE_PROCESS_FDS, [event.ts, *key, event.ts])
         self._insert_process_event(_event_row(envelope), ONCE_PER_PROCESS)
         # its final figures came before its exit; a late one would only be written again
-        self._ops_stored.pop(tuple(key), None)
-        self._ops_batch.pop(tuple(key), None)
+        self._ops_stored.pop(key, None)
+        self._ops_batch.pop(key, None)
 
     def _on_device_opened(self, envelope: Envelope, event: DeviceOpened) -> None:
         key = {"pid": event.process.pid, "start_time": event.process.start_time}
@@ -382,7 +382,7 @@ class StoreWriter:
             gpu_id = row[0]
         else:
             gpu_id = GpuIdentity(minor=minor).id
-            self.db["gpus"].insert({"id": gpu_id, "minor": minor, "first_seen": ts,
+            self.db.table("gpus").insert({"id": gpu_id, "minor": minor, "first_seen": ts,
                                     "last_seen": ts}, ignore=True)
         self._minor_gpus[minor] = gpu_id
         return gpu_id
@@ -483,10 +483,11 @@ class StoreWriter:
 
     # --- cuda handlers ---
     def _on_cuda_stats(self, envelope: Envelope, event: CudaStats) -> None:
-        row = {"pid": event.process.pid, "start_time": event.process.start_time,
-               "ts": event.ts, "interval_ns": event.interval_ns, "calls": event.calls,
-               "errors": event.errors, **event.totals(), "overhead_ns": event.overhead_ns,
-               "traced_since_start": int(event.traced_since_start)}
+        row: dict[str, object] = {
+            "pid": event.process.pid, "start_time": event.process.start_time,
+            "ts": event.ts, "interval_ns": event.interval_ns, "calls": event.calls,
+            "errors": event.errors, **event.totals(), "overhead_ns": event.overhead_ns,
+            "traced_since_start": int(event.traced_since_start)}
         row["detail"] = json_text({
             "launches": event.launches, "grid_log2": event.grid_log2,
             "block_log2": event.block_log2, "copies": event.copies, "syncs": event.syncs,
@@ -647,7 +648,7 @@ class StoreWriter:
 
     def _on_cron_schedule(self, envelope: Envelope, event: CronSchedule) -> None:
         self.db.execute("delete from cron_jobs")
-        self.db["cron_jobs"].insert_all(
+        self.db.table("cron_jobs").insert_all(
             [{**job, "updated_at": event.ts} for job in event.jobs], pk="ident", replace=True)
 
     def _on_cron_execution(self, envelope: Envelope, event: CronExecution) -> None:

@@ -94,10 +94,10 @@ def db(tmp_path: Path):
 
 
 class Replay:
-    """Runs `python -m gpuwhy.demo.standin replay` against a folder of look-alike device
+    """Runs `python -m gpuwhy.app.demo.standin replay` against a folder of look-alike device
     files."""
 
-    command = (sys.executable, "-m", "gpuwhy.demo.standin", "replay")
+    command = (sys.executable, "-m", "gpuwhy.app.demo.standin", "replay")
 
     def __init__(self, directory: Path):
         self.directory = directory

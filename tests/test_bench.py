@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.memory import release_freed_memory
 
 REPO = Path(__file__).resolve().parent.parent

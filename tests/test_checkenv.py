@@ -11,11 +11,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
+from gpuwhy.app.deploy import checkenv
+from gpuwhy.app.deploy.checkenv import (
+    Host,
+    check_bpf,
+    check_disk,
+    check_driver,
+    dcgm_driver_mismatch,
+)
+from gpuwhy.app.deploy.envfixes import FAMILIES, Distro
 from gpuwhy.config import load_config
-from gpuwhy.deploy import checkenv
-from gpuwhy.deploy.checkenv import Host, check_bpf, check_disk, check_driver, dcgm_driver_mismatch
-from gpuwhy.deploy.envfixes import FAMILIES, Distro
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = os.uname().release

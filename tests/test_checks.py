@@ -6,11 +6,11 @@ import xml.etree.ElementTree as ET
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.checks import baseline
-from gpuwhy.checks.environment import process_libraries, versions_from_libraries
-from gpuwhy.checks.expectations import canonical, evaluate, parse
-from gpuwhy.checks.output import write_junit
-from gpuwhy.cli import cli
+from gpuwhy.app.checks import baseline
+from gpuwhy.app.checks.environment import process_libraries, versions_from_libraries
+from gpuwhy.app.checks.expectations import canonical, evaluate, parse
+from gpuwhy.app.checks.output import write_junit
+from gpuwhy.app.cli import cli
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.events import DriverCallStats, GpuSample, GpuSeen, GpuXid, SchedStats

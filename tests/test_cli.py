@@ -5,7 +5,7 @@ import sys
 import click
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.config import SETTINGS
 
 
@@ -26,12 +26,12 @@ def test_help_lists_every_command_with_examples():
 
 def test_long_running_commands_load_only_their_own_parts():
     """`gpuwhy probes` and `gpuwhy up` import the group, not every command's module."""
-    code = ("import sys; import gpuwhy.cli; "
+    code = ("import sys; import gpuwhy.app.cli; "
             "print(sorted(m for m in sys.modules if m.startswith('gpuwhy')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout
-    for module in ("gpuwhy.checks", "gpuwhy.demo", "gpuwhy.correlator.rules.eval_cli",
-                   "gpuwhy.bench_cli", "gpuwhy.store.cli", "gpuwhy.probes.trace"):
+    for module in ("gpuwhy.app.checks", "gpuwhy.app.demo", "gpuwhy.app.rules_eval_cli",
+                   "gpuwhy.app.bench_cli", "gpuwhy.app.db_cli", "gpuwhy.probes.trace"):
         assert f"'{module}" not in loaded, module
 
 

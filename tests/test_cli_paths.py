@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.files import FileRefused, check_directory, check_readable, open_regular, read_regular
 
 

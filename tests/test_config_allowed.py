@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.cli import settings_markdown
+from gpuwhy.app.cli import settings_markdown
 from gpuwhy.config import (
     ALLOWED,
     GPU_SOURCES,

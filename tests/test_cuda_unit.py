@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app import cuda_cli
+from gpuwhy.app.cli import cli
 from gpuwhy.events import CudaCall, CudaLibrary, CudaStats, Envelope
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.cuda import cli as cuda_cli
 from gpuwhy.probes.cuda import control as cudactl
 from gpuwhy.probes.cuda import probe as cuda
 from gpuwhy.probes.cuda.libraries import (

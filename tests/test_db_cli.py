@@ -5,9 +5,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
+from gpuwhy.app.demo.synthetic_store import Plan, fill
 from gpuwhy.clock import now_ns
-from gpuwhy.demo.synthetic_store import Plan, fill
 from gpuwhy.store import open_store
 from gpuwhy.store.writer import StoreWriter
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.config import SETTINGS_BY_NAME
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.events import GpuProcesses
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,7 +187,7 @@ def test_wheel_requirements_leave_out_what_the_gpu_machine_brings(tmp_path):
 GPU_PATH_IMPORTS = r'''
 import json, sys
 import click
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 ctx = click.Context(cli)
 for name in cli.list_commands(ctx):     # every command's module, as the kit's runs may load
     cli.get_command(ctx, name)
@@ -351,7 +351,7 @@ def test_proc_command_binds_a_process_to_its_gpu_by_its_device_fds(tmp_path):
 
 
 def test_sample_processes_prints_nvml_process_rows(capsys):
-    from gpuwhy.probes.gpu.cli import _print_processes
+    from gpuwhy.app.gpu_cli import _print_processes
 
     rows = [{"pid": 42, "start_time": 7, "used_memory_mib": 1024.0, "sm_util": 88,
              "mem_util": 10, "enc_util": 0, "dec_util": 0}]
@@ -377,7 +377,7 @@ def test_the_recorder_keeps_every_driver_call_with_its_buffers(tmp_path):
     count it. The process's other ioctls (its terminal's) are not kept."""
     import tempfile
 
-    from gpuwhy.demo.recorded import decode, expected_stats, pointer_rules, read_calls
+    from gpuwhy.app.demo.recorded import decode, expected_stats, pointer_rules, read_calls
 
     devices = Path(tempfile.mkdtemp(prefix="nvt", dir="/tmp"))   # a short path: 63 bytes
     try:
@@ -387,7 +387,7 @@ def test_the_recorder_keeps_every_driver_call_with_its_buffers(tmp_path):
         done = subprocess.run([sys.executable, "-c", "import fcntl, os, termios; "
                                "_, tty = os.openpty(); "
                                "fcntl.ioctl(tty, termios.TIOCGWINSZ, bytes(8)); "
-                               "from gpuwhy.demo.standin import main; "
+                               "from gpuwhy.app.demo.standin import main; "
                                f"main(['replay', '{devices}', '--rounds', '2'])"],
                               capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -412,7 +412,7 @@ def test_the_recorder_keeps_every_driver_call_with_its_buffers(tmp_path):
 def test_the_kit_packs_its_folder_and_ingest_unpacks_it(tmp_path):
     """Under the device tool only 8 files come back: --tar packs the recording into one.
     The ingest takes the packed file, and keeps recorded driver calls gzipped."""
-    from gpuwhy.demo.recorded import MAGIC, read_calls
+    from gpuwhy.app.demo.recorded import MAGIC, read_calls
 
     out, packed = tmp_path / "out", tmp_path / "back" / "gpu-kit.tar.gz"
     done, _ = run_kit(out, args=("--tar", str(packed)))

@@ -666,7 +666,7 @@ def test_a_failed_nvlink_read_costs_only_the_nvlink_fields(nvml, caplog):
 
 
 def test_sample_once_reads_a_gpm_gpu_twice_so_it_shows_sm_activity(nvml, clock):
-    from gpuwhy.probes.gpu.cli import _read_until_samples
+    from gpuwhy.app.gpu_cli import _read_until_samples
 
     hopper(nvml, 0)
     source = NvmlSource(xid_events=False)

@@ -343,7 +343,7 @@ def test_processes_name_their_gpu_instance(nvml, clock):
 
 
 def test_sample_once_waits_for_the_instances_gpm(nvml, clock):
-    from gpuwhy.probes.gpu.cli import _read_until_samples
+    from gpuwhy.app.gpu_cli import _read_until_samples
 
     h100_in_mig_mode(nvml)
     nvml.broken[("nvmlGpmSampleGet", 0)] = pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -105,7 +105,7 @@ def test_simulated_samples_reach_the_store_with_ids_and_mark(tmp_config):
 
 
 def test_cli_sample_once_json_and_table(tmp_config):
-    from gpuwhy.cli import cli
+    from gpuwhy.app.cli import cli
 
     env = {"GPUWHY_DB": tmp_config["store.path"], "GPUWHY_SIM_GPUS": "3",
            "GPUWHY_SIM_SCENARIO": "power-cap"}
@@ -127,7 +127,7 @@ def test_cli_sample_once_json_and_table(tmp_config):
 
 
 def test_cli_forced_missing_source_is_one_line(tmp_config):
-    from gpuwhy.cli import cli
+    from gpuwhy.app.cli import cli
 
     result = CliRunner().invoke(cli, ["gpu", "sample", "--source", "dcgm-exporter", "--url",
                                       "http://127.0.0.1:1/metrics", "--once"])

@@ -3,7 +3,7 @@ R47 answering the idle instance when they are replayed through the rules engine.
 
 import pytest
 
-from gpuwhy.correlator.rules.cli import replay
+from gpuwhy.app.rules_cli import replay
 from gpuwhy.events import GpuSample
 from gpuwhy.probes.gpu import sim as sim_module
 from gpuwhy.probes.gpu.sim import MIG_INSTANCES, SimulatedGpus

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 
 SAMPLES = Path(__file__).parent / "data" / "klog" / "xid-log-samples.txt"
 LINE79 = "NVRM: Xid (PCI:0000:0a:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"

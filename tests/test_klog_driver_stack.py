@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
-from gpuwhy.demo.synthetic_signals import Synthetic, run
+from gpuwhy.app.cli import cli
+from gpuwhy.app.demo.synthetic_signals import Synthetic, run
 from gpuwhy.events import KernelLogRecord
 from gpuwhy.probes.klog.journald import line_of
 from gpuwhy.probes.klog.kmsg import parse_record

@@ -8,8 +8,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuwhy.app.cli import cli
 from gpuwhy.caps import PROBE_CAPABILITIES
-from gpuwhy.cli import cli
 from gpuwhy.config import SETTINGS
 
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "daemonset.yaml"

@@ -3,7 +3,7 @@ in the messy states a host's store is in, reading a bounded range of the samples
 
 from __future__ import annotations
 
-from gpuwhy.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
+from gpuwhy.app.demo.synthetic_store import BUDGET_FIELDS, Plan, fill
 from gpuwhy.store import open_store, rollups
 from gpuwhy.store.queries import LATEST_SPAN_NS, latest_gpu_samples
 

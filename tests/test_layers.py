@@ -8,6 +8,8 @@ any part; nothing below them imports them.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,9 @@ ALLOWED = {
     "correlator": {"core", "store"},
     "webui": {"core", "store"},
 }
-APP_PACKAGES = ("gpuwhy.checks", "gpuwhy.deploy", "gpuwhy.demo")
-APP_MODULES = ("gpuwhy.cli", "gpuwhy.__main__", "gpuwhy.service", "gpuwhy.status",
-               "gpuwhy.bench_cli", "gpuwhy.why_cli", "gpuwhy.mcp_cli", "gpuwhy.mcp_server",
-               "gpuwhy.mcp_http",
-               "gpuwhy.otlp", "gpuwhy.otlp_export", "gpuwhy.stack_targets")
+# The applications: gpuwhy/app/ (every command, the service wiring, checks, deploy, the demo
+# harness) and `python -m gpuwhy`.
+APP = ("gpuwhy.app", "gpuwhy.__main__")
 
 
 def module_name(path: Path) -> str:
@@ -38,9 +38,7 @@ def module_name(path: Path) -> str:
 
 
 def is_app(module: str) -> bool:
-    return (module in APP_MODULES or module.startswith(tuple(p + "." for p in APP_PACKAGES))
-            or module in APP_PACKAGES
-            or module.rsplit(".", 1)[-1] in ("cli", "report_cli", "eval_cli"))
+    return module in APP or module.startswith("gpuwhy.app.")
 
 
 def layer(module: str) -> str:
@@ -66,9 +64,9 @@ def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
             else:
                 target = node.module or ""
             found.append((node.lineno, target))
-            # `from gpuwhy import cli` names a module, not an attribute
+            # `from gpuwhy.app import cli` names a module, not an attribute
             found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names
-                      if target == "gpuwhy"]
+                      if target in ("gpuwhy", "gpuwhy.app")]
     return [(line, name) for line, name in found if name == "gpuwhy"
             or name.startswith("gpuwhy.")]
 
@@ -121,12 +119,12 @@ def test_the_walk_sees_every_part():
     ("gpuwhy.identity", "gpuwhy.probes.fdtrack", False),
     ("gpuwhy.rules.model", "gpuwhy.correlator.rules.engine", False),
     ("gpuwhy.correlator.rules.engine", "gpuwhy.rules.model", True),
-    ("gpuwhy.correlator.rules.engine", "gpuwhy.demo.synthetic_signals", False),
-    ("gpuwhy.store.queries", "gpuwhy.cli", False),
-    ("gpuwhy.probes.gpu.runner", "gpuwhy.probes.gpu.cli", False),
-    ("gpuwhy.cli", "gpuwhy.webui", True),
-    ("gpuwhy.demo.scenarios", "gpuwhy.correlator.cli", True),
-    ("gpuwhy.store.cli", "gpuwhy.probes.gpu.sim", True),
+    ("gpuwhy.correlator.rules.engine", "gpuwhy.app.demo.synthetic_signals", False),
+    ("gpuwhy.store.queries", "gpuwhy.app.cli", False),
+    ("gpuwhy.probes.gpu.runner", "gpuwhy.app.gpu_cli", False),
+    ("gpuwhy.app.cli", "gpuwhy.webui", True),
+    ("gpuwhy.app.demo.scenarios", "gpuwhy.app.incidents_cli", True),
+    ("gpuwhy.app.db_cli", "gpuwhy.probes.gpu.sim", True),
 ])
 def test_the_rules_of_the_picture(module, imported, allowed):
     assert (forbidden(module, imported) is None) is allowed
@@ -139,11 +137,29 @@ def test_relative_and_lazy_imports_are_walked(tmp_path, monkeypatch):
     source.write_text("from . import db\n"
                       "from ..correlator import chains\n"
                       "def view():\n"
-                      "    from gpuwhy import cli\n")
+                      "    from gpuwhy.app import cli\n")
     module = module_name(source)
     assert module == "gpuwhy.webui.page"
     imported = [name for _, name in imports_of(source, module)]
-    assert imported == ["gpuwhy.webui", "gpuwhy.correlator", "gpuwhy", "gpuwhy.cli"]
+    assert imported == ["gpuwhy.webui", "gpuwhy.correlator", "gpuwhy.app", "gpuwhy.app.cli"]
     assert [forbidden(module, name) for name in imported] == [
-        None, "webui imports correlator (gpuwhy.correlator)", None,
-        "webui imports the application gpuwhy.cli"]
+        None, "webui imports correlator (gpuwhy.correlator)",
+        "webui imports the application gpuwhy.app", "webui imports the application gpuwhy.app.cli"]
+
+
+def test_a_production_run_loads_no_harness():
+    """The demo harness (scenarios, corpora, stand-ins) is under gpuwhy/app/demo for tests,
+    demos and the evaluation: the command line and the service load none of it."""
+    probe = ("import sys, gpuwhy.app.cli, gpuwhy.app.service, gpuwhy.app.status, "
+             "gpuwhy.app.why_cli; "
+             "print([m for m in sys.modules if m.startswith('gpuwhy.app.demo')])")
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60)
+    assert ran.returncode == 0 and ran.stdout.strip() == "[]", ran.stdout + ran.stderr
+
+
+def test_no_command_is_left_inside_a_part():
+    """Every command lives in gpuwhy/app/: no part keeps a cli module of its own."""
+    left = [str(p.relative_to(REPO)) for part in PARTS for p in (REPO / part).rglob("*cli*.py")]
+    left += [str(p.relative_to(REPO)) for p in (REPO / "gpuwhy").glob("*cli*.py")]
+    assert left == []

@@ -52,19 +52,19 @@ def test_built_wheel_carries_bpf_sources_templates_and_static_files(tmp_path):
                      "gpuwhy/store/migrations.py",
                      "gpuwhy/rules/builtin/a_host_starvation.rules",
                      "gpuwhy/probes/cuda/cuda.bpf.c", "gpuwhy/webui/templates/report.html",
-                     "gpuwhy/webui/static/report.css", "gpuwhy/demo/standin.py",
-                     "gpuwhy/deploy/checkenv.py", "gpuwhy/checks/watch.py"):
+                     "gpuwhy/webui/static/report.css", "gpuwhy/app/demo/standin.py",
+                     "gpuwhy/app/deploy/checkenv.py", "gpuwhy/app/checks/watch.py"):
         assert expected in names
     assert not any(n.split("/")[0] in BARE for n in names)
 
 
-@pytest.mark.parametrize("entry", ["gpuwhy.cli", "gpuwhy.probes.service"])
+@pytest.mark.parametrize("entry", ["gpuwhy.app.cli", "gpuwhy.probes.service"])
 def test_the_command_line_and_the_probes_load_no_web_stack(entry):
-    # `gpuwhy probes` (and every other command) starts by importing gpuwhy.cli: what it loads
+    # `gpuwhy probes` (and every other command) starts by importing gpuwhy.app.cli: what it loads
     # is in the probes process's memory for good; the web view's stack loads where it runs.
-    code = (f"import sys, {entry}, gpuwhy.cli\n"
+    code = (f"import sys, {entry}, gpuwhy.app.cli\n"
             "print(sorted(m for m in ('flask', 'werkzeug', 'jinja2', 'gpuwhy.webui', "
-            "'gpuwhy.service', 'gpuwhy.correlator.pipeline') if m in sys.modules))")
+            "'gpuwhy.app.service', 'gpuwhy.correlator.pipeline') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

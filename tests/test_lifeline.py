@@ -1,5 +1,5 @@
 """Children die with their parent (gpuwhy.lifeline), and the service stops the probes an
-earlier one left behind (gpuwhy.service.stop_orphaned_probes). Real child processes; no root
+earlier one left behind (gpuwhy.app.service.stop_orphaned_probes). Real child processes; no root
 needed (prctl(PR_SET_PDEATHSIG) is unprivileged, and a process may read its own children's
 environment)."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from gpuwhy.app.service import Service
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment, die_with_parent_named_in
-from gpuwhy.service import Service
 
 ARMED_CHILD = ("from gpuwhy.lifeline import die_with_parent_named_in\n"
                "print(die_with_parent_named_in(), flush=True)\n"
@@ -101,7 +101,7 @@ def test_the_service_stops_probes_an_earlier_service_left_behind(tmp_config, fak
     still_parented = _fake_probes(None, bus)       # its service (this process) runs
     fakes += [orphan, someone_elses, still_parented]
     time.sleep(0.5)                                # let them exec: the check reads /proc
-    caplog.set_level(logging.WARNING, logger="gpuwhy.service")
+    caplog.set_level(logging.WARNING, logger="gpuwhy.app.service")
     service = Service(tmp_config.replace({"web.port": 0}), with_probes=False, sources={})
     try:
         service.start()

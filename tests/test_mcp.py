@@ -324,7 +324,7 @@ def test_json_nested_too_deep_for_any_parser_runs_nothing_and_the_session_goes_o
 
 
 def test_answers_are_bounded_with_a_note_and_process_text_is_marked():
-    from gpuwhy.mcp_server import MAX_INNER_ITEMS, MAX_STRING, Refused, answer
+    from gpuwhy.app.mcp_server import MAX_INNER_ITEMS, MAX_STRING, Refused, answer
 
     rows = [{"pid": n, "comm": "x" * 5000, "ioctls": list(range(500)),
              "evidence": {"line": "NVRM: Xid 79", "count": 3}} for n in range(300)]
@@ -349,7 +349,7 @@ def in_process(path: str, script, prometheus_url: str = "", prometheus_timeout: 
     client): the tools' own logic, without a subprocess to start."""
     from mcp import Client
 
-    from gpuwhy.mcp_server import build_server
+    from gpuwhy.app.mcp_server import build_server
 
     server = build_server(path, lambda: (SHIPPED, []), prometheus_url=prometheus_url,
                           prometheus_timeout=prometheus_timeout)
@@ -491,8 +491,8 @@ TOKEN = "mcp-test-token-0123456789"
 def web(store):
     """The web view on a free loopback port, with the token and MCP at /mcp: (base URL,
     the MCP endpoint's WSGI app); a second one without a token."""
+    from gpuwhy.app.mcp_http import mount
     from gpuwhy.config import load_config
-    from gpuwhy.mcp_http import mount
     from gpuwhy.webui import create_app
     from gpuwhy.webui.server import WebServer
 

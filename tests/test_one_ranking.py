@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from gpuwhy.correlator.rules import eval_cli
+from gpuwhy.app import rules_eval_cli as eval_cli
 from gpuwhy.rules import answer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,9 +24,9 @@ READERS = {
     "gpuwhy/rules/answer.py": "decides: the one ranking",
     "gpuwhy/rules/parser.py": "parses 'kind:' and 'explains:'",
     "gpuwhy/rules/docs.py": "writes the rule catalogue's explains column",
-    "gpuwhy/mcp_server.py": "lists the rules as they are declared",
+    "gpuwhy/app/mcp_server.py": "lists the rules as they are declared",
     "correlator/rules/engine.py": "produces findings from their rules",
-    "correlator/rules/cli.py": "lints and lists rule files",
+    "gpuwhy/app/rules_cli.py": "lints and lists rule files",
     "correlator/incidents.py": "stores a finding's fields in its incident; relates through "
                                "answer.explains / answer.answering_cause",
     "correlator/chains.py": "labels a linked finding a symptom in the incident's chain",

@@ -62,7 +62,7 @@ def test_local_time_carries_its_zone(local_zone, tz, moment, shown):
 
 
 def test_the_web_pages_reports_and_logs_use_it(local_zone):
-    from gpuwhy.cli import _LogFormatter
+    from gpuwhy.app.cli import _LogFormatter
     from gpuwhy.webui import filters
     from gpuwhy.webui.reports import report
 
@@ -93,7 +93,7 @@ ALLOWED = {
     ("scripts/bench_mcp.py", "fromtimestamp"): "the same instant, made an aware datetime",
     ("probes/cron/timers.py", "%Y-%m-%d %H:%M:%S"):
         "parses systemctl's timer output (strptime), prints nothing",
-    ("gpuwhy/cli.py", "%(asctime)"):
+    ("gpuwhy/app/cli.py", "%(asctime)"):
         "log format whose asctime _LogFormatter.formatTime writes with format_ts",
 }
 

@@ -11,7 +11,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
+from gpuwhy.app.stack_targets import host_side_targets
 from gpuwhy.clock import now_ns
 from gpuwhy.events import PythonStacks, RuleFinding
 from gpuwhy.identity import ProcessKey
@@ -29,7 +30,6 @@ from gpuwhy.pystacks import (
     write_targets,
 )
 from gpuwhy.rules.loader import load_rules
-from gpuwhy.stack_targets import host_side_targets
 from gpuwhy.store import open_store
 from gpuwhy.store.queries import gpu_verdicts
 from gpuwhy.store.retention import Windows, prune

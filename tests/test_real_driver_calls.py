@@ -2,7 +2,7 @@
 
 Each tests/data/real/<gpu>/nvtrace/calls.nvt.gz holds every ioctl the real-GPU kit's PyTorch
 load sent to the driver, with the parameter bytes before and after the driver had them
-(scripts/nvtrace.c). :func:`gpuwhy.demo.recorded.decode` reads them with the tables the
+(scripts/nvtrace.c). :func:`gpuwhy.app.demo.recorded.decode` reads them with the tables the
 probe is compiled with (gpuwhy.nvioctl), field for field as ``fdtrack.bpf.c`` does; the
 driver's own answers (the status it wrote, the version it checked, the GPU it registered)
 say whether those tables are right. tests/privileged/test_fdtrack_recorded.py sends the same
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.demo.recorded import RecordingError, decode, read_calls
+from gpuwhy.app.demo.recorded import RecordingError, decode, read_calls
 from gpuwhy.nvioctl import (
     RM_CLASSES,
     RM_STATUS,

@@ -23,14 +23,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpuwhy.app.deploy.checkenv import Host, check_bpf, check_driver, check_tracefs
+from gpuwhy.app.deploy.envfixes import Distro
+from gpuwhy.app.proc_cli import process_report
 from gpuwhy.caps import effective_capabilities
 from gpuwhy.correlator.incidents import may_open_incident
-from gpuwhy.deploy.checkenv import Host, check_bpf, check_driver, check_tracefs
-from gpuwhy.deploy.envfixes import Distro
 from gpuwhy.gpu_health import throttling
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.identity import classify_device
-from gpuwhy.probes.cli import process_report
 from gpuwhy.probes.gpu import nvml as nvml_module
 from gpuwhy.probes.gpu.nvml import MIB, memory_info
 from gpuwhy.probes.gpu.source import minor_from_procfs, normalise_bus_id, proc_identities

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.demo.recorded import decode, read_calls
+from gpuwhy.app.demo.recorded import decode, read_calls
 from gpuwhy.nvioctl import RM_STATUS, parse_driver_version
 
 REAL = Path(__file__).parent / "data" / "real"

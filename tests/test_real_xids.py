@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuwhy.app.demo.synthetic_signals import Synthetic, run
 from gpuwhy.correlator.incidents import may_open_incident
-from gpuwhy.demo.synthetic_signals import Synthetic, run
 from gpuwhy.events import GpuXid
 from gpuwhy.identity import normalize_pci
 from gpuwhy.probes.klog.parse import UNPARSED

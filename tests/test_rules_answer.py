@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
-from gpuwhy.correlator.rules.cli import lint_rule
+from gpuwhy.app.cli import cli
+from gpuwhy.app.rules_cli import lint_rule
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.answer import answers, answers_by_gpu, missing_for, rank_key, top_answer

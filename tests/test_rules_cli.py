@@ -9,10 +9,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from gpuwhy.app.cli import cli
+from gpuwhy.app.demo.synthetic_signals import Synthetic
 from gpuwhy.bus import Publisher
-from gpuwhy.cli import cli
 from gpuwhy.clock import now_ns
-from gpuwhy.demo.synthetic_signals import Synthetic
 from gpuwhy.events import GpuXid
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.rules.docs import render

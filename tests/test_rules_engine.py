@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuwhy.app.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals
-from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.events import GpuState, RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.loader import load_rules

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from gpuwhy.app.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.errors import DecodeError
 from gpuwhy.events import DeviceOpened, Envelope, ProcessExited, ProcessSeen, RuleFinding
 from gpuwhy.identity import ProcessKey

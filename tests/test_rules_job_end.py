@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpuwhy import severity as sev
+from gpuwhy.app.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.events import (
     CudaStats,
     DeviceOpened,

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from gpuwhy.correlator.rules.cli import read_capture, replay
+from gpuwhy.app.demo.synthetic_signals import BASE_TS, Synthetic, run
+from gpuwhy.app.rules_cli import read_capture, replay
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
-from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic, run
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.events import Envelope, GpuSample, GpuSeen, RuleFinding
 from gpuwhy.rules.loader import load_rules

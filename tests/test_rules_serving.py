@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from gpuwhy.demo.corpus.host import H100, Host, Inference, simulate_kv_engine
+from gpuwhy.app.demo.corpus.host import H100, Host, Inference, simulate_kv_engine
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.answer import answers

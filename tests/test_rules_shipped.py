@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from gpuwhy.app.demo.synthetic_signals import FB_TOTAL, Synthetic, run
 from gpuwhy.correlator.rules.signals import ProcessFacts, is_monitor
-from gpuwhy.demo.synthetic_signals import FB_TOTAL, Synthetic, run
 from gpuwhy.events import (
     DeviceOpened,
     DriverCall,

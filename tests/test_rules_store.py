@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from gpuwhy.app.service import unprivileged_sources
 from gpuwhy.bus import Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.engine import Engine
@@ -28,7 +29,6 @@ from gpuwhy.events import (
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.rules.loader import load_rules
-from gpuwhy.service import unprivileged_sources
 from gpuwhy.store import open_store
 from gpuwhy.store.overrides import read_overrides, set_override
 from gpuwhy.store.writer import StoreWriter
@@ -248,7 +248,7 @@ def test_a_broken_extra_rule_file_costs_only_its_rules_and_status_names_it(tmp_c
            "defined at builtin/g_failures.rules:" in detail
     assert health.event.counters["rule_problems"] == 2
     # ... and `gpuwhy status` shows it, from the store.
-    from gpuwhy.status import collect_status
+    from gpuwhy.app.status import collect_status
 
     db = open_store(config["store.path"])
     StoreWriter(db).write_batch([health])
@@ -276,7 +276,7 @@ def test_cuda_signals_read_from_the_store_equal_those_from_the_bus(db_path):
     """The CUDA uprobes' intervals through the StoreWriter and cuda_stats, read back by
     StoreSignals, give the same cuda.* series as MemorySignals fed the same events; a
     sync-bound process fires R05b over the store."""
-    from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
+    from gpuwhy.app.demo.synthetic_signals import BASE_TS, Synthetic
     from gpuwhy.rules.vocabulary import SIGNALS
 
     spec = Synthetic(duration_s=300, gpu={"gr_engine_active": 0.5},
@@ -311,7 +311,7 @@ def test_a_gpus_exits_are_those_of_its_own_processes_from_the_store_as_from_the_
     """proc.exit in a GPU's rules: exits of processes bound to that GPU, once a GPU each, the
     same read back from the store as fed from the bus; the host's other processes and the
     GPU monitors are not there."""
-    from gpuwhy.demo.synthetic_signals import BASE_TS, Synthetic
+    from gpuwhy.app.demo.synthetic_signals import BASE_TS, Synthetic
 
     def opened(key, minor):
         return DeviceOpened(ts=0, process=key, fd=5 + minor, path=f"/dev/nvidia{minor}",

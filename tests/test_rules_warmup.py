@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from gpuwhy.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
+from gpuwhy.app.demo.synthetic_signals import BASE_TS, NS, Synthetic, run
 from gpuwhy.proc import read_process
 from gpuwhy.rules.parser import parse_rules
 

@@ -3,8 +3,8 @@
 import threading
 import time
 
-from gpuwhy import service as service_module
-from gpuwhy.service import Service
+from gpuwhy.app import service as service_module
+from gpuwhy.app.service import Service
 
 
 def _anon_mb() -> float:

@@ -131,7 +131,7 @@ def test_metrics_has_one_series_per_recent_engine_and_otlp_takes_them(client, st
     # the OTLP export reads the same collector: the engine families go out with their units
     from opentelemetry.sdk.resources import Resource
 
-    from gpuwhy.otlp_export import FamilySnapshot, metrics_registry
+    from gpuwhy.app.otlp_export import FamilySnapshot, metrics_registry
     registry = metrics_registry(lambda: open_store(store, readonly=True), None)
     data, _ = FamilySnapshot(Resource.create({}), registry).read()
     sent = {m.name: m for m in data.resource_metrics[0].scope_metrics[0].metrics}

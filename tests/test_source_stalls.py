@@ -284,7 +284,7 @@ def test_the_correlator_logs_a_stall_once_and_its_end_once(db, tmp_config, caplo
 # --- the whole service: the exporter target stalls, then recovers ---------------------------
 
 def _status(port, db_path):
-    from gpuwhy.cli import cli
+    from gpuwhy.app.cli import cli
 
     result = CliRunner().invoke(cli, ["status", "--json"],
                                 env={"GPUWHY_DB": db_path, "GPUWHY_PORT": str(port)})
@@ -311,9 +311,9 @@ def _until(what, timeout=15.0):
 
 def test_service_with_a_stalling_exporter_is_degraded_then_recovers(tmp_config, target,
                                                                     caplog):
-    from gpuwhy.cli import cli
+    from gpuwhy.app.cli import cli
+    from gpuwhy.app.service import Service
     from gpuwhy.probes.gpu.runner import run_gpu_source
-    from gpuwhy.service import Service
 
     caplog.set_level(logging.INFO, logger="gpuwhy.correlator.source_stalls")
     config = tmp_config.replace({"gpu.source": "dcgm-exporter", "gpu.exporter_url": target.url,

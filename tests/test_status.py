@@ -9,11 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
+from gpuwhy.app.status import EXIT_CODES, SIMULATED_PREFIX, collect_status
 from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
 from gpuwhy.probes.klog.journald import journald_refuses
-from gpuwhy.status import EXIT_CODES, SIMULATED_PREFIX, collect_status
 from gpuwhy.store import open_store
 from gpuwhy.store.writer import StoreWriter
 

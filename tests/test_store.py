@@ -62,7 +62,7 @@ def test_a_long_lived_connection_keeps_the_page_cache_it_is_given(tmp_path, tmp_
         assert db.execute("PRAGMA cache_size").fetchone()[0] == -128
         db.close()
     default.close()
-    from gpuwhy.service import Service
+    from gpuwhy.app.service import Service
 
     service = Service(tmp_config.replace({"web.port": 0, "store.cache_kib": 96}),
                       with_probes=False, sources={})

@@ -24,12 +24,12 @@ EXECUTE = {"execute", "executemany", "executescript", "execute_returning_dicts"}
 
 # Module (relative path) -> SQL strings + execute calls + db["table"] accesses, today.
 ALLOWED = {
-    "gpuwhy/checks/baseline.py": 7,
-    "gpuwhy/demo/scenarios.py": 13,
-    "gpuwhy/demo/synthetic_store.py": 4,
-    "gpuwhy/mcp_server.py": 1,
-    "gpuwhy/service.py": 1,
-    "gpuwhy/status.py": 6,
+    "gpuwhy/app/checks/baseline.py": 7,
+    "gpuwhy/app/demo/scenarios.py": 13,
+    "gpuwhy/app/demo/synthetic_store.py": 4,
+    "gpuwhy/app/mcp_server.py": 1,
+    "gpuwhy/app/service.py": 1,
+    "gpuwhy/app/status.py": 6,
     "probes/klog/resume.py": 2,
     "webui/incidents.py": 1,
     "webui/metrics.py": 2,

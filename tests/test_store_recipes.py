@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.demo.synthetic_store import Plan, fill
+from gpuwhy.app.demo.synthetic_store import Plan, fill
 from gpuwhy.store import open_store
 from gpuwhy.store.schema_doc import STORE_OBJECTS, check_page, fresh_schema, sections
 from gpuwhy.store.views import VIEWS_V1

@@ -75,9 +75,10 @@ def test_baseline_never_grants_errors_to_a_clean_module():
 
 
 @pytest.mark.parametrize("path, expected", [
-    ("gpuwhy/config.py", True), ("gpuwhy/rules/parser.py", True), ("gpuwhy/checks/cli.py", True),
-    ("gpuwhy/checks/baseline.py", False), ("gpuwhy/demo/corpus/host.py", False),
-    ("store/queries.py", True), ("store/writer.py", False), ("probes/gpu/nvml.py", True),
+    ("gpuwhy/config.py", True), ("gpuwhy/rules/parser.py", True),
+    ("gpuwhy/app/checks_cli.py", True), ("gpuwhy/app/checks/baseline.py", True),
+    ("gpuwhy/app/demo/corpus/host.py", False),
+    ("store/queries.py", True), ("store/writer.py", True), ("probes/gpu/nvml.py", True),
     ("probes/engines/source.py", False), ("correlator/busy.py", False),
     ("webui/gpus.py", False)])
 def test_clean_covers_the_core_the_store_and_the_sources(path, expected):
@@ -100,5 +101,5 @@ def test_view_maps_paths_back_to_the_checkout(tmp_path):
     for shown, real in [("gpuwhy/store/queries.py", "store/queries.py"),
                         ("gpuwhy/webui/reports/svg.py", "webui/reports/svg.py"),
                         ("gpuwhy/rules/parser.py", "gpuwhy/rules/parser.py"),
-                        (str(tmp_path / "gpuwhy/probes/cli.py"), "probes/cli.py")]:
+                        (str(tmp_path / "gpuwhy/probes/fdtrack.py"), "probes/fdtrack.py")]:
         assert typecheck.to_checkout(shown, prefixes, tmp_path) == real

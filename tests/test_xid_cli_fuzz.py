@@ -19,8 +19,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
-from gpuwhy.probes.klog.cli import _read_lines, explain, record_json, scan
+from gpuwhy.app.cli import cli
+from gpuwhy.app.klog_cli import _read_lines, explain, record_json, scan
 from gpuwhy.xid import _CATALOGUE
 
 SAMPLES = Path(__file__).parent / "data" / "klog" / "xid-log-samples.txt"

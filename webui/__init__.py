@@ -52,7 +52,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     filters.init_app(app)
     errors.init_app(app)
     for module in (auth, answers, gpus, processes, incidents, resets, rules, vendor, health,
-                   stacks, mcp):   # /mcp: its server is put in by gpuwhy.mcp_http
+                   stacks, mcp):   # /mcp: its server is put in by gpuwhy.app.mcp_http
         app.register_blueprint(module.bp)
     from gpuwhy.webui import metrics  # /metrics
 

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from flask import (
     Blueprint,
+    Response,
     current_app,
     jsonify,
     make_response,
@@ -94,7 +95,7 @@ def _is_api() -> bool:
     return request.path.startswith("/api/") or request.path in API_PATHS
 
 
-def _refused(status: int, message: str) -> ResponseReturnValue:
+def _refused(status: int, message: str) -> tuple[Response | str, int]:
     if _is_api() or request.accept_mimetypes.best == "application/json":
         return jsonify(error=message), status
     return render_template("refused.html", message=message), status

@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from flask import url_for
 
@@ -212,15 +212,17 @@ class _Rows:
                                for i in ids)
         if key in PROCESS_LIST_KEYS:
             keys = [_process_key(v) for v in (value if isinstance(value, list) else [value])]
-            if keys and all(keys):
-                return _joined(self._process(k) for k in keys)
+            known = [k for k in keys if k is not None]
+            if keys and len(known) == len(keys):
+                return _joined(self._process(k) for k in known)
         if key in GPU_KEYS:
             ids = value if isinstance(value, list) else [value]
             if all(isinstance(i, str) and i for i in ids):
                 return _joined(Part(f"GPU {i}", self._href("gpu", i)) for i in ids)
         if key in ("pid", "kernel_log_pid", "ppid") and _is_int(value):
-            mine = self.process is not None and self.process.pid == int(value)
-            return [self._process(self.process)] if mine else [Part(str(int(value)))]
+            if self.process is not None and self.process.pid == int(value):   # its own
+                return [self._process(self.process)]
+            return [Part(str(int(value)))]
         if key == "named" and isinstance(value, list):
             # [pid, name, start time or None] a kernel-log line names: its processes
             return _joined(self._named(v) for v in value)
@@ -283,7 +285,7 @@ def _joined(parts: Iterable[Part]) -> list[Part]:
     return out
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -5,7 +5,7 @@ it asks for the web view's token in every request, as a change does: ``Authoriza
 Bearer TOKEN``; the login cookie is not enough. A web view without a token refuses it
 outright (403): a loopback web view with no token is open to every local user, and MCP is
 read access to everything. The MCP server itself is not part of the web view: whoever runs
-the web view (``gpuwhy up``, :mod:`gpuwhy.mcp_http`) puts a WSGI app in
+the web view (``gpuwhy up``, :mod:`gpuwhy.app.mcp_http`) puts a WSGI app in
 ``app.extensions[EXTENSION]``; this view checks the token, bounds the body and hands the
 request over. Without that app, 404.
 """

@@ -4,6 +4,8 @@ engine (or a GPU process of one), its serving figures on the same time axis."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
@@ -129,7 +131,7 @@ def _events_page(key: ProcessKey) -> dict:
 
     def url(n: int) -> str:
         # the rest of the URL (range, zoom) kept: paging leaves the charts' view alone
-        args = {**request.args.to_dict(), "page": n}
+        args: dict[str, Any] = {**request.args.to_dict(), "page": n}
         return url_for("processes.show", **{**args, "key": str(key)}) + "#events"
 
     return {"rows": rows, "total": total, "first": offset + 1 if rows else 0,

@@ -40,7 +40,9 @@ def host_allowed(host: str, allowed: frozenset[str]) -> bool:
     """Whether ``host`` (the validated ``request.host``) is allowed; an entry with a leading
     dot allows that name and every name under it."""
     name = host_name(host)
-    return bool(name) and any(
+    if not name:
+        return False
+    return any(
         name == entry.lstrip(".") or (entry.startswith(".") and name.endswith(entry))
         for entry in allowed)
 

@@ -37,6 +37,7 @@ import queue
 import socket
 import threading
 import time
+from typing import Any
 
 from cheroot import connections, errors
 from cheroot.server import HTTPConnection, HTTPRequest
@@ -261,6 +262,10 @@ class _Connections(connections.ConnectionManager):
     (EXPIRATION_INTERVAL): it touches the listening socket, as cheroot's own server stop
     does for its accept()."""
 
+    # Made by ConnectionManager.__init__, left out of cheroot's stub (whose selector's
+    # ``connections`` would be None there: it yields (fd, connection) pairs).
+    _selector: Any
+
     def stop(self) -> None:
         self._stop_requested = True         # the flag cheroot's stop() sets, before the touch
         _touch(self.server.socket)
@@ -303,11 +308,13 @@ class WebServer(Server):
                  header_timeout: float = HEADER_TIMEOUT):
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
+        # cheroot's stub says int for these seconds; cheroot takes floats (a socket's timeout,
+        # a queue's, a join's), its stub only copied its docstrings
         super().__init__((host, port), app, numthreads=max_connections, max=max_connections,
                          server_name=SERVER_NAME, request_queue_size=LISTEN_BACKLOG,
-                         timeout=timeout, shutdown_timeout=SHUTDOWN_TIMEOUT,
+                         timeout=timeout, shutdown_timeout=SHUTDOWN_TIMEOUT,  # type: ignore[arg-type]
                          accepted_queue_size=max_connections,
-                         accepted_queue_timeout=QUEUE_TIMEOUT)
+                         accepted_queue_timeout=QUEUE_TIMEOUT)  # type: ignore[arg-type]
         self.software = SERVER_NAME              # the WSGI SERVER_SOFTWARE
         self.max_request_header_size = MAX_HEADER_BYTES
         self.keep_alive_conn_limit = max_connections

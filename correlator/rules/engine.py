@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from gpuwhy import severity as sev
 from gpuwhy.correlator.rules.evaluator import Evaluation, truth
@@ -99,8 +100,9 @@ class Engine:
         self.overrides = dict(overrides)
 
     # Instances.
-    def _instances(self, now: int | None = None) -> list[tuple[m.Rule, Scope, tuple]]:
-        out = []
+    def _instances(self, now: int | None = None
+                   ) -> list[tuple[m.Rule, Scope, tuple[str, str, ProcessKey | None, str]]]:
+        out: list[tuple[m.Rule, Scope, tuple[str, str, ProcessKey | None, str]]] = []
         self._procs: dict[str, list[ProcessKey]] = {}
         self._profiles: dict[str, dict[str, str]] = {}
         self._facts: dict[ProcessKey, ProcessFacts | None] = {}
@@ -110,7 +112,7 @@ class Engine:
                 facts = self._facts.setdefault(process, self.signals.facts(process))
                 if not is_monitor(facts):   # G-MONITOR
                     compute.append(process)
-            compute.sort(key=lambda p: (self._facts[p].first_seen or 0) if self._facts[p]
+            compute.sort(key=lambda p: (known.first_seen or 0) if (known := self._facts[p])
                          else 0)
             self._procs[gpu] = compute
             if now is not None:
@@ -146,8 +148,8 @@ class Engine:
         if facts.cmdline not in counts:
             counts[facts.cmdline] = float(sum(
                 1 for procs in self._procs.values()
-                if any(p == process or (self._facts.get(p) is not None
-                                        and self._facts[p].cmdline == facts.cmdline)
+                if any(p == process or ((other := self._facts.get(p)) is not None
+                                        and other.cmdline == facts.cmdline)
                        for p in procs)))
         return counts[facts.cmdline]
 
@@ -180,7 +182,7 @@ class Engine:
         self._shared: dict = {}
         self._params: dict[str, dict[str, float]] = {}
         self._context_counts: dict[str, float] = {}
-        self._job_counts: dict[str, float] = {}   # command line -> GPUs its processes use
+        self._job_counts = {}   # command line -> GPUs its processes use
         findings: list[RuleFinding] = []
         seen = set()
         for rule, scope, key in self._instances(now):
@@ -200,11 +202,11 @@ class Engine:
                 findings.append(finding)
         for key in [k for k in self.states if k not in seen]:   # GPU or process gone
             state = self.states.pop(key)
-            rule = next((r for r in self.rules if r.id == key[0]), None)
-            if state.status == "firing" and rule is not None:
+            gone = next((r for r in self.rules if r.id == key[0]), None)
+            if state.status == "firing" and gone is not None:
                 scope = Scope(key[1], key[2] or state.process, key[3])
-                findings.append(self._finding(rule, scope, state, now, "cleared", {}, [],
-                                              self.overrides.get(rule.id, Override())))
+                findings.append(self._finding(gone, scope, state, now, "cleared", {}, [],
+                                              self.overrides.get(gone.id, Override())))
         return findings
 
     def _step(self, rule: m.Rule, scope: Scope, state: InstanceState,
@@ -253,7 +255,8 @@ class Engine:
             state.true_since = None
             return None
         guarded = next((g for g in rule.guards if truth(ev.value(g)) is True), None)
-        holds = False if guarded is not None else truth(ev.value(rule.when))
+        # a loaded rule has a 'when:' (the parser refuses one without)
+        holds = False if guarded is not None else truth(ev.value(cast(m.Node, rule.when)))
         if holds is None:
             state.status = "not_evaluable"
             state.detail = "unknown: " + ", ".join(sorted(ev.missing)) if ev.missing else \

@@ -14,6 +14,8 @@ import operator
 import statistics
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import is_dataclass
+from typing import Any, cast
 
 from gpuwhy.correlator.rules.series import Series
 from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Signals
@@ -148,7 +150,7 @@ class Evaluation:
         if isinstance(node, m.Not):
             return _lift(_negation, v(node.item))
         if isinstance(node, m.Call) and node.func == "bit":
-            mask = THROTTLE_BITS[node.args[1].name]
+            mask = THROTTLE_BITS[cast(m.Ref, node.args[1]).name]
             return _lift(lambda x: _bit(x, mask), v(node.args[0]))
         if isinstance(node, m.Call) and node.func in ("coalesce", "abs") or \
                 isinstance(node, m.Call) and node.func in ("min", "max") and \
@@ -157,7 +159,9 @@ class Evaluation:
         return self.value(node)   # a constant for this window: nested aggregate, fact, ...
 
     # The value of a node.
-    def value(self, node: m.Node, env: Mapping[str, object] | None = None) -> Value:
+    def value(self, node: m.Node, env: Mapping[str, Any] | None = None) -> Value:
+        """``env``: an event's row, inside a stream's ``where`` (its fields, which are values,
+        and its bookkeeping, ``_process``...)."""
         if isinstance(node, m.Num):
             return node.value
         if isinstance(node, m.Str):
@@ -182,10 +186,10 @@ class Evaluation:
             # whatever the others are: they are not computed
             decisive, unknown = node.op == "or", False
             for item in node.items:
-                value = truth(self.value(item, env))
-                if value is decisive:
+                verdict = truth(self.value(item, env))
+                if verdict is decisive:
                     return decisive
-                unknown = unknown or value is None
+                unknown = unknown or verdict is None
             return None if unknown else not decisive
         if isinstance(node, m.Not):
             return _negation(self.value(node.item, env))
@@ -218,7 +222,7 @@ class Evaluation:
             return ("d", node.ns)
         if isinstance(node, m.Match):
             return ("~", self._key(node.term), node.pattern)
-        if isinstance(node, m.Node):
+        if isinstance(node, m.Node) and is_dataclass(node):   # every kind of node is one
             return (type(node).__name__, *(self._key(getattr(node, f)) for f in
                                           node.__dataclass_fields__ if f not in
                                           ("line", "column")))
@@ -226,7 +230,7 @@ class Evaluation:
             return tuple(self._key(item) for item in node)
         return node
 
-    def _ref(self, node: m.Ref, env: Mapping[str, object] | None) -> Value:
+    def _ref(self, node: m.Ref, env: Mapping[str, Any] | None) -> Value:
         if env is not None and node.name in env:
             return env[node.name]   # a per-sample value or an event field
         kind = node.kind
@@ -257,25 +261,30 @@ class Evaluation:
             return None
         raise TypeError(f"unresolved name {node.name!r}")
 
-    def _call(self, node: m.Call, env: Mapping[str, object] | None) -> Value:
+    def _call(self, node: m.Call, env: Mapping[str, Any] | None) -> Value:
+        # The parser's checker (gpuwhy/rules/parser.py) fixed what each function's arguments
+        # are: a window is a Dur, a stream a StreamRef, bit()'s name and the series of rate()
+        # and delta() a Ref, env()'s name a Str.
         f, args = node.func, node.args
         if f in ("coalesce", "abs") or f in ("min", "max") and not isinstance(args[-1], m.Dur):
             return _scalar(f, [self.value(a, env) for a in args])
         if f == "bit":
             v = _num(self.value(args[0], env))
-            return _bit(v, THROTTLE_BITS[args[1].name])
+            return _bit(v, THROTTLE_BITS[cast(m.Ref, args[1]).name])
         if f == "env":
+            variable = cast(m.Str, args[0]).value
             if self.process_facts is None or self.process_facts.env is None:
-                self.missing.add(f'env("{args[0].value}")')
+                self.missing.add(f'env("{variable}")')
                 return None
-            return self.process_facts.env.get(args[0].value, "")
+            return self.process_facts.env.get(variable, "")
         if f == "count":
-            return float(len(self._events(args[0], args[1].ns)))
+            return float(len(self._events(cast(m.StreamRef, args[0]), cast(m.Dur, args[1]).ns)))
         if f == "within":
-            return self._within(args[0], args[1], args[2].ns)
+            return self._within(cast(m.StreamRef, args[0]), cast(m.StreamRef, args[1]),
+                                cast(m.Dur, args[2]).ns)
         if f == "corr":
-            return self._corr(args[0], args[1], args[2].ns)
-        window = args[1].ns
+            return self._corr(args[0], args[1], cast(m.Dur, args[2]).ns)
+        window = cast(m.Dur, args[1]).ns
         if f == "last" and isinstance(args[0], m.Ref) and args[0].kind == "signal":
             # The latest value needs no history (no coverage): a state (a flag, a link's
             # width, the fabric's state) is known from its first sample.
@@ -288,12 +297,12 @@ class Evaluation:
             samples = self.samples(args[0], window)
             if samples is None:
                 return None
-            known = [truth(v) for _, v in samples if truth(v) is not None]
+            known = [t for _, v in samples if (t := truth(v)) is not None]
             return None if not known else sum(known) / len(known)
         if f == "zscore":
-            return self._zscore(args[0], window, node.kwarg("baseline").ns)
+            return self._zscore(args[0], window, cast(m.Dur, node.kwarg("baseline")).ns)
         if f in ("rate", "delta"):
-            name = args[0].name
+            name = cast(m.Ref, args[0]).name
             series = self.series(name, window)
             if not self._covered(name, series, window) or len(series) < 2:
                 self.missing.add(name)
@@ -352,8 +361,8 @@ class Evaluation:
         if samples is None:
             return None
         cut = self.now - window
-        base = [float(v) for ts, v in samples if ts < cut and _num(v) is not None]
-        recent = [float(v) for ts, v in samples if ts >= cut and _num(v) is not None]
+        base = [x for ts, v in samples if ts < cut and (x := _num(v)) is not None]
+        recent = [x for ts, v in samples if ts >= cut and (x := _num(v)) is not None]
         if len(base) < 3 or not recent:
             self.missing.add("zscore baseline")
             return None
@@ -411,6 +420,7 @@ def _arith(op: str, a: Value, b: Value) -> Value:
     a, b = _num(a), _num(b)
     if a is None or b is None:
         return None
+    result: float | None
     if op == "+":
         result = a + b
     elif op == "-":
@@ -450,8 +460,8 @@ def _negation(value: Value) -> bool | None:
 def _scalar(func: str, values: list | tuple) -> Value:
     if func == "coalesce":
         return next((v for v in values if v is not None), None)
-    numbers = [_num(v) for v in values]
-    if None in numbers:
+    numbers = [n for v in values if (n := _num(v)) is not None]
+    if len(numbers) < len(values):
         return None
     if func == "abs":
         return abs(numbers[0])

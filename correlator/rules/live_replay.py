@@ -90,11 +90,12 @@ def live_path(folder: Path, rules: list[Rule], every_ns: int) -> Iterator[LivePa
 def replay_live(events: list[Event], rules: list[Rule], every_ns: int, folder: Path,
                 each_round: Round | None = None) -> list[Verdict]:
     """Replay ``events`` (in time order) through the live path in ``folder``, a round every
-    ``every_ns`` of capture time (as :func:`gpuwhy.correlator.rules.cli.replay` steps);
+    ``every_ns`` of capture time (as :func:`gpuwhy.app.rules_cli.replay` steps);
     ``each_round(now, new findings, answer)`` after each. The answer at the end."""
     step = every_ns
     end = events[-1].ts + max([r.every_ns or step for r in rules] + [step])
-    now, i, answer = events[0].ts + step, 0, []
+    now, i = events[0].ts + step, 0
+    answer: list[Verdict] = []
     with live_path(folder, rules, every_ns) as path:
         while now <= end:
             start = i

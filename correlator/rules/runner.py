@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
+from typing import cast
 
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
@@ -39,7 +40,7 @@ def env_keys(rules: list) -> frozenset[str]:
 
     def walk(node: m.Node) -> None:
         if isinstance(node, m.Call) and node.func == "env":
-            found.add(node.args[0].value)
+            found.add(cast(m.Str, node.args[0]).value)   # the parser made it a string
         for child in children(node):
             walk(child)
 
@@ -116,7 +117,7 @@ class RulesRunner:
 
 
 def run_rules(config: Config, stop: threading.Event) -> None:
-    """The ``rules`` runner of :func:`gpuwhy.service.unprivileged_sources`."""
+    """The ``rules`` runner of :func:`gpuwhy.app.service.unprivileged_sources`."""
     publisher = Publisher(config["bus.endpoint"], src="rules", hwm=config["bus.hwm"])
     try:
         # A broken rule file costs only its broken rules: the engine runs the others (the

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 
-class Series:
+class Series(Sequence[tuple[int, float]]):
     """Samples of one signal: ``times`` (int64 ns) and ``values`` (float64), same length."""
 
     __slots__ = ("times", "values")
@@ -29,6 +30,10 @@ class Series:
     def __iter__(self) -> Iterator[tuple[int, float]]:
         return zip(self.times, self.values, strict=True)
 
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, float]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Series: ...
     def __getitem__(self, index: int | slice) -> tuple[int, float] | Series:
         if isinstance(index, slice):
             return Series(self.times[index], self.values[index])
@@ -41,7 +46,8 @@ class Series:
             return list(self) == list(other)
         return NotImplemented
 
-    __hash__ = None   # mutable, like the list it replaces
+    # No __hash__: defining __eq__ leaves it None, unhashable (mutable, like the list it
+    # replaces).
 
     def __repr__(self) -> str:
         return f"Series({list(self)!r})"

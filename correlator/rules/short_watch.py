@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import overload
 
 from sqlite_utils import Database
 
@@ -24,6 +25,10 @@ from gpuwhy.events import RuleFinding
 from gpuwhy.rules import model as m
 
 
+@overload
+def _fit_node(node: m.Node, cap: int) -> m.Node: ...
+@overload
+def _fit_node(node: None, cap: int) -> None: ...
 def _fit_node(node: m.Node | None, cap: int) -> m.Node | None:
     """``node`` with every window a function reads (a duration argument) cut to ``cap``."""
     if node is None or not dataclasses.is_dataclass(node):

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, cast
 
 from gpuwhy.correlator.rules.series import Series
 from gpuwhy.events import (
@@ -144,6 +145,10 @@ class Signals:
     (:meth:`CudaStats.totals` and ``interval_ns``), ``event_rows``.
     """
 
+    # Made by the first series() (subclasses need not call an __init__ here), kept between
+    # rounds: each signal's derived values, by (owner, signal name).
+    _derived: dict[tuple[object, str], RowWindow[Series]]
+
     def now(self) -> int:
         raise NotImplementedError
 
@@ -236,20 +241,22 @@ class Signals:
     def _derive(self, signal: Signal, owner: object, start: int, end: int) -> Series:
         name, source = signal.name, signal.source
         if signal.per_gpu:               # a per-GPU signal of a process: (process, gpu_id)
-            process, gpu_id = owner
+            process, gpu_id = cast("tuple[ProcessKey, str]", owner)
             home = self.gpu_numa_node(gpu_id)
             return derive_series(name, [(ts, {**row, "gpu_numa_node": home})
                                         for ts, row in self.sched_rows(process, start, end)])
         if source == "gpu":              # gpu_id, or (gpu_id, instance) of a MIG instance
-            gpu_id, instance = owner if isinstance(owner, tuple) else (owner, "")
+            gpu_id, instance = cast("tuple[str, str]", owner) if isinstance(owner, tuple) \
+                else (cast(str, owner), "")
             return derive_series(name, self.gpu_rows(gpu_id, start, end, instance))
+        process = cast(ProcessKey, owner)   # the other sources' signals are a process's
         if source == "sched":
-            return derive_series(name, self.sched_rows(owner, start, end))
+            return derive_series(name, self.sched_rows(process, start, end))
         if source == "cuda":
-            return derive_series(name, self.cuda_rows(owner, start, end))
+            return derive_series(name, self.cuda_rows(process, start, end))
         if source == "engine":
-            return derive_series(name, self.engine_rows(owner, start, end))
-        return derive_series(name, self.call_rows(owner, start, end))
+            return derive_series(name, self.engine_rows(process, start, end))
+        return derive_series(name, self.call_rows(process, start, end))
 
     def fact(self, scope: Scope, name: str) -> float | None:
         model = gpu_model(self.gpu_model_name(scope.gpu_id) or "")
@@ -269,7 +276,7 @@ def _ts(row: tuple) -> int:
     return row[0]
 
 
-def _slice(rows: deque | list, start: int, end: int) -> list:
+def _slice(rows: Sequence, start: int, end: int) -> list:
     """The (ts, ...) rows with start <= ts <= end, of rows sorted by ts."""
     low = bisect.bisect_left(rows, start, key=_ts)
     high = bisect.bisect_right(rows, end, lo=low, key=_ts)
@@ -298,7 +305,23 @@ class EventRows(list):
         del self[index:]
 
 
-class RowWindow:
+_Rows = TypeVar("_Rows")
+
+
+class HeldRows(Protocol[_Rows]):
+    """What a :class:`RowWindow` holds: a :class:`Series` (its spans read as Series) or
+    :class:`EventRows` (read as lists)."""
+
+    def __len__(self) -> int: ...
+    def position(self, ts: int, /) -> int: ...
+    def between(self, start: int, end: int, /) -> _Rows: ...
+    def prepend(self, earlier: _Rows, /) -> None: ...
+    def extend(self, later: _Rows, /) -> None: ...
+    def cut_before(self, index: int, /) -> None: ...
+    def cut_from(self, index: int, /) -> None: ...
+
+
+class RowWindow(Generic[_Rows]):
     """Rows of one source, (ts, ...) in time order (a derived :class:`Series`, or
     :class:`EventRows`), read for [low, high] and kept between rounds: extended with what
     arrived since, the last LATE_NS read again (rows reach the store that late) once a
@@ -308,15 +331,15 @@ class RowWindow:
 
     __slots__ = ("low", "high", "rows", "round", "reach", "reach_at")
 
-    def __init__(self, start: int, rows: Series | EventRows | None = None):
+    def __init__(self, start: int, rows: HeldRows[_Rows]):
         self.low, self.high = start, start - 1
-        self.rows = EventRows() if rows is None else rows
+        self.rows = rows
         self.round: int | None = None
         self.reach = 0
         self.reach_at = start
 
     def rows_in(self, start: int, end: int, round_now: int | None,
-                load: Callable[[int, int], Series | list]) -> Series | list:
+                load: Callable[[int, int], _Rows]) -> _Rows:
         """The rows in [start, end]; ``load(start, end)`` reads those of a span (of the
         rows' own kind)."""
         rows = self.rows
@@ -523,13 +546,13 @@ class MemorySignals(Signals):
                 "ret": event.ret, "latency_ms": event.latency_ns / 1e6,
                 "reset": reset_kind(event.sub_name)})
         elif isinstance(event, KernelLogRecord):
-            gpu = event.uuid or self._gpu_for_pci(event.pci)
+            logged = event.uuid or self._gpu_for_pci(event.pci)
             if event.record_kind == "xid":
-                self._event("journal.xid", ts, {"_gpu": gpu, "code": event.xid,
+                self._event("journal.xid", ts, {"_gpu": logged, "code": event.xid,
                                                 "pid": event.pid, "name": event.name or "",
                                                 "text": event.message})
             else:
-                self._event("journal.nvrm", ts, {"_gpu": gpu, "kind": event.record_kind,
+                self._event("journal.nvrm", ts, {"_gpu": logged, "kind": event.record_kind,
                                                  "text": event.message})
         elif isinstance(event, GpuXid) and not event.before_start:
             # an Xid from before start has no time: a rule would count it as one just now

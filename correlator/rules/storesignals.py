@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from sqlite_utils import Database
 
 from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.signals import (
     FORGET_NS,
+    EventRows,
     ProcessFacts,
     RowWindow,
     Scope,
@@ -94,7 +97,7 @@ class StoreSignals(Signals):
         self._snapshots: dict[ProcessKey, deque] = defaultdict(
             lambda: deque(maxlen=SNAPSHOTS_KEPT))
         self._environ: dict[ProcessKey, dict[str, str] | None] = {}
-        self._events: dict[str, RowWindow] = {}   # per live stream, kept between rounds
+        self._events: dict[str, RowWindow[list]] = {}   # per live stream, kept between rounds
         # the processes asked about since the last prune: the others' figures are let go
         self._asked: set[ProcessKey] = set()
         self._pruned_at: int | None = None
@@ -198,7 +201,7 @@ class StoreSignals(Signals):
 
     def _window_rows(self, key: tuple, start: int, end: int, load) -> list:  # noqa: ANN001
         """Rows of ``key`` for the widest window asked this round, loaded once."""
-        held = self._cache.get(key)
+        held = cast("tuple[int, int, list] | None", self._cache.get(key))
         if held is None or held[0] > start or held[1] < end:
             low = start if held is None else min(start, held[0])
             high = end if held is None else max(end, held[1])
@@ -215,7 +218,8 @@ class StoreSignals(Signals):
             if ops:
                 ts = max(op["updated_at"] or 0 for op in ops)
                 if not snapshots or snapshots[-1][0] < ts:
-                    snapshots.append((ts, call_class_totals(ops)))
+                    # read only: a list of dicts is one of mappings
+                    snapshots.append((ts, call_class_totals(cast("list[Mapping]", ops))))
         return _slice(snapshots, start, end)
 
     def _stream(self, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
@@ -223,7 +227,7 @@ class StoreSignals(Signals):
         not every window again at every rule and round."""
         held = self._events.get(stream)
         if held is None or end - FORGET_NS > held.high:
-            held = self._events[stream] = RowWindow(start)
+            held = self._events[stream] = RowWindow(start, EventRows())
         return held.rows_in(start, end, self._now,
                             lambda s, e: self._load_events(stream, s, e))
 

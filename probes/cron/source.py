@@ -74,7 +74,7 @@ def execution_event(raw: RawLine, ts: int, clock: ClockConverter,
 
 
 def run_cron_source(config: Config, stop: threading.Event) -> None:
-    """Source runner (see ``gpuwhy.service.unprivileged_sources``): until ``stop`` is set."""
+    """Source runner (see ``gpuwhy.app.service.unprivileged_sources``): until ``stop`` is set."""
     publisher = connect_publisher(config, "cron", stop)
     if publisher is None:
         return

@@ -299,7 +299,7 @@ class EngineSource:
 
 
 def run_engine_source(config: Config, stop: threading.Event) -> None:
-    """The ``engines`` runner of :func:`gpuwhy.service.unprivileged_sources`."""
+    """The ``engines`` runner of :func:`gpuwhy.app.service.unprivileged_sources`."""
     publisher = Publisher(config["bus.endpoint"], src=SOURCE, hwm=config["bus.hwm"])
     source = EngineSource(config["engines.endpoints"], config["probes.proc_root"])
     try:

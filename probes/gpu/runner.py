@@ -211,7 +211,7 @@ class GpuRunner:
 
 
 def run_gpu_source(config: Config, stop: threading.Event) -> None:
-    """The ``gpu`` runner of :func:`gpuwhy.service.unprivileged_sources`."""
+    """The ``gpu`` runner of :func:`gpuwhy.app.service.unprivileged_sources`."""
     publisher = Publisher(config["bus.endpoint"], src="gpu", hwm=config["bus.hwm"])
     try:
         source, steps = open_source(config)

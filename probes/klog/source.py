@@ -435,7 +435,7 @@ class KernelLogPump:
 
 
 def run_klog_source(config: Config, stop: threading.Event) -> None:
-    """Source runner (see ``gpuwhy.service.unprivileged_sources``): until ``stop`` is set."""
+    """Source runner (see ``gpuwhy.app.service.unprivileged_sources``): until ``stop`` is set."""
     publisher = connect_publisher(config, "klog", stop)
     if publisher is None:
         return

@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.events import DriverCall, GpuSample, GpuState, KernelLogCheckpoint, KernelLogRecord
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import queries

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from gpuwhy import gpu_health as gh
 from gpuwhy import lifecycle as lc
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.config import load_config
 from gpuwhy.events import DriverCall, GpuSample, GpuState, KernelLogCheckpoint, KernelLogRecord
 from gpuwhy.identity import ProcessKey

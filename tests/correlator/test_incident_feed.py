@@ -175,7 +175,7 @@ def test_the_feed_asks_for_the_token_as_the_rest_of_the_api(harness):
 def test_the_cli_reads_the_same_feed_as_json_lines_and_as_a_table(harness):
     from click.testing import CliRunner
 
-    from gpuwhy.cli import cli
+    from gpuwhy.app.cli import cli
 
     incidents_with_history(harness)
     env = {"GPUWHY_DB": harness.config["store.path"]}

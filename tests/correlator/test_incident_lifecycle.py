@@ -249,7 +249,7 @@ def test_a_contention_finding_names_every_process_it_is_about(harness):
 def test_a_finding_shows_when_it_held_and_its_window_as_a_window(harness, tmp_config):
     from click.testing import CliRunner
 
-    from gpuwhy.cli import cli
+    from gpuwhy.app.cli import cli
     from gpuwhy.text import format_ts
     from gpuwhy.webui import create_app
 

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwhy import lifecycle as lc
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.clock import now_ns
 from gpuwhy.identity import ProcessKey
 from gpuwhy.journal import CHANGE_MESSAGE_IDS

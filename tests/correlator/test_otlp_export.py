@@ -1,4 +1,4 @@
-"""OTLP export (gpuwhy/otlp.py, gpuwhy/otlp_export.py) with the real OpenTelemetry SDK and
+"""OTLP export (gpuwhy/app/otlp.py, gpuwhy/app/otlp_export.py) with the real OpenTelemetry SDK and
 OTLP/HTTP exporters, into a receiver on 127.0.0.1 that decodes what arrives with the
 opentelemetry-proto messages: the families /metrics serves for the same store (names, labels,
 kinds, units), an incident change as one log record (sent once, resumed after a restart), a
@@ -26,9 +26,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwhy import otlp
+from gpuwhy.app import otlp
+from gpuwhy.app.status import dropped
 from gpuwhy.identity import ProcessKey
-from gpuwhy.status import dropped
 from gpuwhy.store import alertpush, open_store
 from gpuwhy.store import lifecycle as store_lifecycle
 from gpuwhy.store.queries import list_incidents, source_health
@@ -143,7 +143,7 @@ def lost_gpu(h) -> int:
 
 
 def exporter_on(h, **settings):
-    from gpuwhy.otlp_export import OtlpExporter
+    from gpuwhy.app.otlp_export import OtlpExporter
 
     config = h.config.replace({"web.hostname": "node-7", **settings})
     return OtlpExporter(config, open_store(config["store.path"]))
@@ -311,7 +311,7 @@ def test_no_endpoint_starts_nothing(harness, otel_env):
     assert not [t for t in threading.enumerate() if t.name.startswith("gpuwhy-otlp")]
     assert not [r for r in source_health(harness.db) if r["source"] == "otlp"]
     # nor is the SDK imported (~9 MB of the sidecar): this process has it, so ask a fresh one
-    probe = ("import sys; from gpuwhy import otlp; from gpuwhy.config import load_config; "
+    probe = ("import sys; from gpuwhy.app import otlp; from gpuwhy.config import load_config; "
              "assert otlp.start_otlp(load_config(environ={}), environ={}) is None; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry', 'google'}))")
     ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -340,7 +340,7 @@ def test_a_value_the_sdk_refuses_is_said_and_starts_nothing(harness, otel_env):
 
 
 def test_the_service_starts_the_export_only_with_an_endpoint(tmp_config, otel_env, receiver):
-    from gpuwhy.service import Service
+    from gpuwhy.app.service import Service
 
     def otlp_threads() -> list[str]:
         return [t.name for t in threading.enumerate() if t.name.startswith("gpuwhy-otlp")]
@@ -371,7 +371,7 @@ def test_the_service_starts_the_export_only_with_an_endpoint(tmp_config, otel_en
 
 
 def test_the_cached_encoder_makes_what_the_sdks_encoder_makes():
-    """gpuwhy/otlp_encode.py against the SDK's own encoder, on gauges and sums whose label
+    """gpuwhy/app/otlp_encode.py against the SDK's own encoder, on gauges and sums whose label
     sets repeat (the second encode reuses the first one's attributes), ints and floats, and
     a resource with non-string attributes."""
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
@@ -388,7 +388,7 @@ def test_the_cached_encoder_makes_what_the_sdks_encoder_makes():
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    from gpuwhy.otlp_encode import MetricsEncoder
+    from gpuwhy.app.otlp_encode import MetricsEncoder
 
     gpu = {"gpu": "0", "UUID": UUID0, "Hostname": "node-7"}
     gauge = Metric("gpuwhy_gpu_utilization_ratio", "GPU busy share", "1", Gauge([

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwhy.correlator.rules.cli import read_capture
+from gpuwhy.app.rules_cli import read_capture
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 RECORDINGS = sorted(p.parent.parent for p in REAL.glob("*/service/capture.jsonl.gz"))

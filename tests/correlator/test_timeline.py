@@ -3,8 +3,8 @@ uprobes on, launches, syncs, copies and allocations per second."""
 
 import dataclasses
 
+from gpuwhy.app.demo.synthetic_signals import Synthetic
 from gpuwhy.correlator.incidents import IncidentBuilder
-from gpuwhy.demo.synthetic_signals import Synthetic
 from gpuwhy.events import CudaStats, DriverCallStats, Envelope, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import open_store

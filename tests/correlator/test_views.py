@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwhy.cli import cli
-from gpuwhy.correlator.cli import parse_since
+from gpuwhy.app.cli import cli
+from gpuwhy.app.incidents_cli import parse_since
 from gpuwhy.events import CronExecution, GpuProcesses, SourceHealth
 from gpuwhy.identity import ProcessKey
 from gpuwhy.webui import create_app
@@ -176,9 +176,9 @@ def test_process_series_are_bounded(harness):
 
 
 def test_the_demo_refuses_a_host_with_nvidia_devices(monkeypatch, tmp_config):
-    import gpuwhy.service
+    import gpuwhy.app.service
 
-    monkeypatch.setattr(gpuwhy.service, "gpu_devices_present", lambda *a: True)
+    monkeypatch.setattr(gpuwhy.app.service, "gpu_devices_present", lambda *a: True)
     result = CliRunner().invoke(cli, ["demo", "xid79"])
     assert result.exit_code != 0 and "--force" in result.output
     assert "NVIDIA devices" in result.output

@@ -8,7 +8,7 @@ import json
 
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.events import RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.answer import GpuFacts, ranks_lower, sentence, verdicts

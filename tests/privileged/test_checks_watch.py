@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from gpuwhy.service import Pipeline
+from gpuwhy.app.service import Pipeline
 from gpuwhy.store import open_store
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -34,7 +34,7 @@ def _gpuwhy(env, *args, timeout=90):
 
 def _trainer(config, *extra):
     dev = os.path.dirname(config["probes.device_glob"])
-    return [sys.executable, "-m", "gpuwhy.demo.standin", "train", dev, "--minor", "0",
+    return [sys.executable, "-m", "gpuwhy.app.demo.standin", "train", dev, "--minor", "0",
             *extra]
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuwhy.app.demo.scenarios import play
+from gpuwhy.app.demo.standin import DEMO_MARK
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.correlator.alerts import MESSAGE_IDS
-from gpuwhy.demo.scenarios import play
-from gpuwhy.demo.standin import DEMO_MARK
 from gpuwhy.errors import StoreError
 from gpuwhy.store import open_store
 

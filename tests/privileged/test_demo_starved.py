@@ -10,7 +10,7 @@ chain, tests/correlator/test_cause_over_symptom.py.
 
 import pytest
 
-from gpuwhy.demo.scenarios import play
+from gpuwhy.app.demo.scenarios import play
 from gpuwhy.store import open_store
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -322,7 +322,7 @@ def test_a_failure_repeated_is_stored_once_a_window_and_every_call_counted(
 
 PAGE_END_CHILD = r"""
 import ctypes, mmap, os, struct, sys
-from gpuwhy.demo.replay import send_ioctl
+from gpuwhy.app.demo.replay import send_ioctl
 from gpuwhy.nvioctl import iowr
 libc = ctypes.CDLL(None, use_errno=True)
 page = mmap.PAGESIZE

@@ -4,7 +4,7 @@ tests/data/real/<gpu>/nvtrace/calls.nvt.gz holds every ioctl the real-GPU kit's 
 sent to the NVIDIA driver, with the bytes the driver left in each parameter struct. They are
 sent again here, on look-alike device files (each call fails with ENOTTY, the structs are in
 memory all the same), to the probe loaded in this kernel: its counts, bytes and statuses
-must be what gpuwhy.demo.recorded.decode reads from the same bytes (tests/
+must be what gpuwhy.app.demo.recorded.decode reads from the same bytes (tests/
 test_real_driver_calls.py checks that reading against the driver's own answers).
 """
 
@@ -42,7 +42,7 @@ def test_a_real_cuda_process_calls_are_counted_and_read_as_recorded(pipeline_for
                        parse_driver_version((folder / "host/driver-version.txt").read_text()))
     pipe = pipeline_for(probe_config.replace({"probes.driver_version": version}))
     directory = Path(probe_config["probes.device_glob"]).parent
-    proc = subprocess.Popen([sys.executable, "-m", "gpuwhy.demo.standin", "replay-recording",
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwhy.app.demo.standin", "replay-recording",
                              str(folder / "nvtrace/calls.nvt.gz"), str(directory),
                              "--driver-version", version, "--hold"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

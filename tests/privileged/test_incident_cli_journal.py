@@ -10,7 +10,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.journal import CHANGE_MESSAGE_IDS
 from gpuwhy.store import open_store
 

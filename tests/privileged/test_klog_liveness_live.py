@@ -15,11 +15,11 @@ import time
 
 import pytest
 
+from gpuwhy.app.status import EXIT_CODES, collect_status
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.probes.klog import source as klog_source
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.source import run_klog_source
-from gpuwhy.status import EXIT_CODES, collect_status
 from gpuwhy.webui import create_app
 
 from .kernel_lines import MARK, wait_for, write_kmsg

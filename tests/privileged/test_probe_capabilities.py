@@ -21,7 +21,7 @@ from gpuwhy.proc import process_key
 pytestmark = pytest.mark.root
 
 NOBODY = 65534
-REPLAY = (sys.executable, "-m", "gpuwhy.demo.standin", "replay")
+REPLAY = (sys.executable, "-m", "gpuwhy.app.demo.standin", "replay")
 
 
 def _host_bounding_set() -> int:

@@ -272,10 +272,10 @@ def test_from_a_host_side_answer_in_the_store_to_its_stacks_in_the_store(tmp_pat
     """End to end: the service's targets writer reads a host-side answer (R01) on a GPU the
     live target is bound to, the sampler samples it and publishes on the real bus, the real
     writer stores the aggregate, and the read API names the planted line."""
+    from gpuwhy.app.stack_targets import run_stack_targets
     from gpuwhy.bus import Subscriber
     from gpuwhy.events import DeviceOpened, GpuSeen, ProcessSeen, RuleFinding
     from gpuwhy.rules.loader import load_rules
-    from gpuwhy.stack_targets import run_stack_targets
 
     gpu = "GPU-00000000-1111-2222-3333-444444444444"
     folder = targets_dir(tmp_path)

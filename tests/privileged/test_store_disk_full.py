@@ -43,7 +43,7 @@ def _fill(path):
 
 
 def _store_part(config):
-    from gpuwhy.status import collect_status
+    from gpuwhy.app.status import collect_status
 
     return next(p for p in collect_status(config)["parts"] if p["part"] == "store")
 

@@ -43,7 +43,7 @@ def _wait_until(predicate, timeout):
 
 
 def _children(pid):
-    # every thread's: the service starts the probes from a thread of its own (gpuwhy.service)
+    # every thread's: the service starts the probes from a thread of its own (gpuwhy.app.service)
     children = []
     for path in Path(f"/proc/{pid}/task").glob("*/children"):
         children += [int(p) for p in path.read_text().split()]

@@ -29,7 +29,7 @@ def test_a_short_watch_names_the_starved_input(tmp_path):
         "GPUWHY_SIM_SCENARIO": "input-starved", "GPUWHY_SIM_EVENT_AFTER": "0",
         "GPUWHY_CHECK_PROGRESS": "60"})
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "gpuwhy.demo.standin", "train", str(devices), "--minor", "0",
+        [sys.executable, "-m", "gpuwhy.app.demo.standin", "train", str(devices), "--minor", "0",
          "--workers", "1", "--starved", "--decode"],
         stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from gpuwhy.correlator.rules.cli import read_capture
-from gpuwhy.demo.corpus import MANIFEST_FORMAT, capture_bytes, corpus, select, write_scenario
-from gpuwhy.demo.corpus.host import NS, TICKS
+from gpuwhy.app.demo.corpus import MANIFEST_FORMAT, capture_bytes, corpus, select, write_scenario
+from gpuwhy.app.demo.corpus.host import NS, TICKS
+from gpuwhy.app.rules_cli import read_capture
 from gpuwhy.events import GpuSample, GpuSeen, ProcessSeen, SchedStats
 from gpuwhy.rules import model as m
 from gpuwhy.rules.loader import load_rules

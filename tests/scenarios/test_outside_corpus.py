@@ -10,10 +10,10 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
-from gpuwhy.correlator.rules.eval_cli import evaluate_case, ranking, read_corpus
-from gpuwhy.demo.corpus import OUTSIDE, corpus, write_corpus
-from gpuwhy.demo.corpus.outside import HELD_OUT, TUNING, half
+from gpuwhy.app.cli import cli
+from gpuwhy.app.demo.corpus import OUTSIDE, corpus, write_corpus
+from gpuwhy.app.demo.corpus.outside import HELD_OUT, TUNING, half
+from gpuwhy.app.rules_eval_cli import evaluate_case, ranking, read_corpus
 from gpuwhy.rules.loader import load_rules
 
 RULES = load_rules()

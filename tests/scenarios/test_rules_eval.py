@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
-from gpuwhy.correlator.rules.eval_cli import evaluate_case, ranking, read_corpus
-from gpuwhy.demo.corpus import select, write_corpus, write_scenario
+from gpuwhy.app.cli import cli
+from gpuwhy.app.demo.corpus import select, write_corpus, write_scenario
+from gpuwhy.app.rules_eval_cli import evaluate_case, ranking, read_corpus
 from gpuwhy.rules.loader import load_rules
 
 RULES = load_rules()
@@ -154,7 +154,7 @@ def test_a_fault_whose_rules_read_env_is_listed_not_scored(tmp_path):
 
 def test_the_live_paths_answer_is_what_gpuwhy_why_prints(written, tmp_path):
     """The evaluation scores the store the replay wrote, read as `gpuwhy why` reads it."""
-    from gpuwhy.correlator.rules.cli import read_capture
+    from gpuwhy.app.rules_cli import read_capture
     from gpuwhy.correlator.rules.live_replay import replay_live, top_of
 
     events = read_capture(str(written["xid48-dbe"].capture))
@@ -182,7 +182,7 @@ def test_an_input_starved_job_is_answered_without_gpu_counters(written, tmp_path
     """A container without NVML or DCGM access, or a capture of driver calls and threads
     only: the starved loader's capture with every GPU sample taken out is still answered
     R01 on its GPU (the threads alone tell), and the answer says the counters are missing."""
-    from gpuwhy.correlator.rules.cli import read_capture
+    from gpuwhy.app.rules_cli import read_capture
     from gpuwhy.correlator.rules.live_replay import replay_live
     from gpuwhy.store import open_store
     from gpuwhy.store.queries import gpu_verdicts

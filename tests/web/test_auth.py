@@ -2,9 +2,9 @@
 
 import pytest
 
+from gpuwhy.app.service import Service, check_bind_address
 from gpuwhy.config import load_config
 from gpuwhy.errors import ConfigError
-from gpuwhy.service import Service, check_bind_address
 from gpuwhy.store import open_store
 from gpuwhy.store.overrides import read_overrides
 from gpuwhy.webui import create_app

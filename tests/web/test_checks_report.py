@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 
 from .conftest import EVIL_NAME, TRAIN
 

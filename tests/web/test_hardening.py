@@ -19,8 +19,8 @@ from urllib.parse import quote, urlsplit
 import pytest
 from playwright.sync_api import sync_playwright
 
-from gpuwhy.service import Service
-from gpuwhy.status import web_health, web_url
+from gpuwhy.app.service import Service
+from gpuwhy.app.status import web_health, web_url
 from gpuwhy.webui import create_app
 from gpuwhy.webui.auth import local_path
 from gpuwhy.webui.security import allowed_hosts, host_allowed

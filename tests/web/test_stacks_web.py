@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from gpuwhy.cli import cli
+from gpuwhy.app.cli import cli
 from gpuwhy.clock import now_ns
 from gpuwhy.events import PythonStacks, RuleFinding
 from gpuwhy.identity import ProcessKey
