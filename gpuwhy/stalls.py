@@ -33,6 +33,7 @@ HEALTH_PERIOD_S: dict[str, float] = {
     "correlator": 5.0, "store": 5.0,      # the correlator writes both itself
     "gpu": 5.0, "klog": 5.0, "cron": 5.0, "rules": 10.0, "alertmanager": 5.0,
     "probes": 5.0,      # each of PROBE_SOURCES, or every flush when flushes are rarer
+    "stacks": 5.0,      # the Python stack sampler, a process of its own under systemd
 }
 # The probes process publishes the health of all of these together.
 PROBE_SOURCES = frozenset({"fdtrack", "lifecycle", "sched", "cuda", "printk"})

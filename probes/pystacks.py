@@ -30,11 +30,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
-from gpuwhy.errors import GpuwhyError
-from gpuwhy.events import Event, PythonStacks
+from gpuwhy.errors import BusError, GpuwhyError
+from gpuwhy.events import Event, PythonStacks, SourceHealth
 from gpuwhy.identity import ProcessKey
 from gpuwhy.proc import NoSuchProcess, process_key
 from gpuwhy.pystacks import (
@@ -46,6 +47,9 @@ from gpuwhy.pystacks import (
     fold,
     read_targets,
 )
+
+if TYPE_CHECKING:
+    from gpuwhy.bus import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,16 @@ MAX_WINDOW_SECONDS = 3600    # a run's longest window, whatever the file says
 # at the end of a 30 s window; a second run samples the rest, and its event (the whole
 # window, cumulative) replaces the first in the store. A shorter window is one run.
 FIRST_RUN_SECONDS = 5
+# The sampler's heartbeat (``source_health``, source ``stacks``): every HEALTH_EVERY_S, at
+# once when a subscriber (re)connects, and when its state changes; gpuwhy.stalls holds the
+# same period, after three of which a silent sampler is called stalled.
+SOURCE = "stacks"
+HEALTH_EVERY_S = 5.0
+MAX_DETAIL_CHARS = 600
+# py-spy's words when the kernel refused to let it read a target's memory (no
+# CAP_SYS_PTRACE over it, Yama's ptrace_scope, a seccomp or LSM rule): a fault of the
+# sampler's setup, not of the target
+_DENIED = re.compile(r"permission denied|operation not permitted|\bEPERM\b", re.I)
 _PROFILE = re.compile(r"^Process (\d+) Thread (\d+)\b")
 _MARK = re.compile(r"^(?:process \d+:|thread \(\d+\))")
 
@@ -175,9 +189,12 @@ class StackSampler:
         self.runs: dict[tuple[str, int, int], Run] = {}
         self.done: set[tuple[str, int, int]] = set()
         self.workdir = tempfile.mkdtemp(prefix="gpuwhy-stacks-")
-        self.counters = {"runs": 0, "published": 0, "refused_targets": 0, "gone": 0,
-                         "errors": 0}
+        self.counters = {"runs": 0, "published": 0, "samples": 0, "refused_targets": 0,
+                         "gone": 0, "errors": 0, "denied": 0}
         self.last_refusal = ""
+        self.targets_now = 0           # the targets file's live targets, at the last step
+        self.last_error = ""           # the last failed run's, "pid N: why" (escaped)
+        self.denied = False            # the last run that ended was refused reading memory
 
     @property
     def rate(self) -> int:
@@ -201,6 +218,7 @@ class StackSampler:
         that ended, start a run for each new target (once per target and answer)."""
         now = self.clock()
         wanted = {t.key: t for t in self._targets() if t.until > now}
+        self.targets_now = len(wanted)
         for key, run in list(self.runs.items()):
             if (key not in wanted or run.target.until <= now) and run.stopping_since is None:
                 self._stop(run)
@@ -293,6 +311,8 @@ class StackSampler:
             except (ValueError, TypeError, AttributeError) as exc:
                 self._publish_error(target, started, f"unreadable py-spy output: {exc}", run)
                 return
+            self.counters["samples"] += rounds
+            self.denied = False
             rounds += run.rounds_so_far
             now = self.clock()
             # the first run ended on its own and the window goes on: say what it found now,
@@ -344,6 +364,9 @@ class StackSampler:
         """Say why sampling failed; a window's second run that failed keeps what the first
         one sampled (its event replaces the first's in the store)."""
         self.counters["errors"] += 1
+        self.denied = bool(_DENIED.search(error))
+        self.counters["denied"] += int(self.denied)
+        self.last_error = f"pid {target.pid}: {error}"
         log.warning("stack sampler: pid %d: %s", target.pid, error)
         so_far = run.so_far if run is not None else None
         self.publish(PythonStacks(
@@ -353,6 +376,38 @@ class StackSampler:
             samples=run.rounds_so_far if run is not None and so_far is not None else 0,
             stacks=so_far.rows() if so_far is not None else [], final=True, error=error,
             dropped=dict(so_far.dropped) if so_far is not None else {}))
+
+    def health(self) -> SourceHealth:
+        """The sampler's heartbeat: ``ok`` while it samples or waits for targets (idle is
+        no fault: no host-side answer holds); ``degraded`` without py-spy, while the targets
+        file is refused, or when its last run was refused reading the target's memory (a
+        ptrace refusal); counters: the targets now, the py-spy runs going, and totals."""
+        state, notes = "ok", []
+        if self.py_spy is None:
+            state = "degraded"
+            notes.append("py-spy is not installed (pip install py-spy): nothing is sampled")
+        if self.last_refusal:
+            state = "degraded"
+            notes.append(f"targets file refused: {escape(self.last_refusal, 200)}")
+        if self.denied:
+            state = "degraded"
+            notes.append(f"reading a target's memory was refused (ptrace): {self.last_error}")
+        elif self.last_error:
+            notes.append(f"last error: {self.last_error}")
+        if self.runs:
+            doing = f"sampling {len(self.runs)} of {self.targets_now} targets"
+        elif self.targets_now:
+            doing = f"{self.targets_now} targets, each sampled for its window or gone"
+        else:
+            doing = "idle: no target (no host-side answer holds)"
+        totals = (f"{self.counters['published']} windows published, "
+                  f"{self.counters['samples']} samples, {self.counters['errors']} errors")
+        detail = "; ".join([doing, totals, *notes])     # each part escaped where untrusted
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[:MAX_DETAIL_CHARS - 1] + "…"
+        return SourceHealth(ts=self.clock(), source=SOURCE, state=state, detail=detail,
+                            counters={"targets": self.targets_now, "sampling": len(self.runs),
+                                      **self.counters})
 
     def close(self) -> None:
         """Stop every run, publish what each sampled, remove the working directory."""
@@ -400,9 +455,10 @@ def run_stack_sampler(config: Config, stop: threading.Event, alone: bool = False
         return
     if not may_read_other_processes():
         if alone:
-            raise GpuwhyError("the stack sampler needs CAP_SYS_PTRACE (or root) to read "
-                              "other processes' memory; systemd/gpuwhy-stacks.service "
-                              "grants it")
+            why = ("the stack sampler needs CAP_SYS_PTRACE (or root) to read other "
+                   "processes' memory; systemd/gpuwhy-stacks.service grants it")
+            _say_failed(config, why)
+            raise GpuwhyError(why)
         log.info("stack sampler: no CAP_SYS_PTRACE here: Python stacks are not sampled by "
                  "this process (under systemd, gpuwhy-stacks.service samples them)")
         return
@@ -416,8 +472,43 @@ def run_stack_sampler(config: Config, stop: threading.Event, alone: bool = False
         log.info("stack sampler: sampling the processes %s names, at %d samples a second",
                  config["stacks.targets_path"], sampler.rate)
     try:
-        while not stop.wait(STEP_SECONDS if sampler.runs else IDLE_SECONDS):
-            sampler.step()
+        _sample_until(stop, sampler, publisher)
     finally:
         sampler.close()
+        publisher.close()
+
+
+def _sample_until(stop: threading.Event, sampler: StackSampler, publisher: Publisher) -> None:
+    """Step the sampler (every STEP_SECONDS while it samples, IDLE_SECONDS while not) and
+    publish its heartbeat every HEALTH_EVERY_S, at once when a subscriber (re)connects (the
+    beat it missed) or the state changes, until ``stop`` is set."""
+    next_step = next_health = time.monotonic()
+    said = ""
+    while True:
+        now = time.monotonic()
+        if now >= next_step:
+            sampler.step()
+            next_step = now + (STEP_SECONDS if sampler.runs else IDLE_SECONDS)
+        health = sampler.health()
+        if publisher.poll_subscriptions() or health.state != said or now >= next_health:
+            publisher.publish(health)
+            said, next_health = health.state, now + HEALTH_EVERY_S
+        if stop.wait(max(0.0, min(next_step, next_health) - time.monotonic())):
+            return
+
+
+def _say_failed(config: Config, why: str) -> None:
+    """Publish the sampler's last heartbeat, ``failed`` and why, before it stops (its unit
+    then stays failed; `gpuwhy status` says why instead of a sampler gone quiet)."""
+    from gpuwhy.bus import Publisher
+
+    try:
+        publisher = Publisher(config["bus.endpoint"], src=SOURCE)
+    except BusError:
+        return
+    try:
+        publisher.wait_for_subscriber(1.0)
+        publisher.publish(SourceHealth(ts=now_ns(), source=SOURCE, state="failed",
+                                       detail=why))
+    finally:
         publisher.close()

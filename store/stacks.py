@@ -1,14 +1,16 @@
 """Read the Python stacks the stack sampler stored: per finding, per GPU, per process.
 
 The read API of the ``python_stacks`` table (store/migrations.py ``m120``) for `gpuwhy why`,
-the web view's ``/api/.../stacks``, the incident page and the report: each row's folded
-stacks decoded, most samples first, with :func:`gpuwhy.pystacks.top_frames` ready to say
-them; and the GPU's idle and busy seconds over a sampled window.
+the web view's ``/api/.../stacks``, the incident page, the GPU page's links and the report:
+each row's folded stacks decoded, most samples first, with
+:func:`gpuwhy.pystacks.top_frames` ready to say them; and the GPU's idle and busy seconds
+over a sampled window.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from sqlite_utils import Database
@@ -51,13 +53,47 @@ def python_stacks(db: Database, *, finding_id: str | None = None, gpu_id: str | 
     sql = ("select * from python_stacks" + (" where " + " and ".join(where) if where else "")
            + " order by ts desc limit ?")
     rows = db.execute_returning_dicts(sql, [*params, max(1, min(int(limit), 1000))])
-    for row in rows:
-        row["stacks"] = clean_rows(_json(row["stacks"], []))
-        row["dropped"] = _json(row["dropped"], {})
-        row["final"] = bool(row["final"])
-        row["top"] = top_frames(row["stacks"])
-        row["summary"] = summary_line(row["stacks"])
-    return rows
+    return [_decoded(row) for row in rows]
+
+
+MAX_PROCESSES = 64      # processes one GPU's newest stacks are looked up for
+
+
+def newest_by_process(db: Database, gpu_id: str, processes: Iterable[ProcessKey]
+                      ) -> dict[ProcessKey, Row]:
+    """The newest stored stacks of each of ``processes`` (at most MAX_PROCESSES) sampled
+    while bound to ``gpu_id``, decoded as :func:`python_stacks` decodes them; a process
+    never sampled there is left out. {} on a store without the table."""
+    wanted = set(list(processes)[:MAX_PROCESSES])
+    if not wanted or not db["python_stacks"].exists():
+        return {}
+    # which window is newest, per process, from the (gpu_id, ts) index alone; then only
+    # those rows are read whole (their stacks are the large part)
+    newest = db.execute(
+        "select pid, start_time, max(ts) from python_stacks where gpu_id = ? "
+        "group by pid, start_time", [gpu_id]).fetchall()
+    out: dict[ProcessKey, Row] = {}
+    for pid, start_time, ts in newest:
+        key = ProcessKey(pid, start_time)
+        if key not in wanted:
+            continue
+        rows = db.execute_returning_dicts(
+            "select * from python_stacks where gpu_id = ? and ts = ? and pid = ? and "
+            "start_time = ? limit 1", [gpu_id, ts, pid, start_time])
+        if rows:
+            out[key] = _decoded(rows[0])
+    return out
+
+
+def _decoded(row: Row) -> Row:
+    """A stored row with its stacks cleaned (most samples first), ``dropped`` a dict,
+    ``final`` a bool, ``top`` and ``summary`` (gpuwhy.pystacks)."""
+    row["stacks"] = clean_rows(_json(row["stacks"], []))
+    row["dropped"] = _json(row["dropped"], {})
+    row["final"] = bool(row["final"])
+    row["top"] = top_frames(row["stacks"])
+    row["summary"] = summary_line(row["stacks"])
+    return row
 
 
 IDLE_BELOW = 10.0       # gpu_util (%) under which a GPU second counts as idle

@@ -326,3 +326,59 @@ def test_a_window_publishes_its_first_seconds_at_once_then_the_whole_window(tmp_
     shifted, _ = parse_speedscope(body.encode(), ProcessKey(1, 2), lambda pid: 0,
                                   offset=float(FIRST_RUN_SECONDS))
     assert shifted.rows()[0]["seconds"] == [[FIRST_RUN_SECONDS, 1], [FIRST_RUN_SECONDS + 1, 1]]
+
+
+DENIED_PY_SPY = '''#!{python}
+import sys
+sys.stderr.write("Error: Permission Denied: Try running again with elevated permissions\\n")
+sys.exit(1)
+'''
+
+
+def test_the_samplers_heartbeat_says_idle_sampling_refused_and_counts(tmp_path):
+    """Its health: ok and idle with no target; degraded, saying so, when the kernel refused
+    it a target's memory (py-spy's "Permission Denied": a ptrace refusal) or the targets
+    file is one it must not trust; its counters the targets, runs and errors."""
+    import sys
+    import time
+
+    from gpuwhy.probes.pystacks import SOURCE, StackSampler
+    from gpuwhy.proc import process_key
+
+    spy = tmp_path / "py-spy"
+    spy.write_text(DENIED_PY_SPY.format(python=sys.executable))
+    spy.chmod(0o755)
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    path = str(folder / "targets.json")
+    events: list[PythonStacks] = []
+    sampler = StackSampler(path, events.append, py_spy=str(spy))
+    try:
+        sampler.step()
+        idle = sampler.health()
+        assert (idle.source, idle.state) == (SOURCE, "ok") and "idle" in idle.detail
+        assert idle.counters["targets"] == 0 and idle.counters["errors"] == 0
+        me = process_key(os.getpid())
+        write_targets(path, [Target(me.pid, me.start_time, "g", "f", STARVED,
+                                    now_ns() + 20 * S)], now_ns())
+        sampler.step()
+        busy = sampler.health()
+        assert busy.state == "ok" and busy.counters["sampling"] == 1
+        assert "sampling 1 of 1 targets" in busy.detail
+        deadline = time.monotonic() + 10
+        while not events and time.monotonic() < deadline:
+            sampler.step()
+            time.sleep(0.05)
+        refused = sampler.health()
+        assert refused.state == "degraded" and "refused (ptrace)" in refused.detail
+        assert f"pid {me.pid}: Error: Permission Denied" in refused.detail
+        assert (refused.counters["errors"], refused.counters["denied"]) == (1, 1)
+        os.chmod(path, 0o666)          # anyone could name whose memory it reads
+        sampler.step()
+        untrusted = sampler.health()
+        assert untrusted.state == "degraded" and "targets file refused" in untrusted.detail
+        assert untrusted.counters["refused_targets"] == 1 and untrusted.counters["targets"] == 0
+    finally:
+        sampler.close()
+    assert [e.error for e in events] == ["Error: Permission Denied: Try running again with "
+                                         "elevated permissions"]

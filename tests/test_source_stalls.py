@@ -225,6 +225,7 @@ def test_the_periods_are_the_sources_own():
     from gpuwhy.correlator import alertmanager
     from gpuwhy.correlator import pipeline as correlator
     from gpuwhy.correlator.rules import runner as rules
+    from gpuwhy.probes import pystacks
     from gpuwhy.probes import service as probes
     from gpuwhy.probes.cron import source as cron
     from gpuwhy.probes.gpu import runner as gpu
@@ -234,7 +235,8 @@ def test_the_periods_are_the_sources_own():
                                "store": correlator.HEALTH_EVERY, "gpu": gpu.HEALTH_EVERY,
                                "klog": klog.HEALTH_EVERY_S, "cron": cron.HEALTH_EVERY_S,
                                "rules": rules.HEALTH_EVERY, "probes": probes.HEALTH_EVERY_S,
-                               "alertmanager": alertmanager.HEALTH_EVERY}
+                               "alertmanager": alertmanager.HEALTH_EVERY,
+                               pystacks.SOURCE: pystacks.HEALTH_EVERY_S}
     assert period_s("fdtrack", {"probes.poll_interval": 0.5}) == probes.HEALTH_EVERY_S
     assert period_s("sched", {"probes.poll_interval": 30.0}) == 30.0   # rarer flushes
 

@@ -1,5 +1,5 @@
 """GPU pages: the overview (``/``, one card per GPU) and a GPU's detail with its charts,
-their JSON (``/api/gpus…``) and CSV."""
+their JSON (``/api/gpus…``) and CSV, and a link to each bound process's sampled stacks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from gpuwhy.store import queries, series
 from gpuwhy.webui import answers
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
+from gpuwhy.webui.stacks import gpu_links
 from gpuwhy.webui.window import requested_tail, requested_window
 
 bp = Blueprint("gpus", __name__)
@@ -101,9 +102,12 @@ def api_heatmap() -> ResponseReturnValue:
 
 @bp.get("/gpus/<gpu_id>")
 def show(gpu_id: str) -> ResponseReturnValue:
+    """A GPU's page: its answer, health, charts, the processes bound to it now (each with a
+    link to its sampled Python stacks, when there are some) and its open incidents."""
     gpu = _gpu_or_404(gpu_id)
     sample = queries.latest_sample(get_db(), gpu["id"])
     verdict = next((v for v in answers.verdicts() if v.gpu.gpu_id == gpu["id"]), None)
+    processes = queries.bound_processes(get_db(), gpu["id"])
     return render_template("gpu.html", gpu=gpu, ranges=list(series.RANGES),
                            verdict=verdict, level=answers.level(verdict),
                            said=answers.said(verdict) if verdict is not None else "healthy",
@@ -111,7 +115,8 @@ def show(gpu_id: str) -> ResponseReturnValue:
                            freshness=answers.sample_age(sample),
                            ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"],
-                           processes=queries.bound_processes(get_db(), gpu["id"]),
+                           processes=processes,
+                           stacks=gpu_links(get_db(), gpu["id"], processes),
                            incidents=queries.open_incidents(get_db(), gpu["id"]),
                            sample=sample,
                            health_history=queries.gpu_health_history(get_db(), gpu["id"]))

@@ -1,7 +1,8 @@
-"""Python stacks in the web view: ``/api/incidents/<id>/stacks`` and ``/api/gpus/<id>/stacks``
-(folded ``a;b;c count`` text, or JSON), and the stacks section of the incident page and of
-both reports (a table of top frames, the GPU's idle and busy seconds, advice naming the line,
-a flame graph).
+"""Python stacks in the web view: ``/api/incidents/<id>/stacks``, ``/api/gpus/<id>/stacks``
+and ``/api/processes/<key>/stacks`` (folded ``a;b;c count`` text, or JSON); the stacks
+section of the incident page, of a sampled process's page (``/processes/<key>/stacks``) and
+of both reports (a table of top frames, the GPU's idle and busy seconds, advice naming the
+line, a flame graph); and the GPU page's link to each bound process's stacks.
 
 The rows come from gpuwhy.store.stacks (the sampler's aggregates, bounded and escaped when
 stored); the advice from gpuwhy.stack_advice. Every frame is the sampled process's text:
@@ -13,16 +14,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flask import Blueprint, abort, current_app, jsonify, request
+from flask import Blueprint, abort, current_app, jsonify, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlite_utils import Database
 
 from gpuwhy import stack_advice
 from gpuwhy.clock import now_ns
 from gpuwhy.config import MAX_INT
+from gpuwhy.identity import ProcessKey
 from gpuwhy.pystacks import ROLE_WORDS, ROLES, SEPARATOR, split_by_gpu, top_frames
 from gpuwhy.store import queries
-from gpuwhy.store.stacks import folded_text, gpu_idle_by_second, python_stacks
+from gpuwhy.store.stacks import (
+    folded_text,
+    gpu_idle_by_second,
+    newest_by_process,
+    python_stacks,
+)
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.window import whole
 
@@ -33,6 +40,7 @@ MAX_ROWS = 50             # ... at most, through ?limit=
 MAX_LINES = 20_000        # folded lines one answer holds, most samples first
 MAX_NODES = 1_500         # flame graph boxes: the smallest go first
 MIN_NODE_SHARE = 0.002    # a box under 0.2 % of the samples is not drawn
+MAX_SUMMARY_CHARS = 240   # the GPU page's line per sampled process
 
 
 def incident_rows(db: Database, incident: Mapping[str, Any], limit: int = ROWS) -> list[dict]:
@@ -184,3 +192,57 @@ def gpu_stacks(gpu_id: str) -> ResponseReturnValue:
     if gpu is None:
         abort(404, description=f"no GPU {gpu_id!r} in the store")
     return _answer(python_stacks(db, gpu_id=gpu["id"], limit=_limit()), None)
+
+
+def _process_key(text: str) -> ProcessKey:
+    try:
+        key = ProcessKey.parse(text)
+    except ValueError:
+        key = None
+    # a pid or start time past SQLite's integers names no process the store can hold
+    if key is None or not text.isascii() or max(key.pid, key.start_time) > MAX_INT:
+        abort(404, description=f"{text[:80]!r} is not a process key (pid-start_time)")
+    return key
+
+
+@bp.get("/api/processes/<key>/stacks")
+def process_stacks(key: str) -> ResponseReturnValue:
+    """The Python stacks sampled of a process (its newest windows, on any GPU)."""
+    return _answer(python_stacks(get_db(), process=_process_key(key), limit=_limit()), None)
+
+
+@bp.get("/processes/<key>/stacks")
+def process_page(key: str) -> ResponseReturnValue:
+    """A sampled process's stacks: the table, the advice and the flame graph of its newest
+    windows (the GPU page links here); 404 for a process the store knows nothing of."""
+    db = get_db()
+    found = _process_key(key)
+    process = queries.process(db, found)
+    rows = python_stacks(db, process=found, limit=_limit())
+    if process is None and not rows:
+        abort(404, description=f"no process {found} in the store")
+    return render_template(
+        "stacks.html", key=str(found), process=process or {},
+        gpus=sorted({row["gpu_id"] for row in rows}), stacks=section(db, rows, None),
+        stacks_url=url_for("stacks.process_stacks", key=str(found), format="json"))
+
+
+def gpu_links(db: Database, gpu_id: str, processes: Iterable[Mapping[str, Any]]
+              ) -> dict[str, dict[str, Any]]:
+    """For the GPU page, by ``pid-start_time``: each of ``processes`` (rows with ``pid``
+    and ``start_time``) whose stacks were sampled on ``gpu_id``, its newest window's link,
+    when it ended, whether it is final, and one line: the advice that names the line, else
+    the top frames, else the sampler's error (the process's text: the page escapes it; here
+    it is bounded)."""
+    keys = [ProcessKey(int(p["pid"]), int(p["start_time"])) for p in processes]
+    out = {}
+    for key, row in newest_by_process(db, gpu_id, keys).items():
+        advice = stack_advice.find(row["stacks"], row["rule_id"] or None)
+        line = (advice[0].sentence if advice else row["summary"]) or (
+            f"not sampled: {row['error']}" if row["error"] else "no samples")
+        if len(line) > MAX_SUMMARY_CHARS:
+            line = line[:MAX_SUMMARY_CHARS - 1] + "…"
+        out[str(key)] = {"url": url_for("stacks.process_page", key=str(key)),
+                         "summary": line, "ts": row["ts"], "final": row["final"],
+                         "samples": row["samples"]}
+    return out

@@ -6,6 +6,7 @@ clears. Prints the figures it measures (the target's slowdown, the sampler's CPU
 
 from __future__ import annotations
 
+import itertools
 import os
 import resource
 import signal
@@ -341,7 +342,8 @@ def test_the_stacks_unit_command_samples_with_cap_sys_ptrace_alone(tmp_path):
     through its group; it publishes the planted line on the bus: the window's first
     FIRST_RUN_SECONDS at once (not final), then the whole window (final, more samples, its
     seconds running past the first run's). Without the capability it stops at once and says
-    why, instead of standing down quietly as the service's thread."""
+    why (on its terminal, and in a last heartbeat: failed), instead of standing down quietly
+    as the service's thread."""
     import shutil
     import tempfile
 
@@ -351,7 +353,7 @@ def test_the_stacks_unit_command_samples_with_cap_sys_ptrace_alone(tmp_path):
     try:
         base.chmod(0o755)
         endpoint = f"ipc://{base}/bus.sock"
-        subscriber = Subscriber(endpoint, topics=("stacks",))
+        subscriber = Subscriber(endpoint, topics=("stacks", "health"))
         Path(endpoint.removeprefix("ipc://")).chmod(0o666)   # the unit's group access, here
         path = base / "stack-targets.json"
 
@@ -369,8 +371,17 @@ def test_the_stacks_unit_command_samples_with_cap_sys_ptrace_alone(tmp_path):
                 stderr=subprocess.STDOUT, text=True)
 
         refused = as_nobody()
+        said = None         # its last beat: failed, and why (the subscriber kept polling)
+        deadline = time.monotonic() + 30
+        while said is None and time.monotonic() < deadline:
+            said = subscriber.receive(0.1)
+            if said is None and refused.poll() is not None:
+                said = subscriber.receive(1.0)
+                break
         output = refused.communicate(timeout=30)[0]
         assert refused.returncode == 1 and "needs CAP_SYS_PTRACE" in output, output
+        assert said is not None and (said.event.source, said.event.state) == (
+            "stacks", "failed") and "needs CAP_SYS_PTRACE" in said.event.detail, said
         with running(tmp_path) as (process, _):
             key = process_key(process.pid)
             write_targets(str(path), [Target(process.pid, key.start_time, "GPU-unit",
@@ -385,7 +396,7 @@ def test_the_stacks_unit_command_samples_with_cap_sys_ptrace_alone(tmp_path):
                 while not (events and events[-1][1].final) and \
                         time.monotonic() < deadline and sampler.poll() is None:
                     envelope = subscriber.receive(0.5)
-                    if envelope is not None:
+                    if envelope is not None and isinstance(envelope.event, PythonStacks):
                         events.append((time.monotonic() - written, envelope.event))
             finally:
                 sampler.send_signal(signal.SIGTERM)
@@ -406,3 +417,67 @@ def test_the_stacks_unit_command_samples_with_cap_sys_ptrace_alone(tmp_path):
     last_second = max(second for row in whole.stacks for second, _ in row.get("seconds", []))
     assert last_second >= FIRST_RUN_SECONDS, whole.stacks
     assert sampler.returncode == 0, output
+
+
+def test_the_stacks_process_beats_idle_or_sampling_and_stalls_once_gone(tmp_path, tmp_config):
+    """`gpuwhy probes --only stacks` (the unit's command, as root) publishes its heartbeat on
+    the bus as the other sources do: ok, the target it samples and its py-spy run, then the
+    window it published and its samples; the stored rows judged as `gpuwhy status` judges
+    them say ok while it beats and stalled three periods after it was killed."""
+    import shutil
+    import tempfile
+
+    from gpuwhy.bus import Subscriber
+    from gpuwhy.events import SourceHealth
+    from gpuwhy.probes.pystacks import HEALTH_EVERY_S, SOURCE
+    from gpuwhy.stalls import STALLED, judge
+    from gpuwhy.store.queries import source_health
+
+    base = Path(tempfile.mkdtemp(prefix="gpuwhy-beat-"))      # a short socket path
+    began = now_ns()
+    beats: list[Envelope] = []
+    try:
+        endpoint = f"ipc://{base}/bus.sock"
+        subscriber = Subscriber(endpoint, topics=("health",))
+        path = base / "stack-targets.json"
+        with running(tmp_path) as (process, _):
+            key = process_key(process.pid)
+            write_targets(str(path), [Target(process.pid, key.start_time, "GPU-beat",
+                                             "R01:beat", "R01_input_cpu_bound",
+                                             now_ns() + 4 * S)], now_ns())
+            sampler = subprocess.Popen(
+                [sys.executable, "-m", "gpuwhy", "probes", "--only", "stacks"],
+                env={**os.environ, "GPUWHY_BUS": endpoint, "GPUWHY_STACKS_TARGETS": str(path)},
+                cwd=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and sampler.poll() is None and not (
+                        beats and beats[-1].event.counters["published"]):
+                    envelope = subscriber.receive(0.5)
+                    if envelope is not None and isinstance(envelope.event, SourceHealth):
+                        beats.append(envelope)
+            finally:
+                sampler.kill()
+                output = sampler.communicate(timeout=10)[0]
+                subscriber.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert beats and all(b.event.source == SOURCE and b.event.state == "ok" for b in beats), \
+        ([b.event for b in beats], output)
+    first, last = beats[0].event, beats[-1].event
+    assert first.counters["targets"] == 1 and first.counters["sampling"] == 1, first
+    assert "sampling 1 of 1 targets" in first.detail
+    assert last.counters["published"] == 1 and last.counters["sampling"] == 0, last
+    assert last.counters["samples"] >= 10 and last.counters["errors"] == 0, last
+    spacing = [(b.event.ts - a.event.ts) / S for a, b in itertools.pairwise(beats)]
+    assert spacing and all(s <= HEALTH_EVERY_S + 1 for s in spacing), spacing  # its cadence
+    db = open_store(tmp_config["store.path"])
+    try:
+        StoreWriter(db).write_batch(beats)
+        rows = source_health(db)
+    finally:
+        db.close()
+    [now] = judge(rows, last.ts + S, run_started=began)
+    [gone] = judge(rows, last.ts + int((3 * HEALTH_EVERY_S + 1) * S), run_started=began)
+    assert (now["source"], now["state"]) == (SOURCE, "ok") and now["stall_after_s"] == 15
+    assert gone["state"] == STALLED and "no heartbeat" in gone["detail"], gone

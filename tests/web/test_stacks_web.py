@@ -148,3 +148,74 @@ def test_why_names_the_line_under_the_fix(store):
            "multiprocessing queue; workers 100 % in dataset.py:41 load → PIL/ImageFile.py:291 " \
            "ImageFile.load" in result.output
     assert "    while it was busy: main thread 75 % in train.py:95 <script>" in result.output
+
+
+def _copy_with(config, tmp_path, events):
+    """A copy of the module's store with ``events`` written into it, and a client on it."""
+    import sqlite3
+
+    from gpuwhy.events import Envelope
+    from gpuwhy.store.writer import StoreWriter
+
+    copied = config.replace({"store.path": str(tmp_path / "copy.db")})
+    source, target = sqlite3.connect(config["store.path"]), sqlite3.connect(copied["store.path"])
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    db = open_store(copied["store.path"])
+    try:
+        StoreWriter(db).write_batch([Envelope("test", n, e) for n, e in enumerate(events)])
+    finally:
+        db.close()
+    return create_app(copied, {"TESTING": True}).test_client()
+
+
+def test_the_gpu_page_links_a_sampled_process_to_its_stacks_and_flame_graph(store, client,
+                                                                            tmp_path):
+    """The GPU page's bound processes: the sampled trainer links to its own stacks page (the
+    table, the advice and the flame graph, fed by /api/processes/<key>/stacks) with the
+    advice's line; a process sampled with no advice shows its top frame, markup as text."""
+    from gpuwhy.events import DeviceOpened, ProcessSeen
+
+    config, incident_id = store
+    page = client.get(f"/gpus/{UUID0}").get_data(as_text=True)
+    bound = page[page.index('id="bound"'):page.index('id="open-incidents"')]
+    assert 'href="/processes/4242-1000/stacks"' in bound
+    assert "the decoding comes from `Image.open`/decode at dataset.py:41 (`load`, 64 %" in bound
+    assert "100 samples to" in bound
+    own = client.get("/processes/4242-1000/stacks")
+    html = own.get_data(as_text=True)
+    assert own.status_code == 200 and 'id="stacks"' in html and "20 s idle / 11 s busy" in html
+    assert 'data-url="/api/processes/4242-1000/stacks?format=json"' in html
+    assert "stacks.js" in html and f'href="/gpus/{UUID0}"' in html
+    assert EVIL not in html and "&lt;script&gt;alert(&#39;stack&#39;)&lt;/script&gt;" in html
+    folded = client.get("/api/processes/4242-1000/stacks").get_data(as_text=True)
+    assert folded == client.get(f"/api/incidents/{incident_id}/stacks").get_data(as_text=True)
+    assert client.get("/api/processes/4242-1000/stacks?format=json").get_json()["flame"][
+        "value"] == 200
+    for missing in ("/processes/77-88/stacks", "/processes/nope/stacks",
+                    "/api/processes/1-99999999999999999999999/stacks"):
+        assert client.get(missing).status_code == 404, missing
+    known = client.get("/processes/4250-1010/stacks")      # the worker: never a target
+    assert known.status_code == 200 and 'id="no-stacks"' in known.get_data(as_text=True)
+
+    hostile = ProcessKey(5151, 2020)
+    t = T0 + 50 * S
+    other = _copy_with(config, tmp_path, [
+        ProcessSeen(ts=t, process=hostile, comm="serve", cmdline="serve"),
+        DeviceOpened(ts=t, process=hostile, fd=5, path="/dev/nvidia0", device="nvidiaN",
+                     minor=0),
+        PythonStacks(ts=t + 10 * S, process=hostile, gpu_id=UUID0, finding_id="R14:x",
+                     rule_id="R14b_low_gpu_utilisation", started=t, interval_ms=100,
+                     samples=40, final=False, stacks=[
+                         {"pid": hostile.pid, "start_time": hostile.start_time, "role": "main",
+                          "stack": f"serve.py:3 run;serve.py:9 {EVIL * 20}", "count": 40}])])
+    page = other.get(f"/gpus/{UUID0}").get_data(as_text=True)
+    row = page[page.index('data-process="5151-2020"'):page.index('id="open-incidents"')]
+    assert "still sampling" in row and "main thread 100 % in serve.py:9 &lt;script&gt;" in row
+    assert EVIL not in page and "<img" not in page
+    summary = row[row.index('class="stack-summary">') + 22:row.index("</span></td>")]
+    assert summary.endswith("…") and len(summary.replace("&lt;", "<").replace(
+        "&gt;", ">").replace("&#39;", "'")) == 240, summary
