@@ -6,8 +6,10 @@ naming a pid -> that process, Xid 45 -> the earlier Xid it follows, repeated Xid
 reset -> ``escalation`` (hardware inspection); on a GPU the kernel says fell off the bus, a
 GPU source that still reads it -> ``contradicting`` (evidence against, not a recovery).
 Built from the store only, so rebuilding a settling incident after a late event puts the
-event where it belongs: this module decides the links from the rows that
-:mod:`gpuwhy.store.incident_chains` reads, and that module writes them back.
+event where it belongs. A decision is a value: :func:`gpuwhy.store.incident_chains.chain_facts`
+reads every fact a chain needs in one call, :func:`decide` turns those facts into links with
+no database at hand (a chain can be decided, and tested, from hand-written facts), and
+:func:`gpuwhy.store.incident_chains.store_chain` writes the links back.
 
 Steps are in time order, each dated by its own evidence; the kind's place in the story
 orders only steps of the same time. (They were ordered by kind first: a rule finding on a
@@ -19,20 +21,20 @@ driver call's step is dated when the call was made, its return less its latency.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
 
-from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.model import SYMPTOM
-from gpuwhy.store import gpu_bindings, gpu_identity, incident_chains
+from gpuwhy.store import incident_chains
+from gpuwhy.store.incident_chains import ChainFacts, Effect, Origin, ResetCall
 
 if TYPE_CHECKING:
     from gpuwhy.correlator.incidents import IncidentBuilder
 
-CAUSE_LOOKBACK_NS = 30 * NS_PER_SECOND
 ESCALATE_AFTER = 2          # Xids on a GPU after a reset that call for a hardware inspection
 MAX_NAMED = 8               # processes an Xid incident names (a storm names its first few)
 
@@ -51,22 +53,30 @@ class Link:
     gpu_id: str | None = None
 
 
-def rebuild(db: Database, incident_id: int, builder: IncidentBuilder) -> list[Link]:
-    """Build the chain of one incident from the store and store it (links, processes)."""
-    incident = incident_chains.incident(db, incident_id)
-    kind = incident["kind"]
-    if kind == "gpu_reset":
-        links = _reset_chain(db, incident, builder)
-    elif kind in ("xid", "gpu_lost"):
-        links = _xid_chain(db, incident, builder)
-    elif kind in ("process_stall", "process_exit"):
-        links = _effect_chain(db, incident)
-    elif kind == "rule_finding":
-        links = _finding_chain(db, incident) + _effect_links(db, incident, builder, only=set())
-    else:
-        links = [_self_link(incident)]
-    links.sort(key=lambda link: (link.ts, _ORDER.get(link.kind, 5)))
+def rebuild(db: Database, incident_id: int, builder: IncidentBuilder | None = None
+            ) -> list[Link]:
+    """Build the chain of one incident from the store and store it (links, processes):
+    read its facts, decide, write the links back. ``builder`` is unused (it was before this
+    split too); it stays until the callers in correlator/incidents.py stop passing it."""
+    links = decide(incident_chains.chain_facts(db, incident_id))
     incident_chains.store_chain(db, incident_id, [asdict(link) for link in links])
+    return links
+
+
+def decide(facts: ChainFacts) -> list[Link]:
+    """The chain's links, in time order, from the facts alone."""
+    kind = facts.incident["kind"]
+    if kind == "gpu_reset":
+        links = _reset_chain(facts)
+    elif kind in ("xid", "gpu_lost"):
+        links = _xid_chain(facts)
+    elif kind in ("process_stall", "process_exit"):
+        links = _effect_chain(facts)
+    elif kind == "rule_finding":
+        links = _finding_chain(facts) + _effect_links(facts, only=set())
+    else:
+        links = [_self_link(facts.incident)]
+    links.sort(key=lambda link: (link.ts, _ORDER.get(link.kind, 5)))
     return links
 
 
@@ -76,94 +86,87 @@ _ORDER = {"cron_job": 0, "timer": 0, "operator_command": 0, "command": 1, "drive
           "process_stall": 5, "process_exit": 6}
 
 
-def _self_link(incident: dict) -> Link:
+def _self_link(incident: Mapping[str, Any]) -> Link:
     details = json.loads(incident["details"] or "{}")
     return Link(incident["kind"], incident["opened_at"], incident["title"],
                 {"incident": incident["id"], **details}, 1.0, incident["pid"],
                 incident["start_time"], incident["gpu_id"])
 
 
-def _comm(db: Database, key: ProcessKey) -> str:
-    return incident_chains.process_name(db, key)
-
-
 # --- causes --------------------------------------------------------------------------------
-def _reset_call(db: Database, incident: dict) -> tuple | None:
-    gpu_id, at = incident["gpu_id"], incident["opened_at"]
-    rows = incident_chains.reset_calls(db, at - CAUSE_LOOKBACK_NS, incident["last_seen"])
-    for row in rows:
-        key = ProcessKey(row[2], row[3])
-        if gpu_id is None or gpu_id in gpu_bindings.gpus_of(db, key, row[1]) or \
-                row[4].endswith(tuple(f"nvidia{m}" for m in gpu_identity.minors_of(db, gpu_id))):
-            return row
+def _reset_call(facts: ChainFacts) -> ResetCall | None:
+    """The first reset call around the reset that reached its GPU: its process held the
+    GPU, or the call went to the GPU's device file."""
+    gpu_id = facts.incident["gpu_id"]
+    for call in facts.reset_calls:
+        if gpu_id is None or gpu_id in call.gpus or \
+                call.path.endswith(tuple(f"nvidia{m}" for m in facts.minors)):
+            return call
     return None
 
 
-def _origin_links(db: Database, key: ProcessKey, at: int) -> list[Link]:
-    """What ran ``key``: its exec (command) and the cron job, timer or operator behind it."""
+def _origin_links(key: ProcessKey, origin: Origin, at: int) -> list[Link]:
+    """What ran ``key`` (by ``at``): its exec (command) and the cron job, timer or operator
+    behind it."""
     links = []
-    ancestry = gpu_bindings.ancestry(db, key)
-    execs = incident_chains.last_exec(db, key, at)
-    if execs:
-        filename = json.loads(execs[2]).get("filename", "?")
-        links.append(Link("command", execs[1], f"pid {key.pid} ran {filename}",
-                          {"events": [execs[0]], "filename": filename}, 1.0, key.pid,
+    if origin.exec_event:
+        event_id, ts, body = origin.exec_event
+        filename = json.loads(body).get("filename", "?")
+        links.append(Link("command", ts, f"pid {key.pid} ran {filename}",
+                          {"events": [event_id], "filename": filename}, 1.0, key.pid,
                           key.start_time))
-    for depth, process in enumerate(ancestry):
-        run = incident_chains.cron_run_of(db, process, at - 3600 * NS_PER_SECOND, at)
-        if run:
-            exact = run[6] is not None
-            links.insert(0, Link(
-                "cron_job", run[1], f"cron ran `{run[3]}` as {run[2]} (job pid {run[5]})"
-                + (f": {run[4]}" if run[4] else ""),
-                {"cron_runs": [run[0]], "gpu_action": run[4], "ancestry_depth": depth},
-                0.95 if exact else 0.7, run[5], run[6]))
-            return links
-    cgroup = incident_chains.cgroup_and_uid(db, key)
+    run = origin.cron_run
+    if run:
+        exact = run[6] is not None
+        links.insert(0, Link(
+            "cron_job", run[1], f"cron ran `{run[3]}` as {run[2]} (job pid {run[5]})"
+            + (f": {run[4]}" if run[4] else ""),
+            {"cron_runs": [run[0]], "gpu_action": run[4], "ancestry_depth": origin.cron_depth},
+            0.95 if exact else 0.7, run[5], run[6]))
+        return links
+    cgroup = origin.cgroup
     # who ran it did so by the exec at the latest: dated there, it comes first in time too
-    origin = links[0].ts if links else at
+    dated = links[0].ts if links else at
     if cgroup and cgroup[0] and ".timer" not in cgroup[0] and cgroup[0].endswith(".service"):
-        links.insert(0, Link("timer", origin, f"systemd unit {cgroup[0].rsplit('/', 1)[-1]}",
+        links.insert(0, Link("timer", dated, f"systemd unit {cgroup[0].rsplit('/', 1)[-1]}",
                              {"processes": [str(key)], "cgroup": cgroup[0]}, 0.6, key.pid,
                              key.start_time))
     elif cgroup is not None:
-        links.insert(0, Link("operator_command", origin,
+        links.insert(0, Link("operator_command", dated,
                              f"run by uid {cgroup[1]} (no cron job or timer found)",
-                             {"processes": [str(p) for p in ancestry]}, 0.5, key.pid,
+                             {"processes": [str(p) for p in origin.ancestry]}, 0.5, key.pid,
                              key.start_time))
     return links
 
 
-def _reset_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[Link]:
+def _reset_chain(facts: ChainFacts) -> list[Link]:
+    incident = facts.incident
     links = []
-    call = _reset_call(db, incident)
+    call = _reset_call(facts)
     actor = None
     if call:
-        actor = ProcessKey(call[2], call[3])
-        made = call[1] - max(0, call[8] or 0)     # made then; stamped when it returned
-        links += _origin_links(db, actor, made)
-        links.append(Link("driver_call", made,
-                          f"pid {actor.pid} ({_comm(db, actor)}) sent {call[5]} on {call[4]} "
-                          f"({call[7]})", {"driver_calls": [call[0]]}, 0.9, actor.pid,
-                          actor.start_time, incident["gpu_id"]))
+        actor = call.process
+        links += _origin_links(actor, facts.origins.get(call.id, Origin()), call.made)
+        links.append(Link("driver_call", call.made,
+                          f"pid {actor.pid} ({facts.name(actor)}) sent {call.sub_name} on "
+                          f"{call.path} ({call.status_name})", {"driver_calls": [call.id]}, 0.9,
+                          actor.pid, actor.start_time, incident["gpu_id"]))
     link = _self_link(incident)
     link.summary = f"GPU {incident['gpu_id'] or '?'} reset"
     links.append(link)
-    links += _effect_links(db, incident, builder, exclude={actor} if actor else set())
+    links += _effect_links(facts, exclude={actor} if actor else set())
     return links
 
 
-def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[Link]:
-    details = json.loads(incident["details"] or "{}")
+def _xid_chain(facts: ChainFacts) -> list[Link]:
+    incident, details = facts.incident, facts.details
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
     links = []
-    if details.get("xid") == 45:
-        earlier = incident_chains.earlier_xid(db, gpu_id, incident["id"],
-                                              at - CAUSE_LOOKBACK_NS, at)
-        if earlier:
-            links.append(Link("earlier_xid", earlier[1], f"follows {earlier[2]} (Xid 45 is the "
-                              "channel teardown caused by a previous Xid)",
-                              {"incident": earlier[0]}, 0.8, gpu_id=gpu_id))
+    earlier = facts.earlier_xid
+    if details.get("xid") == 45 and earlier:
+        links.append(Link("earlier_xid", earlier[1], f"follows {earlier[2]} (Xid 45 is the "
+                          "channel teardown caused by a previous Xid)",
+                          {"incident": earlier[0]}, 0.8, gpu_id=gpu_id))
     link = _self_link(incident)
     if incident["count"] and incident["count"] > 1:
         link.summary += f" (×{incident['count']})"
@@ -172,7 +175,7 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
     if incident["pid"] is not None:
         known = ProcessKey(incident["pid"], incident["start_time"])
         links.append(Link("process", at, f"the Xid line names pid {known.pid} "
-                          f"({details.get('name') or _comm(db, known)})",
+                          f"({details.get('name') or facts.name(known)})",
                           {"kernel_log_pid": details.get("pid")}, 0.95, known.pid,
                           known.start_time, gpu_id))
     # The driver names the faulting process even where gpuwhy never saw it (no probes, or a
@@ -187,14 +190,12 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
                               {"kernel_log_pid": pid}, 0.95, pid, start_time, gpu_id))
             if start_time is not None:
                 seen.add(ProcessKey(pid, start_time))
-    resets = incident_chains.last_reset_before(db, gpu_id, at)
-    if resets is not None:
-        after = incident_chains.xids_between(db, gpu_id, resets, at)
-        if after[0] >= ESCALATE_AFTER:
-            links.append(Link("escalation", at, f"{after[0]} Xids on this GPU since its last "
-                              "reset: take it out of service for a hardware inspection",
-                              {"incidents": [int(i) for i in after[1].split(",")]}, 0.7,
-                              gpu_id=gpu_id))
+    after = facts.xids_since_reset
+    if facts.last_reset is not None and after is not None and after[0] >= ESCALATE_AFTER:
+        links.append(Link("escalation", at, f"{after[0]} Xids on this GPU since its last "
+                          "reset: take it out of service for a hardware inspection",
+                          {"incidents": [int(i) for i in after[1].split(",")]}, 0.7,
+                          gpu_id=gpu_id))
     contradicted = details.get("contradicted")
     if isinstance(contradicted, dict) and contradicted.get("ts") is not None:
         links.append(Link(
@@ -207,76 +208,79 @@ def _xid_chain(db: Database, incident: dict, builder: IncidentBuilder) -> list[L
             f"operator's mark-healthy",
             {"contradicted": contradicted}, 1.0, gpu_id=gpu_id))
     named = seen if seen or details.get("named") else None
-    links += _effect_links(db, incident, builder, only=named)
+    links += _effect_links(facts, only=named)
     return links
 
 
 # --- effects -------------------------------------------------------------------------------
-def _effect_links(db: Database, incident: dict, builder: IncidentBuilder,
+def _effect_links(facts: ChainFacts,
                   exclude: frozenset[ProcessKey] | set[ProcessKey] = frozenset(),
                   only: set | None = None) -> list[Link]:
     """The incident's effects (rows naming it as their cause: stalls, deaths, rule findings,
     later Xids), then the other processes on the GPU at the time (unless ``only`` names the
     processes it is about)."""
+    incident = facts.incident
     gpu_id, at = incident["gpu_id"], incident["opened_at"]
     links = []
     affected: set[ProcessKey] = set()
-    effects = incident_chains.effects_of(db, incident["id"])
-    for effect_id, kind, ts, title, summary, pid, start_time, details in effects:
-        key = ProcessKey(pid, start_time) if pid is not None else None
+    for effect in facts.effects:
+        key = effect.process
         if key in exclude:
             continue
-        if kind == "xid":
-            links.append(Link("later_xid", ts, f"then {title}", {"incident": effect_id}, 0.8,
-                              gpu_id=gpu_id))
-        elif kind == "rule_finding":     # a symptom the cause explains, or another finding
-            finding = json.loads(details or "{}")
-            symptom = finding.get("rule_kind") == SYMPTOM and incident["kind"] == "rule_finding"
-            links.append(Link("symptom" if symptom else "rule_finding", ts,
-                              f"rule {finding.get('rule_id', '?')}: {title}",
-                              {"incident": effect_id, **finding}, 0.7, pid, start_time,
-                              gpu_id))
-        else:       # a stall's or death's summary names the pid: name the process too
-            if key is not None:
-                summary = summary.replace(f"pid {pid} ", f"pid {pid} ({_comm(db, key)}) ", 1)
-            links.append(Link(kind, ts, summary, {"incident": effect_id}, 0.8, pid,
-                              start_time, gpu_id))
+        links.append(_effect_link(facts, effect, key))
         if key is not None:
             affected.add(key)
     if gpu_id is None or only is not None:
         return links
-    for binding in gpu_bindings.bound_at(db, gpu_id, at):
-        key = binding.process
+    for key in facts.bound:
         if key not in affected and key not in exclude:
-            links.append(Link("process", at, f"pid {key.pid} ({_comm(db, key)}) was bound to "
+            links.append(Link("process", at, f"pid {key.pid} ({facts.name(key)}) was bound to "
                               f"the GPU", {"gpu_bindings": [str(key)]}, 0.6, key.pid,
                               key.start_time, gpu_id))
     return links
 
 
-def _effect_chain(db: Database, incident: dict) -> list[Link]:
+def _effect_link(facts: ChainFacts, effect: Effect, key: ProcessKey | None) -> Link:
+    gpu_id = facts.incident["gpu_id"]
+    if effect.kind == "xid":
+        return Link("later_xid", effect.ts, f"then {effect.title}", {"incident": effect.id},
+                    0.8, gpu_id=gpu_id)
+    if effect.kind == "rule_finding":     # a symptom the cause explains, or another finding
+        finding = json.loads(effect.details or "{}")
+        symptom = finding.get("rule_kind") == SYMPTOM and \
+            facts.incident["kind"] == "rule_finding"
+        return Link("symptom" if symptom else "rule_finding", effect.ts,
+                    f"rule {finding.get('rule_id', '?')}: {effect.title}",
+                    {"incident": effect.id, **finding}, 0.7, effect.pid, effect.start_time,
+                    gpu_id)
+    # a stall's or death's summary names the pid: name the process too
+    summary = effect.summary
+    if key is not None:
+        summary = summary.replace(f"pid {effect.pid} ", f"pid {effect.pid} ({facts.name(key)}) ",
+                                  1)
+    return Link(effect.kind, effect.ts, summary, {"incident": effect.id}, 0.8, effect.pid,
+                effect.start_time, gpu_id)
+
+
+def _effect_chain(facts: ChainFacts) -> list[Link]:
     """A stall or death: the cause incident it is an effect of (if any), then itself."""
+    incident = facts.incident
     links = []
-    if incident.get("cause_id") is not None:
-        cause = incident_chains.cause_row(db, incident["cause_id"])
-        if cause:
-            links.append(Link(cause[1], cause[2], cause[3], {"incident": cause[0]}, 0.8,
-                              gpu_id=incident["gpu_id"]))
+    cause = facts.cause
+    if incident.get("cause_id") is not None and cause:
+        links.append(Link(cause[1], cause[2], cause[3], {"incident": cause[0]}, 0.8,
+                          gpu_id=incident["gpu_id"]))
     links.append(_self_link(incident))
     return links
 
 
-def _finding_chain(db: Database, incident: dict) -> list[Link]:
+def _finding_chain(facts: ChainFacts) -> list[Link]:
     """A rule finding: itself, then every process it names (a contention finding names all
     the processes sharing the GPU); the symptoms it explains follow as its effects."""
+    incident = facts.incident
     links = [_self_link(incident)]
-    details = json.loads(incident["details"] or "{}")
-    for named in details.get("processes") or []:
-        try:
-            key = ProcessKey(int(named["pid"]), int(named["start_time"]))
-        except (KeyError, TypeError, ValueError):
-            continue
-        links.append(Link("process", incident["opened_at"],
-                          f"pid {key.pid} ({_comm(db, key)})", {"processes": [str(key)]},
-                          1.0, key.pid, key.start_time, incident["gpu_id"]))
+    for key in incident_chains.finding_processes(facts.details):
+        links.append(Link("process", incident["opened_at"], f"pid {key.pid} ({facts.name(key)})",
+                          {"processes": [str(key)]}, 1.0, key.pid, key.start_time,
+                          incident["gpu_id"]))
     return links

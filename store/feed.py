@@ -40,6 +40,19 @@ def latest_cursor(db: Database) -> int:
     return int(newest[0] or 0) if newest else 0
 
 
+def feed_page(db: Database, since: int = 0, limit: int = FEED_MAX
+              ) -> tuple[int, list[Row], bool]:
+    """The newest cursor, the changes after ``since`` (as :func:`incident_changes`, at most
+    ``limit``) and whether more follow them, read in one transaction, so that the newest
+    cursor is never older than the page's last."""
+    limit = max(1, min(int(limit), FEED_MAX))
+    with db.conn:
+        db.execute("begin")
+        # one row past the page says whether more follow (past FEED_MAX too)
+        changes = _changes(db, since, limit + 1)
+        return latest_cursor(db), changes[:limit], len(changes) > limit
+
+
 def _incident(db: Database, row: Row) -> Row:
     pci, uuid = pci_and_uuid(db, row["gpu_id"])
     details = json.loads(row["details"] or "{}")
@@ -55,9 +68,12 @@ def _incident(db: Database, row: Row) -> Row:
 def incident_changes(db: Database, since: int = 0, limit: int = FEED_MAX) -> list[Row]:
     """The changes after cursor ``since``, oldest first, at most ``limit`` (1 to FEED_MAX):
     ``{cursor, ts, action, actor, state, resolution, text, incident: {...}}``."""
+    return _changes(db, since, max(1, min(int(limit), FEED_MAX)))
+
+
+def _changes(db: Database, since: int, limit: int) -> list[Row]:
     if not db["incident_log"].exists():
         return []
-    limit = max(1, min(int(limit), FEED_MAX))
     rows = db.execute_returning_dicts(
         f"select l.id as cursor, l.incident_id, l.ts, l.action, l.actor, l.state, "
         f"l.resolution, l.text, {_INCIDENT_COLUMNS} from incident_log l "

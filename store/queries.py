@@ -636,6 +636,16 @@ def gpu_of_process(db: Database, key: ProcessKey) -> str | None:
     return None
 
 
+def gpu_columns(db: Database) -> set[str]:
+    """The columns of the ``gpus`` table (an older store lacks the newer identity columns)."""
+    return set(db["gpus"].columns_dict)
+
+
+def gpu_sample_columns(db: Database) -> set[str]:
+    """The columns of ``gpu_samples``: the fields a whole-GPU sample can hold in this store."""
+    return set(db["gpu_samples"].columns_dict)
+
+
 def gpu_identities(db: Database, columns: tuple[str, ...] = ()) -> list[Row]:
     """Every GPU's id, UUID, PCI address, model, index, minor, source, simulated flag and
     health, plus those of ``columns`` (e.g. ``vbios_version``) the ``gpus`` table has."""

@@ -31,8 +31,6 @@ ALLOWED = {
     "gpuwhy/app/service.py": 1,
     "gpuwhy/app/status.py": 6,
     "probes/klog/resume.py": 2,
-    "webui/incidents.py": 1,
-    "webui/metrics.py": 2,
 }
 
 

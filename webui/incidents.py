@@ -266,14 +266,7 @@ def _feed() -> ResponseReturnValue:
     wanted = request.args.get("format", "")
     if wanted not in ("", "json", "jsonl"):
         return jsonify(error="format is json or jsonl"), 400
-    db = get_db()
-    # one read transaction: the newest cursor and the page agree
-    with db.conn:
-        db.execute("begin")
-        latest = feed.latest_cursor(db)
-        changes = feed.incident_changes(db, since, limit + 1)
-    more = len(changes) > limit
-    changes = changes[:limit]
+    latest, changes, more = feed.feed_page(get_db(), since, limit)
     following = changes[-1]["cursor"] if changes else since
     headers = {"Gpuwhy-Next-Cursor": str(following), "Gpuwhy-Latest-Cursor": str(latest),
                "Gpuwhy-More": "true" if more else "false", "Cache-Control": "no-store"}

@@ -70,7 +70,9 @@ from gpuwhy.store.engines import latest_engine_samples
 from gpuwhy.store.queries import (
     bound_process_counts,
     driver_call_totals_of_living_processes,
+    gpu_columns,
     gpu_identities,
+    gpu_sample_columns,
     gpu_verdicts,
     holders_between,
     incident_counts,
@@ -275,7 +277,7 @@ class StoreCollector(Collector):
                 self.hostname, str(bool(row.get("simulated"))).lower()]
 
     def _gpus(self, db: Database, gpus: dict[str, dict]) -> Iterator[Metric]:
-        have = db["gpu_samples"].columns_dict
+        have = gpu_sample_columns(db)
         exported = [m for m in FIELD_METRICS.values() if m.field.name in have]
         reasons_kept = REASONS_FIELD in have
         columns = [m.field.name for m in exported] + ([REASONS_FIELD] if reasons_kept else [])
@@ -309,11 +311,12 @@ class StoreCollector(Collector):
         states = GaugeMetricFamily("gpuwhy_gpu_health", "1 for the GPU's health state (ok, "
                                    "degraded, reset_required, reboot_required, lost, "
                                    "resetting), 0 for the others", labels=[*GPU_LABELS, "state"])
+        identity = gpu_columns(db)
         info = GaugeMetricFamily(
             "gpuwhy_gpu_info", "1 per GPU, its identity as labels (model, index, minor, GPU "
             "source, driver, and VBIOS, ECC/MIG/persistence mode where the source read them)",
             labels=[*GPU_LABELS, "model", "index", "minor", "source",
-                    *(c for c in INFO_COLUMNS if c in db["gpus"].columns_dict)])
+                    *(c for c in INFO_COLUMNS if c in identity)])
         for gpu, row in gpus.items():
             labels = self._gpu_labels(gpus, gpu)
             for name in HEALTH_STATES:

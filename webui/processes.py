@@ -14,6 +14,7 @@ from gpuwhy.config import MAX_INT
 from gpuwhy.events import ENGINE_NAMES
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import engines, queries, series
+from gpuwhy.store.stacks import python_stacks
 from gpuwhy.webui.db import get_db
 from gpuwhy.webui.export import csv_response
 from gpuwhy.webui.window import requested_tail, requested_window, whole
@@ -156,6 +157,7 @@ def show(key: str) -> ResponseReturnValue:
     return render_template("process.html", **_detail(process_key, process, events=False),
                            events_page=_events_page(process_key),
                            serving=_serving(process_key),
+                           sampled=bool(python_stacks(get_db(), process=process_key, limit=1)),
                            ranges=list(series.RANGES), ranges_seconds=series.RANGES,
                            refresh_seconds=current_app.config["REFRESH_SECONDS"])
 

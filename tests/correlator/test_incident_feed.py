@@ -150,6 +150,16 @@ def test_the_api_feed_in_json_and_json_lines_across_web_view_restarts(harness):
     assert isinstance(client.get("/api/incidents").get_json(), list)
 
 
+def test_a_full_page_at_the_largest_limit_says_more_follow(harness, monkeypatch):
+    """The page reads one change past its limit to say whether more follow: at the largest
+    limit too (it was capped there, so a full page of FEED_MAX always said "no more")."""
+    incidents_with_history(harness)
+    expected = feed.incident_changes(harness.db, 0)
+    monkeypatch.setattr(feed, "FEED_MAX", 3)
+    page = _app(harness.config).test_client().get("/api/incidents?since=0").get_json()
+    assert len(expected) > 3 and page["changes"] == expected[:3] and page["more"] is True
+
+
 @pytest.mark.parametrize("query", ["since=-1", "since=x", "since=1&limit=0",
                                    "since=1&limit=1001", "since=1&format=xml",
                                    "since=99999999999999999999", "since=%D9%A3"])

@@ -200,6 +200,11 @@ def test_the_gpu_page_links_a_sampled_process_to_its_stacks_and_flame_graph(stor
         assert client.get(missing).status_code == 404, missing
     known = client.get("/processes/4250-1010/stacks")      # the worker: never a target
     assert known.status_code == 200 and 'id="no-stacks"' in known.get_data(as_text=True)
+    # the process page links its stacks; a process never sampled has no link
+    assert 'href="/processes/4242-1000/stacks"' in client.get("/processes/4242-1000").get_data(
+        as_text=True)
+    worker = client.get("/processes/4250-1010")
+    assert worker.status_code == 200 and 'id="stacks-link"' not in worker.get_data(as_text=True)
 
     hostile = ProcessKey(5151, 2020)
     t = T0 + 50 * S
