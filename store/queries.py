@@ -470,7 +470,10 @@ def findings(db: Database, *, key: ProcessKey | None = None, rule_id: str | None
 
 
 def findings_by_rule(db: Database) -> dict[str, Row]:
-    """Per rule: how many findings, how many firing, and the last one."""
+    """Per rule: how many findings, how many firing, and the last one; empty in a store with
+    no ``rule_findings`` table (one from before the rules engine, opened read-only)."""
+    if not db["rule_findings"].exists():
+        return {}
     summary = {r["rule_id"]: r for r in db.execute_returning_dicts(
         "select rule_id, count(*) as findings, sum(state = 'firing') as firing, "
             "max(last_ts) as last_ts from rule_findings group by rule_id")}

@@ -24,12 +24,6 @@ EXECUTE = {"execute", "executemany", "executescript", "execute_returning_dicts"}
 
 # Module (relative path) -> SQL strings + execute calls + db["table"] accesses, today.
 ALLOWED = {
-    "gpuwhy/app/checks/baseline.py": 7,
-    "gpuwhy/app/demo/scenarios.py": 13,
-    "gpuwhy/app/demo/synthetic_store.py": 4,
-    "gpuwhy/app/mcp_server.py": 1,
-    "gpuwhy/app/service.py": 1,
-    "gpuwhy/app/status.py": 6,
     "probes/klog/resume.py": 2,
 }
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

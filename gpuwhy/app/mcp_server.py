@@ -43,7 +43,7 @@ from gpuwhy.text import parse_ts
 
 log = logging.getLogger("gpuwhy.mcp")
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # Bounds on what goes back: the top-level list a tool asks for is cut at its ``limit``;
 # lists inside an answer (a process's ioctls, an incident's chain) at these.
@@ -373,7 +373,7 @@ def build_server(store_path: str, load_rules: Callable[[], tuple[dict, list[str]
 
         loaded, problems = store.rules()
         with store.read() as db:
-            counts = findings_by_rule(db) if db["rule_findings"].exists() else {}
+            counts = findings_by_rule(db)
         listed = [{"id": r.id, "title": r.title, "kind": r.kind, "explains": list(r.explains),
                    "severity": r.severity, "group": r.group, "scope": r.scope,
                    "window_s": r.window_ns / NS_PER_SECOND, "cause": r.cause,

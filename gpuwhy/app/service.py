@@ -411,7 +411,3 @@ class Pipeline:
 
     def reader(self):  # noqa: ANN201
         return open_store(self.config["store.path"], readonly=True)
-
-    def one(self, sql: str, params: list | tuple = ()) -> tuple | None:
-        with contextlib.closing(self.reader()) as db:
-            return db.execute(sql, params).fetchone()

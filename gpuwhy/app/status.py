@@ -167,13 +167,13 @@ def nvidia_driver_loaded(sys_root: str = "/sys") -> bool:
 
 def _store_refused(parts: list[dict], newer: list[str]) -> None:
     """The store part failed: its file was written by a newer gpuwhy than this one."""
-    store = next((p for p in parts if p["part"] == "store"), None)
-    if store is None:
-        store = {"part": "store", "age_s": None, "counters": {}}
-        parts.append(store)
-    store["state"] = "failed"
-    store["detail"] = f"written by a newer gpuwhy (schema steps this build does not know: " \
-                      f"{', '.join(newer[:5])}); {store.get('detail') or ''}".rstrip("; ")
+    part = next((p for p in parts if p["part"] == "store"), None)
+    if part is None:
+        part = {"part": "store", "age_s": None, "counters": {}}
+        parts.append(part)
+    part["state"] = "failed"
+    part["detail"] = f"written by a newer gpuwhy (schema steps this build does not know: " \
+                     f"{', '.join(newer[:5])}); {part.get('detail') or ''}".rstrip("; ")
 
 
 def gpu_health_line(gpu: dict) -> dict:
@@ -191,12 +191,12 @@ def _store_disk(parts: list[dict], store_path: str) -> None:
     from gpuwhy.store.budget import DISK_FULL_BYTES, MB, disk_free_bytes
 
     free = disk_free_bytes(store_path)
-    store = next((p for p in parts if p["part"] == "store"), None)
-    if free is None or store is None:
+    part = next((p for p in parts if p["part"] == "store"), None)
+    if free is None or part is None:
         return
     if free < DISK_FULL_BYTES:
-        store["state"] = "failed"
-        store["detail"] = f"disk full: {free / MB:.1f} MB free beside {store_path} (events " \
-                          f"are held in memory until space returns); {store['detail']}"
+        part["state"] = "failed"
+        part["detail"] = f"disk full: {free / MB:.1f} MB free beside {store_path} (events " \
+                         f"are held in memory until space returns); {part['detail']}"
     else:
-        store["detail"] += f", {free / MB:.0f} MB free on disk"
+        part["detail"] += f", {free / MB:.0f} MB free on disk"

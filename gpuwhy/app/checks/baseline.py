@@ -8,15 +8,19 @@ is bad depends on the metric: :data:`GOOD_DIRECTION` says, in one table.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-
-from sqlite_utils import Database
 
 from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.correlator.rules.signals import Scope, Signals
 from gpuwhy.rules.vocabulary import SIGNALS
 from gpuwhy.stats import increase, percentile
+from gpuwhy.store.baselines import delete as delete
+from gpuwhy.store.baselines import listing as listing
+from gpuwhy.store.baselines import load as load
+from gpuwhy.store.baselines import save as save
+
+# Keeping baselines in the store (save, load, listing, delete) is gpuwhy.store.baselines':
+# imported above under the names `gpuwhy checks baseline` calls.
 
 STATS = ("p5", "p50", "p95", "mean")
 # GPU signals that are not engine metrics (a bitmask, a state, a constant).
@@ -108,34 +112,3 @@ def compare(before: dict[str, dict], after: dict[str, dict], threshold: float) -
             changes.append(Change(figure, stat, old, new, round(change, 4), direction, bad))
     return changes
 
-
-# Keeping baselines in the store (table ``baselines``, migration m901).
-def save(db: Database, name: str, record: dict) -> None:
-    with db.conn:
-        db.table("baselines").upsert({"name": name, **{
-            k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in record.items()}},
-            pk="name")
-
-
-def load(db: Database, name: str) -> dict | None:
-    if not db["baselines"].exists():
-        return None
-    rows = list(db["baselines"].rows_where("name = ?", [name]))
-    if not rows:
-        return None
-    row = rows[0]
-    for key in ("environment", "figures", "watched"):
-        row[key] = json.loads(row[key] or "{}")
-    return row
-
-
-def listing(db: Database) -> list[dict]:
-    if not db["baselines"].exists():
-        return []
-    return list(db["baselines"].rows_where(select="name, created_at, seconds, target, gpu_id",
-                                           order_by="name"))
-
-
-def delete(db: Database, name: str) -> bool:
-    with db.conn:
-        return db.execute("delete from baselines where name = ?", [name]).rowcount > 0

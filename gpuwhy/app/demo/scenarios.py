@@ -34,11 +34,25 @@ from gpuwhy.app.demo.standin import DEMO_MARK, write_kmsg
 from gpuwhy.config import Config
 from gpuwhy.lifeline import child_environment
 from gpuwhy.reset import RESET_CONTROLS
+from gpuwhy.store.demo_waits import (
+    alias_known,
+    bound_gpu,
+    cron_run_started,
+    driver_call_pid,
+    gpu_of_minor,
+    has_link,
+    incident_of_kind,
+    recent_figures,
+    root_incidents_after,
+    rule_finding_incident,
+)
 from gpuwhy.text import printable
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:      # the pipeline (flask, the correlator) loads when a demo runs
+    from sqlite_utils import Database
+
     from gpuwhy.app.service import Pipeline
 
 SCENARIOS = {"cron-reset": "gpu-reset", "xid79": "xid-79", "starved-input": "input-starved"}
@@ -154,16 +168,20 @@ def _standin(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpuwhy.app.demo.standin", *args]
 
 
-def _wait_incident(pipe: Pipeline, sql: str, params: list, timeout: float) -> int | None:
-    row = _wait(lambda: pipe.one(sql, params), timeout, 0.25)
-    return row[0] if row else None
+def _read(pipe: Pipeline, query: Callable[[Database], T]) -> T:
+    """``query(db)`` on a fresh read-only connection to the pipeline's store."""
+    with contextlib.closing(pipe.reader()) as db:
+        return query(db)
+
+
+def _wait_incident(pipe: Pipeline, query: Callable[[Database], int | None],
+                   timeout: float) -> int | None:
+    return _wait(lambda: _read(pipe, query), timeout, 0.25)
 
 
 def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
                    deadline: float) -> int | None:
-    uuid, pci = pipe.one("select a.gpu_id, substr(a.alias, 5) from gpu_aliases a join "
-                         "gpu_aliases m on m.gpu_id = a.gpu_id and m.alias = 'minor:0' "
-                         "where a.alias like 'pci:%'") or (None, None)
+    uuid, pci = _read(pipe, lambda db: gpu_of_minor(db, 0)) or (None, None)
     if uuid is None:
         raise click.ClickException("the simulated GPU 0 was not seen")
     smi = work / "bin" / "nvidia-smi"
@@ -186,8 +204,7 @@ def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
     try:
         progress.step(f"cron job {job} runs the stand-in `nvidia-smi -r -i 0` in "
                       f"{fires_at - time.time():.0f}s")
-        ran = _wait(lambda: pipe.one("select job_pid, ts from cron_runs where command like ? "
-                                     "and phase = 'started'", [f"%{marker}%"]),
+        ran = _wait(lambda: _read(pipe, lambda db: cron_run_started(db, marker)),
                     deadline - time.monotonic())
         if not ran:
             return None
@@ -195,17 +212,15 @@ def run_cron_reset(pipe: Pipeline, work: Path, progress: Progress, trainer: int,
     finally:
         job.unlink(missing_ok=True)
         progress.step(f"removed {job}")
-    call = _wait(lambda: pipe.one("select pid from driver_calls where sub_name = ?",
-                                  [RESET_CONTROLS[0]]), 15)
+    call = _wait(lambda: _read(pipe, lambda db: driver_call_pid(db, RESET_CONTROLS[0])), 15)
     if call:
-        progress.step(f"the probes saw {RESET_CONTROLS[0]} from pid {call[0]}")
-    incident = _wait_incident(pipe, "select id from incidents where kind = 'gpu_reset'", [], 15)
+        progress.step(f"the probes saw {RESET_CONTROLS[0]} from pid {call}")
+    incident = _wait_incident(pipe, lambda db: incident_of_kind(db, "gpu_reset"), 15)
     if incident is None:
         return None
     progress.step(f"incident {incident}: GPU reset; waiting for the training process "
                   f"(pid {trainer}) to stall")
-    _wait(lambda: pipe.one("select 1 from incident_links where incident_id = ? and "
-                           "kind = 'process_stall'", [incident]),
+    _wait(lambda: _read(pipe, lambda db: has_link(db, incident, "process_stall")),
           max(1.0, deadline - time.monotonic()), 0.25)
     return incident
 
@@ -221,11 +236,10 @@ def run_xid79(pipe: Pipeline, trainer_proc: subprocess.Popen, progress: Progress
     trainer_proc.send_signal(signal.SIGUSR1)     # CUDA calls now fail: the job dies
     trainer_proc.wait(10)
     progress.step(f"the training process died (exit status {trainer_proc.returncode})")
-    incident = _wait_incident(pipe, "select id from incidents where kind = 'gpu_lost'", [],
+    incident = _wait_incident(pipe, lambda db: incident_of_kind(db, "gpu_lost"),
                               max(1.0, deadline - time.monotonic()))
     if incident is not None:
-        _wait(lambda: pipe.one("select 1 from incident_links where incident_id = ? and "
-                               "kind = 'process_exit'", [incident]), 10, 0.25)
+        _wait(lambda: _read(pipe, lambda db: has_link(db, incident, "process_exit")), 10, 0.25)
     return incident
 
 
@@ -239,15 +253,13 @@ def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
     told = 0            # the last incident said on the way
     incident = None
     while incident is None and time.monotonic() < deadline:
-        incident = _wait_incident(pipe, "select id from incidents where kind = 'rule_finding' "
-                                  "and pid = ? and json_extract(details, '$.rule_id') = ? "
-                                  "order by id limit 1", [trainer, STARVED_RULE],
+        incident = _wait_incident(pipe,
+                                  lambda db: rule_finding_incident(db, trainer, STARVED_RULE),
                                   min(30.0, max(0.0, deadline - time.monotonic())))
         if incident is None:
             progress.step(_starved_figures(pipe, trainer))
             with contextlib.closing(pipe.reader()) as db:
-                rows = db.execute("select id, title from incidents where id > ? and "
-                                  "cause_id is null order by id", [told]).fetchall()
+                rows = root_incidents_after(db, told)
             for told, title in rows:
                 progress.step(f"incident {told} on the way: {printable(title)}")
     return incident
@@ -255,13 +267,7 @@ def run_starved(pipe: Pipeline, trainer: int, progress: Progress,
 
 def _starved_figures(pipe: Pipeline, trainer: int) -> str:
     """The last 30 s of the process's timeline and its GPU, in words."""
-    row = pipe.one(
-        "select avg(g.gpu_util), avg(s.workers_on_cpu_ms) / 1000, avg(s.sleep_ms) / "
-        "nullif(avg(s.sleep_ms + s.on_cpu_ms + s.runqueue_ms + s.blocked_ms), 0) "
-        "from process_seconds s left join gpu_samples g on g.ts / 1000000000 = s.second and "
-        "g.instance = '' and g.gpu_id = (select gpu_id from gpu_bindings where pid = ? limit 1) "
-        "where s.pid = ? and s.second >= (select max(second) from process_seconds where "
-        "pid = ?) - 30", [trainer, trainer, trainer])
+    row = _read(pipe, lambda db: recent_figures(db, trainer, 30))
     if not row or row[1] is None:
         return "no timeline for the process yet"
     util = "?" if row[0] is None else f"{row[0]:.0f}%"
@@ -295,7 +301,7 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         except PipelineError as exc:
             raise click.ClickException(str(exc)) from None
         progress.step("probes loaded; simulated GPUs, kernel log and cron are read")
-        _wait(lambda: pipe.one("select 1 from gpu_aliases where alias = 'minor:0'"), 15)
+        _wait(lambda: _read(pipe, lambda db: alias_known(db, "minor:0")), 15)
         args = ["train", str(work / "dev"), "--minor", "0"]
         if scenario == "starved-input":
             args += ["--workers", "1", "--starved", "--decode"]
@@ -305,10 +311,9 @@ def play(base: Config, scenario: str, keep: bool, timeout: float,
         stack.callback(_stop, trainer_proc)
         trainer = int(cast(IO[str], trainer_proc.stdout).readline())    # stdout=PIPE: set
         progress.step(f"stand-in training process pid {trainer} holds {work}/dev/nvidia0")
-        bound = _wait(lambda: pipe.one("select gpu_id from gpu_bindings where pid = ?",
-                                       [trainer]), 15)
+        bound = _wait(lambda: _read(pipe, lambda db: bound_gpu(db, trainer)), 15)
         if bound:
-            progress.step(f"bound to GPU {bound[0]}")
+            progress.step(f"bound to GPU {bound}")
         deadline = time.monotonic() + timeout
         if scenario == "cron-reset":
             incident = run_cron_reset(pipe, work, progress, trainer, deadline + 60)

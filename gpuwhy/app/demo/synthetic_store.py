@@ -36,6 +36,8 @@ from gpuwhy.events import (
 from gpuwhy.lifecycle import RESET, RESOLVED
 from gpuwhy.probes.gpu.sim import SimulatedGpus
 from gpuwhy.reset import BIF_RESET, RESET_ACTION_SUFFIX, RESET_CONTROLS, RESET_STATES
+from gpuwhy.store.fixtures import insert_links, xid_event_at
+from gpuwhy.store.incident_rows import insert_incident
 from gpuwhy.store.writer import StoreWriter
 
 JOB_HOURS = 6          # each GPU runs one job after another, this long each
@@ -126,19 +128,19 @@ def _reset_story(day: int, t_ns: int, gpu: Any, index: int) -> list[Event]:
 
 def _incident(db: Database, story_ts: int, gpu_id: str, xid_id: int | None) -> None:
     s = NS_PER_SECOND
-    incident = db.table("incidents").insert({
+    incident = insert_incident(db, {
         "opened_at": story_ts, "closed_at": story_ts + 70 * s, "kind": "gpu_reset",
         "severity": "critical", "gpu_id": gpu_id, "title": "GPU reset after Xid 79",
         "summary": "cron ran nvidia-smi -r after the GPU fell off the bus (simulated)",
-        "chain": None, "state": RESOLVED, "resolution": RESET, "count": 1}).last_pk
+        "chain": None, "state": RESOLVED, "resolution": RESET, "count": 1})
     links = [("xid", story_ts, "Xid 79: GPU has fallen off the bus"),
              ("cron_job", story_ts + 60 * s, "cron: nvidia-smi -r"),
              ("driver_call", story_ts + 61 * s, RESET_CONTROLS[0]),
              ("gpu_reset", story_ts + 62 * s, "GPU reset")]
-    db.table("incident_links").insert_all(
-        [{"incident_id": incident, "seq": seq, "kind": kind, "ts": ts, "summary": summary,
-          "evidence": json.dumps({"event_id": xid_id}), "confidence": 0.9, "gpu_id": gpu_id}
-         for seq, (kind, ts, summary) in enumerate(links, start=1)])
+    insert_links(db, [
+        {"incident_id": incident, "seq": seq, "kind": kind, "ts": ts, "summary": summary,
+         "evidence": json.dumps({"event_id": xid_id}), "confidence": 0.9, "gpu_id": gpu_id}
+        for seq, (kind, ts, summary) in enumerate(links, start=1)])
 
 
 def _retimed(events: list[Event], ts: int, keep: tuple[str, ...] | None) -> Iterator[Event]:
@@ -186,9 +188,7 @@ def fill(db: Database, plan: Plan = Plan(), batch: int = 2000,
     writer.write_batch(pending)
     with db.atomic():
         for story_ts, gpu_id in stories:
-            row = db.execute("SELECT id FROM events WHERE kind = 'gpu_xid' AND ts = ?",
-                             [story_ts]).fetchone()
-            _incident(db, story_ts, gpu_id, row[0] if row else None)
+            _incident(db, story_ts, gpu_id, xid_event_at(db, story_ts))
     stats.incidents = len(stories)
     stats.seconds = time.monotonic() - started
     return stats
