@@ -228,6 +228,7 @@ def paired(total: int, repeats: int) -> tuple[list[dict], list[dict]]:
 def latency(lines: int) -> dict:
     from gpuwhy.correlator.alerts import MESSAGE_IDS
     from gpuwhy.probes.klog.source import run_klog_source
+    from gpuwhy.store.source_cursors import cursor_reader
     from systemd import journal
 
     started_journald = None
@@ -245,7 +246,8 @@ def latency(lines: int) -> dict:
     correlator = Correlator(config, db, subscriber)
     stop = threading.Event()
     threads = [threading.Thread(target=correlator.run, args=(stop,)),
-               threading.Thread(target=run_klog_source, args=(config, stop))]
+               threading.Thread(target=run_klog_source, args=(config, stop),
+                                kwargs={"cursors": cursor_reader(config["store.path"])})]
     for thread in threads:
         thread.start()
     time.sleep(3)

@@ -18,6 +18,7 @@ from gpuwhy.probes.klog.journald import JournalKernelLog
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.source import run_klog_source
 from gpuwhy.store import open_store
+from gpuwhy.store.source_cursors import cursor_reader
 
 REMOTE = Path("/lib/systemd/systemd-journal-remote")
 OTHER_BOOT = "0123456789abcdef0123456789abcdef"
@@ -91,7 +92,8 @@ def correlator(tmp_config):
 
 def run_source_until(config, db, predicate, timeout=15.0):
     stop = threading.Event()
-    thread = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True)
+    thread = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True,
+                              kwargs={"cursors": cursor_reader(config["store.path"])})
     thread.start()
     deadline = time.monotonic() + timeout
     try:

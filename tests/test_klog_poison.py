@@ -17,6 +17,7 @@ from gpuwhy.bus import Subscriber
 from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.probes.klog.source import run_klog_source
 from gpuwhy.store import open_store
+from gpuwhy.store.source_cursors import cursor_reader
 
 REMOTE = Path("/lib/systemd/systemd-journal-remote")
 BOOT = "0123456789abcdef0123456789abcdef"
@@ -44,7 +45,7 @@ def run_source_until(config, predicate, timeout=20.0):
 
     def run():
         try:
-            run_klog_source(config, stop)
+            run_klog_source(config, stop, cursors=cursor_reader(config["store.path"]))
         except BaseException as exc:  # noqa: BLE001 - the finding: the source died on a line
             failures.append(exc)
 

@@ -60,6 +60,17 @@ RELEASE_EVERY = 60.0
 SourceRunner = Callable[[Config, threading.Event], None]
 
 
+def resuming(run: Callable[..., None]) -> SourceRunner:
+    """A log source's runner handed the store's cursors: the source resumes where the store
+    says it stopped (sources do not read the store themselves)."""
+    from gpuwhy.store.source_cursors import cursor_reader
+
+    def runner(config: Config, stop: threading.Event) -> None:
+        run(config, stop, cursors=cursor_reader(config["store.path"]))
+    runner.__name__ = run.__name__
+    return runner
+
+
 def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
     """The sources that run inside the unprivileged service, by name.
 
@@ -75,8 +86,8 @@ def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
     from gpuwhy.probes.cron.source import run_cron_source
     from gpuwhy.probes.klog.source import run_klog_source
 
-    sources["klog"] = run_klog_source
-    sources["cron"] = run_cron_source
+    sources["klog"] = resuming(run_klog_source)
+    sources["cron"] = resuming(run_cron_source)
     # --- inference engines (vLLM, SGLang, TGI, Triton): found in /proc, /metrics scraped ---
     from gpuwhy.probes.engines.source import run_engine_source
 

@@ -21,6 +21,7 @@ import time
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import ClockConverter, now_ns, ticks_to_ns
 from gpuwhy.config import Config
+from gpuwhy.cursors import CursorReader, StoredCursor
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import CronExecution, CronSchedule, SourceHealth
 from gpuwhy.gpu_actions import gpu_action
@@ -28,7 +29,7 @@ from gpuwhy.probes.cron.logline import parse_cron_line
 from gpuwhy.probes.cron.reread import ScheduleReader
 from gpuwhy.probes.cron.schedule import ScheduledJob
 from gpuwhy.probes.klog.lines import RawLine
-from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably, stored_cursor
+from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably
 from gpuwhy.proc import read_stat
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,14 @@ def execution_event(raw: RawLine, ts: int, clock: ClockConverter,
                          gpu_action=gpu_action(line.command), boot_id=raw.boot_id)
 
 
-def run_cron_source(config: Config, stop: threading.Event) -> None:
-    """Source runner (see ``gpuwhy.app.service.unprivileged_sources``): until ``stop`` is set."""
+def run_cron_source(config: Config, stop: threading.Event, *, cursors: CursorReader) -> None:
+    """Source runner (see ``gpuwhy.app.service.unprivileged_sources``): until ``stop`` is set.
+    ``cursors`` reads where the store says the source stopped (on a first run: None)."""
     publisher = connect_publisher(config, "cron", stop)
     if publisher is None:
         return
     try:
-        _run(config, publisher, stop)
+        _run(config, publisher, stop, cursors("cron"))
     finally:
         publisher.close()
 
@@ -88,7 +90,7 @@ FIRST_RUN = {"boot": ", from the start of this boot", "all": ", from the oldest 
              "now": ", from now on"}
 
 
-def _open_journal(config: Config) -> tuple[object | None, str]:
+def _open_journal(config: Config, stored: StoredCursor | None) -> tuple[object | None, str]:
     try:
         from gpuwhy.probes.klog.journald import JournalKernelLog, journald_refuses
 
@@ -99,16 +101,16 @@ def _open_journal(config: Config) -> tuple[object | None, str]:
                                   matches=({"SYSLOG_IDENTIFIER": "CRON"},))
     except (ImportError, OSError) as exc:
         return None, f"cannot read the journal ({exc}): schedule only, no executions"
-    stored = stored_cursor(config["store.path"], "cron")
     start = config["klog.start"]
     resumed = reader.seek(stored.cursor if stored else None, start)
     return reader, "journald CRON lines" + (", resumed after the stored cursor" if resumed
                                              else FIRST_RUN.get(start, f", from {start}"))
 
 
-def _run(config: Config, publisher: Publisher, stop: threading.Event) -> None:
+def _run(config: Config, publisher: Publisher, stop: threading.Event,
+         stored: StoredCursor | None) -> None:
     clock = ClockConverter()
-    reader, detail = _open_journal(config)
+    reader, detail = _open_journal(config, stored)
     counters = {"jobs": 0, "gpu_acting_jobs": 0, "executions": 0, "without_job_pid": 0,
                 "schedule_reads": 0}
     schedule = ScheduleReader(config)

@@ -32,6 +32,7 @@ from typing import Protocol
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import ClockConverter, now_ns
 from gpuwhy.config import Config
+from gpuwhy.cursors import CursorReader, StoredCursor
 from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import KernelLogCheckpoint, KernelLogFacts, KernelLogRecord, SourceHealth
 from gpuwhy.probes.klog import journald
@@ -46,12 +47,7 @@ from gpuwhy.probes.klog.kmsg import (
 )
 from gpuwhy.probes.klog.lines import RawLine, UserSender
 from gpuwhy.probes.klog.parse import UNPARSED, KernelLogParser, KernelRecord, unparsed_record
-from gpuwhy.probes.klog.resume import (
-    StoredCursor,
-    connect_publisher,
-    publish_reliably,
-    stored_cursor,
-)
+from gpuwhy.probes.klog.resume import connect_publisher, publish_reliably
 
 log = logging.getLogger(__name__)
 
@@ -434,8 +430,9 @@ class KernelLogPump:
         return max(0.0, self._checkpoint_at + CHECKPOINT_EVERY_S - time.monotonic())
 
 
-def run_klog_source(config: Config, stop: threading.Event) -> None:
-    """Source runner (see ``gpuwhy.app.service.unprivileged_sources``): until ``stop`` is set."""
+def run_klog_source(config: Config, stop: threading.Event, *, cursors: CursorReader) -> None:
+    """Source runner (see ``gpuwhy.app.service.unprivileged_sources``): until ``stop`` is set.
+    ``cursors`` reads where the store says the source stopped (on a first run: None)."""
     publisher = connect_publisher(config, "klog", stop)
     if publisher is None:
         return
@@ -449,7 +446,7 @@ def run_klog_source(config: Config, stop: threading.Event) -> None:
             stop.wait()
             return
         try:
-            _run(config, reader, detail, publisher, stop, unproven)
+            _run(config, reader, detail, publisher, stop, cursors("klog"), unproven)
         finally:
             reader.close()
     finally:
@@ -457,8 +454,9 @@ def run_klog_source(config: Config, stop: threading.Event) -> None:
 
 
 def _run(config: Config, reader: KernelLogReader, detail: str, publisher: Publisher,
-         stop: threading.Event, unproven: str | None = None) -> None:
-    detail += "; " + resume(config, reader)
+         stop: threading.Event, stored: StoredCursor | None, unproven: str | None = None
+         ) -> None:
+    detail += "; " + resume(config, reader, stored)
     log.info("kernel-log source: %s", detail)
     pump = KernelLogPump(reader, publisher, stop, take_test_lines=config["klog.test_lines"])
     lost = LostLines()
@@ -560,12 +558,12 @@ class LostLines:
         return "; ".join(said)
 
 
-def resume(config: Config, reader: KernelLogReader) -> str:
-    """Position ``reader`` after what the store holds, and say how: after the stored cursor
+def resume(config: Config, reader: KernelLogReader, stored: StoredCursor | None) -> str:
+    """Position ``reader`` after what the store holds (``stored``), and say how: after the
+    stored cursor
     of the same backend; after the stored position of another backend, translated through
     the last line's own stamps (boot id, printk time), so that a switch between journald and
     /dev/kmsg reads nothing twice and skips nothing; else by ``klog.start``."""
-    stored = stored_cursor(config["store.path"], "klog")
     if stored and stored.origin == reader.origin:
         if reader.seek(stored.cursor, config["klog.start"]):
             return "resumed after the stored cursor"

@@ -13,6 +13,7 @@ import pytest
 from gpuwhy.bus import Subscriber
 from gpuwhy.probes.cron.source import STOP_SEEN_WITHIN_S, run_cron_source
 from gpuwhy.probes.klog.journald import JournalKernelLog
+from gpuwhy.store.source_cursors import cursor_reader
 
 pytestmark = [pytest.mark.root]
 
@@ -31,7 +32,8 @@ def test_the_cron_source_waits_on_the_journal_and_still_reads_a_line(system_jour
                                  + ".no-etc", "cron.unit_dirs": ""})
     subscriber = Subscriber(config["bus.endpoint"])
     stop = threading.Event()
-    source = threading.Thread(target=run_cron_source, args=(config, stop), daemon=True)
+    source = threading.Thread(target=run_cron_source, args=(config, stop), daemon=True,
+                              kwargs={"cursors": cursor_reader(config["store.path"])})
     source.start()
     marker = f"gpuwhy-cron-idle-{os.urandom(4).hex()}"
     def receive_for(seconds):      # the subscriber takes its publishers in as it reads

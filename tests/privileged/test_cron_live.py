@@ -17,6 +17,7 @@ from gpuwhy.errors import NoSuchProcess
 from gpuwhy.probes.cron.source import run_cron_source
 from gpuwhy.proc import read_stat
 from gpuwhy.store import open_store
+from gpuwhy.store.source_cursors import cursor_reader
 
 from .conftest import cron_gone
 
@@ -108,7 +109,8 @@ def test_a_cron_d_job_execution_is_seen_and_tied_to_its_process(tmp_config, cron
     correlator = threading.Thread(target=Correlator(tmp_config, db, subscriber).run,
                                   args=(stop,), daemon=True)
     correlator.start()
-    source = threading.Thread(target=run_cron_source, args=(tmp_config, stop), daemon=True)
+    source = threading.Thread(target=run_cron_source, args=(tmp_config, stop), daemon=True,
+                              kwargs={"cursors": cursor_reader(tmp_config["store.path"])})
     source.start()
     try:
         deadline = time.monotonic() + 75

@@ -56,9 +56,11 @@ def source_process(config):
            "GPUWHY_KLOG_BACKEND": "journald", "GPUWHY_KLOG_START": "now"}
     code = ("import signal, threading; from gpuwhy.config import load_config; "
             "from gpuwhy.probes.klog.source import run_klog_source; "
+            "from gpuwhy.store.source_cursors import cursor_reader; "
             "stop = threading.Event(); "
             "signal.signal(signal.SIGTERM, lambda *args: stop.set()); "
-            "run_klog_source(load_config(), stop)")
+            "config = load_config(); "
+            "run_klog_source(config, stop, cursors=cursor_reader(config['store.path']))")
     return subprocess.Popen([sys.executable, "-c", code], env=env)
 
 

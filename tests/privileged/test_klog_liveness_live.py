@@ -20,6 +20,7 @@ from gpuwhy.clock import NS_PER_SECOND
 from gpuwhy.probes.klog import source as klog_source
 from gpuwhy.probes.klog.kmsg import current_boot_id
 from gpuwhy.probes.klog.source import run_klog_source
+from gpuwhy.store.source_cursors import cursor_reader
 from gpuwhy.webui import create_app
 
 from .kernel_lines import MARK, wait_for, write_kmsg
@@ -44,7 +45,8 @@ def klog_thread():
 
     def start(config):
         stop = threading.Event()
-        thread = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True)
+        thread = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True,
+                                  kwargs={"cursors": cursor_reader(config["store.path"])})
         thread.start()
         stops.append((stop, thread))
     yield start

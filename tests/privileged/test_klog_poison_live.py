@@ -38,9 +38,11 @@ class Source:
     def start(self):
         code = ("import signal, threading; from gpuwhy.config import load_config; "
                 "from gpuwhy.probes.klog.source import run_klog_source; "
+                "from gpuwhy.store.source_cursors import cursor_reader; "
                 "stop = threading.Event(); "
                 "signal.signal(signal.SIGTERM, lambda *args: stop.set()); "
-                "run_klog_source(load_config(), stop)")
+                "config = load_config(); "
+                "run_klog_source(config, stop, cursors=cursor_reader(config['store.path']))")
         self.process = subprocess.Popen([sys.executable, "-c", code], env=self.env,
                                         stderr=subprocess.PIPE, text=True)
 

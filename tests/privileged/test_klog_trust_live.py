@@ -26,6 +26,7 @@ import pytest
 from gpuwhy.probes.klog.journald import JournalKernelLog
 from gpuwhy.probes.klog.kmsg import KmsgKernelLog, current_boot_id
 from gpuwhy.probes.klog.source import FORGED, KernelLogPump, LostLines, health_of, run_klog_source
+from gpuwhy.store.source_cursors import cursor_reader
 
 from .kernel_lines import MARK, wait_for, write_kmsg
 
@@ -84,7 +85,8 @@ def test_an_nvrm_entry_forged_by_a_user_is_counted_and_opens_no_incident(
                                  "klog.backend": "journald"})
     store = kernel_log_store
     stop = threading.Event()
-    source = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True)
+    source = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True,
+                              kwargs={"cursors": cursor_reader(config["store.path"])})
     source.start()
     try:
         def counters():
@@ -148,7 +150,8 @@ def test_lines_the_ring_overwrote_are_reported_with_their_sequence_numbers(
                    "updated_at) values ('klog', 'kmsg', ?, ?, 0)", [last.cursor, boot])
     config = tmp_config.replace({"klog.backend": "kmsg"})
     stop = threading.Event()
-    source = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True)
+    source = threading.Thread(target=run_klog_source, args=(config, stop), daemon=True,
+                              kwargs={"cursors": cursor_reader(config["store.path"])})
     source.start()
     store = kernel_log_store
     try:
