@@ -268,6 +268,12 @@ CASES = {
                                         serving(0.95, **PREFILL_HEAVY, tpot_p95_s=0.08)),
     "R52_engine_low_load": (serving(0.1, main=0.1, requests_waiting=0.0, requests_running=0.2),
                             serving(0.1, main=0.1, requests_waiting=2.0)),
+    # a closed loop: 32 in flight at every scrape, none waiting, the loop spinning on a busy
+    # GPU; near miss: open-loop arrivals, 12 to 52 running
+    "R52b_engine_closed_loop": (
+        serving(0.9, main=1.0, requests_waiting=0.0, requests_running=32.0),
+        serving(0.9, main=1.0, requests_waiting=0.0,
+                requests_running=lambda t: 32.0 + 10 * ((t // 5) % 5 - 2))),
     "R53_engine_gpu_shared": (dataclasses.replace(serving(0.9), processes=2),
                               serving(0.9)),
     # p95 time to first token four times its level of the 10 minutes before
@@ -276,6 +282,17 @@ CASES = {
             0.3, 0.0, until=960, ttft_p95_s=lambda t: 1.6 if t >= 720 else 0.4 + 0.02 * (t % 3))),
         Synthetic(duration_s=960, extra=engine_scrapes(
             0.3, 0.0, until=960, ttft_p95_s=lambda t: 0.4 + 0.02 * (t % 3)))),
+    # generation tokens/s down by a third at 720 s, as many requests in the engine; near
+    # miss: the same drop with a third of the requests (less load came)
+    "R55_serving_throughput_down": (
+        Synthetic(duration_s=960, extra=engine_scrapes(
+            0.3, 0.0, until=960, generation_tokens_per_s=lambda t: (
+                1300.0 if t >= 720 else 2000.0) + 40 * (t % 3))),
+        Synthetic(duration_s=960, extra=engine_scrapes(
+            0.3, 0.0, until=960, generation_tokens_per_s=lambda t: (
+                1300.0 if t >= 720 else 2000.0) + 40 * (t % 3),
+            requests_running=lambda t: 10.0 if t >= 720 else 30.0,
+            requests_waiting=lambda t: 0.0 if t >= 720 else 40.0))),
     "R40b_gpu_reset_under_load": (
         Synthetic(extra=[(200, GpuState(ts=0, gpu_id=GPU0, state="resetting", source="sim",
                                         simulated=True))]),

@@ -37,6 +37,10 @@ from gpuwhy.rules.vocabulary import FACTS, PROCESS_TEXT, SIGNALS
 
 RESET_WARMUP_NS = 60 * 10**9   # G-WARMUP after a GPU reset or driver load
 DEFAULT_INTERVAL_NS = 10 * 10**9
+# A GPU holds a CUDA context when its memory in use reaches this (a context alone takes some
+# 300-500 MiB; an unused GPU reports the driver's few): R05's context_mib says the same
+CONTEXT_MIB = 64
+CONTEXT_LOOK_NS = 60 * 10**9
 # G-JOB-END applies to the GPU rules that read the GPU's activity: a job that ended leaves
 # the GPU idle, and that idle is not these rules' symptom.
 JOB_END_SIGNALS = ("gpu.util", "gpu.busy")
@@ -166,14 +170,30 @@ class Engine:
             if listed is not None:
                 found = float(len([p for p in listed if p in compute or
                                    not is_monitor(self._facts.get(p))]))
+            elif not self._holds_a_context(gpu_id):
+                found = 0.0
             else:
                 spread: dict[ProcessKey, int] = {}
-                for procs in self._procs.values():
-                    for p in procs:
-                        spread[p] = spread.get(p, 0) + 1
-                found = sum(1.0 / spread[p] for p in compute)
+                for gpu, procs in self._procs.items():
+                    if self._holds_a_context(gpu):
+                        for p in procs:
+                            spread[p] = spread.get(p, 0) + 1
+                found = sum(1.0 / spread[p] for p in compute if p in spread)
             self._context_counts[gpu_id] = found
         return found
+
+    def _holds_a_context(self, gpu_id: str) -> bool:
+        """Whether the GPU holds a CUDA context's memory over the last minute: a process
+        that only opened its device file (every visible GPU's is opened) runs nothing there,
+        and an unused GPU reports the driver's few MiB. Without a memory figure, it may."""
+        held = self._occupied.get(gpu_id)
+        if held is None:
+            now = self.signals.now()
+            used = self.signals.series(Scope(gpu_id), "gpu.fb_used", now - CONTEXT_LOOK_NS,
+                                       now)
+            held = not used or max(value for _, value in used) >= CONTEXT_MIB
+            self._occupied[gpu_id] = held
+        return held
 
     def evaluate(self, now: int | None = None) -> list[RuleFinding]:
         """One round: every instance that is due. Returns the findings to publish."""
@@ -182,6 +202,7 @@ class Engine:
         self._shared: dict = {}
         self._params: dict[str, dict[str, float]] = {}
         self._context_counts: dict[str, float] = {}
+        self._occupied: dict[str, bool] = {}
         self._job_counts = {}   # command line -> GPUs its processes use
         findings: list[RuleFinding] = []
         seen = set()

@@ -1274,3 +1274,89 @@ def _(seed: int) -> Host:
                            gpu_speed=(lambda t: slow if t >= 540 else 1.0) if g == 0 else None,
                            cmdline=LLAMA3_8B_SERVE), seed=str(g))
     return host
+
+
+# --- serving: throughput per GPU down, and closed-loop clients (issue #59) ----------------
+@scenario("vllm-peak-hour-power-capped", 516,
+          "serving throughput per GPU down while requests keep coming: vLLM on GPU 0 of two "
+          "H100 runs near its capacity at the peak hour (12 requests/s) when, at 420 s, the "
+          "rack's power manager caps the board at 300 W out of band (no command on the "
+          "host): clocks fall, every step takes longer, generation tokens/s drop by a "
+          "quarter and the queue grows",
+          ("R19_power_cap",), "power_thermal", onset_s=420,
+          notes="the symptom is R55 (throughput down, the requests in the engine held), "
+                "explained by the power cap. source: NVML nvmlDeviceGetEnforcedPowerLimit "
+                "(the limit the driver enforces after all limiters, the out-of-band power "
+                "limit interface included) and the SW power cap clock event reason; vLLM "
+                "docs, Production Metrics (vllm:generation_tokens_total, "
+                "vllm:num_requests_running, vllm:num_requests_waiting). The decode mix draws "
+                "~530 W at full clocks; power_speed() gives the clock share at 300 W")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2, minutes=16)
+    host.conditions[0].power_limit = lambda t: 300.0 if t >= 420 else 700.0
+    slow = power_speed(H100, LLM_DECODE, 300.0)
+    for g, rate in ((0, 12.0), (1, 6.0)):
+        host.add(Inference(gpus=[g], rate=steady(rate), tokens=250, iter_s=0.012,
+                           per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                           prompt_tokens=600, prefill_s_per_token=0.00004, chunk_tokens=2048,
+                           gpu_speed=(lambda t: slow if t >= 420 else 1.0) if g == 0 else None,
+                           cmdline=LLAMA3_8B_SERVE), seed=str(g))
+    return host
+
+
+@scenario("healthy-vllm-evening-load-drop", 517,
+          "none: two vLLM replicas of Llama-3 8B on two H100 at the end of the working day: "
+          "at 420 s the request rate falls from 10 to 3 a second; generation tokens/s fall "
+          "by two thirds with the requests running, nothing waits",
+          notes="near miss of R55: throughput down because less load arrives, not because "
+                "the engine slowed (vllm:num_requests_running falls with "
+                "vllm:generation_tokens_total's rate). source: vLLM docs, Production Metrics; "
+                "continuous batching serves what arrives (docs.vllm.ai)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2, minutes=16)
+    for g in range(2):
+        host.add(Inference(gpus=[g], rate=lambda t: 10.0 if t < 420 else 3.0, tokens=250,
+                           iter_s=0.012, per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000,
+                           prompt_tokens=600, prefill_s_per_token=0.00004, chunk_tokens=2048,
+                           cmdline=LLAMA3_8B_SERVE), seed=str(g))
+    return host
+
+
+@scenario("vllm-client-pool-caps-concurrency", 518,
+          "a load test of 200 simulated users against vLLM on GPU 0 of two H100 sends its "
+          "requests through one aiohttp session, whose connector allows 100 connections: "
+          "the engine runs 100 requests at a time and none waits, the KV cache a quarter "
+          "full; the GPU waits for the client (a closed loop), not the client for the GPU",
+          ("R52b_engine_closed_loop",), "sharing_config",
+          notes="source: vllm-project/vllm issue #14513 (200 concurrent users, vLLM runs at "
+                "most 100, a new one admitted as each ends; the maintainer: something in the "
+                "client limits concurrency to 100); aiohttp docs, TCPConnector (limit: 100 "
+                "simultaneous connections by default); vLLM benchmarks/benchmark_serving.py "
+                "(--max-concurrency: how many requests may execute at a time). Not an alarm: "
+                "raise the client's concurrency")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=steady(1.0), concurrency=100, tokens=250, iter_s=0.012,
+                       per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000, prompt_tokens=600,
+                       prefill_s_per_token=0.00004, chunk_tokens=2048,
+                       cmdline=LLAMA3_8B_SERVE))
+    return host
+
+
+@scenario("healthy-vllm-benchmark-past-capacity", 519,
+          "none: benchmark_serving.py --max-concurrency 512 against vLLM with --max-num-seqs "
+          "256 on one H100: the engine runs its full batch back to back, the other 256 "
+          "requests wait in its queue; a closed loop past the engine's capacity, the GPU "
+          "busy",
+          notes="near miss of R52b: a closed loop, but requests wait in the engine (its batch "
+                "limit, not the client's, bounds the batch). source: vLLM "
+                "benchmarks/benchmark_serving.py (--max-concurrency); vLLM engine arguments "
+                "(--max-num-seqs: the most sequences an iteration runs); vLLM docs, Production "
+                "Metrics (vllm:num_requests_waiting)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=steady(1.0), concurrency=512, tokens=250, iter_s=0.012,
+                       per_seq_s=0.00012, fb_mib=73500, kv_tokens=400_000, prompt_tokens=600,
+                       prefill_s_per_token=0.00004, chunk_tokens=2048, max_seqs=256,
+                       cmdline=LLAMA3_8B_SERVE + " --max-num-seqs 256"))
+    return host
