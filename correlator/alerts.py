@@ -5,7 +5,7 @@ stable MESSAGE_ID (:mod:`gpuwhy.journal`, explained in ``systemd/gpuwhy.catalog`
 ``journalctl -x`` shows once the catalog is installed); PRIORITY follows the severity.
 Fields: GPUWHY_INCIDENT_ID, GPUWHY_KIND, GPUWHY_STATE, GPU_ID, GPU_UUID, GPU_PCI,
 GPU_HEALTH, PID, GPUWHY_URL, and the answer on the GPU as it stands (GPUWHY_ANSWER,
-GPUWHY_ANSWER_RULE: gpuwhy why's sentence and what leads it) (:mod:`gpuwhy.store.lifecycle`
+GPUWHY_ANSWER_RULE: gpuwhy why's sentence and what leads it) (:mod:`gpuwhy.store.incident_changes`
 builds them).
 """
 
@@ -20,7 +20,7 @@ from sqlite_utils import Database
 from gpuwhy.journal import MESSAGE_IDS, SYSLOG_IDENTIFIER, Sender, write_entry
 from gpuwhy.rules.loader import configured_rule_set
 from gpuwhy.rules.model import Rule
-from gpuwhy.store.lifecycle import alert_entry, change_entry
+from gpuwhy.store.incident_changes import alert_entry, change_entry
 
 __all__ = ["MESSAGE_IDS", "SYSLOG_IDENTIFIER", "Alerter", "alert_fields"]
 

@@ -18,7 +18,7 @@ with its how (``reset``, ``reboot``, ``operator``, ``recovered`` for a loss only
 said); any other is resolved when its GPU reads healthy again after it, its process ends,
 its finding clears, or, for an incident that leaves the GPU healthy, ``dedup_seconds`` after
 it was last seen (``timeout``), never before it settles. Every change goes through
-:mod:`gpuwhy.store.lifecycle` (its log row), and the changes of incidents are handed to the
+:mod:`gpuwhy.store.incident_changes` (its log row), and the changes of incidents are handed to the
 alerter for the journal (:attr:`changes`).
 """
 
@@ -68,7 +68,7 @@ from gpuwhy.store import (
     queries,
 )
 from gpuwhy.store import health as store_health
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.gpu_identity import resolve_gpu
 from gpuwhy.xid import catalogue_fields, xid_info
 

@@ -1,6 +1,6 @@
 """Python stacks behind a GPU's idle time: folded frames, their bounds, the targets file.
 
-One definition of what the stack sampler (gpuwhy.probes.pystacks), the store and `gpuwhy why`
+One definition of what the stack sampler (gpuwhy.probes.stack_sampler), the store and `gpuwhy why`
 share: how a sampled frame is written (``file:line function``, escaped and bounded: a
 process controls every name in its frames), how frames inside the interpreter's queues and
 locks fold into one ``waiting on ...`` frame, how an aggregate is bounded, how its top

@@ -7,7 +7,7 @@
 // task_newtask, whose clone flags tell a thread from a process.
 #include <uapi/linux/ptrace.h>
 
-// EV_* (EventType), CLONE_THREAD_FLAG, RINGBUF_PAGES: generated from probes/lifecycle.py
+// EV_* (EventType), CLONE_THREAD_FLAG, RINGBUF_PAGES: generated from probes/process_events.py
 // (bpf_defines()), compiled in as -D flags.
 #define FILENAME_LEN 128
 

@@ -42,7 +42,7 @@ VARIANTS = {
 }
 CHOSEN = "tp_pair"
 
-# What `gpuwhy probes` loads (probes/service.py): fdtrack, lifecycle, sched, printk.
+# What `gpuwhy probes` loads (probes/privileged.py): fdtrack, lifecycle, sched, printk.
 PROBE_SOURCES = ("fdtrack.bpf.c", "lifecycle.bpf.c", "sched.bpf.c", "printk.bpf.c")
 _PROBE_MACRO = re.compile(r"^(RAW_)?TRACEPOINT_PROBE\((\w+)(?:,\s*(\w+))?\)", re.M)
 TRACEFS = Path("/sys/kernel/tracing")

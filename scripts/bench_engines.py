@@ -216,7 +216,8 @@ class _TimerDeadline:
 
 
 def measure(rounds: int, runs: int, profile: bool = False) -> dict:
-    from gpuwhy.probes.engines import discover, metrics
+    from gpuwhy.probes.engines import discover
+    from gpuwhy.probes.engines import metric_names as metrics
     from gpuwhy.probes.engines import source as engine_source
     from gpuwhy.probes.engines.source import EngineSource
 

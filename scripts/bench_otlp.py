@@ -29,7 +29,7 @@ from bench_webui import DAY_NS, _busy_host  # noqa: E402 - the same busy host as
 
 from gpuwhy.app.demo.synthetic_store import BUDGET_FIELDS, Plan, fill  # noqa: E402
 from gpuwhy.config import load_config  # noqa: E402
-from gpuwhy.store import lifecycle as store_lifecycle  # noqa: E402
+from gpuwhy.store import incident_changes as store_lifecycle  # noqa: E402
 from gpuwhy.store import open_store  # noqa: E402
 
 RECEIVER = r"""

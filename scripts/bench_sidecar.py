@@ -33,7 +33,7 @@ figure. REV is installed without its dependencies (this environment's) into a te
 folder.
 
 --probes-memory loads the probes alone in this process and prints their memory after
-loading and after glibc's malloc_trim(0) (what probes/service.py now does).
+loading and after glibc's malloc_trim(0) (what probes/privileged.py now does).
 
 --thread-flush loads the sched probe alone and times its flush (thread CPU) with
 --processes processes of --threads threads each, --busy of them (default all) waking every
@@ -183,7 +183,7 @@ def probes_memory() -> dict[str, dict[str, float]]:
     from gpuwhy.bus import Publisher
     from gpuwhy.config import load_config
     from gpuwhy.memory import release_freed_memory
-    from gpuwhy.probes.service import Probes
+    from gpuwhy.probes.privileged import Probes
 
     result = {"start": memory(os.getpid())}
     import bcc  # noqa: F401 - its import alone maps the LLVM libraries

@@ -21,7 +21,7 @@ from gpuwhy import lifecycle as lc
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.reset import sql_names
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.queries import gpu_health
 
 

@@ -3,7 +3,7 @@
 The decide stage (:mod:`gpuwhy.correlator.incidents`, :mod:`gpuwhy.correlator.pending`)
 computes what to open, merge, link and resolve from the plain rows read here; the
 statements that apply those decisions live here too, run in the batch's transaction.
-Lifecycle changes and their log rows are :mod:`gpuwhy.store.lifecycle`'s; health-backed
+Lifecycle changes and their log rows are :mod:`gpuwhy.store.incident_changes`'s; health-backed
 incidents are :mod:`gpuwhy.store.health`'s.
 """
 

@@ -115,7 +115,7 @@ def test_release_freed_memory_gives_heap_pages_back() -> None:
 
 
 def test_bpf_stats_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from gpuwhy.probes.service import warn_if_bpf_stats_enabled
+    from gpuwhy.probes.privileged import warn_if_bpf_stats_enabled
 
     sysctl = tmp_path / "bpf_stats_enabled"
     sysctl.write_text("1\n")

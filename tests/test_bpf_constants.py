@@ -24,7 +24,8 @@ from gpuwhy.nvioctl import (
     UVM_DECODE,
     DecodeFlag,
 )
-from gpuwhy.probes import bpfdefs, fdtable, fdtrack, lifecycle, printk, sched
+from gpuwhy.probes import bpfdefs, fdtable, fdtrack, printk, sched
+from gpuwhy.probes import process_events as lifecycle
 from gpuwhy.probes.bpfdefs import cflags, macro_name
 
 PROBES = {"fdtrack": fdtrack, "sched": sched, "lifecycle": lifecycle, "printk": printk}

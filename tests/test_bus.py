@@ -200,7 +200,7 @@ def test_a_probes_flush_goes_out_as_batch_messages(tmp_path):
     fewer messages than events (the stand-in probes publish as the real ones do)."""
     from gpuwhy.config import load_config
     from gpuwhy.events import DriverCallStats, SchedStats
-    from gpuwhy.probes.service import Probes
+    from gpuwhy.probes.privileged import Probes
 
     raw, pub = _raw_subscriber_and_publisher(tmp_path)
     probes = Probes(load_config(environ={}), pub)
@@ -257,7 +257,7 @@ def test_a_closed_subscriber_removes_its_socket_file_and_only_its_own(tmp_path):
 
 def test_an_optional_probe_whose_flush_fails_is_reported_and_the_rest_runs_on(tmp_path):
     from gpuwhy.config import load_config
-    from gpuwhy.probes.service import Probes
+    from gpuwhy.probes.privileged import Probes
 
     raw, pub = _raw_subscriber_and_publisher(tmp_path)
     probes = Probes(load_config(environ={}), pub)

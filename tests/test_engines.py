@@ -26,7 +26,7 @@ from gpuwhy.correlator.rules.signals import MemorySignals, Scope
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.events import EngineSample
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.engines import metrics
+from gpuwhy.probes.engines import metric_names as metrics
 from gpuwhy.probes.engines import source as engines_source
 from gpuwhy.probes.engines.discover import find_engines, flag_ports, recognise
 from gpuwhy.probes.engines.source import EngineSource, ScrapeError, get

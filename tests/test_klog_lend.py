@@ -92,7 +92,7 @@ def test_each_borrower_gets_its_own_open_file(tmp_path):
 
 def test_the_probes_lend_only_when_asked_and_say_when_they_cannot(tmp_config, tmp_path,
                                                                    caplog):
-    from gpuwhy.probes.service import lend_kmsg
+    from gpuwhy.probes.privileged import lend_kmsg
 
     assert lend_kmsg(tmp_config) is None                  # klog.kmsg_socket unset
     plain = tmp_path / "kmsg"

@@ -163,3 +163,29 @@ def test_no_command_is_left_inside_a_part():
     left = [str(p.relative_to(REPO)) for part in PARTS for p in (REPO / part).rglob("*cli*.py")]
     left += [str(p.relative_to(REPO)) for p in (REPO / "gpuwhy").glob("*cli*.py")]
     assert left == []
+
+
+# Module names that recur, each kept for one meaning at each layer: the web view's pages are
+# named for what they show (its GPU pages, incident pages, stacks pages, /healthz) beside the
+# part that keeps or decides that thing; every source package has its own `source` (or the
+# GPU source's and the rules' `runner`) with the same role.
+SHARED_NAMES = {
+    "gpus": {"probes/klog/gpus.py", "webui/gpus.py"},
+    "health": {"store/health.py", "webui/health.py"},
+    "incidents": {"correlator/incidents.py", "webui/incidents.py"},
+    "stacks": {"store/stacks.py", "webui/stacks.py"},
+    "runner": {"correlator/rules/runner.py", "probes/gpu/runner.py"},
+    "source": {"probes/cron/source.py", "probes/engines/source.py", "probes/gpu/source.py",
+               "probes/klog/source.py"},
+}
+
+
+def test_one_meaning_per_module_name():
+    """A module name names one thing across the tree (issue #55, item 5): no new name is
+    shared but the few above, each with its reason."""
+    by_name: dict[str, set[str]] = {}
+    for path in product_files():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, set()).add(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert shared == SHARED_NAMES

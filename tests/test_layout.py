@@ -58,7 +58,7 @@ def test_built_wheel_carries_bpf_sources_templates_and_static_files(tmp_path):
     assert not any(n.split("/")[0] in BARE for n in names)
 
 
-@pytest.mark.parametrize("entry", ["gpuwhy.app.cli", "gpuwhy.probes.service"])
+@pytest.mark.parametrize("entry", ["gpuwhy.app.cli", "gpuwhy.probes.privileged"])
 def test_the_command_line_and_the_probes_load_no_web_stack(entry):
     # `gpuwhy probes` (and every other command) starts by importing gpuwhy.app.cli: what it loads
     # is in the probes process's memory for good; the web view's stack loads where it runs.

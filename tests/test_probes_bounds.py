@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import pytest
 
 from gpuwhy.bus import BATCH_BYTES
-from gpuwhy.probes import service
-from gpuwhy.probes.service import (
+from gpuwhy.probes import privileged as service
+from gpuwhy.probes.privileged import (
     FDTRACK_FULL_HOLD_S,
     SEND_QUEUE_BYTES,
     Probes,

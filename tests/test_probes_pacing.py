@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwhy.probes import service
-from gpuwhy.probes.service import LIFECYCLE_FULL_HOLD_S, LIFECYCLE_HOLD_S, Probes
+from gpuwhy.probes import privileged as service
+from gpuwhy.probes.privileged import LIFECYCLE_FULL_HOLD_S, LIFECYCLE_HOLD_S, Probes
 
 
 class _Publisher:

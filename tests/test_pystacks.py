@@ -204,7 +204,7 @@ def test_stored_stacks_are_cleaned_read_back_said_by_why_and_pruned(starved):
 def test_py_spy_output_is_read_by_structure_and_its_own_frames_are_left_out():
     import json
 
-    from gpuwhy.probes.pystacks import parse_speedscope
+    from gpuwhy.probes.stack_sampler import parse_speedscope
 
     frames = [{"name": "process 10:\"python train.py\"", "file": "", "line": 0},
               {"name": "thread (10): MainThread", "file": "", "line": 0},
@@ -232,7 +232,7 @@ def test_py_spy_output_is_read_by_structure_and_its_own_frames_are_left_out():
 def test_samples_line_up_with_the_gpus_seconds_and_hostile_seconds_are_dropped():
     import json
 
-    from gpuwhy.probes.pystacks import parse_speedscope
+    from gpuwhy.probes.stack_sampler import parse_speedscope
     from gpuwhy.pystacks import clean_rows, split_by_gpu
 
     frames = [{"name": "step", "file": "/job/train.py", "line": 7},
@@ -283,7 +283,7 @@ def test_a_window_publishes_its_first_seconds_at_once_then_the_whole_window(tmp_
     import sys
     import time
 
-    from gpuwhy.probes.pystacks import FIRST_RUN_SECONDS, StackSampler
+    from gpuwhy.probes.stack_sampler import FIRST_RUN_SECONDS, StackSampler
     from gpuwhy.proc import process_key
     from gpuwhy.pystacks import Target, write_targets
 
@@ -319,7 +319,7 @@ def test_a_window_publishes_its_first_seconds_at_once_then_the_whole_window(tmp_
     # the second run's seconds count from the window's start: here the fake's first run
     # took no time, so they start at 0 again; parse_speedscope is given the offset
     assert stacks["train.py:8 step"]["count"] == whole.samples - first.samples
-    from gpuwhy.probes.pystacks import parse_speedscope
+    from gpuwhy.probes.stack_sampler import parse_speedscope
 
     body = ('{"shared": {"frames": [{"name": "f", "file": "/a.py", "line": 1}]}, "profiles": '
             '[{"name": "Process 1 Thread 1", "samples": [[0], [0]], "weights": [1, 1]}]}')
@@ -342,7 +342,7 @@ def test_the_samplers_heartbeat_says_idle_sampling_refused_and_counts(tmp_path):
     import sys
     import time
 
-    from gpuwhy.probes.pystacks import SOURCE, StackSampler
+    from gpuwhy.probes.stack_sampler import SOURCE, StackSampler
     from gpuwhy.proc import process_key
 
     spy = tmp_path / "py-spy"

@@ -5,7 +5,7 @@ from array import array
 import pytest
 
 from gpuwhy.correlator.rules.evaluator import ASOF_TOLERANCE_NS, _align
-from gpuwhy.correlator.rules.series import Series
+from gpuwhy.correlator.rules.signal_series import Series
 from gpuwhy.correlator.rules.signals import RowWindow, derive_series
 
 NS = 10**9

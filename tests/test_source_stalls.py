@@ -225,8 +225,8 @@ def test_the_periods_are_the_sources_own():
     from gpuwhy.correlator import alertmanager
     from gpuwhy.correlator import pipeline as correlator
     from gpuwhy.correlator.rules import runner as rules
-    from gpuwhy.probes import pystacks
-    from gpuwhy.probes import service as probes
+    from gpuwhy.probes import privileged as probes
+    from gpuwhy.probes import stack_sampler as pystacks
     from gpuwhy.probes.cron import source as cron
     from gpuwhy.probes.gpu import runner as gpu
     from gpuwhy.probes.klog import source as klog

@@ -20,7 +20,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
         auth,
         compress,
         db,
-        errors,
+        error_pages,
         filters,
         gpus,
         health,
@@ -50,7 +50,7 @@ def create_app(config: Config | None = None, test_config: dict[str, Any] | None 
     security.init_app(app)
     compress.init_app(app)
     filters.init_app(app)
-    errors.init_app(app)
+    error_pages.init_app(app)
     for module in (auth, answers, gpus, processes, incidents, resets, rules, vendor, health,
                    stacks, mcp):   # /mcp: its server is put in by gpuwhy.app.mcp_http
         app.register_blueprint(module.bp)

@@ -2,7 +2,7 @@
 evidence and recommended actions, its state and log, a printable report, and their JSON.
 Incidents are read by ``gpuwhy.store.queries``, the same code as ``gpuwhy incidents``/
 ``gpuwhy incident``; acknowledging, resolving and noting one needs the token and goes through
-``gpuwhy.store.lifecycle``, as ``gpuwhy incident ID ack|resolve|note`` does, and each change
+``gpuwhy.store.incident_changes``, as ``gpuwhy incident ID ack|resolve|note`` does, and each change
 is written to the journal."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+from typing import cast
 
 from flask import (
     Blueprint,
@@ -29,7 +30,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import MAX_INT
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.store import feed, open_store
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.queries import incident_detail, incident_kinds, list_incidents
 from gpuwhy.text import parse_ts
 from gpuwhy.webui.auth import require_token
@@ -139,7 +140,7 @@ def grouped(incidents: list[dict]) -> list[dict]:
         row = {"lead": incident, "members": [incident]}
         open_groups[key] = row
         rows.append(row)
-    out = []
+    out: list[dict] = []
     for row in rows:
         gpus = list(dict.fromkeys(m.get("gpu_id") for m in row["members"] if m.get("gpu_id")))
         if len(row["members"]) > 1 and len(gpus) < 2:
@@ -296,14 +297,14 @@ def _actor(given: object) -> str:
 
 
 def _change(incident_id: int, change: str, actor: str, text: str | None) -> dict:
-    """One change through gpuwhy.store.lifecycle on a writable connection of its own, then
+    """One change through gpuwhy.store.incident_changes on a writable connection of its own, then
     its journal entry. Raises IncidentNotFound / LifecycleError / StoreError."""
     db = open_store(current_app.config["DATABASE"])
     try:
         done = store_lifecycle.apply_change(db, incident_id, change, actor, text)
         try:
             unsent = store_lifecycle.send_change(
-                db, done["log_id"], current_app.config["GPUWHY"]["correlator.url"])
+                db, cast(int, done["log_id"]), current_app.config["GPUWHY"]["correlator.url"])
         except Exception as exc:      # the change stands, whatever the journal does
             unsent = f"{type(exc).__name__}: {exc}"
         if unsent is not None:
@@ -331,9 +332,10 @@ def change_form(incident_id: int, change: str) -> ResponseReturnValue:
         return render_template("refused.html", message=str(exc)), 400
     except (GpuwhyError, sqlite3.Error) as exc:     # the store cannot be opened or written
         return render_template("refused.html", message=_store_failed(exc)), 500
-    unsent = {"journal": "unwritten"} if done["journal"] is not None else {}
-    return redirect(url_for("incidents.show", incident_id=incident_id, changed=change,
-                            **unsent) + "#log", 303)
+    anchor = url_for("incidents.show", incident_id=incident_id, changed=change,
+                     journal="unwritten") if done["journal"] is not None else \
+        url_for("incidents.show", incident_id=incident_id, changed=change)
+    return redirect(anchor + "#log", 303)
 
 
 @bp.post(f"/api/incidents/{ID}/<any(ack, resolve, note):change>")

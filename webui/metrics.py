@@ -317,14 +317,16 @@ class StoreCollector(Collector):
             "source, driver, and VBIOS, ECC/MIG/persistence mode where the source read them)",
             labels=[*GPU_LABELS, "model", "index", "minor", "source",
                     *(c for c in INFO_COLUMNS if c in identity)])
-        for gpu, row in gpus.items():
+        for gpu, identity_row in gpus.items():
             labels = self._gpu_labels(gpus, gpu)
             for name in HEALTH_STATES:
-                states.add_metric([*labels, name], 1.0 if name == row["health"] else 0.0)
-            extra = [str(row[c]) if row[c] is not None else ""
-                     for c in INFO_COLUMNS if c in row]
-            info.add_metric([*labels, (row["model"] or "")[:128], _text(row["gpu_index"]),
-                             _text(row["minor"]), row["source"] or "", *extra], 1.0)
+                states.add_metric([*labels, name],
+                                  1.0 if name == identity_row["health"] else 0.0)
+            extra = [str(identity_row[c]) if identity_row[c] is not None else ""
+                     for c in INFO_COLUMNS if c in identity_row]
+            info.add_metric([*labels, (identity_row["model"] or "")[:128],
+                             _text(identity_row["gpu_index"]), _text(identity_row["minor"]),
+                             identity_row["source"] or "", *extra], 1.0)
         yield states
         yield info
         bound = GaugeMetricFamily("gpuwhy_gpu_bound_processes",
@@ -346,8 +348,9 @@ class StoreCollector(Collector):
             # outside the catalogue goes under "other"
             key = (gpu or "", str(code) if info.mnemonic != "UNKNOWN" else OTHER, info.severity)
             counts[key] = counts.get(key, 0) + count
-        for (gpu, code, severity), count in sorted(counts.items()):
-            xids.add_metric([*self._gpu_labels(gpus, gpu or None), code, severity], count)
+        for (gpu_id, code_label, severity), count in sorted(counts.items()):
+            xids.add_metric([*self._gpu_labels(gpus, gpu_id or None), code_label, severity],
+                            count)
         yield xids
 
     def _processes(self, db: Database) -> Iterator[Metric]:
@@ -618,9 +621,11 @@ class Snapshot:
         with self._changed:
             while True:
                 now = self.clock()
-                fresh = self._body is not None and now - self._at < self.max_age
-                if fresh and (self._in_flight > 1 or self.stamp() == self._version):
-                    return self._body
+                kept = self._body
+                fresh = kept is not None and now - self._at < self.max_age
+                if kept is not None and fresh and (self._in_flight > 1 or
+                                                   self.stamp() == self._version):
+                    return kept
                 if self._rendering:
                     self._changed.wait()                   # one render at a time: share it
                 elif fresh:

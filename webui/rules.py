@@ -21,7 +21,7 @@ from gpuwhy.rules.loader import load_rule_set
 from gpuwhy.rules.model import Rule
 from gpuwhy.store import open_store, queries
 from gpuwhy.store.overrides import OverrideError, read_overrides, set_override
-from gpuwhy.webui import errors
+from gpuwhy.webui import error_pages as errors
 from gpuwhy.webui.auth import require_token
 from gpuwhy.webui.db import get_db
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import is_dataclass
 from typing import Any, cast
 
-from gpuwhy.correlator.rules.series import Series
+from gpuwhy.correlator.rules.signal_series import Series
 from gpuwhy.correlator.rules.signals import MAX_TEXT, ProcessFacts, Scope, Signals
 from gpuwhy.gpufields import THROTTLE_BITS
 from gpuwhy.rules import model as m

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
-from gpuwhy.correlator.rules.series import Series
+from gpuwhy.correlator.rules.signal_series import Series
 from gpuwhy.events import (
     CronExecution,
     CudaStats,

@@ -252,7 +252,7 @@ def probes(ctx: _Context, ebpf: bool, only: str | None) -> None:
         click.echo(fdtrack.ebpf_text())
         return
     from gpuwhy.memory import limit_malloc_arenas
-    from gpuwhy.probes.service import run_probes
+    from gpuwhy.probes.privileged import run_probes
 
     limit_malloc_arenas()
     config = ctx.config()
@@ -268,7 +268,7 @@ def _run_stack_sampler_alone(ctx: _Context) -> None:
     """The stack sampler as a process of its own (its unit holds CAP_SYS_PTRACE and none of
     the eBPF probes' capabilities), without loading bcc or any probe."""
     from gpuwhy.memory import limit_malloc_arenas
-    from gpuwhy.probes.pystacks import run_stack_sampler
+    from gpuwhy.probes.stack_sampler import run_stack_sampler
 
     limit_malloc_arenas()
     config = ctx.config()

@@ -205,7 +205,7 @@ def mark_healthy(ctx: Any, gpu_name: str, why: str, actor: str | None,
       gpuwhy gpu mark-healthy GPU-5f3c... --why "reseated the riser" --json
     """
     from gpuwhy.app.incidents_cli import default_actor
-    from gpuwhy.store import lifecycle as store_lifecycle
+    from gpuwhy.store import incident_changes as store_lifecycle
     from gpuwhy.store import open_store
     from gpuwhy.store.health import mark_healthy as mark
     from gpuwhy.store.queries import gpu_named

@@ -1,5 +1,6 @@
 """`gpuwhy incidents`, `gpuwhy incident ID`, `gpuwhy resets`: incidents and their chains;
-`gpuwhy incident ID ack|resolve|note` changes one (gpuwhy.store.lifecycle, as the web view)."""
+`gpuwhy incident ID ack|resolve|note` changes one (gpuwhy.store.incident_changes, as the
+web view)."""
 
 from __future__ import annotations
 
@@ -208,7 +209,7 @@ def change_incident(ctx: click.Context, incident_id: int, change: str, actor: st
                     text: str | None) -> dict:
     """Acknowledge, resolve or note an incident in the store, then journal the change.
     Returns {id, action, state, resolution, log_id, journal (None or why not written)}."""
-    from gpuwhy.store import lifecycle as store_lifecycle
+    from gpuwhy.store import incident_changes as store_lifecycle
     from gpuwhy.store import open_store
 
     config = ctx.obj.config()

@@ -100,7 +100,7 @@ def unprivileged_sources(config: Config) -> dict[str, SourceRunner]:
     # sample, decided from the store; the sampler runs here only with CAP_SYS_PTRACE (as in
     # `gpuwhy up` run as root), and says so once and stops without it ---
     from gpuwhy.app.stack_targets import run_stack_targets
-    from gpuwhy.probes.pystacks import run_stack_sampler
+    from gpuwhy.probes.stack_sampler import run_stack_sampler
 
     sources["stack_targets"] = run_stack_targets
     sources["stacks"] = run_stack_sampler
@@ -396,7 +396,7 @@ class Pipeline:
                          for name, runner in runners.items()]
 
     def _probes(self, config: Config, stop: threading.Event) -> None:
-        from gpuwhy.probes.service import run_probes
+        from gpuwhy.probes.privileged import run_probes
 
         run_probes(config, stop, self.loaded)
 

@@ -7,7 +7,7 @@ for each GPU whose answer is host-side (:func:`gpuwhy.pystacks.host_side`) it na
 processes bound to that GPU now (the answer's compute processes among them when it names
 some) for ``stacks.window_seconds`` from when it first saw that answer, and writes them to
 ``stacks.targets_path`` (:func:`gpuwhy.pystacks.write_targets`). The sampler
-(gpuwhy.probes.pystacks), which holds the privilege to read other processes' memory, reads
+(gpuwhy.probes.stack_sampler), which holds the privilege to read other processes' memory, reads
 that file: configuration flowing upstream, never a read of the store by a source.
 docs/decisions/0018-python-stacks-sampler.md weighs the alternatives.
 """

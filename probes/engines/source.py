@@ -34,7 +34,7 @@ from gpuwhy.config import Config
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import EngineSample, Event, SourceHealth
 from gpuwhy.identity import GpuIdentity, ProcessKey
-from gpuwhy.probes.engines import metrics
+from gpuwhy.probes.engines import metric_names as metrics
 from gpuwhy.probes.engines.discover import Engine, Finder
 from gpuwhy.probes.gpu.scrape import Deadline
 from gpuwhy.proc import read_process

@@ -20,7 +20,7 @@ from gpuwhy.correlator.alertmanager import (
 )
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import alertpush, open_store
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.queries import list_incidents, source_health
 from gpuwhy.text import rfc3339
 

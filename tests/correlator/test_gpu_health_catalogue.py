@@ -32,7 +32,7 @@ from gpuwhy.events import DriverCall, GpuSample, GpuState, KernelLogCheckpoint, 
 from gpuwhy.identity import ProcessKey
 from gpuwhy.reset import BIF_RESET, RESET_CONTROLS
 from gpuwhy.store import health as store_health
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store import queries
 from gpuwhy.xid import xid_info
 

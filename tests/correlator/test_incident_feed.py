@@ -12,7 +12,7 @@ from sqlite_utils import Database
 from gpuwhy.config import load_config
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import feed, open_store
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.migrations import migrations
 from gpuwhy.store.queries import list_incidents
 from gpuwhy.store.retention import Windows, prune

@@ -14,7 +14,7 @@ from gpuwhy import lifecycle as lc
 from gpuwhy.events import GpuSample, KernelLogCheckpoint, RuleFinding
 from gpuwhy.identity import ProcessKey
 from gpuwhy.journal import CHANGE_MESSAGE_IDS, MESSAGE_IDS
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.queries import incident_detail, list_incidents, reset_history
 
 from .conftest import UUID0

@@ -30,7 +30,7 @@ from gpuwhy.app import otlp
 from gpuwhy.app.status import dropped
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import alertpush, open_store
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.queries import list_incidents, source_health
 from gpuwhy.webui import create_app
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpuwhy.bus import Subscriber
 from gpuwhy.correlator.pipeline import Correlator
-from gpuwhy.probes.service import run_probes
+from gpuwhy.probes.privileged import run_probes
 from gpuwhy.store import open_store
 
 

@@ -14,7 +14,8 @@ import os
 import pytest
 
 from gpuwhy.nvioctl import HEAP_ALLOC_FUNCTIONS, NOTABLE_CONTROLS, RM_CONTROLS, UVM_DECODE
-from gpuwhy.probes import fdtrack, lifecycle, sched
+from gpuwhy.probes import fdtrack, sched
+from gpuwhy.probes import process_events as lifecycle
 from gpuwhy.probes.fdtrack import load_bpf
 
 pytestmark = pytest.mark.root

@@ -307,7 +307,7 @@ def test_a_failure_repeated_is_stored_once_a_window_and_every_call_counted(
         assert held >= counted[0][0] > 50 * len(repeatable)
         # told in the kernel: the calls held back never reached user space as records
         # (those that did are the calls stored, notable ones included, and a few opens)
-        # (the probes read a burst at a bounded pace, probes/service.py: the last records
+        # (the probes read a burst at a bounded pace, probes/privileged.py: the last records
         # read may still be on their way to the store)
         rows = pipe.wait_for("select path, fd, cmd, sub, status, reasons from driver_calls "
                              "where pid = ? and start_time = ?", [key.pid, key.start_time],

@@ -25,7 +25,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
 from gpuwhy.events import Envelope, PythonStacks
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.pystacks import FIRST_RUN_SECONDS, StackSampler, run_stack_sampler
+from gpuwhy.probes.stack_sampler import FIRST_RUN_SECONDS, StackSampler, run_stack_sampler
 from gpuwhy.proc import process_key
 from gpuwhy.pystacks import MAX_FUNCTION_CHARS, Target, TargetsRefused, read_targets, write_targets
 from gpuwhy.store import open_store
@@ -429,7 +429,7 @@ def test_the_stacks_process_beats_idle_or_sampling_and_stalls_once_gone(tmp_path
 
     from gpuwhy.bus import Subscriber
     from gpuwhy.events import SourceHealth
-    from gpuwhy.probes.pystacks import HEALTH_EVERY_S, SOURCE
+    from gpuwhy.probes.stack_sampler import HEALTH_EVERY_S, SOURCE
     from gpuwhy.stalls import STALLED, judge
     from gpuwhy.store.queries import source_health
 

@@ -13,7 +13,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import load_config
 from gpuwhy.events import DeviceOpened, KernelLogRecord, ProcessSeen
 from gpuwhy.identity import ProcessKey
-from gpuwhy.store import lifecycle as store_lifecycle
+from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store import open_store
 from gpuwhy.store.queries import list_incidents
 

@@ -1,4 +1,4 @@
-"""lifecycle: exec, fork and exit of every process, keyed exactly by (pid, start_time).
+"""Process events: exec, fork and exit of every process, keyed exactly by (pid, start_time).
 
 Loads ``lifecycle.bpf.c``. Execs are enriched from /proc (command line, uid, cgroup,
 container / pod / unit, tag) while the process is there to be read; fork and exit need

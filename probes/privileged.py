@@ -26,8 +26,8 @@ from gpuwhy.memory import release_freed_memory
 from gpuwhy.probes.cuda.probe import CudaProbe
 from gpuwhy.probes.fdtrack import BPF_STATS_SYSCTL, FdTrackProbe, bpf_stats_enabled
 from gpuwhy.probes.klog.lend import KmsgLender
-from gpuwhy.probes.lifecycle import LifecycleProbe
 from gpuwhy.probes.printk import PrintkProbe
+from gpuwhy.probes.process_events import LifecycleProbe
 from gpuwhy.probes.release import close_released, drop_compiler_pages, release_module
 from gpuwhy.probes.ringwait import epoll_fd
 from gpuwhy.probes.sched import SchedProbe
