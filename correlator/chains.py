@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlite_utils import Database
 
@@ -31,9 +31,6 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.rules.model import SYMPTOM
 from gpuwhy.store import incident_chains
 from gpuwhy.store.incident_chains import ChainFacts, Effect, Origin, ResetCall
-
-if TYPE_CHECKING:
-    from gpuwhy.correlator.incidents import IncidentBuilder
 
 ESCALATE_AFTER = 2          # Xids on a GPU after a reset that call for a hardware inspection
 MAX_NAMED = 8               # processes an Xid incident names (a storm names its first few)
@@ -53,8 +50,7 @@ class Link:
     gpu_id: str | None = None
 
 
-def rebuild(db: Database, incident_id: int, builder: IncidentBuilder | None = None
-            ) -> list[Link]:
+def rebuild(db: Database, incident_id: int, builder: object = None) -> list[Link]:
     """Build the chain of one incident from the store and store it (links, processes):
     read its facts, decide, write the links back. ``builder`` is unused (it was before this
     split too); it stays until the callers in correlator/incidents.py stop passing it."""

@@ -180,7 +180,7 @@ def run(gpus: int = 8, days: float = 7.0, runs: int = 20, keep: str | None = Non
     from mcp import Client
 
     from gpuwhy.app.mcp_server import build_server, settle
-    from gpuwhy.app.why_cli import service_rules
+    from gpuwhy.app.verdicts import service_rules
 
     folder = Path(keep or tempfile.mkdtemp(prefix="gpuwhy-bench-mcp-"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ def mcp(ctx: click.Context) -> None:
       gpuwhy --config /etc/gpuwhy/gpuwhy.toml mcp
     """
     from gpuwhy.app.mcp_server import build_server, settle
-    from gpuwhy.app.why_cli import service_rules
+    from gpuwhy.app.verdicts import service_rules
 
     config = ctx.obj.config()
     # stdout is the protocol's: every log line goes to stderr, which MCP clients keep

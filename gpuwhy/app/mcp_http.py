@@ -58,7 +58,7 @@ class McpOverHttp:
         from mcp.server.transport_security import TransportSecuritySettings
 
         from gpuwhy.app.mcp_server import build_server
-        from gpuwhy.app.why_cli import service_rules
+        from gpuwhy.app.verdicts import service_rules
 
         config = self.config
         server = build_server(config["store.path"], lambda: service_rules(config),

@@ -233,7 +233,8 @@ def build_server(store_path: str, load_rules: Callable[[], tuple[dict, list[str]
                  docs: Path = DOCS, *, prometheus_url: str = "",
                  prometheus_timeout: float = 10.0) -> MCPServer:
     """The MCP server over the store at ``store_path``; ``load_rules`` gives the service's
-    rules by id and the problems of the files it skipped (:func:`gpuwhy.app.why_cli.service_rules`);
+    rules by id and the problems of the files it skipped
+    (:func:`gpuwhy.app.verdicts.service_rules`);
     ``prometheus_url`` (``fleet.prometheus_url``, '' for none) is what the fleet tool asks."""
     store = _Store(store_path, load_rules)
     server = MCPServer(
@@ -257,7 +258,7 @@ def build_server(store_path: str, load_rules: Callable[[], tuple[dict, list[str]
                 max_length=128, strict=True, description="A GPU (index, UUID, PCI address) "
                 "or a process (PID-STARTTIME); none: every GPU.")] = None,
             at: When | None = None) -> dict[str, Any]:
-        from gpuwhy.app.why_cli import NotNamed, select_verdicts
+        from gpuwhy.app.verdicts import NotNamed, select_verdicts
         from gpuwhy.store.queries import gpu_verdicts
 
         moment = _time(at, "at")

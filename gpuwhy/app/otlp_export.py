@@ -92,8 +92,8 @@ from prometheus_client.registry import Collector
 from sqlite_utils import Database
 
 from gpuwhy import severity as sev
-from gpuwhy.app.otlp import SOURCE, Plan, plan
 from gpuwhy.app.otlp_encode import MetricsEncoder
+from gpuwhy.app.otlp_plan import SOURCE, Plan, plan
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.journal import one_line

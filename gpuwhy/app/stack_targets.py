@@ -74,7 +74,7 @@ def run_stack_targets(config: Config, stop: threading.Event) -> None:
     Does nothing when ``stacks.enabled`` is false."""
     if not config["stacks.enabled"]:
         return
-    from gpuwhy.app.why_cli import service_rules
+    from gpuwhy.app.verdicts import service_rules
     from gpuwhy.store import open_store
     from gpuwhy.store.queries import gpu_verdicts
 

@@ -13,19 +13,25 @@ import contextlib
 import json
 import sqlite3
 import sys
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 
 import click
 from sqlite_utils import Database
 
 from gpuwhy import severity as sev
+from gpuwhy.app.verdicts import (
+    NotNamed,
+    ServiceRules,
+    about_process,
+    select_verdicts,
+)
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.identity import ProcessKey
 from gpuwhy.quantities import compact, label, quantity
-from gpuwhy.rules.answer import Answer, Verdict, ranks_lower, sentence, verdict_dict
+from gpuwhy.rules.answer import Verdict, ranks_lower, sentence, verdict_dict
 from gpuwhy.rules.model import Rule
 from gpuwhy.text import format_ts, parse_ts, printable
 
@@ -36,42 +42,6 @@ class Unanswerable(click.ClickException):
     """No store to read, or one this user cannot read: exit status 2, like a usage error."""
 
     exit_code = UNUSABLE
-
-
-def service_rules(config: Config) -> tuple[dict[str, Rule], list[str]]:
-    """The rules the service runs, by id, and the problems of the rule files skipped (the
-    one loading `gpuwhy why` and `gpuwhy mcp` share)."""
-    from gpuwhy.rules.loader import configured_rule_set
-
-    loaded = configured_rule_set(config)
-    return {r.id: r for r in loaded.rules}, [str(p) for p in loaded.problems]
-
-
-class ServiceRules(Mapping[str, Rule]):
-    """The rules the service runs, by id, loaded at the first look (a broken rule file is
-    said on stderr, skipped). Findings the store keeps carry what the ranking reads of
-    their rule (gpuwhy.rules.answer.described): reading the answer needs the rule files
-    only for older rows, so `gpuwhy why` parses none (about 0.4 s) where it need not."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self._rules: dict[str, Rule] | None = None
-
-    def _loaded(self) -> dict[str, Rule]:
-        if self._rules is None:
-            self._rules, problems = service_rules(self.config)
-            for problem in problems:
-                click.echo(f"warning: {problem} (rule skipped)", err=True)
-        return self._rules
-
-    def __getitem__(self, rule_id: str) -> Rule:
-        return self._loaded()[rule_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
-
-    def __len__(self) -> int:
-        return len(self._loaded())
 
 
 def _read(path: str, rules: Mapping[str, Rule], at: int | None
@@ -92,11 +62,6 @@ def _read(path: str, rules: Mapping[str, Rule], at: int | None
     except sqlite3.Error as exc:
         raise Unanswerable(f"cannot read the store {path}: {exc} (run as the user "
                                 "gpuwhy runs as, e.g. with sudo)") from None
-
-
-def _about_process(answer: Answer, key: ProcessKey) -> bool:
-    f = answer.finding
-    return f.process == key or key in f.processes
 
 
 def _exit_status(shown: list[Verdict]) -> int:
@@ -167,7 +132,7 @@ def _print_detail(verdict: Verdict, key: ProcessKey | None, utc: bool,
         for line in _stack_lines(stacks or []):
             click.echo(line)
     others = [a for a in verdict.candidates if a is not lead
-              and (key is None or _about_process(a, key))]
+              and (key is None or about_process(a, key))]
     if others and lead is not None:
         click.echo("  other candidates, ranked lower:")
         for answer in others:
@@ -321,36 +286,6 @@ def _measured(name: str, value: object) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return quantity(name, value)
     return compact(value)
-
-
-class NotNamed(GpuwhyError):
-    """The target names no GPU or process the answers know (the message lists the GPUs)."""
-
-
-def select_verdicts(db: Database, shown: list[Verdict], target: str
-                    ) -> tuple[list[Verdict], ProcessKey | None]:
-    """The verdicts ``target`` names: one GPU, or each GPU a process's findings are on
-    (shared by `gpuwhy why TARGET` and `gpuwhy mcp`'s ``why``). Raises :class:`NotNamed`."""
-    from gpuwhy.store.queries import gpu_named, gpu_of_process
-
-    try:
-        key = ProcessKey.parse(target)
-    except ValueError:
-        key = None
-    if key is not None:
-        mine = [v for v in shown if any(_about_process(a, key) for a in v.candidates)]
-        if not mine:
-            gpu = gpu_of_process(db, key)
-            mine = [v for v in shown if v.gpu.gpu_id == gpu]
-        if not mine:
-            raise NotNamed(f"no GPU answer names process {key} (not seen on a GPU)")
-        return mine, key
-    gpu_id = gpu_named(db, target)
-    mine = [v for v in shown if v.gpu.gpu_id == gpu_id]
-    if not mine:
-        known = ", ".join(v.gpu.label for v in shown) or "none"
-        raise NotNamed(f"no GPU known as {printable(target, 80)} (known: {known})")
-    return mine, None
 
 
 def _select(db: Database, shown: list[Verdict], target: str

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from gpuwhy.clock import now_ns
 from gpuwhy.events import CudaLibrary
@@ -36,8 +36,21 @@ from gpuwhy.probes.cuda.uprobe_multi import UprobeMultiError, close_all
 from gpuwhy.probes.cuda.uprobe_multi import attach as attach_multi
 from gpuwhy.threads import Thread
 
-if TYPE_CHECKING:
-    from gpuwhy.probes.cuda.probe import CudaProbe
+
+class AttachedProbe(Protocol):
+    """What the attacher uses of the loaded CUDA probe (gpuwhy.probes.cuda.probe.CudaProbe):
+    said here, so that the probe imports the attacher and not the other way round too."""
+
+    config: Any
+    enabled: bool
+    disabled_reason: str | None
+    counts: dict[str, int]
+    programs: dict[bool, Any]      # the entry program (False) and the return one (True)
+    outbox: queue.SimpleQueue
+
+    def set_enabled(self, enabled: bool, reason: str | None = None) -> None: ...
+
+    def forget(self, pid: int) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +74,7 @@ class Attacher:
     """``start()``, then ``requests.put(...)``: ("watch", process, since_start),
     ("unwatch", pid), ("detach", pid, reason); ``stop()``."""
 
-    def __init__(self, probe: CudaProbe):
+    def __init__(self, probe: AttachedProbe):
         self.probe = probe
         self.config = probe.config
         self.proc_root: str = probe.config["probes.proc_root"]

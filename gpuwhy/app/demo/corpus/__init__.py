@@ -19,36 +19,15 @@ The same seed gives the same capture, byte for byte.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 from gpuwhy.app.demo.corpus.host import Host
+from gpuwhy.app.demo.corpus.planted import Scenario
+
+__all__ = ["Scenario", "corpus", "select", "write_corpus", "write_scenario"]
 
 MANIFEST_FORMAT = "gpuwhy-scenario/1"
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A host with a planted cause (``expected``: the acceptable top answers) or a healthy
-    one (``expected`` empty). ``onset_s``: capture second the fault starts (0: before)."""
-
-    name: str
-    seed: int
-    cause: str
-    expected: tuple[str, ...]
-    build: Callable[[int], Host]
-    group: str = ""
-    onset_s: float = 0.0
-    notes: str = ""
-    half: str = ""        # the outside corpus's split: "tuning" or "held-out"
-
-    @property
-    def healthy(self) -> bool:
-        return not self.expected
-
-    def host(self) -> Host:
-        return self.build(self.seed)
 
 
 BUILTIN, OUTSIDE = "builtin", "outside"

@@ -19,7 +19,6 @@ import math
 import random
 from collections.abc import Callable
 
-from gpuwhy.app.demo.corpus import Scenario
 from gpuwhy.app.demo.corpus.host import (
     A100,
     CNN_TRAIN,
@@ -42,6 +41,7 @@ from gpuwhy.app.demo.corpus.host import (
     power_speed,
     thermal_speed,
 )
+from gpuwhy.app.demo.corpus.planted import Scenario
 from gpuwhy.events import (
     DeviceClosed,
     DeviceOpened,

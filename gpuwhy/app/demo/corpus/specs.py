@@ -15,7 +15,6 @@ import math
 import random
 from collections.abc import Callable
 
-from gpuwhy.app.demo.corpus import Scenario
 from gpuwhy.app.demo.corpus.host import (
     A100,
     CNN_TRAIN,
@@ -41,6 +40,7 @@ from gpuwhy.app.demo.corpus.host import (
     reset_call,
     thermal_speed,
 )
+from gpuwhy.app.demo.corpus.planted import Scenario
 from gpuwhy.gpufields import FABRIC_IN_PROGRESS, FABRIC_NOT_STARTED, FABRIC_SUCCESS
 from gpuwhy.reset import BACK_STATES, RESET_STATES
 
