@@ -27,7 +27,7 @@ the end of a reset. An operator's mark-healthy (with who and why) clears any sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwhy import lifecycle as lc
 from gpuwhy.clock import NS_PER_SECOND
@@ -317,6 +317,15 @@ class Transition:
     def leaves_unusable(self) -> bool:
         """Whether this move makes an unusable GPU usable: its health-backed incidents end."""
         return self.previous in UNUSABLE and self.state not in UNUSABLE
+
+
+class Contradiction(NamedTuple):
+    """A source's sign against a GPU's current state (a source still reading a GPU the kernel
+    says fell off the bus): kept on the state as evidence (``seen``), never a transition.
+    A pair, so that it unpacks as ``gpu_id, seen``."""
+
+    gpu_id: str
+    seen: dict[str, Any]
 
 
 def stored_remedies(state: str | None, evidence: dict) -> frozenset[str]:

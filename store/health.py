@@ -1,5 +1,9 @@
-"""GPU health writes: the store applies the transitions the decide stage (or an operator's
-mark-healthy) decided (:class:`gpuwhy.gpu_health.Transition`), and reads the incidents that
+"""GPU health reads and writes: what a health decision needs, the transitions it decided.
+
+The store reads what the decide stage's health machine decides from
+(:class:`GpuHealthNow`, :class:`HealthFacts`), applies what it (or an operator's
+mark-healthy) decided (:class:`gpuwhy.gpu_health.Transition`,
+:class:`gpuwhy.gpu_health.Contradiction`: :func:`apply_health`), and reads the incidents that
 rest on a GPU's health.
 
 A health-backed incident is a cause incident (not an effect) about a GPU that is unusable
@@ -12,6 +16,8 @@ the same how (:data:`gpuwhy.gpu_health.RESOLUTION`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlite_utils import Database
@@ -35,6 +41,81 @@ def health_backed_sql(alias: str = "") -> str:
 
 
 HEALTH_BACKED_SQL = health_backed_sql()
+
+
+@dataclass(frozen=True)
+class GpuHealthNow:
+    """A GPU's health as stored: ``health`` (None before any transition: ok), since when,
+    the stored evidence (what it waits for in ``clears_by``, ``causes`` within degraded, a
+    ``contradicted`` sign), the boot it was entered in, and the GPU source that reads the
+    GPU (None: no source reads it, such as a GPU only the kernel log named)."""
+
+    gpu_id: str
+    health: str | None = None
+    since: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    boot_id: str | None = None
+    source: str | None = None
+
+    @property
+    def state(self) -> str:
+        return self.health or gh.OK
+
+
+@dataclass(frozen=True)
+class HealthFacts:
+    """What one event's health decision reads from the store: the current health of each
+    GPU it may move (None: no ``gpus`` row yet), the GPU ids the event names once resolved
+    (a kernel-log line's UUID or PCI address, a reset call's device or the GPUs its process
+    held; None where nothing resolved), and, where the event brings a new boot id, every GPU
+    whose health is not ok (None: not read, the event brings no new boot)."""
+
+    gpus: Mapping[str, GpuHealthNow | None] = field(default_factory=dict)
+    named: tuple[str | None, ...] = ()
+    not_ok: tuple[GpuHealthNow, ...] | None = None
+
+
+def _now_of(row: Mapping[str, Any]) -> GpuHealthNow:
+    return GpuHealthNow(row["id"], row["health"], row["since"],
+                        json.loads(row["health_evidence"] or "{}"), row["boot_id"],
+                        row["source"])
+
+
+_NOW_COLUMNS = ("select id, health, health_since as since, health_evidence, "
+                "health_boot_id as boot_id, source from gpus")
+
+
+def health_now(db: Database, gpu_id: str) -> GpuHealthNow | None:
+    """A GPU's current health (:func:`gpuwhy.store.queries.gpu_health` as a value), None
+    for a GPU with no row."""
+    found = db.execute_returning_dicts(f"{_NOW_COLUMNS} where id = ?", [gpu_id])
+    return _now_of(found[0]) if found else None
+
+
+def not_ok_now(db: Database) -> tuple[GpuHealthNow, ...]:
+    """Every GPU whose health is not ok, by id: those a reboot may clear."""
+    return tuple(_now_of(row) for row in db.execute_returning_dicts(
+        f"{_NOW_COLUMNS} where health is not null and health != 'ok' order by id"))
+
+
+def health_facts(db: Database, named: Iterable[str | None] = (), not_ok: bool = False
+                 ) -> HealthFacts:
+    """The facts a health decision reads: the current health of each of the ``named`` GPUs
+    (already resolved; None skipped) and, with ``not_ok``, of every GPU not ok."""
+    ids = tuple(named)
+    gpus = {gpu_id: health_now(db, gpu_id) for gpu_id in dict.fromkeys(ids)
+            if gpu_id is not None}
+    return HealthFacts(gpus, ids, not_ok_now(db) if not_ok else None)
+
+
+def apply_health(db: Database, steps: Sequence[gh.Transition | gh.Contradiction]) -> None:
+    """Apply one decision's steps in order: each transition (:func:`apply_transition`) and
+    each contradicting sign (:func:`note_contradiction`)."""
+    for step in steps:
+        if isinstance(step, gh.Transition):
+            apply_transition(db, step)
+        else:
+            note_contradiction(db, step.gpu_id, step.seen)
 
 
 class HealthError(GpuwhyError):

@@ -22,7 +22,8 @@ from gpuwhy.webui.window import requested_tail, requested_window, whole
 bp = Blueprint("processes", __name__)
 
 
-def _key(text: str) -> ProcessKey:
+def process_key_or_404(text: str) -> ProcessKey:
+    """The process key a URL names (``pid-start_time``); 404 for anything else."""
     try:
         key = ProcessKey.parse(text)
     except ValueError:
@@ -34,7 +35,7 @@ def _key(text: str) -> ProcessKey:
 
 
 def _process_or_404(text: str) -> tuple[ProcessKey, dict]:
-    key = _key(text)
+    key = process_key_or_404(text)
     found = queries.process(get_db(), key)
     if found is None:
         abort(404, description=f"no process {key} in the store")

@@ -31,6 +31,7 @@ from gpuwhy.store.stacks import (
     python_stacks,
 )
 from gpuwhy.webui.db import get_db
+from gpuwhy.webui.processes import process_key_or_404
 from gpuwhy.webui.window import whole
 
 bp = Blueprint("stacks", __name__)
@@ -194,21 +195,10 @@ def gpu_stacks(gpu_id: str) -> ResponseReturnValue:
     return _answer(python_stacks(db, gpu_id=gpu["id"], limit=_limit()), None)
 
 
-def _process_key(text: str) -> ProcessKey:
-    try:
-        key = ProcessKey.parse(text)
-    except ValueError:
-        key = None
-    # a pid or start time past SQLite's integers names no process the store can hold
-    if key is None or not text.isascii() or max(key.pid, key.start_time) > MAX_INT:
-        abort(404, description=f"{text[:80]!r} is not a process key (pid-start_time)")
-    return key
-
-
 @bp.get("/api/processes/<key>/stacks")
 def process_stacks(key: str) -> ResponseReturnValue:
     """The Python stacks sampled of a process (its newest windows, on any GPU)."""
-    return _answer(python_stacks(get_db(), process=_process_key(key), limit=_limit()), None)
+    return _answer(python_stacks(get_db(), process=process_key_or_404(key), limit=_limit()), None)
 
 
 @bp.get("/processes/<key>/stacks")
@@ -216,7 +206,7 @@ def process_page(key: str) -> ResponseReturnValue:
     """A sampled process's stacks: the table, the advice and the flame graph of its newest
     windows (the GPU page links here); 404 for a process the store knows nothing of."""
     db = get_db()
-    found = _process_key(key)
+    found = process_key_or_404(key)
     process = queries.process(db, found)
     rows = python_stacks(db, process=found, limit=_limit())
     if process is None and not rows:
