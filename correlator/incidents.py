@@ -20,15 +20,23 @@ its finding clears, or, for an incident that leaves the GPU healthy, ``dedup_sec
 it was last seen (``timeout``), never before it settles. Every change goes through
 :mod:`gpuwhy.store.incident_changes` (its log row), and the changes of incidents are handed to the
 alerter for the journal (:attr:`changes`).
+
+Decided as values from plain facts (no database; ``tests/correlator/test_incident_decide.py``):
+the stall check (:func:`decide_stalls` on :func:`gpu_activity.stall_facts`), what ends with its
+process or once settled (:func:`decide_exited`, :func:`decide_settled` on
+:func:`incident_rows.settled_facts`) and what a rule finding opens, joins, promotes or resolves
+(:func:`decide_finding` on :func:`incident_rows.finding_facts`); the builder applies them
+through the store (:func:`incident_changes.resolve_decided`, the open path). Opening, merging,
+adopting and the other detectors still read the store as they decide.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sqlite_utils import Database
 
@@ -69,7 +77,9 @@ from gpuwhy.store import (
 )
 from gpuwhy.store import health as store_health
 from gpuwhy.store import incident_changes as store_lifecycle
+from gpuwhy.store.gpu_activity import GpuIdle, StallFacts
 from gpuwhy.store.gpu_identity import resolve_gpu
+from gpuwhy.store.incident_rows import FindingFacts, SettledCause
 from gpuwhy.xid import catalogue_fields, xid_info
 
 log = logging.getLogger(__name__)
@@ -121,6 +131,75 @@ class Opened:
     process: ProcessKey | None = None
     details: dict[str, Any] = field(default_factory=dict)
     cause_id: int | None = None     # an effect of this incident: a link of its chain
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """Resolve an active incident, and its active effects with it, at ``ts``: ``how`` (a
+    :mod:`gpuwhy.lifecycle` resolution), ``why`` (its log row's text)."""
+
+    incident_id: int
+    how: str
+    ts: int
+    why: str
+
+
+@dataclass(frozen=True)
+class StallSeen:
+    """An ongoing stall seen again at ``ts``: its active incidents' ``last_seen``."""
+
+    dedup_key: str
+    ts: int
+
+
+@dataclass(frozen=True)
+class NewStall:
+    """A bound process whose GPU has been near idle since ``idle_since``, long enough, with
+    no active stall incident yet: one opens (:func:`stall_opened`) once its scheduler
+    totals over the stretch and its cause are read."""
+
+    process: ProcessKey
+    gpu_id: str
+    idle_since: int
+    dedup_key: str
+
+
+StallDecision = Resolve | StallSeen | NewStall
+
+
+@dataclass(frozen=True)
+class SeenAt:
+    """A cleared finding's incident was last seen at ``ts`` (then resolved)."""
+
+    incident_id: int
+    ts: int
+
+
+@dataclass(frozen=True)
+class FindingAgain:
+    """A firing finding seen again: its incident's (worst) severity, last seen, settling."""
+
+    incident_id: int
+    severity: str
+    ts: int
+    settle_until: int
+
+
+@dataclass(frozen=True)
+class Promote:
+    """A cause that explains an open symptom incident becomes that incident's answer:
+    ``answer``, its fields (:func:`incident_rows.answer_symptom`); the symptom is kept as a
+    link under ``symptom_key``, and so are ``others``; ``text``, the log's line at ``ts``."""
+
+    incident_id: int
+    symptom_key: str
+    answer: dict[str, Any]
+    others: tuple[int, ...]
+    ts: int
+    text: str
+
+
+FindingDecision = SeenAt | Resolve | FindingAgain | Promote | Opened
 
 
 class IncidentBuilder:
@@ -357,22 +436,15 @@ class IncidentBuilder:
                   kinds: tuple[str, ...] = CAUSE_KINDS,
                   process: ProcessKey | None = None) -> int | None:
         """The active cause incident of ``gpu_id`` that an effect beginning at ``ts`` belongs
-        to: one that opened at or before ``ts`` and was seen within its settling time of it
-        (or whose GPU still needs what it said: lost, reset or reboot required, resetting).
-        An Xid that names a process (Xid 13, 31, 43) is the cause of that process's effects
-        only, and of the GPU's own (a GPU-wide finding such as R36's, which reads that Xid):
-        never of another process's."""
+        to (:func:`cause_among` its GPU's active causes of ``kinds``)."""
         if gpu_id is None:
             return None
-        rows = incident_rows.active_causes(db, gpu_id, kinds, ts)
-        for incident_id, kind, last_seen, health, pid, start_time in rows:
-            if kind == "xid" and pid is not None and health not in UNRESOLVED_HEALTH and \
-                    process is not None and \
-                    (pid, start_time) != (process.pid, process.start_time):
-                continue
-            if ts <= last_seen + self.settle_ns(kind) or health in UNRESOLVED_HEALTH:
-                return incident_id
-        return None
+        return cause_among(incident_rows.active_causes(db, gpu_id, kinds, ts), ts, process,
+                           self._settles())
+
+    def _settles(self) -> dict[str, int]:
+        """:meth:`settle_ns` of each cause kind."""
+        return {kind: self.settle_ns(kind) for kind in CAUSE_KINDS}
 
     def _adopt(self, db: Database, cause_id: int, cause: Opened) -> None:
         """Effects found before their cause incident (a late kernel-log line): on its GPU,
@@ -399,56 +471,24 @@ class IncidentBuilder:
     def _resolve(self, db: Database, incident_id: int, how: str, ts: int, why: str) -> None:
         """Resolve an active incident and its active effects (they end with their cause; a
         cause is not resolved while a process it stalled is still stalled)."""
-        store_lifecycle.mark_resolved(db, incident_id, how, ts)
-        self._logged(db, incident_id, lc.RESOLVE, ts, how, why)
+        change = store_lifecycle.resolve_decided(db, incident_id, how, ts, why, ACTOR)
+        if change is not None:              # effects are links: their changes are not news
+            self.changes.append(change)
         self.resolved += 1
-        for effect in incident_rows.active_effects(db, incident_id):
-            store_lifecycle.mark_resolved(db, effect, how, ts)
-            self._logged(db, effect, lc.RESOLVE, ts, how, f"its cause, incident "
-                         f"{incident_id}, was resolved")
+
+    def _apply(self, db: Database, decisions: Sequence[Resolve]) -> None:
+        for decision in decisions:
+            self._resolve(db, decision.incident_id, decision.how, decision.ts, decision.why)
 
     def _resolve_exited(self, db: Database, now: int) -> None:
         """Stalls, and settled Xids that name a process, end when their process does."""
-        rows = incident_rows.ended_with_process(db, now)
-        for incident_id, exited_at, kind, health in rows:
-            if kind == "xid" and health in UNRESOLVED_HEALTH:
-                continue        # the GPU still needs a reset: the Xid is not over with it
-            self._resolve(db, incident_id, lc.PROCESS_EXITED, exited_at,
-                          "the process it is about ended")
+        self._apply(db, decide_exited(incident_rows.ended_with_process(db, now)))
 
     def _resolve_settled(self, db: Database, now: int) -> None:
         """Cause incidents, once settled: resolved when their GPU reads healthy again after
         them, or (if they never left it unhealthy) ``dedup_seconds`` after last seen."""
-        rows = incident_rows.settled_causes(db, now)
-        for incident_id, kind, gpu_id, opened_at, last_seen, health, backed in rows:
-            if health in UNRESOLVED_HEALTH:
-                continue
-            if backed and gpu_id:
-                # Resolved by its GPU's transition as it happens (_health_moved); one still
-                # open on a usable GPU (kept from before, or cleared where no decide saw it)
-                # ends now, with the how of what cleared the GPU.
-                cleared = store_health.last_clearing(db, gpu_id, opened_at)
-                how = gh.RESOLUTION[cleared[1]] if cleared else lc.RECOVERED
-                self._resolve(db, incident_id, how, cleared[0] if cleared else now,
-                              f"GPU {gpu_id} usable again ({cleared[2] if cleared else 'ok'})"
-                              [:lc.NOTE_MAX])
-                continue
-            # a process it stalled is still stalled (hung since the reset, say): not over
-            ended = incident_rows.stalls_caused(db, incident_id)
-            if ended[0]:
-                continue
-            last_seen = max(last_seen, ended[1] or 0)
-            back = incident_rows.back_to(db, gpu_id, gh.OK, opened_at, UNRESOLVED_HEALTH) \
-                if gpu_id else None
-            if back and back[0] <= now:
-                how = lc.RECOVERED if kind == "gpu_reset" or back[1] != gh.RESETTING \
-                    else lc.RESET
-                self._resolve(db, incident_id, how, max(back[0], last_seen),
-                              f"GPU {gpu_id} healthy again ({back[2]})"[:lc.NOTE_MAX])
-            elif kind != "gpu_lost" and now - last_seen >= self.dedup_ns:
-                self._resolve(db, incident_id, lc.TIMEOUT, last_seen + self.dedup_ns,
-                              f"not seen again for {self.dedup_ns // NS_PER_SECOND} s; the "
-                              f"GPU stayed usable")
+        facts = incident_rows.settled_facts(db, now, gh.OK, UNRESOLVED_HEALTH)
+        self._apply(db, decide_settled(facts, now, self.dedup_ns))
 
     def _named_too(self, db: Database, incident_id: int, named: list) -> bool:
         """Add the processes a merged repeat names (an Xid line's pid and name) to those the
@@ -588,151 +628,269 @@ class IncidentBuilder:
         return found
 
     def _detect_rule_finding(self, db: Database, event: RuleFinding) -> list[Opened]:
-        """A firing finding opens (or, on a severity change, updates) its incident, or joins
-        the active cause incident of its GPU as a link; a cleared one resolves it. Dated when
-        its condition first held (``since``), not at its evaluation window's start. Shadow
-        findings are the rules' own business: no incident, no alert."""
+        """A firing finding opens (or, on a severity change, updates) its incident, joins the
+        active cause incident of its GPU as a link, or becomes the answer of the symptom
+        incident it explains; a cleared one resolves it (:func:`decide_finding`, from the
+        rows :func:`incident_rows.finding_facts` reads). Shadow findings are the rules' own
+        business: no incident, no alert."""
         if event.shadow:
             return []
         self._answers_moved = True
-        dedup_key = f"rule_finding:{event.finding_id}"
-        active = incident_rows.active_by_key(db, dedup_key)
-        if event.state == "cleared":
-            if active:
-                incident_rows.seen_at(db, active[0], event.ts)
-                self._resolve(db, active[0], lc.RECOVERED, event.ts,
-                              "the rule's condition stopped holding")
-            return []
-        # An incident keeps the worst severity its finding reached, as a merged repeat does
-        # in _open: a finding that calms down is still the incident it escalated to.
-        if active:
-            incident_rows.finding_again(db, active[0], sev.worst([active[1], event.severity]),
-                                        event.ts, event.ts + self.lag_ns)
-            return []
-        since = event.since or event.ts
-        gpu_id = event.gpu_id or None
-        wanted = Opened("rule_finding", event.severity, since, _finding_title(event),
-                        _finding_summary(event), dedup_key, gpu_id, event.process,
-                        _finding_details(event, since))
-        wanted.cause_id = self._cause_of(db, gpu_id, since, process=event.process)
-        if wanted.cause_id is None and event.rule_kind == SYMPTOM:
-            wanted.cause_id = self._explaining(db, event)       # a cause already answers it
-        if wanted.cause_id is None and event.rule_kind == CAUSE and event.explains:
-            promoted = self._promote(db, event, wanted)
-            if promoted is not None:
-                return []
-        return [wanted]
+        facts = incident_rows.finding_facts(
+            db, finding_key(event), event.state != "cleared", event.gpu_id,
+            event.since or event.ts, CAUSE_KINDS, finding_reads(event))
+        found: list[Opened] = []
+        for decision in decide_finding(event, facts, self.lag_ns, self._settles()):
+            if isinstance(decision, SeenAt):
+                incident_rows.seen_at(db, decision.incident_id, decision.ts)
+            elif isinstance(decision, Resolve):
+                self._apply(db, [decision])
+            elif isinstance(decision, FindingAgain):
+                incident_rows.finding_again(db, decision.incident_id, decision.severity,
+                                            decision.ts, decision.settle_until)
+            elif isinstance(decision, Promote):
+                self._promoted(db, decision)
+            else:
+                found.append(decision)
+        return found
 
-    # --- cause over symptom: the answer's own relation (gpuwhy/rules/answer.py) ------------
-    def _findings_on(self, db: Database, event: RuleFinding, kind: str
-                     ) -> list[tuple[tuple, RuleFinding]]:
-        """Active rule-finding incidents of ``event``'s GPU whose rule is of ``kind``, each
-        with the finding it holds, oldest first. Which of them a finding explains, or is
-        explained by, is the answer's decision, not this module's."""
-        return [(row, _finding_of(row, event.gpu_id))
-                for row in incident_rows.active_findings(db, event.gpu_id, kind)]
-
-    def _explaining(self, db: Database, event: RuleFinding) -> int | None:
-        """The incident of the active cause that answers this symptom (the cause
-        :func:`answer.answering_cause` ranks first among those explaining it), if any."""
-        held = self._findings_on(db, event, CAUSE)
-        cause = answer.answering_cause(event, [finding for _, finding in held], {})
-        return next((row[0] for row, finding in held if finding is cause), None)
-
-    def _promote(self, db: Database, event: RuleFinding, wanted: Opened) -> int | None:
-        """A cause that explains an open symptom incident becomes that incident's answer (its
-        id stays: the link in the first alert still leads to it); the symptom is kept as a
-        link of it, and the alert goes out again with the cause. Returns the incident id."""
-        symptoms = [row for row, finding in self._findings_on(db, event, SYMPTOM)
-                    if answer.explains(event, finding, {})]
-        if not symptoms:
-            return None
-        incident_id, _, _, _, _, symptom_key, symptom_details, symptom_title, severity, \
-            opened_at = symptoms[0]
-        process = event.process
-        # the symptom, as a link: a row of its own, found by its finding's updates; further
-        # symptoms it explains: links too
-        incident_rows.answer_symptom(db, incident_id, symptom_key, {
-            "dedup_key": wanted.dedup_key, "title": wanted.title, "summary": wanted.summary,
-            "details": wanted.details, "severity": sev.worst([severity, wanted.severity]),
-            "process": (process.pid, process.start_time) if process else None,
-            "opened_at": wanted.ts, "seen": event.ts, "settle_until": event.ts + self.lag_ns,
-        }, [other[0] for other in symptoms[1:]])
-        self._logged(db, incident_id, lc.ANSWERED, event.ts,
-                     text=f"cause established: {event.title} (was the symptom: "
-                          f"{symptom_title})"[:lc.NOTE_MAX])
-        chains.rebuild(db, incident_id, self)
-        self._realert.append(incident_id)
-        return incident_id
+    def _promoted(self, db: Database, promote: Promote) -> None:
+        """Apply a :class:`Promote`: the symptom incident takes the cause (its id stays: the
+        link in the first alert still leads to it), its chain is rebuilt, and the alert goes
+        out again with the cause."""
+        incident_rows.answer_symptom(db, promote.incident_id, promote.symptom_key,
+                                     promote.answer, list(promote.others))
+        self._logged(db, promote.incident_id, lc.ANSWERED, promote.ts, text=promote.text)
+        chains.rebuild(db, promote.incident_id, self)
+        self._realert.append(promote.incident_id)
 
     # --- stalls ----------------------------------------------------------------------------
     def _stalls(self, db: Database, now: int) -> list[Opened]:
         """Bound, living processes whose GPU has been near idle (or silent while resetting or
-        lost) for ``stall_seconds`` after being busy. Not a monitor (nv-hostengine, an NVML
+        lost) for ``stall_seconds`` after being busy (:func:`decide_stalls`, from the facts
+        :func:`gpu_activity.stall_facts` reads). Not a monitor (nv-hostengine, an NVML
         exporter, gpuwhy): it holds the device files and waits whatever the GPU does."""
+        facts = gpu_activity.stall_facts(
+            db, now, lambda gpu_id, since, until: self.last_busy.latest(db, gpu_id, since,
+                                                                         until),
+            names_a_monitor, SILENT_STATES)
         found: list[Opened] = []
-        rows = gpu_bindings.held_by_living(db)
-        if not rows:
-            return found                    # an idle host: no further read
-        # One read of the active stalls for every process checked, not one a process; the
-        # GPU's side of the answer once a GPU (its processes share it).
-        stalled_now: dict[str, list[tuple[int, int]]] = {}
-        for stalled, dedup_key, opened_at in incident_rows.active_stalls(db):
-            stalled_now.setdefault(dedup_key, []).append((stalled, opened_at))
-        idle_by_gpu: dict[tuple[str, int], int | None] = {}
-        for pid, start_time, gpu_id, since, comm, cmdline in rows:
-            if names_a_monitor(comm, cmdline):
-                continue
-            key = ProcessKey(pid, start_time)
-            dedup_key = f"process_stall:{key}:{gpu_id}"
-            idle_since = self._idle_since(db, gpu_id, since, now, idle_by_gpu)
-            if idle_since is None or now - idle_since < self.stall_ns:
-                if idle_since is None:      # busy again: the stall is over
-                    for stalled, opened_at in sorted(stalled_now.get(dedup_key, ())):
-                        if opened_at < now:
-                            self._resolve(db, stalled, lc.RECOVERED, now,
-                                          "the GPU is busy again")
-                continue
-            if incident_rows.still_stalled(db, dedup_key, now):
-                continue
-            how = timeline.classify_stall(process_seconds.sched_totals(db, key, idle_since, now))
-            found.append(Opened(
-                "process_stall", "warning", idle_since,
-                f"Process {pid} stalled: GPU idle", f"pid {pid} alive but GPU {gpu_id} near "
-                f"idle for {(now - idle_since) / NS_PER_SECOND:.0f}s; process {how}",
-                dedup_key, gpu_id, key, {"classified": how},
-                self._cause_of(db, gpu_id, idle_since, process=key)))
+        for decision in decide_stalls(facts, self.stall_ns):
+            if isinstance(decision, Resolve):
+                self._apply(db, [decision])
+            elif isinstance(decision, StallSeen):
+                incident_rows.still_stalled(db, decision.dedup_key, decision.ts)
+            else:
+                key, since = decision.process, decision.idle_since
+                how = timeline.classify_stall(process_seconds.sched_totals(db, key, since,
+                                                                           now))
+                found.append(stall_opened(decision, now, how, self._cause_of(
+                    db, decision.gpu_id, since, process=key)))
         return found
 
-    def _idle_since(self, db: Database, gpu_id: str, bound_since: int, now: int,
-                    known: dict[tuple[str, int], int | None]) -> int | None:
-        """Start of the idle stretch that reaches ``now``, if the GPU was busy before it and
-        after the process bound it (a process that never saw it busy did not stall). A GPU
-        that went silent (lost, resetting) after its last busy sample was idle from then,
-        even if it has come back since. ``known``: the answers of this check so far, by GPU
-        and busy sample (all that follows depends on these and ``now`` alone)."""
-        busy = self.last_busy.latest(db, gpu_id, bound_since, now)
-        if busy is None:
-            return None
-        if (gpu_id, busy) not in known:
-            known[(gpu_id, busy)] = self._idle_after(db, gpu_id, busy, now)
-        return known[(gpu_id, busy)]
 
-    def _idle_after(self, db: Database, gpu_id: str, busy: int, now: int) -> int | None:
-        """Where the GPU's idle stretch began after its busy sample at ``busy``, if it did."""
-        after = gpu_activity.first_sample_after(db, gpu_id, busy)
-        state = gpu_activity.gpu_state(db, gpu_id)
-        went_silent = None
-        if state and state[1] and state[1] > busy:      # its state changed since: how?
-            went_silent = gpu_activity.went_silent(db, gpu_id, busy, now, SILENT_STATES)
-            if went_silent is None and state[0] in SILENT_STATES:
-                went_silent = state[1]
-        # lost or resetting by its health (an Xid 79 in the kernel log, where no GPU source
-        # said so): it went silent then
-        lost = state[3] if state and state[2] in (gh.LOST, gh.RESETTING) and state[3] and \
-            busy < state[3] <= now else None
-        starts = [t for t in (after, went_silent, lost) if t is not None]
-        return min(starts) if starts else None
+# --- the decisions, from plain facts -----------------------------------------------------------
+def idle_start(idle: GpuIdle, now: int) -> int | None:
+    """Where a GPU's idle stretch began after its busy sample (``idle.busy``), if it did: the
+    first of its next sample, when it went silent (a GPU source said resetting or lost; else
+    its state now is such, since then) and when its health said lost or resetting by
+    ``now`` (an Xid 79 in the kernel log, where no GPU source said so). A GPU that went
+    silent after its last busy sample was idle from then, even if it has come back since."""
+    busy, state = idle.busy, idle.state
+    went_silent = None
+    if state and state[1] and state[1] > busy:      # its state changed since: how?
+        went_silent = idle.went_silent
+        if went_silent is None and state[0] in SILENT_STATES:
+            went_silent = state[1]
+    lost = state[3] if state and state[2] in (gh.LOST, gh.RESETTING) and state[3] and \
+        busy < state[3] <= now else None
+    starts = [t for t in (idle.first_sample, went_silent, lost) if t is not None]
+    return min(starts) if starts else None
+
+
+def decide_stalls(facts: StallFacts, stall_ns: int) -> list[StallDecision]:
+    """The stall check at ``facts.now``, in the bound processes' order: a process whose GPU
+    is busy again ends its stall incidents opened before now (:class:`Resolve`); one whose GPU
+    has been idle for ``stall_ns`` since being busy after it bound it (a process that never
+    saw it busy did not stall) is still stalled (:class:`StallSeen`) or stalls
+    (:class:`NewStall`)."""
+    now = facts.now
+    stalled_now: dict[str, list[tuple[int, int]]] = {}
+    for stalled, dedup_key, opened_at in facts.stalls:
+        stalled_now.setdefault(dedup_key, []).append((stalled, opened_at))
+    decided: list[StallDecision] = []
+    for bound in facts.bound:
+        key, gpu_id = bound.process, bound.gpu_id
+        dedup_key = f"process_stall:{key}:{gpu_id}"
+        idle_since = None if bound.busy is None else \
+            idle_start(facts.idle[(gpu_id, bound.busy)], now)
+        if idle_since is None or now - idle_since < stall_ns:
+            if idle_since is None:      # busy again: the stall is over
+                decided += [Resolve(stalled, lc.RECOVERED, now, "the GPU is busy again")
+                            for stalled, opened_at in sorted(stalled_now.get(dedup_key, ()))
+                            if opened_at < now]
+            continue
+        if any(opened_at <= now for _, opened_at in stalled_now.get(dedup_key, ())):
+            decided.append(StallSeen(dedup_key, now))
+            continue
+        decided.append(NewStall(key, gpu_id, idle_since, dedup_key))
+    return decided
+
+
+def stall_opened(stall: NewStall, now: int, how: str, cause_id: int | None) -> Opened:
+    """The incident a new stall opens: ``how`` the process spent the stretch
+    (:func:`timeline.classify_stall`), ``cause_id`` the active cause it belongs to."""
+    pid, gpu_id, idle_since = stall.process.pid, stall.gpu_id, stall.idle_since
+    return Opened("process_stall", "warning", idle_since,
+                  f"Process {pid} stalled: GPU idle", f"pid {pid} alive but GPU {gpu_id} near "
+                  f"idle for {(now - idle_since) / NS_PER_SECOND:.0f}s; process {how}",
+                  stall.dedup_key, gpu_id, stall.process, {"classified": how}, cause_id)
+
+
+def cause_among(rows: Sequence[tuple], ts: int, process: ProcessKey | None,
+                settle: Mapping[str, int]) -> int | None:
+    """The cause incident an effect beginning at ``ts`` belongs to, of its GPU's active
+    causes opened at or before ``ts`` (rows of :func:`incident_rows.active_causes`: id, kind,
+    last_seen, GPU health, pid, start_time; latest first): one seen within its settling time
+    (``settle`` by kind) of it, or whose GPU still needs what it said (lost, reset or reboot
+    required, resetting). An Xid that names a process (Xid 13, 31, 43) is the cause of that
+    process's effects only, and of the GPU's own (a GPU-wide finding such as R36's, which
+    reads that Xid): never of another process's."""
+    for incident_id, kind, last_seen, health, pid, start_time in rows:
+        if kind == "xid" and pid is not None and health not in UNRESOLVED_HEALTH and \
+                process is not None and \
+                (pid, start_time) != (process.pid, process.start_time):
+            continue
+        if ts <= last_seen + settle[kind] or health in UNRESOLVED_HEALTH:
+            return cast(int, incident_id)
+    return None
+
+
+def finding_key(event: RuleFinding) -> str:
+    """The dedup key of a finding's incident."""
+    return f"rule_finding:{event.finding_id}"
+
+
+def finding_reads(event: RuleFinding) -> tuple[str, ...]:
+    """The kinds of the GPU's active findings a new incident of ``event`` is related to: a
+    symptom's explaining causes, a cause's symptoms it may explain."""
+    if event.rule_kind == SYMPTOM:
+        return (CAUSE,)
+    if event.rule_kind == CAUSE and event.explains:
+        return (SYMPTOM,)
+    return ()
+
+
+def decide_finding(event: RuleFinding, facts: FindingFacts, lag_ns: int,
+                   settle: Mapping[str, int]) -> list[FindingDecision]:
+    """What a (not shadow) finding does to the incidents: a cleared one resolves its active
+    incident; a firing one seen again updates it (an incident keeps the worst severity its
+    finding reached, as a merged repeat does: a finding that calms down is still the
+    incident it escalated to); a new one opens an incident dated when its condition first
+    held (``since``, not its evaluation window's start), linked to the active cause incident
+    of its GPU (:func:`cause_among`) or, for a symptom, to the cause finding that answers it
+    (:func:`explaining`); a cause that explains an open symptom incident takes it over
+    (:func:`promotion`) instead of opening one."""
+    active = facts.active
+    if event.state == "cleared":
+        if not active:
+            return []
+        return [SeenAt(active[0], event.ts),
+                Resolve(active[0], lc.RECOVERED, event.ts,
+                        "the rule's condition stopped holding")]
+    if active:
+        return [FindingAgain(active[0], sev.worst([active[1], event.severity]), event.ts,
+                             event.ts + lag_ns)]
+    since = event.since or event.ts
+    gpu_id = event.gpu_id or None
+    wanted = Opened("rule_finding", event.severity, since, _finding_title(event),
+                    _finding_summary(event), finding_key(event), gpu_id, event.process,
+                    _finding_details(event, since))
+    wanted.cause_id = cause_among(facts.causes, since, event.process, settle) \
+        if gpu_id is not None else None
+    if wanted.cause_id is None and event.rule_kind == SYMPTOM:
+        wanted.cause_id = explaining(event, facts.held.get(CAUSE, ()))
+    if wanted.cause_id is None and event.rule_kind == CAUSE and event.explains:
+        promote = promotion(event, wanted, facts.held.get(SYMPTOM, ()), lag_ns)
+        if promote is not None:
+            return [promote]
+    return [wanted]
+
+
+# --- cause over symptom: the answer's own relation (gpuwhy/rules/answer.py) ----------------
+def explaining(event: RuleFinding, causes: Sequence[tuple]) -> int | None:
+    """The incident of the active cause that answers this symptom (the cause
+    :func:`answer.answering_cause` ranks first among those explaining it), if any.
+    ``causes``: the GPU's active cause-finding incidents (rows of
+    :func:`incident_rows.active_findings`), oldest first."""
+    held = [(row, _finding_of(row, event.gpu_id)) for row in causes]
+    cause = answer.answering_cause(event, [finding for _, finding in held], {})
+    return next((row[0] for row, finding in held if finding is cause), None)
+
+
+def promotion(event: RuleFinding, wanted: Opened, symptoms: Sequence[tuple],
+              lag_ns: int) -> Promote | None:
+    """A cause that explains an open symptom incident (the oldest of the GPU's active
+    symptom-finding incidents, rows of :func:`incident_rows.active_findings`, that
+    :func:`answer.explains` says it explains) becomes that incident's answer; the symptom is
+    kept as a link of it, and so are further symptoms it explains. None: it explains none."""
+    explained = [row for row in symptoms
+                 if answer.explains(event, _finding_of(row, event.gpu_id), {})]
+    if not explained:
+        return None
+    incident_id, _, _, _, _, symptom_key, _, symptom_title, severity, _ = explained[0]
+    process = event.process
+    return Promote(incident_id, symptom_key, {
+        "dedup_key": wanted.dedup_key, "title": wanted.title, "summary": wanted.summary,
+        "details": wanted.details, "severity": sev.worst([severity, wanted.severity]),
+        "process": (process.pid, process.start_time) if process else None,
+        "opened_at": wanted.ts, "seen": event.ts, "settle_until": event.ts + lag_ns,
+    }, tuple(other[0] for other in explained[1:]), event.ts,
+        f"cause established: {event.title} (was the symptom: {symptom_title})"[:lc.NOTE_MAX])
+
+
+def decide_exited(rows: Sequence[tuple]) -> list[Resolve]:
+    """Stalls, and settled Xids that name a process, end when their process does (rows of
+    :func:`incident_rows.ended_with_process`: id, exited_at, kind, GPU health); an Xid
+    whose GPU still needs a reset is not over with it."""
+    return [Resolve(incident_id, lc.PROCESS_EXITED, exited_at,
+                    "the process it is about ended")
+            for incident_id, exited_at, kind, health in rows
+            if not (kind == "xid" and health in UNRESOLVED_HEALTH)]
+
+
+def decide_settled(causes: Sequence[SettledCause], now: int, dedup_ns: int) -> list[Resolve]:
+    """Settled cause incidents on a usable GPU: a health-backed one ends with the transition
+    that cleared its GPU (resolved as it happens by the decide stage; one still open, kept
+    from before or cleared where no decide saw it, ends now); any other when its GPU reads
+    healthy again after it, or ``dedup_ns`` after it was last seen (a lost GPU never times
+    out), but not while a process it stalled is still stalled."""
+    decided = []
+    for cause in causes:
+        if cause.health in UNRESOLVED_HEALTH:
+            continue
+        gpu_id = cause.gpu_id
+        if cause.backed and gpu_id:
+            cleared = cause.clearing
+            how = gh.RESOLUTION[cleared[1]] if cleared else lc.RECOVERED
+            decided.append(Resolve(cause.id, how, cleared[0] if cleared else now,
+                                   f"GPU {gpu_id} usable again "
+                                   f"({cleared[2] if cleared else 'ok'})"[:lc.NOTE_MAX]))
+            continue
+        if cause.stalls[0]:     # hung since the reset, say: not over
+            continue
+        last_seen = max(cause.last_seen, cause.stalls[1] or 0)
+        back = cause.back
+        if back and back[0] <= now:
+            how = lc.RECOVERED if cause.kind == "gpu_reset" or back[1] != gh.RESETTING \
+                else lc.RESET
+            decided.append(Resolve(cause.id, how, max(back[0], last_seen),
+                                   f"GPU {gpu_id} healthy again ({back[2]})"[:lc.NOTE_MAX]))
+        elif cause.kind != "gpu_lost" and now - last_seen >= dedup_ns:
+            decided.append(Resolve(cause.id, lc.TIMEOUT, last_seen + dedup_ns,
+                                   f"not seen again for {dedup_ns // NS_PER_SECOND} s; the "
+                                   f"GPU stayed usable"))
+    return decided
 
 
 def _finding_details(event: RuleFinding, since: int) -> dict[str, Any]:

@@ -166,6 +166,24 @@ def mark_resolved(db: Database, incident_id: int, how: str, ts: int) -> None:
                "updated_at = ? where id = ?", [lc.RESOLVED, how, ts, ts, incident_id])
 
 
+def resolve_decided(db: Database, incident_id: int, how: str, ts: int, why: str,
+                    actor: str) -> int | None:
+    """Apply a decided resolution: the active incident and its active effects (they end
+    with their cause) are resolved at ``ts``, ``how``, each with its log row. Returns the
+    incident's log row id if it is a cause (its change is news for the journal; an effect's
+    is not)."""
+    mark_resolved(db, incident_id, how, ts)
+    change = log_change(db, incident_id, lc.RESOLVE, ts, actor, how, why)
+    row = db.execute("select cause_id from incidents where id = ?", [incident_id]).fetchone()
+    effects = [r[0] for r in db.execute(f"select id from incidents where cause_id = ? and "
+                                        f"{lc.sql_active()}", [incident_id]).fetchall()]
+    for effect in effects:
+        mark_resolved(db, effect, how, ts)
+        log_change(db, effect, lc.RESOLVE, ts, actor, how,
+                   f"its cause, incident {incident_id}, was resolved")
+    return change if row and row[0] is None else None
+
+
 def mark_reopened(db: Database, incident_id: int, ts: int) -> None:
     """A resolved incident is active again (a repeat within the reopen window)."""
     db.execute("update incidents set state = ?, resolution = null, closed_at = null, "

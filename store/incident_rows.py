@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sqlite_utils import Database
 
 from gpuwhy.lifecycle import sql_active
-from gpuwhy.store.health import HEALTH_BACKED_SQL, health_backed_sql
+from gpuwhy.store.health import HEALTH_BACKED_SQL, health_backed_sql, last_clearing
 
 
 def settling_ids(db: Database, watermark: int) -> list[int]:
@@ -185,6 +186,46 @@ def settled_causes(db: Database, now: int) -> list[tuple]:
         f"coalesce(i.settle_until, 0) < ?", [now]).fetchall()
 
 
+@dataclass(frozen=True)
+class SettledCause:
+    """An active cause incident (Xid, lost, reset) settled before the check, with what its
+    resolution is decided on: its GPU's health now and whether it rests on it (``backed``);
+    for a health-backed one on a GPU, the latest transition since it opened that made the
+    GPU usable again (``clearing``: ts, how, cause); for any other, its stalls (``stalls``:
+    how many are active, the latest end) and its GPU's latest move back to ``ok`` from one
+    of ``back_from`` since it opened (``back``: ts, previous, cause)."""
+
+    id: int
+    kind: str
+    gpu_id: str | None
+    opened_at: int
+    last_seen: int
+    health: str | None
+    backed: bool
+    clearing: tuple[int, str, str] | None = None
+    stalls: tuple[int, int | None] = (0, None)
+    back: tuple | None = None
+
+
+def settled_facts(db: Database, now: int, ok: str, back_from: Sequence[str]
+                  ) -> list[SettledCause]:
+    """The cause incidents settled before ``now`` (:func:`settled_causes`), each with the
+    reads its resolution is decided on (:class:`SettledCause`)."""
+    found = []
+    for incident_id, kind, gpu_id, opened_at, last_seen, health, backed in \
+            settled_causes(db, now):
+        if backed and gpu_id:
+            found.append(SettledCause(incident_id, kind, gpu_id, opened_at, last_seen,
+                                      health, True, last_clearing(db, gpu_id, opened_at)))
+            continue
+        active, ended = stalls_caused(db, incident_id)
+        back = back_to(db, gpu_id, ok, opened_at, back_from) if gpu_id else None
+        found.append(SettledCause(incident_id, kind, gpu_id, opened_at, last_seen, health,
+                                  bool(backed), stalls=(active, ended),
+                                  back=tuple(back) if back else None))
+    return found
+
+
 def stalls_caused(db: Database, incident_id: int) -> tuple[int, int | None]:
     """(how many are active, the latest end) of the stalls that are effects of the incident."""
     return db.execute(f"select count(*) filter (where {sql_active()}), "
@@ -230,6 +271,36 @@ def active_findings(db: Database, gpu_id: str | None, rule_kind: str) -> list[tu
         f"opened_at from incidents where kind = 'rule_finding' and cause_id is null and "
         f"gpu_id = ? and {sql_active()} and json_extract(details, '$.rule_kind') = ? "
         f"order by opened_at, id", [gpu_id, rule_kind]).fetchall()
+
+
+@dataclass(frozen=True)
+class FindingFacts:
+    """What a rule finding's incident is decided on: the active incident of its dedup key
+    (``active``: id, severity); for a firing finding that has none, its GPU's active cause
+    incidents opened by the finding's start (``causes``: rows of :func:`active_causes`) and
+    its GPU's active rule-finding incidents of the kinds asked for (``held``: rows of
+    :func:`active_findings` by kind)."""
+
+    active: tuple | None = None
+    causes: tuple[tuple, ...] = ()
+    held: dict[str, tuple[tuple, ...]] = field(default_factory=dict)
+
+
+def finding_facts(db: Database, dedup_key: str, firing: bool, gpu_id: str,
+                  since: int, cause_kinds: Sequence[str],
+                  held_kinds: Sequence[str]) -> FindingFacts:
+    """The rows a rule finding's incident is decided on (:class:`FindingFacts`): only the
+    active incident of ``dedup_key`` for a cleared finding or one that has it; else also
+    ``gpu_id``'s active causes of ``cause_kinds`` (none without a GPU) and its active
+    findings of each of ``held_kinds`` (``gpu_id`` as the finding names it: '' for none)."""
+    active = active_by_key(db, dedup_key)
+    if not firing or active:
+        return FindingFacts(tuple(active) if active else None)
+    causes = tuple(tuple(r) for r in active_causes(db, gpu_id, cause_kinds, since)) \
+        if gpu_id else ()
+    return FindingFacts(None, causes, {kind: tuple(tuple(r) for r in
+                                                   active_findings(db, gpu_id, kind))
+                                       for kind in held_kinds})
 
 
 def answer_symptom(db: Database, incident_id: int, symptom_key: str,
