@@ -50,10 +50,9 @@ class Link:
     gpu_id: str | None = None
 
 
-def rebuild(db: Database, incident_id: int, builder: object = None) -> list[Link]:
+def rebuild(db: Database, incident_id: int) -> list[Link]:
     """Build the chain of one incident from the store and store it (links, processes):
-    read its facts, decide, write the links back. ``builder`` is unused (it was before this
-    split too); it stays until the callers in correlator/incidents.py stop passing it."""
+    read its facts, decide, write the links back."""
     links = decide(incident_chains.chain_facts(db, incident_id))
     incident_chains.store_chain(db, incident_id, [asdict(link) for link in links])
     return links

@@ -280,7 +280,7 @@ class IncidentBuilder:
                     new.append(incident_id)
             self._next_stall_check = now + NS_PER_SECOND // 2
         for incident_id in self.alignment.settling(db):
-            chains.rebuild(db, incident_id, self)
+            chains.rebuild(db, incident_id)
         self._resolve_exited(db, now)
         self._resolve_settled(db, now)
         if self._answers_moved:     # live: the store's now (its firing rows, indexed)
@@ -358,7 +358,7 @@ class IncidentBuilder:
         for gpu_id, seen in contradicted:
             for incident_id in store_health.active_health_incidents(db, gpu_id):
                 store_health.note_incident_contradiction(db, incident_id, seen)
-                chains.rebuild(db, incident_id, self)
+                chains.rebuild(db, incident_id)
 
     def counters(self) -> dict[str, int]:
         return {"incidents_opened": self.opened, "incidents_merged": self.merged,
@@ -395,7 +395,7 @@ class IncidentBuilder:
             incident_rows.merge_repeat(db, incident_id, count + 1, worse, wanted.ts, settle)
             self.merged += 1
             if self._named_too(db, incident_id, wanted.details.get("named") or []):
-                chains.rebuild(db, incident_id, self)
+                chains.rebuild(db, incident_id)
             return incident_id, False
         process = wanted.process
         incident_id = incident_rows.insert_incident(db, {
@@ -416,7 +416,7 @@ class IncidentBuilder:
                 self._adopt(db, incident_id, wanted)
         else:
             self._attached(db, wanted.cause_id, wanted.ts)
-        chains.rebuild(db, incident_id, self)
+        chains.rebuild(db, incident_id)
         return incident_id, True
 
     def _needs_too(self, db: Database, incident_id: int, wanted: dict[str, Any]) -> None:
@@ -457,7 +457,7 @@ class IncidentBuilder:
     def _attached(self, db: Database, cause_id: int, ts: int) -> None:
         """An effect joined ``cause_id``: its chain is rebuilt (and again while it settles)."""
         incident_rows.effect_joined(db, cause_id, ts, ts + self.lag_ns)
-        chains.rebuild(db, cause_id, self)
+        chains.rebuild(db, cause_id)
 
     # --- lifecycle -------------------------------------------------------------------------
     def _logged(self, db: Database, incident_id: int, action: str, ts: int,
@@ -661,7 +661,7 @@ class IncidentBuilder:
         incident_rows.answer_symptom(db, promote.incident_id, promote.symptom_key,
                                      promote.answer, list(promote.others))
         self._logged(db, promote.incident_id, lc.ANSWERED, promote.ts, text=promote.text)
-        chains.rebuild(db, promote.incident_id, self)
+        chains.rebuild(db, promote.incident_id)
         self._realert.append(promote.incident_id)
 
     # --- stalls ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from gpuwhy import lifecycle as lc
 from gpuwhy.clock import now_ns
 from gpuwhy.errors import GpuwhyError
 from gpuwhy.reset import sql_names
-from gpuwhy.store import incident_changes as store_lifecycle
+from gpuwhy.store.incident_log import log_change, mark_resolved
 from gpuwhy.store.queries import gpu_health
 
 
@@ -241,12 +241,12 @@ def resolve_with_effects(db: Database, incident_id: int, how: str, ts: int, acto
                          why: str) -> list[int]:
     """Resolve an active incident and its active effects (they end with their cause);
     returns the cause's log row id first, then its effects'."""
-    store_lifecycle.mark_resolved(db, incident_id, how, ts)
-    ids = [store_lifecycle.log_change(db, incident_id, lc.RESOLVE, ts, actor, how, why)]
+    mark_resolved(db, incident_id, how, ts)
+    ids = [log_change(db, incident_id, lc.RESOLVE, ts, actor, how, why)]
     for (effect,) in db.execute(f"select id from incidents where cause_id = ? and "
                                 f"{lc.sql_active()}", [incident_id]).fetchall():
-        store_lifecycle.mark_resolved(db, effect, how, ts)
-        ids.append(store_lifecycle.log_change(db, effect, lc.RESOLVE, ts, actor, how,
+        mark_resolved(db, effect, how, ts)
+        ids.append(log_change(db, effect, lc.RESOLVE, ts, actor, how,
                                               f"its cause, incident {incident_id}, was "
                                               f"resolved"))
     return ids

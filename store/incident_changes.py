@@ -10,7 +10,7 @@ resolutions are :mod:`gpuwhy.lifecycle`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, cast, overload
+from typing import Literal, overload
 
 from sqlite_utils import Database
 
@@ -28,6 +28,8 @@ from gpuwhy.journal import (
 )
 from gpuwhy.rules.answer import sentence
 from gpuwhy.rules.model import Rule
+from gpuwhy.store import health
+from gpuwhy.store.incident_log import log_change, mark_resolved
 from gpuwhy.store.queries import gpu_verdict, pci_and_uuid
 
 ANSWER_MAX = 1000       # the answer's sentence in an alert: one bounded line
@@ -78,16 +80,6 @@ def _operator_input(ts: int | None, actor: str, text: str | None
     return (now_ns() if ts is None else ts), name, _text(text, "note", lc.NOTE_MAX)
 
 
-def log_change(db: Database, incident_id: int, action: str, ts: int, actor: str,
-               resolution: str | None = None, text: str | None = None) -> int:
-    """Append one row to the incident's log; returns its id. The caller changed the row."""
-    state = db.execute("select state from incidents where id = ?", [incident_id]).fetchone()
-    return cast(int, db.table("incident_log").insert({
-        "incident_id": incident_id, "ts": ts, "action": action, "actor": actor,
-        "state": state[0] if state else None, "resolution": resolution, "text": text,
-    }).last_pk)       # the rowid of the row just inserted
-
-
 def acknowledge(db: Database, incident_id: int, actor: str, text: str | None = None,
                 ts: int | None = None) -> int:
     """An operator has the incident: ``open`` -> ``acknowledged``. Returns the log row id.
@@ -121,9 +113,6 @@ def resolve(db: Database, incident_id: int, actor: str, how: str = lc.OPERATOR,
         log_id = log_change(db, incident_id, lc.RESOLVE, ts, actor, resolution=how, text=text)
         if how == lc.OPERATOR:
             # an incident resting on its GPU's health takes the GPU's health with it
-            # (gpuwhy/store/health.py imports this module: imported here, when used)
-            from gpuwhy.store import health
-
             health.operator_resolved(db, incident_id, actor, text, ts)
         return log_id
 
@@ -157,13 +146,6 @@ def apply_change(db: Database, incident_id: int, change: str, actor: str,
                                    [incident_id]).fetchone()
     return {"id": incident_id, "action": action, "state": state, "resolution": resolution,
             "log_id": log_id}
-
-
-def mark_resolved(db: Database, incident_id: int, how: str, ts: int) -> None:
-    """Set the row resolved at ``ts`` (never before it opened or was last seen)."""
-    db.execute("update incidents set state = ?, resolution = ?, "
-               "closed_at = max(?, opened_at, coalesce(last_seen, opened_at)), "
-               "updated_at = ? where id = ?", [lc.RESOLVED, how, ts, ts, incident_id])
 
 
 def resolve_decided(db: Database, incident_id: int, how: str, ts: int, why: str,

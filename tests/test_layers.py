@@ -49,6 +49,16 @@ def layer(module: str) -> str:
     return second if second in PARTS else "core"
 
 
+def is_module(name: str) -> bool:
+    """Whether a dotted gpuwhy name is a module or package of this repository."""
+    parts = name.split(".")
+    if parts[0] != "gpuwhy" or len(parts) < 2:
+        return False
+    base = REPO / parts[1] if parts[1] in PARTS else REPO / "gpuwhy" / parts[1]
+    where = base.joinpath(*parts[2:])
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+
 def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
     """(line, imported module) for every gpuwhy import in ``path``."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
@@ -63,10 +73,11 @@ def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
-            # `from gpuwhy.app import cli` names a module, not an attribute
-            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names
-                      if target in ("gpuwhy", "gpuwhy.app")]
+            # `from gpuwhy.store import feed` imports the module feed (its package's
+            # __init__ only runs first); `from gpuwhy.store.feed import x` imports feed
+            modules = [f"{target}.{alias.name}" for alias in node.names
+                       if is_module(f"{target}.{alias.name}")]
+            found += [(node.lineno, name) for name in modules or [target]]
     return [(line, name) for line, name in found if name == "gpuwhy"
             or name.startswith("gpuwhy.")]
 
@@ -133,18 +144,22 @@ def test_the_rules_of_the_picture(module, imported, allowed):
 def test_relative_and_lazy_imports_are_walked(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     source = tmp_path / "webui" / "page.py"
-    source.parent.mkdir()
+    for module_file in ("webui/db.py", "correlator/chains.py", "gpuwhy/app/cli.py"):
+        (tmp_path / module_file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module_file).touch()
     source.write_text("from . import db\n"
                       "from ..correlator import chains\n"
+                      "from ..store import not_a_module\n"
                       "def view():\n"
                       "    from gpuwhy.app import cli\n")
     module = module_name(source)
     assert module == "gpuwhy.webui.page"
     imported = [name for _, name in imports_of(source, module)]
-    assert imported == ["gpuwhy.webui", "gpuwhy.correlator", "gpuwhy.app", "gpuwhy.app.cli"]
+    assert imported == ["gpuwhy.webui.db", "gpuwhy.correlator.chains", "gpuwhy.store",
+                        "gpuwhy.app.cli"]
     assert [forbidden(module, name) for name in imported] == [
-        None, "webui imports correlator (gpuwhy.correlator)",
-        "webui imports the application gpuwhy.app", "webui imports the application gpuwhy.app.cli"]
+        None, "webui imports correlator (gpuwhy.correlator.chains)", None,
+        "webui imports the application gpuwhy.app.cli"]
 
 
 def test_a_production_run_loads_no_harness():
@@ -189,3 +204,59 @@ def test_one_meaning_per_module_name():
             by_name.setdefault(path.stem, set()).add(str(path.relative_to(REPO)))
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert shared == SHARED_NAMES
+
+
+def import_cycles() -> list[list[str]]:
+    """The groups of modules that import one another round in a circle (Tarjan's strongly
+    connected components over every import, lazy and TYPE_CHECKING ones too)."""
+    graph: dict[str, set[str]] = {}
+    for path in product_files():
+        module = module_name(path)
+        graph.setdefault(module, set()).update(name for _, name in imports_of(path, module))
+    for module, imported in graph.items():
+        graph[module] = {name for name in imported if name in graph and name != module}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for name in graph[module]:
+            if name not in index:
+                visit(name)
+                low[module] = min(low[module], low[name])
+            elif name in on_stack:
+                low[module] = min(low[module], index[name])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                name = stack.pop()
+                on_stack.discard(name)
+                group.append(name)
+                if name == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles():
+    """No module imports, even lazily or for types only, one that imports it back: a cycle
+    hidden by an import inside a function is a floor drawn wrong (issue #55, item 3)."""
+    assert import_cycles() == []
+
+
+def test_the_cycle_finder_finds_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.py").write_text("def f():\n    from gpuwhy.store import b\n")
+    (tmp_path / "store" / "b.py").write_text("from gpuwhy.store.a import f\n")
+    assert import_cycles() == [["gpuwhy.store.a", "gpuwhy.store.b"]]
