@@ -204,12 +204,15 @@ def test_a_hostile_function_name_is_stored_escaped_and_bounded(tmp_path):
     # each stack's samples per second of the window, from py-spy's ordered weights
     seconds = [s for stack in row["stacks"] for s, _ in stack.get("seconds", [])]
     assert seconds and 0 <= min(seconds) and max(seconds) <= 3, row["stacks"]
+    # <module>, main, work, the renamed function: its ';' split nothing. py-spy reads the
+    # running process without stopping it, so a sample may catch work() a line further on
+    # while the callee's frame is still on the stack (seen once in CI: line 39): the whole
+    # stack is there, if not in every sample
+    heads = [[f.split(" ", 1)[0] for f in stack.split(";")[:3]] for stack in evil]
+    assert ["pystacks_target.py:71", "pystacks_target.py:67", "pystacks_target.py:36"] in heads
     for stack in evil:
         frames = stack.split(";")
         assert stack.isprintable() and "\x1b" not in stack and "\u202e" not in stack
-        # <module>, main, work, the renamed function: its ';' split nothing
-        assert [f.split(" ", 1)[0] for f in frames[:3]] == [
-            "pystacks_target.py:71", "pystacks_target.py:67", "pystacks_target.py:36"]
         name = frames[-1].split(" ", 1)[1]
         assert name.startswith("<b>evil</b>\\x1b[31m\\x3bx\\u202eyyy")
         assert len(name) == MAX_FUNCTION_CHARS and name.endswith("…")
