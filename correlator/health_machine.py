@@ -8,9 +8,10 @@ on. Sources and what they mean:
 - kernel log: an Xid (its catalogue entry, :func:`gpuwhy.xid.catalogue_fields`), fallen off
   the bus, RmInitAdapter failed; every kernel-log and cron event carries the boot id, and a
   new one is a reboot, which clears every state entered in an older boot;
-- the host: its boot id (``/proc/sys/kernel/random/boot_id``), read once at start, is the
-  boot every other event happens in, so a reboot is seen without a kernel-log source: at the
-  first event after start, every state entered in another boot is cleared by that reboot;
+- the host: its boot id (:mod:`gpuwhy.boot`), read once at start by the application that
+  runs this stage and handed in as a value, is the boot every other event happens in, so
+  a reboot is seen without a kernel-log source: at the first event after start, every
+  state entered in another boot is cleared by that reboot;
 - GPU source: its Xids, its ``gpu_state`` (lost, reset_required, resetting, back) and its
   samples (throttling, SBE storm, pending row remap, uncorrectable ECC, remap failure, a
   failed or unhealthy NVLink fabric);
@@ -42,7 +43,6 @@ back leaves nothing stale behind.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
@@ -68,28 +68,17 @@ from gpuwhy.store import gpu_bindings, queries
 from gpuwhy.store import health as store_health
 from gpuwhy.store.health import HealthFacts
 
-BOOT_ID_FILE = ("sys", "kernel", "random", "boot_id")     # under the proc root
-
-
-def host_boot_id(proc_root: str = "/proc") -> str | None:
-    """The host's current boot id as the kernel-log source spells it (no dashes, as
-    journald's ``_BOOT_ID``), None when it cannot be read."""
-    try:
-        found = Path(proc_root, *BOOT_ID_FILE).read_text().strip().replace("-", "")
-    except (OSError, UnicodeDecodeError):
-        return None
-    return found or None
-
 
 class GpuHealth:
     """Decides each GPU's health from the events of a batch (see the module docstring): reads
     the facts through the store, decides with :class:`HealthDecider`, applies through the
     store."""
 
-    def __init__(self, proc_root: str = "/proc") -> None:
-        # The host's boot, read once here: the boot a live event happens in. Older boots'
-        # states are cleared at the first event (the constructor has no store).
-        self.decider = HealthDecider(host_boot_id(proc_root))
+    def __init__(self, host_boot: str | None = None) -> None:
+        # The host's boot (gpuwhy.boot, read by the application that runs this stage; None in
+        # a replay): the boot a live event happens in. Older boots' states are cleared at the
+        # first event (the constructor has no store).
+        self.decider = HealthDecider(host_boot)
         self._host_boot_checked = self.decider.host_boot is None
         self._stored_boot: str | None = None    # the kernel-log source's, read once if needed
         # Each GPU's health as read or moved in the running decide: a sample with nothing

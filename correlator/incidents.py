@@ -53,6 +53,7 @@ from gpuwhy.correlator.rules.signals import names_a_monitor
 from gpuwhy.events import (
     EVENT_TYPES,
     DriverCall,
+    DriverGpu,
     Envelope,
     Event,
     GpuSeen,
@@ -205,7 +206,7 @@ FindingDecision = SeenAt | Resolve | FindingAgain | Promote | Opened
 class IncidentBuilder:
     """Detectors per event kind, stall checks on the watermark, chain (re)building."""
 
-    def __init__(self, config: Config, driver_gpus: Sequence[GpuIdentity] = ()):
+    def __init__(self, config: Config, host_boot: str | None = None):
         self.lag_ns = int(config["correlator.lag_seconds"] * NS_PER_SECOND)
         self.stall_ns = int(config["correlator.stall_seconds"] * NS_PER_SECOND)
         self.stall_util = float(config["correlator.stall_util_pct"])
@@ -214,17 +215,14 @@ class IncidentBuilder:
         self.alignment = Alignment(config["correlator.lag_seconds"],
                                    config["correlator.pending_max"])
         self.timelines = timeline.TimelineBuilder()
-        self.proc_root: str = config["probes.proc_root"]
-        # The driver's own minor/UUID/PCI table (/proc/driver/nvidia/gpus), read by the GPU
-        # source for the application that runs this stage: the decide stage reads no /proc.
-        self.driver_gpus = tuple(driver_gpus)
-        self._driver_gpus_learned = False
         self.opened = 0
         self.merged = 0
         self._named_full: set[int] = set()   # Xid incidents that name chains.MAX_NAMED already
         self._next_stall_check = 0
         self._detectors = methods_by_kind(self, "_detect_")
-        self.health = GpuHealth(self.proc_root)   # the GPU health state machine, fed each event
+        # the GPU health state machine, fed each event; ``host_boot``: the host's boot id
+        # (gpuwhy.boot), read by the application: the decide stage reads no /proc
+        self.health = GpuHealth(host_boot)
         self.last_busy = LastBusy(self.stall_util)   # each GPU's, for the stall check
         # incident_log ids of the lifecycle changes of incidents (not of effects) the last
         # decide made, for the journal once its transaction commits
@@ -243,10 +241,6 @@ class IncidentBuilder:
         """Detect, deduplicate, rebuild settling chains; returns the ids of new incidents.
         ``wall_ns``: the wall clock when running live (None: event time only, for replays)."""
         now = self.alignment.observe(envelopes, wall_ns)
-        if not self._driver_gpus_learned:     # the driver's own table, once
-            for identity in self.driver_gpus:
-                gpu_identity.learn(db, identity, now)
-            self._driver_gpus_learned = True
         new: list[int] = []
         self.changes = []                   # a failed decide's were rolled back with it
         self._realert = []
@@ -553,6 +547,13 @@ class IncidentBuilder:
     def _detect_gpu_seen(self, db: Database, event: GpuSeen) -> list[Opened]:
         gpu_identity.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci_bus_id,
                                        index=event.index, minor=event.minor), event.ts)
+        return []
+
+    def _detect_driver_gpu(self, db: Database, event: DriverGpu) -> list[Opened]:
+        # The driver's own table, published by the GPU source (probes/gpu/source.py): the
+        # minor a device file names and the bus id a kernel-log line names lead to its UUID.
+        gpu_identity.learn(db, GpuIdentity(uuid=event.uuid, pci_bus_id=event.pci_bus_id,
+                                           minor=event.minor), event.ts)
         return []
 
     def _detect_gpu_xid(self, db: Database, event: GpuXid) -> list[Opened]:

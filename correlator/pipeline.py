@@ -18,7 +18,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from sqlite_utils import Database
 
@@ -30,7 +30,6 @@ from gpuwhy.correlator.incidents import MAY_OPEN_KINDS, IncidentBuilder, may_ope
 from gpuwhy.correlator.klog_liveness import KernelLogLiveness
 from gpuwhy.correlator.source_stalls import StallWatch
 from gpuwhy.events import Envelope, SourceHealth
-from gpuwhy.identity import GpuIdentity
 from gpuwhy.store import incident_rows
 from gpuwhy.store.maintenance import Maintenance
 from gpuwhy.store.writer import StoreWriter
@@ -62,13 +61,13 @@ class Correlator:
     """Receives events and writes them in batches; ``run(stop)`` until stopped."""
 
     def __init__(self, config: Config, db: Database, subscriber: Subscriber,
-                 alerter: Alerter | None = None, driver_gpus: Sequence[GpuIdentity] = ()):
+                 alerter: Alerter | None = None, host_boot: str | None = None):
         self.batch_size: int = config["correlator.batch_size"]
         self.flush_interval: float = config["correlator.flush_interval"]
         self.subscriber = subscriber
         self.writer = StoreWriter(db)
         self.maintenance = Maintenance(config, db)   # rollups, retention, size
-        self.builder = IncidentBuilder(config, driver_gpus)   # the driver's GPU table
+        self.builder = IncidentBuilder(config, host_boot)   # the host's boot id: gpuwhy.boot
         self.klog_liveness = KernelLogLiveness()
         self.stall_watch = StallWatch(config)   # sources silent too long: logged, counted
         self.alerter = alerter or Alerter(config["correlator.url"],

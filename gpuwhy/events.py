@@ -380,6 +380,22 @@ class GpuSeen(Event):
 
 
 @dataclass(frozen=True)
+class DriverGpu(Event):
+    """Event name: ``driver_gpu`` (topic ``gpu``). A GPU the NVIDIA driver lists in its own
+    table (``/proc/driver/nvidia/gpus/<bus id>/information``): its bus location, its
+    ``/dev/nvidiaN`` minor and its UUID (None when the driver does not give one). Whatever
+    counters source runs, or none: a GPU that NVML cannot open is still listed, so a device
+    file, a kernel-log line and a counter sample all name the same GPU."""
+
+    topic = "gpu"
+    kind = "driver_gpu"
+
+    pci_bus_id: str
+    minor: int | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuSample(Event):
     """Event name: ``gpu_sample`` (topic ``gpu``). One sample of one GPU: ``fields`` by our
     normalised names and units (docs/gpu-fields.md); a field the GPU did not report, or

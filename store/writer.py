@@ -377,11 +377,13 @@ class StoreWriter:
         gpu_id = self._minor_gpus.get(minor)
         if gpu_id is not None:
             return gpu_id
+        weak = GpuIdentity(minor=minor).id
         row = self.db.execute("select id from gpus where minor = ?", [minor]).fetchone()
-        if row:
-            gpu_id = row[0]
-        else:
-            gpu_id = GpuIdentity(minor=minor).id
+        # No GPU row holds the minor, but the driver's table may have named its GPU (a
+        # driver_gpu event learned "minor:N" as an alias): bind to that GPU, not to a row
+        # of its own
+        gpu_id = row[0] if row else resolve_gpu(self.db, minor=minor) or weak
+        if gpu_id == weak:
             self.db.table("gpus").insert({"id": gpu_id, "minor": minor, "first_seen": ts,
                                     "last_seen": ts}, ignore=True)
         self._minor_gpus[minor] = gpu_id

@@ -129,3 +129,30 @@ def test_the_share_is_unknown_without_the_gpus_node_or_on_a_host_of_one_node():
     assert both(events([[], []])) == ([], [])
     assert SIGNALS["proc.cpu_remote_frac"].derive(
         {"node_on_cpu_ns": "[5, 5]", "gpu_numa_node": 7}) is None   # a node it never had
+
+
+def test_the_drivers_gpu_table_is_published_before_the_sources_gpus():
+    """The GPU source publishes the driver's own table (/proc/driver/nvidia/gpus) as events,
+    so the correlator reads no /proc: a GPU NVML cannot open is listed all the same."""
+    from pathlib import Path
+
+    from gpuwhy.events import DriverGpu
+
+    proc = str(Path(__file__).resolve().parent / "data" / "proc-nvidia")
+    sink = Sink()
+
+    class NoGpus(OneGpu):
+        def __init__(self) -> None:
+            self.gpus = []          # the counters source reads none (NVML failed on it)
+
+    GpuRunner(NoGpus(), [], sink, 1.0, proc_root=proc).publish_gpus()
+    assert [(e.kind, e.pci_bus_id, e.minor, e.uuid) for e in sink.events] == [
+        ("driver_gpu", "0000:3b:00.0", 3, "GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87")]
+    assert all(isinstance(e, DriverGpu) for e in sink.events)
+    sink.events.clear()
+    GpuRunner(OneGpu("00000000:9A:00.0"), [], sink, 1.0, proc_root=proc).publish_gpus()
+    assert [e.kind for e in sink.events] == ["driver_gpu", "gpu_seen"]
+    sink.events.clear()
+    GpuRunner(OneGpu("00000000:9A:00.0"), [], sink, 1.0,
+              proc_root=proc + "/nothing").publish_gpus()     # no driver loaded: none
+    assert [e.kind for e in sink.events] == ["gpu_seen"]

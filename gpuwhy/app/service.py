@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from gpuwhy.app.otlp import start_otlp
+from gpuwhy.boot import host_boot_id
 from gpuwhy.bus import Publisher, Subscriber
 from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
@@ -37,7 +38,6 @@ from gpuwhy.errors import ConfigError, GpuwhyError
 from gpuwhy.events import SourceHealth
 from gpuwhy.lifeline import PARENT_PID_ENV, child_environment
 from gpuwhy.memory import release_freed_memory
-from gpuwhy.probes.gpu.source import proc_identities
 from gpuwhy.sdnotify import Notifier
 from gpuwhy.store import open_store
 from gpuwhy.threads import Thread
@@ -198,7 +198,7 @@ class Service:
         # the bound one); what the orphan publishes until it is stopped is stored once.
         stop_orphaned_probes({config["bus.endpoint"], self.subscriber.endpoint})
         self.correlator = Correlator(config, self.db, self.subscriber,
-                                     driver_gpus=proc_identities(config["probes.proc_root"]))
+                                     host_boot=host_boot_id(config["probes.proc_root"]))
         self._pusher_stop = threading.Event()
         self.pusher: AlertmanagerPusher | None = None
         if config["alertmanager.url"]:     # an output of its own: its own store connection
@@ -386,7 +386,7 @@ class Pipeline:
         self.db = open_store(config["store.path"], cache_kib=config["store.cache_kib"])
         self.subscriber = Subscriber(config["bus.endpoint"], hwm=config["bus.hwm"])
         self.correlator = Correlator(config, self.db, self.subscriber,
-                                     driver_gpus=proc_identities(config["probes.proc_root"]))
+                                     host_boot=host_boot_id(config["probes.proc_root"]))
         self.errors: list[BaseException] = []
         runners = {"probes": self._probes, **unprivileged_sources(config)}
         self.threads = [Thread(target=self.correlator.run, args=(self.stop,),

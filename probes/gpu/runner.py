@@ -28,7 +28,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.config import Config
 from gpuwhy.events import Event, GpuSample, SourceHealth
 from gpuwhy.probes.gpu.select import open_source
-from gpuwhy.probes.gpu.source import GpuSource, SourceUnavailable
+from gpuwhy.probes.gpu.source import GpuSource, SourceUnavailable, driver_gpu_events
 from gpuwhy.stalls import HEALTH_PERIOD_S, STALL_FACTOR, STALLED
 from gpuwhy.threads import Thread
 from gpuwhy.topology import pci_numa_node
@@ -57,9 +57,10 @@ class GpuRunner:
     """Reads ``source`` every ``interval`` s and publishes through ``publisher``."""
 
     def __init__(self, source: GpuSource, steps: list[str], publisher: Publisher,
-                 interval: float, sys_root: str = "/sys"):
+                 interval: float, sys_root: str = "/sys", proc_root: str | None = None):
         self.source, self.steps, self.publisher = source, steps, publisher
         self.sys_root = sys_root
+        self.proc_root = proc_root        # None: the driver's GPU table is not read
         self.interval = interval
         self.stall_after = STALL_FACTOR * interval
         self.counters: Counter[str] = Counter()
@@ -84,7 +85,10 @@ class GpuRunner:
         self.counters["samples"] += sum(isinstance(event, GpuSample) for event in events)
 
     def publish_gpus(self) -> None:
+        """Every GPU known: the driver's own table, then what the source reads."""
         ts = now_ns()
+        if self.proc_root is not None:
+            self.publish(list(driver_gpu_events(ts, self.proc_root)))
         gpus = list(self.source.gpus)   # a copy: the reader may add one
         for gpu in gpus:
             # this host's sysfs knows where a real GPU sits; a simulated one says itself
@@ -214,15 +218,20 @@ def run_gpu_source(config: Config, stop: threading.Event) -> None:
     """The ``gpu`` runner of :func:`gpuwhy.app.service.unprivileged_sources`."""
     publisher = Publisher(config["bus.endpoint"], src="gpu", hwm=config["bus.hwm"])
     try:
+        # The driver's table first: a GPU is known by its minor, UUID and bus id even when
+        # no counters source opens (a forced one that fails ends this runner).
+        publisher.wait_for_subscriber(1.0)
+        with publisher.batched():
+            for event in driver_gpu_events(now_ns(), config["probes.proc_root"]):
+                publisher.publish(event)
         source, steps = open_source(config)
         if source.simulated:
             log.warning("!!! GPU counters are SIMULATED (%s): %s", "; ".join(steps),
                         "; ".join(source.notes()))
         else:
             log.info("GPU source: %s", "; ".join(steps))
-        publisher.wait_for_subscriber(1.0)
         runner = GpuRunner(source, steps, publisher, config["gpu.interval"],
-                           config["probes.sys_root"])
+                           config["probes.sys_root"], config["probes.proc_root"])
         try:
             runner.run(stop)
         finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuwhy.errors import GpuwhyError
-from gpuwhy.events import Event, GpuSample, GpuSeen
+from gpuwhy.events import DriverGpu, Event, GpuSample, GpuSeen
 from gpuwhy.identity import GpuIdentity
 
 SOURCE_NAMES = ("dcgm", "nvml", "dcgm-exporter", "sim")
@@ -118,3 +118,12 @@ def proc_identities(proc_root: str = "/proc") -> list[GpuIdentity]:
                                  pci_bus_id=fields.get("Bus Location") or info.parent.name,
                                  minor=int(minor) if minor and minor.isdigit() else None))
     return found
+
+
+def driver_gpu_events(ts: int, proc_root: str = "/proc") -> list[DriverGpu]:
+    """The driver's GPU table (:func:`proc_identities`) as the events the GPU source
+    publishes: the correlator learns each GPU's minor, UUID and bus id from them and reads
+    no /proc itself. A row without a bus location is no GPU the kernel log could name."""
+    return [DriverGpu(ts=ts, pci_bus_id=normalise_bus_id(gpu.pci_bus_id) or "",
+                      minor=gpu.minor, uuid=gpu.uuid)
+            for gpu in proc_identities(proc_root) if gpu.pci_bus_id]

@@ -28,15 +28,20 @@ import select
 import stat
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
+from gpuwhy.boot import host_boot_id
 from gpuwhy.probes.klog.lines import RawLine
 
 RECORD_MAX = 8192
 
 
-def current_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str:
-    return Path(path).read_text().strip().replace("-", "")
+def current_boot_id(proc_root: str = "/proc") -> str:
+    """This boot's id (:func:`gpuwhy.boot.host_boot_id`); OSError when the kernel does not
+    say: a /dev/kmsg cursor without its boot cannot be resumed."""
+    boot = host_boot_id(proc_root)
+    if boot is None:
+        raise OSError(f"cannot read the boot id under {proc_root}")
+    return boot
 
 
 def parse_record(record: bytes) -> tuple[int, int, int, str] | None:

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from gpuwhy.boot import host_boot_id
 from gpuwhy.bus import Subscriber
 from gpuwhy.clock import NS_PER_SECOND, now_ns
 from gpuwhy.correlator.alerts import Alerter
@@ -22,7 +23,6 @@ from gpuwhy.events import (
     ProcessSeen,
 )
 from gpuwhy.identity import ProcessKey
-from gpuwhy.probes.gpu.source import proc_identities
 from gpuwhy.reset import BIF_RESET, RESET_CONTROLS
 from gpuwhy.store import open_store
 
@@ -43,9 +43,9 @@ class Harness:
         alerter = Alerter(config["correlator.url"],
                           send=lambda message, **fields: self.alerts.append(
                               {"MESSAGE": message, **fields}))
-        # the driver's GPU table, read for the decide stage as the service reads it for it
+        # the host's boot id, read for the decide stage as the service reads it for it
         self.correlator = Correlator(config, self.db, self.subscriber, alerter,
-                                     driver_gpus=proc_identities(config["probes.proc_root"]))
+                                     host_boot=host_boot_id(config["probes.proc_root"]))
         self.correlator.wall_clock = lambda: None      # event time only, like a replay
         self.seq = itertools.count()
         self.cursor = itertools.count()

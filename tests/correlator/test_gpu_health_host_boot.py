@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwhy.correlator.health_machine import GpuHealth, host_boot_id
+from gpuwhy.boot import host_boot_id
+from gpuwhy.correlator.health_machine import GpuHealth
 from gpuwhy.events import GpuState, KernelLogRecord
 from gpuwhy.identity import ProcessKey
 from gpuwhy.store import queries
@@ -30,7 +31,7 @@ def proc_root(tmp_path: Path, boot: str) -> str:
 
 def start(h, root: str) -> None:
     """The correlator (re)started on a host whose boot id is under ``root``."""
-    h.correlator.builder.health = GpuHealth(root)
+    h.correlator.builder.health = GpuHealth(host_boot_id(root))
 
 
 def needs_reset(h, t: float, gpu: str = UUID0) -> GpuState:

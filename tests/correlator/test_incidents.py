@@ -194,7 +194,8 @@ def test_a_gpu_learned_again_moves_rows_only_once_a_weaker_name_got_some(harness
     h.feed(h.gpu(60.0))
     h.db.conn.set_trace_callback(None)
     assert run and not [sql for sql in run if sql.startswith("update") and "set gpu_id" in sql]
-    h.db.execute("update gpus set minor = null")
+    h.db.execute("update gpus set minor = null")      # known by a source that tells no minor
+    h.db.execute("delete from gpu_aliases where alias = 'minor:0'")
     h.db.conn.commit()
     h.feed(h.process(61.0, TRAINER, "train"), h.opened(61.1, TRAINER))
     assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [("minor:0",)]
@@ -289,12 +290,15 @@ def test_the_drivers_gpu_table_joins_minor_pci_and_uuid(tmp_config):
     assert proc_identities(str(root / "nothing")) == []
 
 
-
 def test_a_device_file_binds_to_the_uuid_the_driver_lists(make_harness, tmp_config):
     from pathlib import Path
 
+    from gpuwhy.probes.gpu.source import driver_gpu_events
+
     root = Path(__file__).resolve().parent.parent / "data" / "proc-nvidia"
     h = make_harness(tmp_config.replace({"probes.proc_root": str(root)}))
+    # what the GPU source publishes from the driver's table, before any counters source opens
+    h.feed(*driver_gpu_events(h.at(0), str(root)), src="gpu")
     h.feed(h.process(0, TRAINER, "train"), h.opened(0.1, TRAINER, minor=3))
     assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [
         ("GPU-5f3c6a1e-0d2b-4f7e-9a51-3c2d1e0f9b87",)]
@@ -416,3 +420,17 @@ def test_a_gpu_wide_finding_about_an_application_fault_joins_the_xid(harness):
     causes = {i["title"]: i["cause_id"] for i in h.incidents("rule_finding")}
     assert causes == {"Application fault on the GPU (Xid 13, 31, 43)": xid["id"],
                       "Low SM activity": None}
+
+
+def test_a_device_file_of_a_minor_the_driver_named_binds_to_its_gpu_at_once(harness):
+    """The driver's table named minor 0's GPU (its alias is learned) but no GPU row holds the
+    minor yet: the device file binds to that GPU, with no row of a GPU named "minor:0"."""
+    from gpuwhy.events import DriverGpu
+
+    from .conftest import PCI0, UUID0
+
+    h = harness
+    h.feed(DriverGpu(ts=h.at(0), pci_bus_id=PCI0, minor=0, uuid=UUID0), src="gpu")
+    h.feed(h.process(1.0, TRAINER, "train"), h.opened(1.1, TRAINER))
+    assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [(UUID0,)]
+    assert h.db.execute("select count(*) from gpus where id = 'minor:0'").fetchone() == (0,)
