@@ -58,6 +58,10 @@ IDLE_SECONDS = 2.0           # ... while nothing is sampled: an idle host wakes 
 STOP_SECONDS = 5.0           # a py-spy asked to stop (SIGINT) that has not written by then
 MAX_OUTPUT_BYTES = 64 << 20  # a speedscope file larger than this is not read
 MAX_ERROR_CHARS = 300
+# py-spy runs that failed one after another, for any reason, before the heartbeat says
+# degraded: one failure is a target that exited mid-run or a torn read; three in a row is a
+# sampler that samples nothing (an interpreter py-spy does not support, a broken binary)
+FAILURES_DEGRADE = 3
 MAX_WINDOW_SECONDS = 3600    # a run's longest window, whatever the file says
 # A window's first py-spy run lasts this long and is published at once (``final`` false),
 # so that the answer has its stacks seconds after it forms (issue #57: within 10 s), not
@@ -195,6 +199,7 @@ class StackSampler:
         self.targets_now = 0           # the targets file's live targets, at the last step
         self.last_error = ""           # the last failed run's, "pid N: why" (escaped)
         self.denied = False            # the last run that ended was refused reading memory
+        self.failed_in_a_row = 0       # runs that failed since the last one that sampled
 
     @property
     def rate(self) -> int:
@@ -313,6 +318,7 @@ class StackSampler:
                 return
             self.counters["samples"] += rounds
             self.denied = False
+            self.failed_in_a_row = 0
             rounds += run.rounds_so_far
             now = self.clock()
             # the first run ended on its own and the window goes on: say what it found now,
@@ -364,6 +370,7 @@ class StackSampler:
         """Say why sampling failed; a window's second run that failed keeps what the first
         one sampled (its event replaces the first's in the store)."""
         self.counters["errors"] += 1
+        self.failed_in_a_row += 1
         self.denied = bool(_DENIED.search(error))
         self.counters["denied"] += int(self.denied)
         self.last_error = f"pid {target.pid}: {error}"
@@ -380,8 +387,10 @@ class StackSampler:
     def health(self) -> SourceHealth:
         """The sampler's heartbeat: ``ok`` while it samples or waits for targets (idle is
         no fault: no host-side answer holds); ``degraded`` without py-spy, while the targets
-        file is refused, or when its last run was refused reading the target's memory (a
-        ptrace refusal); counters: the targets now, the py-spy runs going, and totals."""
+        file is refused, when its last run was refused reading the target's memory (a
+        ptrace refusal), or when FAILURES_DEGRADE runs in a row failed for any other reason
+        (one failure is a target that exited mid-run); counters: the targets now, the
+        py-spy runs going, and totals."""
         state, notes = "ok", []
         if self.py_spy is None:
             state = "degraded"
@@ -392,6 +401,10 @@ class StackSampler:
         if self.denied:
             state = "degraded"
             notes.append(f"reading a target's memory was refused (ptrace): {self.last_error}")
+        elif self.failed_in_a_row >= FAILURES_DEGRADE:
+            state = "degraded"
+            notes.append(f"the last {self.failed_in_a_row} py-spy runs failed, none sampled: "
+                         f"{self.last_error}")
         elif self.last_error:
             notes.append(f"last error: {self.last_error}")
         if self.runs:

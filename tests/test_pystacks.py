@@ -382,3 +382,49 @@ def test_the_samplers_heartbeat_says_idle_sampling_refused_and_counts(tmp_path):
         sampler.close()
     assert [e.error for e in events] == ["Error: Permission Denied: Try running again with "
                                          "elevated permissions"]
+
+
+UNSUPPORTED_PY_SPY = '''#!{python}
+import sys
+sys.stderr.write("Error: Failed to find python version from target process\\n")
+sys.exit(1)
+'''
+
+
+def test_the_heartbeat_turns_degraded_after_failures_in_a_row_not_after_one(tmp_path):
+    """A failure that is no ptrace refusal (an interpreter py-spy cannot read) leaves the
+    sampler ok once, a target may have exited mid-run; FAILURES_DEGRADE in a row, and
+    nothing sampled between, is a sampler that samples nothing: degraded, saying why."""
+    import sys
+    import time
+
+    from gpuwhy.probes.stack_sampler import FAILURES_DEGRADE, StackSampler
+    from gpuwhy.proc import process_key
+
+    spy = tmp_path / "py-spy"
+    spy.write_text(UNSUPPORTED_PY_SPY.format(python=sys.executable))
+    spy.chmod(0o755)
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    path = str(folder / "targets.json")
+    events: list[PythonStacks] = []
+    sampler = StackSampler(path, events.append, py_spy=str(spy))
+    me = process_key(os.getpid())
+    states = []
+    try:
+        for n in range(1, FAILURES_DEGRADE + 1):     # one answer after another, each failing
+            write_targets(path, [Target(me.pid, me.start_time, "g", f"f{n}", STARVED,
+                                        now_ns() + 20 * S)], now_ns())
+            deadline = time.monotonic() + 10
+            while len(events) < n and time.monotonic() < deadline:
+                sampler.step()
+                time.sleep(0.05)
+            states.append(sampler.health().state)
+        last = sampler.health()
+    finally:
+        sampler.close()
+    assert [e.error for e in events] == ["Error: Failed to find python version from target "
+                                         "process"] * FAILURES_DEGRADE
+    assert states == ["ok"] * (FAILURES_DEGRADE - 1) + ["degraded"]
+    assert f"the last {FAILURES_DEGRADE} py-spy runs failed" in last.detail
+    assert "refused (ptrace)" not in last.detail
