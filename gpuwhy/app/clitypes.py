@@ -57,29 +57,15 @@ class InputFile(click.ParamType):
         return path
 
 
-class InputDir(click.ParamType):
-    """A directory to read from (a corpus, a procfs root)."""
+class _CheckedPath(click.ParamType):
+    """A path that one check of :mod:`gpuwhy.files` accepts; its refusal is the usage
+    error. ``allow_dash``: "-" stands for standard input or output, unchecked."""
 
-    name = "directory"
+    allow_dash = False
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
-        path = os.fspath(value)
-        try:
-            check_directory(path)
-        except FileRefused as exc:
-            self.fail(str(exc), param, ctx)
-        return path
-
-
-class OutputFile(click.ParamType):
-    """A file to write: absent, or a regular file (never a FIFO or a device, whose writes
-    block or go anywhere). ``allow_dash``: "-" stands for standard output."""
-
-    name = "file"
-
-    def __init__(self, *, allow_dash: bool = False):
-        self.allow_dash = allow_dash
+    @staticmethod
+    def check(path: str) -> None:
+        raise NotImplementedError
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> str:
@@ -87,10 +73,28 @@ class OutputFile(click.ParamType):
         if self.allow_dash and path == "-":
             return path
         try:
-            check_writable_target(path)
+            self.check(path)
         except FileRefused as exc:
             self.fail(str(exc), param, ctx)
         return path
+
+
+class InputDir(_CheckedPath):
+    """A directory to read from (a corpus, a procfs root)."""
+
+    name = "directory"
+    check = staticmethod(check_directory)
+
+
+class OutputFile(_CheckedPath):
+    """A file to write: absent, or a regular file (never a FIFO or a device, whose writes
+    block or go anywhere). ``allow_dash``: "-" stands for standard output."""
+
+    name = "file"
+    check = staticmethod(check_writable_target)
+
+    def __init__(self, *, allow_dash: bool = False):
+        self.allow_dash = allow_dash
 
 
 class HttpUrl(click.ParamType):
