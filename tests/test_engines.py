@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.engines import metric_names as metrics
 from gpuwhy.probes.engines import source as engines_source
 from gpuwhy.probes.engines.discover import find_engines, flag_ports, recognise
+from gpuwhy.probes.engines.netns import can_enter
 from gpuwhy.probes.engines.source import EngineSource, ScrapeError, get
 from gpuwhy.proc import process_key
 from gpuwhy.store import open_store
@@ -62,7 +64,10 @@ class Engines:
         return root
 
     def start(self, how: str, frames: str, port: int, mode: str = "",
-              decoy: int | None = None, child: bool = False) -> subprocess.Popen:
+              decoy: int | None = None, child: bool = False,
+              netns: bool = False) -> subprocess.Popen:
+        """A stand-in under ``how``'s argv; with ``netns`` in a network namespace of its own
+        (a container's network: its loopback up, nothing else), the same pid and argv."""
         env = {**os.environ, "STANDIN_FRAMES": str(DATA / frames), "STANDIN_MODE": mode}
         if decoy:
             env["STANDIN_DECOY"] = str(decoy)
@@ -85,6 +90,11 @@ class Engines:
             executable = sys.executable
             flag = "--metrics-port" if how == "tritonserver" else "--port"
             argv = [how, str(STANDIN), flag, str(port)]
+        if netns:
+            # unshare and bash exec in place: the pid is the stand-in's, its argv[0] the same
+            argv = ["unshare", "--net", "bash", "-c", 'ip link set lo up && exec -a "$0" "$@"',
+                    argv[0], executable or argv[0], *argv[1:]]
+            executable = None
         proc = subprocess.Popen(argv, executable=executable, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, cwd=self.tmp)
         self.procs.append(proc)
@@ -440,5 +450,148 @@ def test_the_gpu_processes_of_an_engine_and_another_namespace_are_told(tmp_path)
     vllm, sglang = found["vllm"], found["sglang"]
     assert vllm.process == ProcessKey(100, 1000) and vllm.ports == [8000]
     assert vllm.members == [ProcessKey(101, 1001)] and vllm.gpu_minors == [3]
-    assert vllm.note == ""
+    assert vllm.note == "" and vllm.netns == ""
+    # not allowed to enter (no CAP_SYS_ADMIN): told why and what to do, never scraped
     assert sglang.ports == [8001] and "another network namespace" in sglang.note
+    assert "CAP_SYS_ADMIN" in sglang.note and "engines.endpoints" in sglang.note
+    assert sglang.netns == ""
+    # allowed: scraped on its loopback through the namespace found for it
+    entered = {e.engine: e for e in
+               Finder(str(root), own_netns="net:[1]", enter_netns=True).find()}
+    assert entered["sglang"].note == "" and entered["sglang"].netns == "net:[2]"
+    assert entered["vllm"].netns == ""
+
+
+# --- engines in another network namespace (a container's own network, a pod) -----------------
+needs_netns = pytest.mark.skipif(
+    not can_enter() or not shutil.which("unshare") or not shutil.which("ip"),
+    reason="needs CAP_SYS_ADMIN (root), unshare and ip: a network namespace per stand-in")
+
+
+def _thread_namespaces() -> set[str]:
+    """The network namespace of every thread of this process."""
+    spaces = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            spaces.add(os.readlink(f"/proc/self/task/{task}/ns/net"))
+        except OSError:
+            continue                      # a thread that just ended
+    return spaces
+
+
+@needs_netns
+def test_an_engine_in_another_network_namespace_is_scraped_through_it(engines):
+    own = os.readlink("/proc/self/ns/net")
+    source = EngineSource(enter_netns=True)
+    try:
+        source.round()                            # gpuwhy runs; then the engine starts
+        port = free_port()
+        proc = engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", port,
+                             netns=True)
+        theirs = os.readlink(f"/proc/{proc.pid}/ns/net")
+        assert theirs != own
+        with pytest.raises(ConnectionRefusedError), socket.socket() as s:
+            s.connect(("127.0.0.1", port))        # not on gpuwhy's loopback: only on its own
+        key = key_of(proc)
+        # found at the next round (a round every 5 s: within the 10 s goal) and scraped
+        [sample] = [e for e in source.round()
+                    if isinstance(e, EngineSample) and e.process == key]
+        assert sample.engine == "vllm" and sample.endpoint == f"http://127.0.0.1:{port}/metrics"
+        assert sample.values["requests_running"] == 48 and sample.values["kv_cache_usage"] == 0.95
+        [engine] = [e for e in source.engines if e.process == key]
+        assert engine.netns == theirs and engine.note == ""
+        time.sleep(0.2)
+        [second] = [e for e in source.round()
+                    if isinstance(e, EngineSample) and e.process == key]
+        assert second.values["kv_cache_usage"] == 0.97 and second.values["ttft_p50_s"] == 0.75
+        health = source.health()
+        assert f"through their network namespace (vllm pid {proc.pid} in {theirs})" in \
+            health.detail
+        assert source.namespaces is not None and source.namespaces.entered >= 2
+        assert source.namespaces.stuck == 0
+        # every thread of gpuwhy (the scrape workers among them) is in its own namespace
+        workers = [t for t in threading.enumerate() if t.name.startswith("gpuwhy-engines")]
+        assert workers and _thread_namespaces() == {own}
+    finally:
+        source.close()
+
+
+@needs_netns
+def test_a_reused_pid_or_another_namespace_is_never_entered(engines):
+    from gpuwhy.probes.engines.netns import NamespaceError, Namespaces
+    port = free_port()
+    proc = engines.start("sglang.launch_server", "sglang.txt", port, netns=True)
+    key, theirs = key_of(proc), os.readlink(f"/proc/{proc.pid}/ns/net")
+    namespaces = Namespaces()
+    try:
+        with namespaces.socket_in(key, theirs, socket.AF_INET) as sock:
+            sock.connect(("127.0.0.1", port))     # its loopback: the stand-in answers there
+        with pytest.raises(NamespaceError, match="no longer the engine"):
+            namespaces.socket_in(ProcessKey(key.pid, key.start_time + 1), theirs,
+                                 socket.AF_INET)
+        with pytest.raises(NamespaceError, match="not the net:\\[1\\] it was found in"):
+            namespaces.socket_in(key, "net:[1]", socket.AF_INET)
+        assert namespaces.entered == 1 and _thread_namespaces() == {namespaces.own}
+    finally:
+        namespaces.close()
+    # a scrape through a namespace that is no longer the one found fails, saying why
+    source = EngineSource(enter_netns=True)
+    try:
+        target = engines_source.Target(f"http://127.0.0.1:{port}/metrics", "sglang", key,
+                                       netns="net:[1]")
+        _, parsed, error = source._scrape(target)
+        assert parsed is None and "not the net:[1] it was found in" in error
+        assert "not the net:[1]" in target.netns_error
+    finally:
+        source.close()
+
+
+@needs_netns
+def test_a_hostile_engine_in_a_namespace_costs_only_its_own_scrape(engines):
+    own = os.readlink("/proc/self/ns/net")
+    slow_port, huge_port = free_port(), free_port()
+    slow = engines.start("sglang.launch_server", "sglang.txt", slow_port, mode="slow",
+                         netns=True)
+    huge = engines.start("sglang.launch_server", "sglang.txt", huge_port, mode="huge",
+                         netns=True)
+    good = engines.start("tritonserver", "triton.txt", free_port(), netns=True)
+    source = EngineSource(timeout=1.0, max_body=1 << 20, enter_netns=True)
+    try:
+        started = time.monotonic()
+        events = source.round()
+        took = time.monotonic() - started
+        ours = {key_of(p) for p in (slow, huge, good)}
+        samples = [e for e in events if isinstance(e, EngineSample) and e.process in ours]
+        assert [s.process for s in samples] == [key_of(good)]
+        assert took < 1.0 + 1.5, f"a round took {took:.1f} s: one scrape held the others"
+        # each was reached through its namespace and failed its own scrape (its port is
+        # tried again only after RETRY_S), the source degraded: nothing more
+        assert (key_of(slow), slow_port) in source.refused
+        assert (key_of(huge), huge_port) in source.refused
+        assert source.namespaces is not None and source.namespaces.entered >= 3
+        assert not source.entry_errors             # entered each time: the endpoints failed
+        assert source.health().state == "degraded"
+        assert _thread_namespaces() == {own}
+    finally:
+        source.close()
+
+
+@needs_netns
+def test_without_cap_sys_admin_an_engine_in_another_namespace_is_told_not_scraped(engines):
+    proc = engines.start("vllm.entrypoints.openai.api_server", "vllm_v1.txt", free_port(),
+                         netns=True)
+    source = EngineSource(enter_netns=False)      # as the shipped unit runs: no capability
+    try:
+        events = source.round()
+        key = key_of(proc)
+        assert not [e for e in events if isinstance(e, EngineSample) and e.process == key]
+        [engine] = [e for e in source.engines if e.process == key]
+        assert engine.netns == "" and "another network namespace" in engine.note
+        assert source.namespaces is None and key not in source.targets
+        health = source.health()
+        assert health.state == "degraded"
+        assert f"vllm pid {proc.pid}: in another network namespace, not entered: gpuwhy " \
+            "lacks CAP_SYS_ADMIN" in health.detail
+        assert "engines.endpoints" in health.detail
+    finally:
+        source.close()

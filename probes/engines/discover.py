@@ -5,9 +5,11 @@ ways each is started): vLLM ``vllm serve`` (a console script: ``python …/bin/v
 ``python -m vllm.entrypoints.openai.api_server``; SGLang ``python -m sglang.launch_server``;
 TGI ``text-generation-launcher`` and ``text-generation-router``; Triton ``tritonserver``.
 Its listening TCP ports are its socket inodes (``/proc/PID/fd`` → ``socket:[N]``) looked up
-in ``/proc/PID/net/tcp`` and ``tcp6``, the tables of *its* network namespace. Only an
-engine in gpuwhy's own network namespace, listening on a wildcard or loopback address, is
-reachable on loopback; the others are reported, not scraped. The processes of its tree
+in ``/proc/PID/net/tcp`` and ``tcp6``, the tables of *its* network namespace. An engine
+listening on a wildcard or loopback address is reachable on loopback: in gpuwhy's own network
+namespace directly, in another (a container with its own network, a Kubernetes pod) only
+through that namespace (:mod:`gpuwhy.probes.engines.netns`, CAP_SYS_ADMIN): without it such an
+engine is reported with the reason, not scraped. The processes of its tree
 (the engine and its descendants, from ``/proc/PID/task/*/children``) that hold
 ``/dev/nvidiaN`` files name the GPUs it runs on and the processes engine signals belong to.
 
@@ -31,6 +33,11 @@ MAX_NET_TABLE = 4 << 20   # bytes of /proc/PID/net/tcp{,6} read (~27,000 sockets
 MAX_TREE = 64             # processes of one engine's tree looked at
 MAX_DEPTH = 4             # generations below the engine
 LISTEN = "0A"             # TCP_LISTEN in /proc/net/tcp's st column
+# why an engine in another network namespace is not scraped, and what to do
+NOT_ENTERED = ("in another network namespace, not entered: gpuwhy lacks CAP_SYS_ADMIN "
+               "(grant it to gpuwhy to scrape the engine through its namespace, see "
+               "systemd/gpuwhy.service; or publish its port on the host and name it in "
+               "engines.endpoints)")
 _MINOR = re.compile(r"/dev/nvidia([0-9]{1,4})")
 _PYTHON = re.compile(r"python[0-9.]*")
 _PORT_VALUE = re.compile(r"[0-9]{1,5}")
@@ -69,6 +76,8 @@ class Engine:
     ports: list[int]                      # metrics ports to try, most likely first
     listeners: dict[int, Listener] = field(default_factory=dict)
     note: str = ""                        # why it cannot be scraped, if it cannot
+    netns: str = ""                       # its network namespace when not gpuwhy's and
+                                          # entered for the scrape (/proc/PID/ns/net's link)
     members: list[ProcessKey] = field(default_factory=list)   # its tree's GPU processes
     gpu_minors: list[int] = field(default_factory=list)
 
@@ -295,9 +304,13 @@ class Finder:
     RECHECK_S = 30.0
     RESCAN_S = 10.0        # within the issue's goal: an engine found ≤ 10 s after it listens
 
-    def __init__(self, proc_root: str = "/proc", own_netns: str | None = None):
+    def __init__(self, proc_root: str = "/proc", own_netns: str | None = None,
+                 enter_netns: bool = False):
         self.proc_root = proc_root
         self.own_netns = own_netns if own_netns is not None else netns("self", proc_root)
+        # whether an engine in another network namespace is scraped through it (the caller
+        # holds CAP_SYS_ADMIN) or reported as not entered
+        self.enter_netns = enter_netns
         # per process: (its socket inodes, its listeners, when the tables were read)
         self._ports: dict[ProcessKey, tuple[frozenset[int], dict[int, Listener], float]] = {}
         # per pid: (its /proc inode, when its command line was read, the engine it runs or
@@ -373,11 +386,16 @@ class Finder:
             engine = Engine(name, key, [], listeners)
             preferred = [p for p in flag_ports(name, argv) if p in listeners]
             engine.ports = preferred + sorted(p for p in listeners if p not in preferred)
-            if self.own_netns is not None and netns(pid, proc_root) != self.own_netns:
-                engine.note = "in another network namespace: not reachable on loopback " \
-                              "(name its endpoint in engines.endpoints)"
-            elif not any(listeners[p].host for p in engine.ports):
+            space = netns(pid, proc_root)
+            if not any(listeners[p].host for p in engine.ports):
                 engine.note = "listens on no loopback or wildcard address"
+            elif self.own_netns is not None and space != self.own_netns:
+                if not self.enter_netns:
+                    engine.note = NOT_ENTERED
+                elif space is None:
+                    engine.note = "its network namespace cannot be read (/proc/PID/ns/net)"
+                else:
+                    engine.netns = space          # its loopback, reached through it
             minors: set[int] = set()
             for member in members:
                 held = device_minors(member, proc_root)
@@ -395,6 +413,7 @@ class Finder:
         return engines
 
 
-def find_engines(proc_root: str = "/proc", own_netns: str | None = None) -> list[Engine]:
+def find_engines(proc_root: str = "/proc", own_netns: str | None = None,
+                 enter_netns: bool = False) -> list[Engine]:
     """One look through /proc (see :class:`Finder`)."""
-    return Finder(proc_root, own_netns).find()
+    return Finder(proc_root, own_netns, enter_netns).find()

@@ -11,18 +11,26 @@ published as usual. An engine is scraped on the first of its listening ports tha
 with its metrics (the port its command line names, then its default, then the others; at
 most ``MAX_PORT_TRIES``); a port that did not is tried again only after ``RETRY_S``.
 
+An engine in another network namespace (a container with its own network, a pod) is scraped
+on its own loopback through that namespace when gpuwhy holds CAP_SYS_ADMIN: the socket is
+made inside it (:mod:`gpuwhy.probes.engines.netns`), the scrape bounded as any other. Without
+the capability it is reported in the health with what to do, and not scraped.
+
 What an endpoint serves is untrusted: parsed by the bounded parser, only known names kept,
 reasons shown after :func:`gpuwhy.text.printable`, values finite or dropped.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import logging
 import os
+import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -36,6 +44,7 @@ from gpuwhy.events import EngineSample, Event, SourceHealth
 from gpuwhy.identity import GpuIdentity, ProcessKey
 from gpuwhy.probes.engines import metric_names as metrics
 from gpuwhy.probes.engines.discover import Engine, Finder
+from gpuwhy.probes.engines.netns import NamespaceError, Namespaces, can_enter
 from gpuwhy.probes.gpu.scrape import Deadline
 from gpuwhy.proc import read_process
 from gpuwhy.text import printable
@@ -69,19 +78,53 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def get(url: str, seconds: float = TIMEOUT_S, max_bytes: int = MAX_BODY) -> bytes:
+# makes the unconnected TCP socket of an address family (AF_INET, AF_INET6) for a scrape
+SocketFactory = Callable[[int], socket.socket]
+
+
+class _MadeSocketConnection(http.client.HTTPConnection):
+    """An HTTPConnection on a socket that ``factory`` makes (in an engine's network
+    namespace): connect() only connects it, to the numeric loopback address it was given (no
+    name is resolved)."""
+
+    def __init__(self, host: str, port: int, timeout: float, factory: SocketFactory):
+        super().__init__(host, port, timeout=timeout)
+        self._factory = factory
+
+    def connect(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = self._factory(family)
+        try:
+            sock.settimeout(self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.connect((self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def get(url: str, seconds: float = TIMEOUT_S, max_bytes: int = MAX_BODY,
+        socket_factory: SocketFactory | None = None) -> bytes:
     """The body of a plain-HTTP GET of ``url`` on loopback, within ``seconds`` in all and
-    ``max_bytes`` at most; no redirect followed, no proxy used. Raises :class:`ScrapeError`."""
+    ``max_bytes`` at most; no redirect followed, no proxy used. With ``socket_factory`` the
+    socket is the one it makes (an engine's network namespace's: :mod:`netns`), and the host
+    must be a numeric loopback address. Raises :class:`ScrapeError`."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname or not is_loopback(parts.hostname):
         raise ScrapeError(f"{url}: only http:// on a loopback address is scraped")
+    if socket_factory is not None and parts.hostname == "localhost":
+        # a name would be resolved in gpuwhy's namespace, for a socket of another
+        raise ScrapeError(f"{url}: a socket made elsewhere needs a numeric loopback address")
     deadline = Deadline(seconds)
     started = time.monotonic()
     failure: str | None = None
     body = b""
     with deadline:
         connection = http.client.HTTPConnection(parts.hostname, parts.port or 80,
-                                                timeout=seconds)
+                                                timeout=seconds) if socket_factory is None \
+            else _MadeSocketConnection(parts.hostname, parts.port or 80, seconds,
+                                       socket_factory)
         try:
             connection.connect()
             deadline.watch(connection.sock)
@@ -130,6 +173,8 @@ class Target:
     process: ProcessKey | None = None
     members: list[ProcessKey] = field(default_factory=list)
     gpu_minors: list[int] = field(default_factory=list)
+    netns: str = ""          # the engine's network namespace, entered for the socket
+    netns_error: str = ""    # why its last socket could not be made there
     previous: metrics.Parsed | None = None
     previous_at: float = 0.0
     error: str = ""
@@ -155,7 +200,10 @@ class EngineSource:
     """Rounds of discovery and scrapes; ``round()`` returns the events to publish."""
 
     def __init__(self, endpoints: str = "", proc_root: str = "/proc",
-                 timeout: float = TIMEOUT_S, max_body: int = MAX_BODY):
+                 timeout: float = TIMEOUT_S, max_body: int = MAX_BODY,
+                 enter_netns: bool | None = None):
+        """``enter_netns``: scrape engines in other network namespaces through them; None:
+        when this process holds CAP_SYS_ADMIN (:func:`netns.can_enter`)."""
         self.proc_root, self.timeout, self.max_body = proc_root, timeout, max_body
         self.named = [Target(url, engine) for engine, url in parse_endpoints(endpoints)]
         self.targets: dict[ProcessKey, Target] = {}     # found engines, by process
@@ -165,11 +213,26 @@ class EngineSource:
         self.counters: dict[str, int] = {"rounds": 0, "scrapes": 0, "scrape_errors": 0,
                                          "samples": 0, "skipped_lines": 0}
         self.notes: list[str] = []
-        self.finder = Finder(proc_root)
+        # engines in another namespace whose socket could not be made there: why
+        self.entry_errors: dict[ProcessKey, str] = {}
+        if enter_netns is None:
+            enter_netns = can_enter()
+        # gpuwhy's own network namespace held open from the start: the way back
+        self.namespaces: Namespaces | None = None
+        if enter_netns:
+            try:
+                self.namespaces = Namespaces(proc_root)
+            except OSError as exc:      # no /proc/thread-self: no way back, so never out
+                log.warning("engines in other network namespaces will not be scraped: "
+                            "cannot hold gpuwhy's own (%s)", exc)
+                enter_netns = False
+        self.finder = Finder(proc_root, enter_netns=enter_netns)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpuwhy-engines")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.namespaces is not None:
+            self.namespaces.close()
 
     def discover(self) -> list[Event]:
         """Look through /proc; ProcessSeen for the processes newly found."""
@@ -185,6 +248,7 @@ class EngineSource:
             target = self.targets.get(engine.process)
             if target is not None:
                 target.members, target.gpu_minors = engine.members, engine.gpu_minors
+                target.netns = engine.netns
             for key in [engine.process, *engine.members]:
                 if key not in self.seen:
                     try:
@@ -211,8 +275,14 @@ class EngineSource:
         return [u for _, u in urls[:MAX_PORT_TRIES]]
 
     def _scrape(self, target: Target) -> tuple[Target, metrics.Parsed | None, str]:
+        factory: SocketFactory | None = None
+        if target.netns:
+            if self.namespaces is None or target.process is None:
+                return target, None, f"{target.url}: in another network namespace, not entered"
+            factory = functools.partial(self._socket_in, target)
         try:
-            text = get(target.url, self.timeout, self.max_body).decode("utf-8", "replace")
+            text = get(target.url, self.timeout, self.max_body, factory) \
+                .decode("utf-8", "replace")
         except ScrapeError as exc:
             return target, None, str(exc)
         engine = target.engine or guess_engine(text)
@@ -230,6 +300,17 @@ class EngineSource:
         target.engine = engine
         return target, parsed, ""
 
+    def _socket_in(self, target: Target, family: int) -> socket.socket:
+        """A socket made in the target engine's network namespace (:mod:`netns`)."""
+        assert self.namespaces is not None and target.process is not None
+        try:
+            sock = self.namespaces.socket_in(target.process, target.netns, family)
+        except NamespaceError as exc:
+            target.netns_error = printable(str(exc), MAX_REASON)
+            raise
+        target.netns_error = ""
+        return sock
+
     def round(self) -> list[Event]:
         """One round: discovery, then every target scraped (in parallel)."""
         self.counters["rounds"] += 1
@@ -245,7 +326,7 @@ class EngineSource:
                 continue
             for url in self._candidates(engine, now):     # probing: each port a try
                 jobs.append(Target(url, engine.engine, engine.process, engine.members,
-                                   engine.gpu_minors))
+                                   engine.gpu_minors, engine.netns))
         jobs = jobs[:MAX_ENDPOINTS]
         results = list(self._pool.map(self._scrape, jobs))
         ts = now_ns()
@@ -260,6 +341,8 @@ class EngineSource:
                 if probing and process is not None:      # (probing says so; mypy cannot)
                     port = urlsplit(target.url).port or 80
                     self.refused[(process, port)] = done
+                    if target.netns_error:          # not the port's fault: said in health
+                        self.entry_errors[process] = target.netns_error
                     continue          # one port of several: not an error of the engine yet
                 self.counters["scrape_errors"] += 1
                 target.error = error
@@ -269,6 +352,7 @@ class EngineSource:
                     continue                    # another port answered first
                 probed.add(process)
                 self.targets[process] = target
+                self.entry_errors.pop(process, None)
             target.error = ""
             target.skipped += parsed.skipped
             self.counters["skipped_lines"] += parsed.skipped
@@ -282,20 +366,31 @@ class EngineSource:
                 processes=list(target.members), gpu_ids=gpus, values=values))
             self.counters["samples"] += 1
         self.refused = {k: t for k, t in self.refused.items() if done - t < RETRY_S}
+        live = {e.process for e in self.engines}
+        self.entry_errors = {k: v for k, v in self.entry_errors.items() if k in live}
         return events
 
     def health(self) -> SourceHealth:
         targets = [*self.named, *self.targets.values()]
         errors = [t.error for t in targets if t.error]
         unscraped = [e for e in self.engines if not e.note and e.process not in self.targets]
+        through = [t for t in self.targets.values() if t.netns and t.process is not None]
+        entry = [f"ERROR: {e.engine} pid {e.process.pid}: {self.entry_errors[e.process]}"
+                 for e in unscraped if e.process in self.entry_errors]
         parts = [f"{len(self.targets)} engine(s) found and scraped"] + (
+            [f"{len(through)} of them through their network namespace (" + ", ".join(
+                f"{t.engine} pid {t.process.pid if t.process else '?'} in {t.netns}"
+                for t in through) + ")"] if through else []) + (
             [f"{len(self.named)} endpoint(s) named"] if self.named else []) + (
             [f"{len(unscraped)} engine(s) with no metrics port found yet"] if unscraped
-            else []) + self.notes + [f"ERROR: {e}" for e in errors]
+            else []) + entry + self.notes + [f"ERROR: {e}" for e in errors]
         state = "degraded" if errors or unscraped or self.notes else "ok"
         return SourceHealth(ts=now_ns(), source=SOURCE, state=state,
                             detail=printable("; ".join(parts), 2000),
-                            counters={**self.counters, "engines": len(self.engines)})
+                            counters={**self.counters, "engines": len(self.engines),
+                                      **({"netns_sockets": self.namespaces.entered,
+                                          "netns_stuck": self.namespaces.stuck}
+                                         if self.namespaces is not None else {})})
 
 
 def run_engine_source(config: Config, stop: threading.Event) -> None:
