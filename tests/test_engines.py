@@ -9,6 +9,7 @@ engine itself is a stand-in (no GPU here).
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
@@ -65,9 +66,11 @@ class Engines:
 
     def start(self, how: str, frames: str, port: int, mode: str = "",
               decoy: int | None = None, child: bool = False,
-              netns: bool = False) -> subprocess.Popen:
+              netns: bool = False, user: int | None = None) -> subprocess.Popen:
         """A stand-in under ``how``'s argv; with ``netns`` in a network namespace of its own
-        (a container's network: its loopback up, nothing else), the same pid and argv."""
+        (a container's network: its loopback up, nothing else), the same pid and argv; with
+        ``user`` run as that uid and gid, no other group (a binary's argv only: the modules
+        in tmp_path are root's alone)."""
         env = {**os.environ, "STANDIN_FRAMES": str(DATA / frames), "STANDIN_MODE": mode}
         if decoy:
             env["STANDIN_DECOY"] = str(decoy)
@@ -95,8 +98,11 @@ class Engines:
             argv = ["unshare", "--net", "bash", "-c", 'ip link set lo up && exec -a "$0" "$@"',
                     argv[0], executable or argv[0], *argv[1:]]
             executable = None
+        as_user = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+        assert user is None or "PYTHONPATH" not in env, "run as another user: a binary's argv"
         proc = subprocess.Popen(argv, executable=executable, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, cwd=self.tmp)
+                                stdout=subprocess.PIPE, cwd="/" if user else self.tmp,
+                                **as_user)
         self.procs.append(proc)
         ready, _, _ = select.select([proc.stdout], [], [], 10)
         assert ready and proc.stdout.readline() == b"ready\n", f"{how} did not start"
@@ -595,3 +601,205 @@ def test_without_cap_sys_admin_an_engine_in_another_namespace_is_told_not_scrape
         assert "engines.endpoints" in health.detail
     finally:
         source.close()
+
+
+# --- gpuwhy unprivileged: another user's engine, its fds and ns/net refused -----------------
+NOBODY = 65534            # the stand-in engine's user
+GPUWHY = 65533            # gpuwhy's side: unprivileged, another user again
+
+# one round of the engines source as run by the test's second uid, told back as JSON
+UNPRIVILEGED_ROUND = r"""
+import json, os, sys
+from gpuwhy.events import EngineSample
+from gpuwhy.probes.engines.source import EngineSource
+refused = []
+for pid in map(int, sys.argv[1:]):
+    try:
+        os.listdir(f"/proc/{pid}/fd")
+    except PermissionError:
+        refused.append(pid)
+source = EngineSource(enter_netns=False)
+try:
+    events = source.round()
+    health = source.health()
+    print(json.dumps({
+        "uid": os.getuid(), "fds_refused": refused,
+        "samples": [[e.engine, e.process.pid, e.endpoint, e.values, e.gpu_ids,
+                     len(e.processes)] for e in events if isinstance(e, EngineSample)],
+        "engines": {e.process.pid: [e.engine, e.ports, e.owner, e.note, e.info]
+                    for e in source.engines},
+        "probed_refused": [[k.pid, port] for k, port in source.refused],
+        "state": health.state, "detail": health.detail}))
+finally:
+    source.close()
+"""
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root: the stand-in runs as nobody, discovery as another uid")
+
+
+@needs_root
+def test_unprivileged_another_user_s_engine_is_found_by_port_and_owner_and_scraped(engines):
+    """The shipped unit's case: gpuwhy is neither root nor the engine's user, so the kernel
+    refuses the engine's /proc/PID/fd and ns/net; its port is matched by number and owner."""
+    port, other = free_port(), free_port()
+    triton = engines.start("tritonserver", "triton.txt", port, user=NOBODY)
+    # a process of the same user on a recognised engine's port, serving no engine metrics:
+    # matched by number and owner too, then refused by the scrape's probing
+    garbage = engines.start("text-generation-router", "tgi.txt", other, mode="garbage",
+                            user=NOBODY)
+    run = subprocess.run([sys.executable, "-c", UNPRIVILEGED_ROUND, str(triton.pid),
+                          str(garbage.pid)], user=GPUWHY, group=GPUWHY, extra_groups=[],
+                         cwd="/", env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["uid"] == GPUWHY and out["fds_refused"] == [triton.pid, garbage.pid]
+    ours = {triton.pid, garbage.pid}
+    samples = [s for s in out["samples"] if s[1] in ours]
+    assert samples == [["triton", triton.pid, f"http://127.0.0.1:{port}/metrics",
+                        {"requests_waiting": 4.0},
+                        # Triton's metrics name its GPUs; its GPU processes stay unknown
+                        ["GPU-8b1c2a3e-0000-4a5b-9c6d-7e8f90a1b2c3"], 0]]
+    engine, ports, owner, note, info = out["engines"][str(triton.pid)]
+    assert (engine, ports, owner, note) == ("triton", [port], NOBODY, "")
+    assert f"ports matched by number and owner (uid {NOBODY}), not by its fds" in info
+    assert "its GPU processes are unknown" in info
+    assert f"triton pid {triton.pid}: ports matched by number and owner" in out["detail"]
+    # the same user's port with no engine metrics: probed, refused (tried after RETRY_S)
+    assert out["engines"][str(garbage.pid)][:3] == ["tgi", [other], NOBODY]
+    assert [garbage.pid, other] in out["probed_refused"]
+
+
+def _tcp_row(port: int, uid: int, inode: int) -> str:
+    return (f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 "
+            f"00000000 {uid:5d}        0 {inode} 1 0000000000000000 100 0 0 10 0\n")
+
+
+def _fake_other_user(root: Path, pid: int, argv: list[str], uid: int,
+                     tables: Path | list[str]) -> Path:
+    """A /proc/PID of another user's process as an unprivileged reader sees it: cmdline,
+    stat, status and net/ readable (fd/ and ns/ refused: the Finder's readers are swapped).
+    ``tables``: its namespace's net/tcp rows, or the net/tcp of a process in the same
+    namespace (a hard link: one inode per namespace, as the kernel's)."""
+    base = root / str(pid)
+    (base / "net").mkdir(parents=True)
+    (base / "task" / str(pid)).mkdir(parents=True)
+    (base / "task" / str(pid) / "children").write_text("")
+    (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    fields = ["S", "1"] + ["0"] * 17 + [str(pid * 10)] + ["0"] * 10
+    (base / "stat").write_text(f"{pid} (x) " + " ".join(fields) + "\n")
+    (base / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt" \
+             "   uid  timeout inode\n"
+    if isinstance(tables, Path):
+        os.link(tables, base / "net" / "tcp")
+    else:
+        (base / "net" / "tcp").write_text(header + "".join(tables))
+    (base / "net" / "tcp6").write_text(header)
+    return base / "net" / "tcp"
+
+
+def _refused(pid: int | str, proc_root: str) -> list[str]:
+    raise PermissionError(13, "Permission denied", f"{proc_root}/{pid}")
+
+
+def test_refused_fds_ports_are_matched_by_number_and_owner_never_another_user_s(tmp_path):
+    from gpuwhy.probes.engines.discover import Finder
+    root = tmp_path / "proc"
+    # gpuwhy's own namespace: vLLM (no --port: its default 8000) as uid 1000, listening;
+    # SGLang told --port 30001, where only root listens (another user's socket: never its),
+    # and uid 1000 on 30000, SGLang's default (not its: it named another)
+    host = _fake_other_user(root, 100, ["vllm", "serve", "m"], 1000,
+                            [_tcp_row(8000, 1000, 11), _tcp_row(30001, 0, 12),
+                             _tcp_row(30000, 1000, 13)])
+    _fake_other_user(root, 200, ["python3", "-m", "sglang.launch_server", "--port", "30001"],
+                     1000, host)
+    (root / "self" / "net").mkdir(parents=True)
+    os.link(host, root / "self" / "net" / "tcp")        # gpuwhy in the same namespace
+    finder = Finder(str(root))
+    finder.fd_links, finder.net_link = _refused, _refused
+    finder.RESCAN_S = 0.05
+    found = {e.engine: e for e in finder.find()}
+    assert set(found) == {"vllm"} and finder.unattributed == []    # not told at once
+    vllm = found["vllm"]
+    assert vllm.ports == [8000] and vllm.owner == 1000 and vllm.note == ""
+    assert vllm.listeners[8000].host == "127.0.0.1" and vllm.netns == ""
+    assert "matched by number and owner (uid 1000)" in vllm.info
+    assert vllm.members == [] and vllm.gpu_minors == []
+    time.sleep(0.1)
+    finder.find()
+    [(engine, key, why)] = finder.unattributed      # seen longer than RESCAN_S: told, once
+    assert (engine, key.pid) == ("sglang", 200)
+    assert "none of its ports (30001) listens under its uid 1000" in why
+    # the source: both told in its health as information, not a fault
+    source = EngineSource(proc_root=str(root), enter_netns=False)
+    try:
+        source.finder.fd_links, source.finder.net_link = _refused, _refused
+        source.finder.RESCAN_S = 0.05
+        source.discover()
+        time.sleep(0.1)
+        source.discover()
+        source.targets[vllm.process] = engines_source.Target(
+            "http://127.0.0.1:8000/metrics", "vllm", vllm.process)      # as once scraped
+        health = source.health()
+        assert health.state == "ok", health.detail
+        assert "vllm pid 100: ports matched by number and owner (uid 1000)" in health.detail
+        assert "sglang pid 200: recognised" in health.detail
+    finally:
+        source.close()
+    # an engine in another namespace (its own net/tcp inode): cannot be entered, told what
+    # to grant, whatever gpuwhy's CAP_SYS_ADMIN
+    _fake_other_user(root, 300, ["tritonserver", "--model-repository=/m"], 1000,
+                     [_tcp_row(8002, 1000, 21)])
+    for enter in (False, True):
+        finder = Finder(str(root), enter_netns=enter)
+        finder.fd_links, finder.net_link = _refused, _refused
+        triton = {e.engine: e for e in finder.find()}["triton"]
+        assert triton.ports == [8002] and triton.owner == 1000 and triton.netns == ""
+        assert "another network namespace" in triton.note
+        for grant in ("CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SYS_ADMIN",
+                      "engines.endpoints"):
+            assert grant in triton.note
+
+
+def test_a_port_matched_by_owner_for_two_engines_goes_to_the_one_naming_it_or_neither(
+        tmp_path):
+    from gpuwhy.probes.engines.discover import Finder
+    root = tmp_path / "proc"
+    # two vLLMs of one user in one namespace, one listening on 8000: the one started with
+    # --port 8000, or, when neither names it (both by default), neither (cannot be told)
+    host = _fake_other_user(root, 100, ["vllm", "serve", "a"], 1000,
+                            [_tcp_row(8000, 1000, 11)])
+    _fake_other_user(root, 200, ["vllm", "serve", "b", "--port", "8000"], 1000, host)
+    (root / "self" / "net").mkdir(parents=True)
+    os.link(host, root / "self" / "net" / "tcp")
+    finder = Finder(str(root))
+    finder.fd_links, finder.net_link = _refused, _refused
+    by_pid = {e.process.pid: e for e in finder.find()}
+    assert by_pid[200].ports == [8000] and by_pid[200].note == ""
+    assert by_pid[100].ports == [] and "several engines of one user" in by_pid[100].note
+    (root / "200" / "cmdline").write_bytes(b"vllm\0serve\0b\0")
+    finder = Finder(str(root))
+    finder.fd_links, finder.net_link = _refused, _refused
+    assert all(e.ports == [] and "several engines" in e.note for e in finder.find())
+
+
+def test_an_engine_listening_nowhere_is_told_after_rescan_s_once_per_tree(tmp_path):
+    from gpuwhy.probes.engines.discover import Finder
+    root = tmp_path / "proc"
+    # TGI: the launcher listens nowhere, its router does (socket 555: port 8000): not told
+    _fake_process(root, 100, ["text-generation-launcher"], 1000, 1, "net:[1]", {}, [101])
+    _fake_process(root, 101, ["text-generation-router", "--port", "8000"], 1001, 100,
+                  "net:[1]", {3: "socket:[555]"})
+    # a vLLM server loading its model (no socket yet) and its forked worker: one engine
+    _fake_process(root, 200, ["vllm", "serve", "m"], 2000, 1, "net:[1]", {}, [201])
+    _fake_process(root, 201, ["vllm", "serve", "m"], 2001, 200, "net:[1]", {})
+    finder = Finder(str(root), own_netns="net:[1]")
+    finder.RESCAN_S = 0.05
+    assert [e.engine for e in finder.find()] == ["tgi"] and finder.unattributed == []
+    time.sleep(0.1)
+    finder.find()
+    [(engine, key, why)] = finder.unattributed
+    assert (engine, key) == ("vllm", ProcessKey(200, 2000))
+    assert "holds no listening TCP socket" in why and "loading its model" in why

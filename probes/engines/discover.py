@@ -13,6 +13,23 @@ engine is reported with the reason, not scraped. The processes of its tree
 (the engine and its descendants, from ``/proc/PID/task/*/children``) that hold
 ``/dev/nvidiaN`` files name the GPUs it runs on and the processes engine signals belong to.
 
+Unprivileged (the shipped gpuwhy.service: user ``gpuwhy``, no capability), the kernel refuses
+another user's ``/proc/PID/fd`` and ``/proc/PID/ns/net`` (a ptrace access check), and every
+engine runs as another user (root, its own account); its cmdline, stat, status and
+``net/tcp{,6}`` stay readable. Then an engine's listeners are matched by number and owner
+instead: its candidate ports (those its command line names, else its engine's defaults)
+that have a LISTEN socket in its namespace's tables owned by its uid (the tables' ``uid``
+column against ``Uid:`` in /proc/PID/status), said in its record (:attr:`Engine.info`). Its
+network namespace is told by the inode of ``/proc/PID/net/tcp`` (one per namespace) against
+gpuwhy's own: an engine in gpuwhy's namespace is scraped as usual; one in another cannot be
+entered (opening /proc/PID/ns/net is the refused check), and its note says what to grant. Its
+GPU processes are unknown (their fds are refused too): samples carry no member processes,
+and GPU ids only where the engine's metrics name them (Triton's ``gpu_uuid``). A port of
+another process of the same uid can be matched: the scrape's probing refuses a port whose
+body holds no engine metrics (tried again after RETRY_S). A recognised engine with no
+port found for longer than RESCAN_S is listed (:attr:`Finder.unattributed`), not skipped
+unsaid.
+
 Everything read here is the process's: command lines are bounded and only compared, never
 run or shown unescaped; every read is capped (bytes, fds, processes, lines).
 """
@@ -22,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpuwhy.identity import ProcessKey
@@ -38,6 +56,15 @@ NOT_ENTERED = ("in another network namespace, not entered: gpuwhy lacks CAP_SYS_
                "(grant it to gpuwhy to scrape the engine through its namespace, see "
                "systemd/gpuwhy.service; or publish its port on the host and name it in "
                "engines.endpoints)")
+# why an engine in another namespace, told by its /proc/PID/net/tcp, cannot be entered
+NOT_OPENED = ("in another network namespace (its /proc/PID/net/tcp is not gpuwhy's), not "
+              "entered: gpuwhy may not open another user's /proc/PID/ns/net (grant it "
+              "CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, with CAP_SYS_ADMIN to enter the "
+              "namespace, see systemd/gpuwhy.service; or publish its port on the host and "
+              "name it in engines.endpoints)")
+# what an engine matched by port and owner is told with (information, not an error)
+BY_OWNER = ("ports matched by number and owner (uid {uid}), not by its fds (gpuwhy may not "
+            "read another user's /proc/PID/fd)")
 _MINOR = re.compile(r"/dev/nvidia([0-9]{1,4})")
 _PYTHON = re.compile(r"python[0-9.]*")
 _PORT_VALUE = re.compile(r"[0-9]{1,5}")
@@ -80,6 +107,9 @@ class Engine:
                                           # entered for the scrape (/proc/PID/ns/net's link)
     members: list[ProcessKey] = field(default_factory=list)   # its tree's GPU processes
     gpu_minors: list[int] = field(default_factory=list)
+    info: str = ""                        # how it was found, when that is worth saying (its
+                                          # ports matched by number and owner): not an error
+    owner: int | None = None              # the uid its ports were matched by, when they were
 
 
 def _read(path: str, limit: int) -> bytes:
@@ -140,9 +170,7 @@ def recognise(argv: list[str]) -> str | None:
     return None
 
 
-def flag_ports(engine: str, argv: list[str]) -> list[int]:
-    """The metrics ports a command line names (``--port 8080``, ``--port=8080``), then the
-    engine's defaults."""
+def _named_ports(engine: str, argv: list[str]) -> list[int]:
     flags = ENGINES[engine][3]
     named = []
     for i, arg in enumerate(argv):
@@ -151,46 +179,99 @@ def flag_ports(engine: str, argv: list[str]) -> list[int]:
             value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
             if _PORT_VALUE.fullmatch(value) and 0 < int(value) < 65536:
                 named.append(int(value))
-    return list(dict.fromkeys(named + list(ENGINES[engine][2])))
+    return list(dict.fromkeys(named))
 
 
-def socket_inodes(pid: int, proc_root: str = "/proc") -> set[int]:
-    """Inodes of the sockets the process holds (``socket:[N]`` in /proc/PID/fd)."""
-    inodes: set[int] = set()
-    fd_dir = f"{proc_root}/{pid}/fd"
-    try:
-        with os.scandir(fd_dir) as entries:
-            for n, entry in enumerate(entries):
-                if n >= MAX_FDS:
-                    break
-                try:
-                    target = os.readlink(entry.path)
-                except OSError:
-                    continue
-                if target.startswith("socket:[") and target.endswith("]"):
-                    inodes.add(int(target[8:-1]))
-    except OSError:
-        pass
-    return inodes
+def flag_ports(engine: str, argv: list[str]) -> list[int]:
+    """The metrics ports a command line names (``--port 8080``, ``--port=8080``), then the
+    engine's defaults."""
+    return list(dict.fromkeys(_named_ports(engine, argv) + list(ENGINES[engine][2])))
 
 
-def device_minors(pid: int, proc_root: str = "/proc") -> set[int]:
-    """Minors of the ``/dev/nvidiaN`` files the process holds."""
-    minors: set[int] = set()
+def fd_links(pid: int, proc_root: str = "/proc") -> list[str]:
+    """What the process's fds point at (at most MAX_FDS): ``socket:[N]``, ``/dev/nvidia3``…;
+    empty for a process gone. Raises PermissionError when the kernel refuses them (another
+    user's process, to a reader without CAP_SYS_PTRACE): not the same as a process gone."""
+    links: list[str] = []
     try:
         with os.scandir(f"{proc_root}/{pid}/fd") as entries:
             for n, entry in enumerate(entries):
                 if n >= MAX_FDS:
                     break
                 try:
-                    match = _MINOR.fullmatch(os.readlink(entry.path))
+                    links.append(os.readlink(entry.path))
+                except PermissionError:
+                    # a listing allowed (CAP_DAC_READ_SEARCH) but its links refused (the
+                    # ptrace check): refused all the same
+                    raise
                 except OSError:
-                    continue
-                if match:
-                    minors.add(int(match[1]))
+                    continue             # an fd closed meanwhile
+    except PermissionError:
+        raise
     except OSError:
-        pass
-    return minors
+        return []
+    return links
+
+
+def _sockets(links: list[str]) -> set[int]:
+    return {int(t[8:-1]) for t in links
+            if t.startswith("socket:[") and t.endswith("]") and t[8:-1].isdigit()}
+
+
+def _minors(links: list[str]) -> set[int]:
+    return {int(m[1]) for m in map(_MINOR.fullmatch, links) if m}
+
+
+def socket_inodes(pid: int, proc_root: str = "/proc") -> set[int]:
+    """Inodes of the sockets the process holds (``socket:[N]`` in /proc/PID/fd); empty when
+    they cannot be read."""
+    try:
+        return _sockets(fd_links(pid, proc_root))
+    except PermissionError:
+        return set()
+
+
+def device_minors(pid: int, proc_root: str = "/proc") -> set[int]:
+    """Minors of the ``/dev/nvidiaN`` files the process holds; empty when its fds cannot be
+    read (another user's process, unprivileged)."""
+    try:
+        return _minors(fd_links(pid, proc_root))
+    except PermissionError:
+        return set()
+
+
+def process_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
+    """The process's real and filesystem uids (``Uid:`` in /proc/PID/status, readable by
+    anyone): a socket's owner in /proc/net/tcp is the fsuid that created it, which is the
+    real uid but for a process that changed one of them. None for a process gone."""
+    try:
+        for line in _read(f"{proc_root}/{pid}/status", 8192).splitlines():
+            if line.startswith(b"Uid:"):
+                ids = line.split()[1:]
+                return int(ids[0]), int(ids[3])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def tables_inode(pid: int | str, proc_root: str = "/proc") -> int | None:
+    """The inode of /proc/PID/net/tcp: one per network namespace, the same for every process
+    in it, and readable where /proc/PID/ns/net is not (another user's process)."""
+    try:
+        return os.stat(f"{proc_root}/{pid}/net/tcp").st_ino
+    except OSError:
+        return None
+
+
+def net_link(pid: int | str, proc_root: str = "/proc") -> str | None:
+    """/proc/PID/ns/net's link (``net:[4026531833]``), None for a process gone. Raises
+    PermissionError when the kernel refuses it (another user's process, unprivileged)."""
+    try:
+        return os.readlink(f"{proc_root}/{pid}/ns/net")
+    except PermissionError:
+        raise
+    except OSError:
+        return None
 
 
 def _address(hex_address: str) -> str:
@@ -222,28 +303,58 @@ def read_tables(pid: int, proc_root: str = "/proc") -> list[tuple[str, str]]:
     return tables
 
 
-def listening(inodes: set[int], tables: list[tuple[str, str]]) -> dict[int, Listener]:
-    """The listening TCP ports among ``inodes`` in a namespace's ``tables`` (read_tables),
-    with the loopback host that reaches each."""
-    found: dict[int, Listener] = {}
+def _listen_rows(tables: list[tuple[str, str]]) -> Iterator[tuple[int, str, int, int]]:
+    """(port, loopback host or "", owner uid, inode) of each LISTEN socket in ``tables``."""
     for table, text in tables:
         wildcard_host = "::1" if table == "tcp6" else "127.0.0.1"
         for line in text.splitlines()[1:]:
             parts = line.split()
+            # sl local rem st tx:rx tr:when retrnsmt uid timeout inode
             if len(parts) < 10 or parts[3] != LISTEN or not parts[9].isdigit() or \
-                    int(parts[9]) not in inodes:
+                    not parts[7].isdigit():
                 continue
             address, _, port_hex = parts[1].partition(":")
             try:
                 port = int(port_hex, 16)
             except ValueError:
                 continue
-            kind = _address(address)
             host = {"wildcard": wildcard_host, "loopback4": "127.0.0.1",
-                    "loopback6": "::1"}.get(kind, "")
-            if port not in found or (host and not found[port].host):
-                found[port] = Listener(port, host)
+                    "loopback6": "::1"}.get(_address(address), "")
+            yield port, host, int(parts[7]), int(parts[9])
+
+
+def _add(found: dict[int, Listener], port: int, host: str) -> None:
+    if port not in found or (host and not found[port].host):
+        found[port] = Listener(port, host)
+
+
+def listening(inodes: set[int], tables: list[tuple[str, str]]) -> dict[int, Listener]:
+    """The listening TCP ports among ``inodes`` in a namespace's ``tables`` (read_tables),
+    with the loopback host that reaches each."""
+    found: dict[int, Listener] = {}
+    for port, host, _, inode in _listen_rows(tables):
+        if inode in inodes:
+            _add(found, port, host)
     return found
+
+
+def owned(ports: list[int], uids: frozenset[int],
+          tables: list[tuple[str, str]]) -> dict[int, Listener]:
+    """The ``ports`` that have a LISTEN socket owned by one of ``uids`` in a namespace's
+    ``tables``: an engine's listeners when its fds cannot be read (matched by number and
+    owner; another process of the same uid on one of them cannot be told apart here)."""
+    found: dict[int, Listener] = {}
+    for port, host, uid, _ in _listen_rows(tables):
+        if port in ports and uid in uids:
+            _add(found, port, host)
+    return found
+
+
+def candidate_ports(engine: str, argv: list[str]) -> list[int]:
+    """The ports an engine listens on for its metrics, by its command line alone: those it
+    names, else its engine's defaults (a default of an engine told to listen elsewhere is
+    more likely another engine's, of the same user, than its own)."""
+    return _named_ports(engine, argv) or list(ENGINES[engine][2])
 
 
 def _children(pid: int, proc_root: str) -> list[int]:
@@ -299,50 +410,123 @@ class Finder:
     one). An engine's ports, tree and GPU processes are read when it is found and again
     RESCAN_S later (a worker that opens a GPU later joins its members then). A round is
     then a readdir of /proc and an engine's start time for most rounds
-    (scripts/bench_engines.py: a third of the CPU of reading everything every round)."""
+    (scripts/bench_engines.py: a third of the CPU of reading everything every round).
+
+    An engine whose fds are refused (another user's, to an unprivileged gpuwhy) has no set
+    of sockets that changes when it starts listening: its tables are read again every
+    PENDING_S while none of its candidate ports listens under its uid, then every
+    RECHECK_S. Engines recognised with no port found for longer than RESCAN_S are listed in
+    :attr:`unattributed` (an engine still loading its model listens only once loaded)."""
 
     RECHECK_S = 30.0
     RESCAN_S = 10.0        # within the issue's goal: an engine found ≤ 10 s after it listens
+    PENDING_S = 4.0        # at one round per 5 s: every round, for the same goal
+    MAX_UNATTRIBUTED = 16  # engines with no port looked at (their trees read) in one round
 
     def __init__(self, proc_root: str = "/proc", own_netns: str | None = None,
-                 enter_netns: bool = False):
+                 enter_netns: bool = False, own_tables: int | None = None):
         self.proc_root = proc_root
         self.own_netns = own_netns if own_netns is not None else netns("self", proc_root)
+        # gpuwhy's own namespace by its TCP table's inode: what an engine whose
+        # /proc/PID/ns/net is refused is compared by
+        self.own_tables = own_tables if own_tables is not None else \
+            tables_inode("self", proc_root)
         # whether an engine in another network namespace is scraped through it (the caller
         # holds CAP_SYS_ADMIN) or reported as not entered
         self.enter_netns = enter_netns
+        # how fds and namespace links are read: a test swaps in a reader that refuses them
+        # as the kernel does for another user's process
+        self.fd_links: Callable[[int, str], list[str]] = fd_links
+        self.net_link: Callable[[int | str, str], str | None] = net_link
         # per process: (its socket inodes, its listeners, when the tables were read)
         self._ports: dict[ProcessKey, tuple[frozenset[int], dict[int, Listener], float]] = {}
+        # per process whose fds are refused: (its listeners by number and owner, its uid,
+        # when the tables were read, its namespace as _tables keys it)
+        self._owned: dict[ProcessKey, tuple[dict[int, Listener], int | None, float, str]] = {}
         # per pid: (its /proc inode, when its command line was read, the engine it runs or
         # None, that command line when it is one)
         self._argv: dict[int, tuple[int, float, str | None, list[str]]] = {}
         # per engine found: (when its ports, tree and GPU processes were read, its tree, it)
         self._engines: dict[ProcessKey, tuple[float, list[int], Engine]] = {}
+        # engines recognised with no port found: since when
+        self._portless: dict[ProcessKey, float] = {}
+        # (engine, process, why) of those with none for longer than RESCAN_S, this round
+        self.unattributed: list[tuple[str, ProcessKey, str]] = []
         self.table_reads = 0
         self.argv_reads = 0
 
-    def _listeners(self, key: ProcessKey, now: float,
-                   tables: dict[str | None, list[tuple[str, str]]]) -> dict[int, Listener]:
-        inodes = frozenset(socket_inodes(key.pid, self.proc_root))
+    def _space(self, pid: int) -> str:
+        """The process's namespace as its tables are keyed: its ns/net link, or its net/tcp
+        inode where the link is refused (the same namespace either way)."""
+        try:
+            link = self.net_link(pid, self.proc_root)
+        except PermissionError:
+            link = None
+        return link or f"net/tcp:{tables_inode(pid, self.proc_root)}"
+
+    def _tables(self, space: str, pid: int, tables: dict[str, list[tuple[str, str]]]
+                ) -> list[tuple[str, str]]:
+        """The tables of namespace ``space`` (the process's), read once a round at most."""
+        if space not in tables:
+            tables[space] = read_tables(pid, self.proc_root)
+            self.table_reads += 1
+        return tables[space]
+
+    def _listeners(self, key: ProcessKey, name: str, argv: list[str], now: float,
+                   tables: dict[str, list[tuple[str, str]]]
+                   ) -> tuple[dict[int, Listener], bool, int | None]:
+        """Its listening ports, by its fds; by number and owner where its fds are refused:
+        (them, whether by owner, the uid they were matched by)."""
+        try:
+            links = self.fd_links(key.pid, self.proc_root)
+        except PermissionError:
+            return self._by_owner(key, name, argv, now, tables)
+        inodes = frozenset(_sockets(links))
         held = self._ports.get(key)
         if held is not None and held[0] == inodes and now - held[2] < self.RECHECK_S:
-            return held[1]
-        if not inodes:
-            found: dict[int, Listener] = {}
-        else:
-            space = netns(key.pid, self.proc_root)
-            if space not in tables:
-                tables[space] = read_tables(key.pid, self.proc_root)
-                self.table_reads += 1
-            found = listening(set(inodes), tables[space])
+            return held[1], False, None
+        found = listening(set(inodes), self._tables(self._space(key.pid), key.pid, tables)) \
+            if inodes else {}
         self._ports[key] = (inodes, found, now)
-        return found
+        return found, False, None
+
+    def _by_owner(self, key: ProcessKey, name: str, argv: list[str], now: float,
+                  tables: dict[str, list[tuple[str, str]]]
+                  ) -> tuple[dict[int, Listener], bool, int | None]:
+        held = self._owned.get(key)
+        if held is not None and now - held[2] < (self.RECHECK_S if held[0] else
+                                                 self.PENDING_S):
+            return held[0], True, held[1]
+        uids = process_uids(key.pid, self.proc_root)
+        space = self._space(key.pid)
+        found = owned(candidate_ports(name, argv), frozenset(uids),
+                      self._tables(space, key.pid, tables)) if uids else {}
+        uid = uids[0] if uids else None
+        self._owned[key] = (found, uid, now, space)
+        return found, True, uid
+
+    def _namespace(self, pid: int) -> tuple[str | None, bool, bool | None]:
+        """(its /proc/PID/ns/net link, whether reading it was refused, whether it is
+        gpuwhy's own namespace: None when that cannot be told)."""
+        try:
+            link, refused = self.net_link(pid, self.proc_root), False
+        except PermissionError:
+            link, refused = None, True
+        if link is not None and self.own_netns is not None:
+            return link, refused, link == self.own_netns
+        if self.own_netns is None and self.own_tables is None:
+            return link, refused, True      # gpuwhy's own unknown: taken as every engine's
+        theirs = tables_inode(pid, self.proc_root)
+        if theirs is not None and self.own_tables is not None:
+            return link, refused, theirs == self.own_tables
+        return link, refused, None
 
     def find(self) -> list[Engine]:
         """Every engine process on the host, its ports and its GPU processes. An engine
         whose parent is the same engine (a forked worker keeps the server's argv) is one
         engine, the topmost; one that listens nowhere (TGI's launcher: its router listens)
-        is left to its children."""
+        is left to its children, and listed in :attr:`unattributed` after RESCAN_S when none
+        of its tree is found."""
         proc_root = self.proc_root
         try:
             with os.scandir(proc_root) as entries:
@@ -365,9 +549,11 @@ class Finder:
                 if started is not None:
                     candidates[pid] = (cached[2], cached[3], started)
         self._argv = known
-        tables: dict[str | None, list[tuple[str, str]]] = {}
+        tables: dict[str, list[tuple[str, str]]] = {}
         engines: list[Engine] = []
         claimed: set[int] = set()
+        found_trees: set[int] = set()      # the processes of the engines found
+        portless: list[tuple[int, ProcessKey, bool, int | None]] = []
         for pid in sorted(candidates, key=lambda p: candidates[p][2]):
             if pid in claimed:
                 continue
@@ -376,41 +562,130 @@ class Finder:
             found_before = self._engines.get(key)
             if found_before is not None and now - found_before[0] < self.RESCAN_S:
                 claimed.update(p for p in found_before[1] if p in candidates)
+                found_trees.update(found_before[1])
                 engines.append(found_before[2])
                 continue
-            listeners = self._listeners(key, now, tables)
+            listeners, by_owner, uid = self._listeners(key, name, argv, now, tables)
             if not listeners:
+                portless.append((pid, key, by_owner, uid))
                 continue
             members = tree(pid, proc_root)
             claimed.update(p for p in members if p in candidates)
+            found_trees.update(members)
             engine = Engine(name, key, [], listeners)
             preferred = [p for p in flag_ports(name, argv) if p in listeners]
             engine.ports = preferred + sorted(p for p in listeners if p not in preferred)
-            space = netns(pid, proc_root)
+            info = []
+            if by_owner:
+                engine.owner = uid
+                info.append(BY_OWNER.format(uid=uid))
+            link, refused, own = self._namespace(pid)
             if not any(listeners[p].host for p in engine.ports):
                 engine.note = "listens on no loopback or wildcard address"
-            elif self.own_netns is not None and space != self.own_netns:
-                if not self.enter_netns:
+            elif own is None:
+                engine.note = "its network namespace cannot be told (neither " \
+                              "/proc/PID/ns/net nor /proc/PID/net/tcp can be read)"
+            elif not own:
+                if refused:
+                    engine.note = NOT_OPENED
+                elif not self.enter_netns:
                     engine.note = NOT_ENTERED
-                elif space is None:
+                elif link is None:
                     engine.note = "its network namespace cannot be read (/proc/PID/ns/net)"
                 else:
-                    engine.netns = space          # its loopback, reached through it
+                    engine.netns = link           # its loopback, reached through it
             minors: set[int] = set()
+            refusing = 0
             for member in members:
-                held = device_minors(member, proc_root)
+                try:
+                    held = _minors(self.fd_links(member, proc_root))
+                except PermissionError:
+                    refusing += 1
+                    continue
                 member_start = start_time(member, proc_root)
                 if held and member_start is not None:
                     minors |= held
                     engine.members.append(ProcessKey(member, member_start))
             engine.gpu_minors = sorted(minors)
+            if refusing:
+                # their /dev/nvidiaN files are in the fds refused: no member, no minor
+                info.append(f"its GPU processes are unknown ({refusing} process(es) of its "
+                            "tree refuse their fds)")
+            engine.info = "; ".join(info)
             engines.append(engine)
             self._engines[key] = (now, members, engine)
+        self._shared_ports(engines, candidates)
+        self._unattributed(portless, candidates, found_trees, now)
         live = {ProcessKey(pid, c[2]) for pid, c in candidates.items()}
         self._engines = {k: v for k, v in self._engines.items() if k in live}
-        for gone in [k for k in self._ports if k not in live]:
-            del self._ports[gone]
+        for held_by in (self._ports, self._owned):
+            for gone in [k for k in held_by if k not in live]:
+                del held_by[gone]
         return engines
+
+    def _shared_ports(self, engines: list[Engine],
+                      candidates: dict[int, tuple[str, list[str], int]]) -> None:
+        """A port matched by number and owner for two engines of one namespace (one named
+        it, the other has it as its default; both had it as default) is only one's: the
+        one whose command line names it when one alone does, else neither's (which one
+        listens on it cannot be told from the tables); an engine left with no port says
+        why and is not scraped (a scrape would publish another engine's figures as its)."""
+        claims: dict[tuple[str, int], list[Engine]] = {}
+        for engine in engines:
+            held = self._owned.get(engine.process)
+            if engine.owner is None or held is None:
+                continue
+            for port in engine.ports:
+                claims.setdefault((held[3], port), []).append(engine)
+        for (_, port), claimants in claims.items():
+            if len(claimants) < 2:
+                continue
+            naming = [e for e in claimants if e.process.pid in candidates and
+                      port in _named_ports(e.engine, candidates[e.process.pid][1])]
+            keep = naming[0] if len(naming) == 1 else None
+            for engine in claimants:
+                if engine is keep or port not in engine.ports:
+                    continue
+                engine.ports = [p for p in engine.ports if p != port]
+                if not engine.ports and not engine.note:
+                    engine.note = (f"port {port} matched by number and owner for several "
+                                   "engines of one user: which listens on it cannot be told "
+                                   "without its /proc/PID/fd (name its endpoint in "
+                                   "engines.endpoints)")
+
+    def _unattributed(self, portless: list[tuple[int, ProcessKey, bool, int | None]],
+                      candidates: dict[int, tuple[str, list[str], int]],
+                      found_trees: set[int], now: float) -> None:
+        """:attr:`unattributed`: the engines with no port found for longer than RESCAN_S,
+        one per tree (a vLLM server's forked workers, TGI's launcher and its router are one
+        engine), none whose tree holds an engine found (TGI's launcher, its router found)."""
+        since = {key: self._portless.get(key, now) for _, key, _, _ in portless}
+        self._portless = since
+        self.unattributed = []
+        told: set[int] = set()
+        looked = 0
+        for pid, key, by_owner, uid in portless:      # oldest first: the topmost
+            if pid in told or now - since[key] <= self.RESCAN_S:
+                continue
+            if looked >= self.MAX_UNATTRIBUTED:
+                break
+            looked += 1
+            members = tree(pid, self.proc_root)
+            told.update(members)
+            if found_trees.intersection(members):
+                continue
+            name, argv, _ = candidates[pid]
+            seen = f"recognised {now - since[key]:.0f} s ago"
+            if by_owner:
+                ports = ", ".join(map(str, candidate_ports(name, argv)))
+                why = (f"{seen}, but none of its ports ({ports}) listens under its uid "
+                       f"{uid if uid is not None else '?'} (matched by number and owner: "
+                       "gpuwhy may not read its /proc/PID/fd); not scraped")
+            else:
+                why = f"{seen}, but it holds no listening TCP socket; not scraped"
+            why += (" (an engine loading its model listens only once loaded; one listening "
+                    "elsewhere can be named in engines.endpoints)")
+            self.unattributed.append((name, key, why))
 
 
 def find_engines(proc_root: str = "/proc", own_netns: str | None = None,

@@ -16,6 +16,13 @@ on its own loopback through that namespace when gpuwhy holds CAP_SYS_ADMIN: the 
 made inside it (:mod:`gpuwhy.probes.engines.netns`), the scrape bounded as any other. Without
 the capability it is reported in the health with what to do, and not scraped.
 
+Unprivileged (the shipped unit), an engine of another user has its ports matched by number
+and owner (:mod:`gpuwhy.probes.engines.discover`): the health says so for each, as
+information, not as a fault; a port of another process of the same user that serves no
+engine metrics is refused by the probing below like any other port. An engine recognised
+but with no port found for longer than the finder's RESCAN_S is named in the health too (at
+most MAX_NOTES of them, logged once each), without degrading it: it may still be loading.
+
 What an endpoint serves is untrusted: parsed by the bounded parser, only known names kept,
 reasons shown after :func:`gpuwhy.text.printable`, values finite or dropped.
 """
@@ -63,6 +70,7 @@ MAX_PORT_TRIES = 4        # ports of one engine tried for its metrics
 RETRY_S = 60.0            # before a port that gave no metrics is tried again
 MAX_ENDPOINTS = 64        # engines and named endpoints scraped in one round
 MAX_REASON = 200
+MAX_NOTES = 8             # engines told about in the health as information (the rest counted)
 
 
 class ScrapeError(Exception):
@@ -213,6 +221,9 @@ class EngineSource:
         self.counters: dict[str, int] = {"rounds": 0, "scrapes": 0, "scrape_errors": 0,
                                          "samples": 0, "skipped_lines": 0}
         self.notes: list[str] = []
+        # information on engines, not faults: ports matched by owner, engines with no port
+        self.info: list[str] = []
+        self.told: set[ProcessKey] = set()       # engines with no port already logged
         # engines in another namespace whose socket could not be made there: why
         self.entry_errors: dict[ProcessKey, str] = {}
         if enter_netns is None:
@@ -242,6 +253,16 @@ class EngineSource:
             del self.targets[key]                          # gone
         self.notes = [f"{e.engine} pid {e.process.pid}: {e.note}" for e in self.engines
                       if e.note]
+        unattributed = self.finder.unattributed
+        # the engines not scraped first: the likelier to be acted on
+        info = [f"{name} pid {key.pid}: {why}" for name, key, why in unattributed] + \
+            [f"{e.engine} pid {e.process.pid}: {e.info}" for e in self.engines if e.info]
+        self.info = info[:MAX_NOTES] + ([f"and {len(info) - MAX_NOTES} more engine(s) "
+                                         "told about"] if len(info) > MAX_NOTES else [])
+        for name, key, why in unattributed:
+            if key not in self.told:
+                log.info("engine %s pid %d not scraped: %s", name, key.pid, why)
+        self.told = {key for _, key, _ in unattributed}
         events: list[Event] = []
         ts = now_ns()
         for engine in self.engines:
@@ -383,7 +404,9 @@ class EngineSource:
                 for t in through) + ")"] if through else []) + (
             [f"{len(self.named)} endpoint(s) named"] if self.named else []) + (
             [f"{len(unscraped)} engine(s) with no metrics port found yet"] if unscraped
-            else []) + entry + self.notes + [f"ERROR: {e}" for e in errors]
+            else []) + entry + self.notes + [f"ERROR: {e}" for e in errors] + self.info
+        # self.info is information (how ports were matched, engines not listening yet):
+        # never a fault of its own
         state = "degraded" if errors or unscraped or self.notes else "ok"
         return SourceHealth(ts=now_ns(), source=SOURCE, state=state,
                             detail=printable("; ".join(parts), 2000),
