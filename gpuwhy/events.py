@@ -210,7 +210,12 @@ class SchedStats(Event):
     TCP/IP sockets) and ``net_wait_ns`` (the sleep that ended in such a receive: waiting for
     the network), both absent where the kernel offers no hook to count them.
     ``node_on_cpu_ns``: on a host with several NUMA nodes, the on-CPU ns of its threads and
-    its workers' per node (index = node); empty on a single-node host."""
+    its workers' per node (index = node); empty on a single-node host. ``frontend``: where
+    the process runs under a serving engine whose other processes are no children of it
+    (vLLM's API server, SGLang's tokenizer manager, TGI's router), those processes:
+    ``on_cpu_ns``, ``busiest_on_cpu_ns`` (its busiest thread's), ``threads``, ``processes``;
+    None where none is watched for it (no such engine, another GPU process of the engine
+    has it, or a recording made before)."""
 
     topic = "sched"
     kind = "sched_stats"
@@ -221,6 +226,7 @@ class SchedStats(Event):
     workers: dict[str, int]
     worker_processes: int = 0
     node_on_cpu_ns: list[int] = field(default_factory=list)
+    frontend: dict[str, int] | None = None
 
 # --- cuda uprobes events ---
 CUDA_COPY_DIRECTIONS = ("htod", "dtoh", "dtod", "htoh", "unknown")

@@ -2,11 +2,15 @@
 
 Loads ``sched.bpf.c`` and keeps its ``watched`` map filled: every thread of a process
 that holds NVIDIA fds, and every thread of the processes it forked (the kernel adds
-threads and children born after that itself). Each flush turns the per-thread counters
-into one SchedStats event per GPU process: its own threads, and its workers; on a host with
-several NUMA nodes, also its on-CPU time per node (which socket it ran on). Bytes received
-from TCP/IP sockets, and the sleep that ended right before a receive (waiting for the
-network), are counted where the kernel lets us (:func:`net_rx_hook`).
+threads and children born after that itself); where the GPU process runs under a serving
+engine that is no child of it (vLLM's API server above EngineCore, SGLang's launch_server
+above its schedulers, TGI's launcher and router), the engine's other processes too, as its
+frontend (gpuwhy.probes.engines.frontend). Each flush turns the per-thread counters
+into one SchedStats event per GPU process: its own threads, its workers and its frontend;
+on a host with several NUMA nodes, also its on-CPU time per node (which socket it ran on;
+its own threads' and workers', not its frontend's). Bytes received from TCP/IP sockets,
+and the sleep that ended right before a receive (waiting for the network), are counted
+where the kernel lets us (:func:`net_rx_hook`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from gpuwhy.events import Event, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
 from gpuwhy.probes.bpfmaps import MapReader
+from gpuwhy.probes.engines.frontend import frontend_processes
 from gpuwhy.probes.fdtrack import TRACEFS, load_bpf
 from gpuwhy.proc import read_tgid
 from gpuwhy.topology import cpu_nodes
@@ -117,8 +122,8 @@ class ThreadLayout:
             field = getattr(struct, name)
             return field.offset // 8, field.offset % 8 * 8, (1 << 8 * field.size) - 1
 
-        self.last_ns, self.state, self.owner, self.seeded, self.cpu = (
-            at(name) for name in ("last_ns", "state", "owner", "seeded", "cpu"))
+        self.last_ns, self.state, self.owner, self.seeded, self.cpu, self.frontend = (
+            at(name) for name in ("last_ns", "state", "owner", "seeded", "cpu", "frontend"))
         figures = [at(name) for name in _THREAD_FIELDS]
         if any(shift or mask != (1 << 64) - 1 for _, shift, mask in figures):
             raise ValueError(f"{struct.__name__}: a figure is not a whole 8-byte word")
@@ -136,11 +141,15 @@ DEAD = NO_CREDIT + 1
 # the next flush did nothing but stay in its state, and is said without a step of its own.
 #   raw     its entry as read; b"" where the next flush must read it in full anyway
 #   owner   the GPU process it is accounted to
-#   side    0: a thread of the GPU process, 1: of a worker
+#   side    OWN: a thread of the GPU process, WORKER: of a worker, FRONTEND: of its frontend
 #   credit  the TIMED_STATES index its time goes to while it stays; NO_CREDIT; DEAD
 #   tgid    its process
 #   totals  what was said of it up to the flush ``at`` (monotonic ns) that read it
 Seen = tuple[bytes, int, int, int, int, list[int], int]
+OWN, WORKER, FRONTEND = 0, 1, 2
+# What a flush says of a GPU process's frontend (SchedStats.frontend): a few figures, not
+# all of FIELDS: which thread of it is saturated is the question it answers.
+FRONTEND_FIELDS = ("on_cpu_ns", "busiest_on_cpu_ns", "threads", "processes")
 
 
 def _field(words: list[int], where: tuple[int, int, int]) -> int:
@@ -210,7 +219,8 @@ def _current_state(proc_root: str, pid: int, tid: int) -> int:
 
 def _group() -> list:
     """A GPU process's figures in a flush (see SchedProbe.flush)."""
-    return [[], [], 0, 0, set(), [0] * (NO_CREDIT + 1), [0] * (NO_CREDIT + 1), 0, [0, 0]]
+    return [[[], [], []], [0, 0, 0], set(), [[0] * (NO_CREDIT + 1) for _ in range(3)], 0,
+            [0, 0, 0], set()]
 
 
 def _figures(said: list[list[int]], quiet: list[int], interval: int) -> list[int]:
@@ -237,6 +247,9 @@ class SchedProbe:
         self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
         self._seen: dict[bytes, Seen] = {}         # the tid's bytes (the map's key) -> Seen
         self._tgid: dict[int, int] = {}                  # tid -> its process
+        # frontend process -> the GPU process it is accounted to (the first one watched of
+        # those under its engine: see watch); the processes it forks are flagged in the map
+        self._frontends: dict[int, int] = {}
         self._last_flush = time.monotonic_ns()
         self.net_rx = NetRx.NONE
 
@@ -271,24 +284,27 @@ class SchedProbe:
         slot = ctypes.c_int(tid % HINT_SLOTS)
         self._hint_user[slot] = ctypes.c_int(self._hint_user[slot].value + delta)
 
-    def _add(self, tid: int, owner: int, state: int) -> None:
+    def _add(self, tid: int, owner: int, state: int, frontend: int = 0) -> None:
         key = ctypes.c_uint32(tid)
         if key in self._watched:
             thread = self._watched[key]     # born in another watched process's tree
-            if thread.owner != owner:
+            if thread.owner != owner or thread.frontend != frontend:
                 thread.owner = owner
+                thread.frontend = frontend
                 self._watched[key] = thread
             return
         leaf = self._watched.Leaf()
         leaf.last_ns = time.monotonic_ns()
         leaf.state = state
         leaf.owner = owner
+        leaf.frontend = frontend
         leaf.seeded = 1        # the kernel's first event on it says what the state really was
         self._watched[key] = leaf
         self._hint(tid, 1)
 
     def watch(self, process: ProcessKey) -> None:
-        """Watch every thread of ``process`` and of the processes it forked."""
+        """Watch every thread of ``process`` and of the processes it forked, and of its
+        serving engine's frontend processes (see _watch_frontend)."""
         if process.pid in self.owners:
             return
         if self.idle():      # the flushes were far apart: its first interval starts now
@@ -297,25 +313,48 @@ class SchedProbe:
         # Its own threads first: from then on the kernel watches what they fork, and the
         # children listed after that are those forked before (none falls in between).
         self._add_threads(process.pid, process.pid)
+        self._frontends.pop(process.pid, None)    # a GPU process now: no one's frontend
         for pid in _descendants(process.pid, self.proc_root):
             if pid not in self.owners:      # else a GPU process of its own, not a worker
                 self._add_threads(pid, process.pid)
+                self._frontends.pop(pid, None)
+        self._watch_frontend(process.pid)
 
-    def _add_threads(self, pid: int, owner: int) -> None:
+    def _watch_frontend(self, owner: int) -> None:
+        """Watch the frontend processes of the engine above GPU process ``owner`` (its
+        engine's tree less the GPU processes and their workers), flagged so, accounted to
+        it. A frontend already watched stays with the GPU process that has it: the first
+        one watched of those under the engine (tensor parallel: vLLM's API server, above
+        EngineCore above two GPU workers, goes to the worker that opened its GPU first; the
+        other's figures have no frontend), so its time is said once, not once per GPU."""
+        for pid in frontend_processes(owner, self.owners, self.proc_root):
+            if pid in self.owners or pid in self._frontends or \
+                    ctypes.c_uint32(pid) in self._watched:   # another's, or forked by one
+                continue
+            self._frontends[pid] = owner
+            self._add_threads(pid, owner, frontend=1)
+
+    def _add_threads(self, pid: int, owner: int, frontend: int = 0) -> None:
         try:
             tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
         except OSError:
             return
         for tid in tids:
-            self._add(tid, owner, _current_state(self.proc_root, pid, tid))
+            self._add(tid, owner, _current_state(self.proc_root, pid, tid), frontend)
             self._tgid[tid] = pid
 
     def unwatch(self, pid: int) -> None:
-        """The GPU process exited: publish its last figures, then forget its threads."""
+        """The GPU process exited: publish its last figures, then forget its threads (its
+        frontend's too: another GPU process of the engine still watched takes it over)."""
         if pid in self.owners:
             self.flush(only_owner=pid)
             self._forget(lambda owner: owner == pid)
             del self.owners[pid]
+            had_frontend = pid in self._frontends.values()
+            self._frontends = {p: o for p, o in self._frontends.items() if o != pid}
+            if had_frontend:      # bounded: a process exit, MAX_ANCESTORS reads per owner
+                for owner in list(self.owners):
+                    self._watch_frontend(owner)
             self._running_last.pop(pid, None)
             if self._node_time is not None:
                 for key in [k for k in self._node_time.keys() if k.owner == pid]:
@@ -335,8 +374,8 @@ class SchedProbe:
         return not self.owners and not self._seen
 
     def flush(self, only_owner: int | None = None) -> None:
-        """Publish, per watched GPU process, what its threads and workers did since the last
-        flush; drop the entries of threads that ended.
+        """Publish, per watched GPU process, what its threads, workers and frontend did since
+        the last flush; drop the entries of threads that ended.
 
         Most threads of a GPU process wait at any moment (pools between parallel sections,
         runtime threads): an entry read with the same bytes as at the last flush stayed in
@@ -344,11 +383,11 @@ class SchedProbe:
         for all such threads of its process and side."""
         now_ktime = time.monotonic_ns()
         interval = now_ktime - self._last_flush
-        # owner -> [what was said of each own thread read in full, of each worker's, own
-        # threads, workers' threads, worker pids, own quiet threads by credit, workers',
-        # the on-CPU ns of its main thread, of its busiest other thread and worker thread]
-        # (one thread on a CPU all the time: a serving engine's Python loop on its main
-        # thread, a frontend's or tokeniser's on another; the sums cannot tell)
+        # owner -> [by side (OWN, WORKER, FRONTEND): what was said of each thread read in
+        # full; threads; worker pids; quiet threads by credit, by side; the on-CPU ns of its
+        # main thread; by side, of its busiest thread (own: but the main one); frontend
+        # pids] (one thread on a CPU all the time: a serving engine's Python loop on its
+        # main thread, a frontend's or tokeniser's on another; the sums cannot tell)
         per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
@@ -368,25 +407,30 @@ class SchedProbe:
                 said[0] if said is not None else 0
             if on_cpu:
                 if not side and int.from_bytes(key, "little") == owner:
-                    group[7] = on_cpu
-                elif on_cpu > group[8][side]:
-                    group[8][side] = on_cpu
+                    group[4] = on_cpu
+                elif on_cpu > group[5][side]:
+                    group[5][side] = on_cpu
             if said is None:
-                group[5 + side][credit] += 1
+                group[3][side][credit] += 1
             else:
                 seen_before[key] = seen
-                group[side].append(said)
+                group[0][side].append(said)
                 if credit == DEAD:
                     dead.append(int.from_bytes(key, "little"))
                     continue
-            group[2 + side] += 1
-            if side:
-                group[4].add(tgid)
+            group[1][side] += 1
+            if side == WORKER:
+                group[2].add(tgid)
+            elif side == FRONTEND:
+                group[6].add(tgid)
         for tid in dead:
             del self._watched[ctypes.c_uint32(tid)]
             self._hint(tid, -1)
             self._seen.pop(tid.to_bytes(4, "little"), None)
             self._tgid.pop(tid, None)
+        if dead and self._frontends:      # a frontend process that ended is no one's now
+            alive = set(self._tgid.values())
+            self._frontends = {p: o for p, o in self._frontends.items() if p in alive}
         if only_owner is None:
             self._last_flush = now_ktime
         ts = now_ns()
@@ -395,17 +439,23 @@ class SchedProbe:
             process = self.owners.get(owner)
             if process is None:
                 continue
-            own, workers = ({**dict(zip(FIELDS, _figures(group[side], group[5 + side],
+            own, workers = ({**dict(zip(FIELDS, _figures(group[0][side], group[3][side],
                                                          interval), strict=True)),
-                             "threads": group[2 + side], "busiest_on_cpu_ns": group[8][side]}
-                            for side in (0, 1))
-            own["main_on_cpu_ns"] = group[7]
+                             "threads": group[1][side], "busiest_on_cpu_ns": group[5][side]}
+                            for side in (OWN, WORKER))
+            own["main_on_cpu_ns"] = group[4]
             if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
                 for name in NET_FIELDS:
                     del own[name], workers[name]
+            frontend = None         # none watched for it: unknown, not an idle frontend
+            if group[1][FRONTEND] or group[0][FRONTEND]:     # living, or ended since
+                frontend = dict(zip(FRONTEND_FIELDS, (
+                    _figures(group[0][FRONTEND], group[3][FRONTEND], interval)[0],
+                    group[5][FRONTEND], group[1][FRONTEND], len(group[6])), strict=True))
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
-                                     workers=workers, worker_processes=len(group[4]),
-                                     node_on_cpu_ns=by_node.get(owner, [])))
+                                     workers=workers, worker_processes=len(group[2]),
+                                     node_on_cpu_ns=by_node.get(owner, []),
+                                     frontend=frontend))
 
     def _read(self, key: bytes, raw: bytes, seen: Seen | None, now_ktime: int,
               running: dict[int, list[int]]) -> tuple[Seen, list[int]]:
@@ -418,6 +468,7 @@ class SchedProbe:
         words = memoryview(raw).cast("Q").tolist()
         owner = words[owner_at] >> owner_shift & owner_mask
         state = words[state_at] >> state_shift & state_mask
+        frontend = _field(words, layout.frontend)
         totals = list(layout.figures(words))
         # The time in its current state so far counts (a thread alone on a CPU may not
         # switch for seconds); not for a thread whose state is still the one read from
@@ -434,7 +485,7 @@ class SchedProbe:
                 totals[state] += now_ktime - last_ns
             else:              # settled after this flush began: read it in full next time
                 raw = b""
-            if self._node_time is not None and state == ThreadState.RUNNING:
+            if self._node_time is not None and state == ThreadState.RUNNING and not frontend:
                 node = self.cpu_nodes.get(_field(words, layout.cpu), 0)
                 running.setdefault(owner, [0] * self.numa_nodes)[node] += \
                     max(0, now_ktime - last_ns)
@@ -454,7 +505,8 @@ class SchedProbe:
         if min(said) < 0:              # a state corrected after it was said: said_since
             said = said_since(totals, previous)
             totals = list(map(operator.add, previous, said))
-        return (raw, owner, 0 if tgid == owner else 1, credit, tgid, totals, now_ktime), said
+        side = FRONTEND if frontend else OWN if tgid == owner else WORKER
+        return (raw, owner, side, credit, tgid, totals, now_ktime), said
 
     def _node_deltas(self, only_owner: int | None,
                      running: dict[int, list[int]]) -> dict[int, list[int]]:

@@ -741,3 +741,16 @@ def m128_finding_unexplained(db: Database) -> None:
     from the store says what is missing without the rule files. NULL in rows stored
     before: the reader's rules tell."""
     db.table("rule_findings").add_column("unexplained", str)
+
+
+@migrations()
+def m129_sched_frontend(db: Database) -> None:
+    """``sched_stats.frontend_*``: the GPU process's serving frontend, the processes of the
+    engine above it that are no children of it (vLLM's API server, SGLang's tokenizer
+    manager, TGI's router): ``frontend_on_cpu_ns``, ``frontend_busiest_on_cpu_ns`` (its
+    busiest thread's on-CPU ns in the interval: one on a CPU all the time is a saturated
+    frontend), ``frontend_threads``, ``frontend_processes``. NULL where none is watched for
+    it, and in rows stored before."""
+    for column in ("frontend_on_cpu_ns", "frontend_busiest_on_cpu_ns", "frontend_threads",
+                   "frontend_processes"):
+        db.table("sched_stats").add_column(column, int)

@@ -142,6 +142,7 @@ _WRITE_DRIVER_CALL_STATS = _statement("driver_call_stats", _DRIVER_CALL_STATS_CO
                                       _DRIVER_CALL_STATS_PK)
 _SCHED_KEY_COLUMNS = ("pid", "start_time", "ts", "interval_ns", "worker_processes",
                       "node_on_cpu_ns")
+_SCHED_SIDES = ("own", "workers", "frontend")     # SchedStats' figures, column prefixes
 _KERNEL_LOG_COLUMNS = ("cursor", "ts", "raw_ts", "boot_id", "origin", "kind", "xid", "sxid",
                        "pci", "gpu_id", "pid", "name", "gpu_instance", "compute_instance",
                        "message", "details", "line", "driver_version")
@@ -182,7 +183,8 @@ class StoreWriter:
         self._bound: set[tuple[int, int, str]] = set()
         self._klog_cursors: set[str] = set()     # kernel-log rows held this batch
         self._table_columns: dict[str, set[str]] = {}
-        # sched_stats statements by the figures' names, (own, workers): see _sched_plan
+        # sched_stats statements by the figures' names, (own, workers, frontend): see
+        # _sched_plan
         self._sched_plans: dict[tuple, tuple] = {}
         self._sample_sql: dict[tuple[str, ...], str] = {}    # by the sample's columns
         self._held = HeldRows(after_order=(_CLOSE_FD, _CLOSE_PROCESS_FDS))
@@ -427,30 +429,34 @@ class StoreWriter:
         self._insert("driver_calls", row)
 
     def _on_sched_stats(self, envelope: Envelope, event: SchedStats) -> None:
-        own, workers = event.own, event.workers
-        shape = (tuple(own), tuple(workers))
+        # frontend: absent from recordings made before it (None: its columns stay NULL)
+        sides = (event.own, event.workers, event.frontend or {})
+        shape = tuple(tuple(figures) for figures in sides)
         plan = self._sched_plans.get(shape) or self._sched_plan(shape)
-        sql, own_kept, workers_kept = plan
+        sql, *kept = plan
         self._held.add("sched_stats", sql, [
             event.process.pid, event.process.start_time, event.ts, event.interval_ns,
             event.worker_processes,
             json_text(event.node_on_cpu_ns) if event.node_on_cpu_ns else None,
-            *(own.values() if own_kept is None else [own[n] for n in own_kept]),
-            *(workers.values() if workers_kept is None else [workers[n] for n in workers_kept])])
+            *(value for figures, names in zip(sides, kept, strict=True)
+              for value in (figures.values() if names is None
+                            else [figures[n] for n in names]))])
 
-    def _sched_plan(self, shape: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple:
-        """The statement for sched figures of these names, (own, workers), and the names it
-        keeps of each (None: all): a figure the table has no column for (a newer probes
-        process's) is left out, where it would fail every batch as a broken store does."""
+    def _sched_plan(self, shape: tuple[tuple[str, ...], ...]) -> tuple:
+        """The statement for sched figures of these names, (own, workers, frontend), and the
+        names it keeps of each (None: all): a figure the table has no column for (a newer
+        probes process's) is left out, where it would fail every batch as a broken store
+        does."""
         columns = self._columns("sched_stats")
         kept = [tuple(n for n in names if f"{side}_{n}" in columns)
-                for side, names in zip(("own", "workers"), shape, strict=True)]
-        for side, names, ours in zip(("own", "workers"), shape, kept, strict=True):
+                for side, names in zip(_SCHED_SIDES, shape, strict=True)]
+        for side, names, ours in zip(_SCHED_SIDES, shape, kept, strict=True):
             if ours != names:
                 log.warning("sched_stats: no column for %s figure(s) %s; not stored", side,
                             ", ".join(sorted(set(names) - set(ours)))[:200])
-        sql = _statement("sched_stats", (*_SCHED_KEY_COLUMNS, *(f"own_{n}" for n in kept[0]),
-                                         *(f"workers_{n}" for n in kept[1])),
+        sql = _statement("sched_stats", (*_SCHED_KEY_COLUMNS,
+                                         *(f"{side}_{n}" for side, ours in
+                                           zip(_SCHED_SIDES, kept, strict=True) for n in ours)),
                          "insert", ("pid", "start_time", "ts"))
         if len(self._sched_plans) >= 256:     # a sender's names are its own: bounded
             self._sched_plans.clear()

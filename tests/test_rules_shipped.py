@@ -638,3 +638,20 @@ def test_r27_is_quiet_on_a_gpu_that_only_copies_as_a_real_h200_did():
                                                          gpu=copying))[0]
     assert fired("R27_allocated_but_idle", Synthetic(duration_s=1300, step_s=5,
                                                      gpu={**copying, "gpu_util": 0.0}))[0]
+
+
+@pytest.mark.parametrize("frontend, gpu_busy, fires", [
+    ({"busiest": 1.0, "on_cpu": 1.1}, 0.3, True),    # vLLM V1's API server on a core
+    ({"busiest": 1.0, "on_cpu": 1.1}, 0.9, False),   # busy, but the GPU sets the pace
+    ({"busiest": 0.6, "on_cpu": 0.7}, 0.3, False),   # idle GPU, frontend not saturated
+    (None, 0.3, False),                              # none watched: unknown, not busy
+])
+def test_a_saturated_frontend_process_is_r50s(frontend, gpu_busy, fires):
+    """R50 reads the frontend processes of the engine above the GPU process (issue #59) as
+    it reads its workers: here the workers idle, the engine's main thread not saturated."""
+    spec = dataclasses.replace(serving(gpu_busy, main=0.3, worker=0.1, requests_per_s=6.0),
+                               frontend=frontend)
+    firing, engine = fired("R50_engine_frontend_bound", spec)
+    assert bool(firing) == fires, engine.status()
+    if fires:
+        assert firing[0].evidence["busiest_frontend_thread_on_cpu"] > 0.9

@@ -526,7 +526,8 @@ class MemorySignals(Signals):
         elif isinstance(event, SchedStats):
             row = {"interval_ns": event.interval_ns, "worker_processes": event.worker_processes,
                    "node_on_cpu_ns": event.node_on_cpu_ns}
-            for side, figures in (("own", event.own), ("workers", event.workers)):
+            for side, figures in (("own", event.own), ("workers", event.workers),
+                                  ("frontend", event.frontend or {})):
                 row.update({f"{side}_{k}": v for k, v in figures.items()})
             self._append(self._sched[event.process], ts, row)
         elif isinstance(event, DriverCallStats):

@@ -240,6 +240,22 @@ for _name, _column_name, _help in (
     SIGNALS[_name] = Signal(_name, "sched", "ratio", f"share of the interval {_help} spent "
                             "on a CPU (1: one core all the time)",
                             _ratio(_column_name, "interval_ns"))
+# The serving frontend of a GPU process under an engine whose other processes are no
+# children of it (vLLM's API server, SGLang's tokenizer manager, TGI's router): unknown
+# where none is watched for it (gpuwhy.probes.engines.frontend).
+SIGNALS["frontend.busiest_thread_oncpu"] = Signal(
+    "frontend.busiest_thread_oncpu", "sched", "ratio",
+    "share of the interval the busiest thread of its serving engine's frontend processes "
+    "(vLLM's API server, SGLang's tokenizer manager, TGI's router: processes of the engine "
+    "that are no children of the GPU process) spent on a CPU (1: one core all the time; "
+    "unknown where none is watched for it)",
+    _ratio("frontend_busiest_on_cpu_ns", "interval_ns"))
+SIGNALS["frontend.cpu_cores"] = Signal("frontend.cpu_cores", "sched", "cores",
+                                       "CPU used by its serving engine's frontend processes",
+                                       _cores("frontend", "on_cpu_ns"))
+SIGNALS["frontend.count"] = Signal("frontend.count", "sched", "count",
+                                   "its serving engine's frontend processes watched",
+                                   _column("frontend_processes"))
 SIGNALS["proc.threads"] = Signal("proc.threads", "sched", "count", "threads of the process",
                                  _column("own_threads"))
 SIGNALS["workers.count"] = Signal("workers.count", "sched", "count",

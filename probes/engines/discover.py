@@ -357,7 +357,8 @@ def candidate_ports(engine: str, argv: list[str]) -> list[int]:
     return _named_ports(engine, argv) or list(ENGINES[engine][2])
 
 
-def _children(pid: int, proc_root: str) -> list[int]:
+def children(pid: int, proc_root: str = "/proc") -> list[int]:
+    """The process's child processes (/proc/PID/task/*/children), MAX_TREE at most."""
     kids: list[int] = []
     try:
         with os.scandir(f"{proc_root}/{pid}/task") as tasks:
@@ -370,14 +371,14 @@ def _children(pid: int, proc_root: str) -> list[int]:
                     break
     except OSError:
         pass
-    return kids
+    return kids[:MAX_TREE]
 
 
 def tree(pid: int, proc_root: str = "/proc") -> list[int]:
     """The process and its descendants, at most MAX_TREE of them, MAX_DEPTH deep."""
     seen, level = [pid], [pid]
     for _ in range(MAX_DEPTH):
-        level = [k for p in level for k in _children(p, proc_root) if k not in seen]
+        level = [k for p in level for k in children(p, proc_root) if k not in seen]
         seen += level[:MAX_TREE - len(seen)]
         if not level or len(seen) >= MAX_TREE:
             break

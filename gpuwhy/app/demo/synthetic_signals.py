@@ -99,6 +99,9 @@ class Synthetic:
     workers: Varying = field(default_factory=dict)
     calls: Varying = field(default_factory=dict)
     cuda: Varying | None = None
+    # the GPU process's serving frontend (its engine's processes that are no children of it,
+    # SchedStats.frontend): "busiest" (share of a core), "on_cpu" (cores); None: none
+    frontend: Varying | None = None
     cmdline: str = "python3 train.py --epochs 90"
     comm: str = "python3"
     env: Mapping[str, str] | None = None
@@ -197,9 +200,15 @@ class Synthetic:
             sides["workers"] = dict.fromkeys(sides["workers"], 0)
         on_cpu = sides["own"]["on_cpu_ns"] + sides["workers"]["on_cpu_ns"]
         nodes = [int(on_cpu * share) for share in self.cpu_nodes or ()]
+        frontend = None
+        if self.frontend is not None:
+            values = {"busiest": 0.3, "on_cpu": 0.4, **_at(self.frontend, t)}
+            frontend = {"on_cpu_ns": int(values["on_cpu"] * interval),
+                        "busiest_on_cpu_ns": int(values["busiest"] * interval),
+                        "threads": 24, "processes": 1}
         return SchedStats(ts=ts, process=key, interval_ns=interval, own=sides["own"],
                           workers=sides["workers"], worker_processes=workers,
-                          node_on_cpu_ns=nodes)
+                          node_on_cpu_ns=nodes, frontend=frontend)
 
     def _calls(self, key: ProcessKey, t: float, ts: int, totals: dict) -> DriverCallStats:
         rates = {**HEALTHY_CALLS, **_at(self.calls, t)}

@@ -197,6 +197,9 @@ class Trace:
         self.aux_on = Bins(n)
         self.front_on = Bins(n)              # a frontend thread (an inference server's)
         self.w_front = Bins(n)               # a worker's frontend thread (a tokeniser's)
+        # a frontend process's busiest thread: one of the engine's, no child of this one
+        # (vLLM V1's API server above EngineCore); None: it has none (SchedStats.frontend)
+        self.p_front: Bins | None = None
         self.loop_on = Bins(n)               # an engine loop on a thread other than main
         self.w_on = Bins(n)
         self.w_blocked = Bins(n)
@@ -372,7 +375,9 @@ class Inference:
     # request and per generated token; a request reaches the engine's queue only once the
     # frontend has handled it (0: not simulated). ``frontend_in``: "own", a thread of the
     # engine's process other than its main one; "workers", a child process of it (Triton's
-    # Python pre/post-processing model instances, triton_python_backend_stub).
+    # Python pre/post-processing model instances, triton_python_backend_stub); "parent", a
+    # process of the engine above it (vLLM V1's API server, EngineCore's parent: the sched
+    # probe watches it as the GPU process's frontend).
     frontend_s: float = 0.0
     frontend_s_per_token: float = 0.0
     frontend_in: str = "own"
@@ -1011,10 +1016,18 @@ class Host:
         workers["busiest_on_cpu_ns"] = int(NS * min(1.0, max(tr.w_on.v[k] / count,
                                                              tr.w_front.v[k]))) \
             if tr is not None and count else 0
+        frontend = None
+        if tr is not None and tr.p_front is not None and k < tr.end:
+            # the API server's busiest thread (its asyncio loop) and its others (~3 %)
+            busiest = min(1.0, jitter(tr.p_front.v[k] + 0.01))
+            frontend = {"on_cpu_ns": int(NS * (busiest + jitter(0.03))),
+                        "busiest_on_cpu_ns": int(NS * busiest), "threads": 24,
+                        "processes": 1}
         return SchedStats(ts=0, process=proc.key, interval_ns=NS, own=own, workers=workers,
                           worker_processes=count,
                           node_on_cpu_ns=self._nodes(proc, k, own["on_cpu_ns"]
-                                                     + workers["on_cpu_ns"]))
+                                                     + workers["on_cpu_ns"]),
+                          frontend=frontend)
 
     def _nodes(self, proc: Proc, k: int, on_cpu_ns: int) -> list[int]:
         """The second's on-CPU ns per NUMA node as the placement puts them (a monitor is
@@ -1425,7 +1438,11 @@ def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[T
                 front_free = begin + job.frontend_s + job.frontend_s_per_token * output
                 request[3] = front_free               # the engine sees it from then on
                 for tr in traces[:1]:
-                    if job.frontend_in == "workers":
+                    if job.frontend_in == "parent":
+                        if tr.p_front is None:
+                            tr.p_front = Bins(n)
+                        tr.p_front.span(begin, front_free)
+                    elif job.frontend_in == "workers":
                         tr.w_front.span(begin, front_free)
                         tr.w_on.span(begin, front_free)
                     else:

@@ -1360,3 +1360,55 @@ def _(seed: int) -> Host:
                        prefill_s_per_token=0.00004, chunk_tokens=2048, max_seqs=256,
                        cmdline=LLAMA3_8B_SERVE + " --max-num-seqs 256"))
     return host
+
+
+# vLLM V1 (0.8+) started with `vllm serve`: the API server process forks EngineCore, which
+# holds the GPU, and keeps the frontend (HTTP, tokenisation and multimodal preprocessing,
+# detokenisation, streaming) on its own asyncio loop: EngineCore's parent, which the sched
+# probe watches as its frontend.
+VLLM_V1_VL_SERVE = "/usr/bin/python3 /usr/local/bin/vllm serve " \
+                   "Qwen/Qwen2.5-VL-7B-Instruct --max-num-seqs 64"
+
+
+@scenario("vllm-v1-api-server-saturated", 520,
+          "vLLM V1 serving Qwen2.5-VL 7B on GPU 0 of two H100 for image tagging (a photo "
+          "and a few output tokens a request): the single API server process, EngineCore's "
+          "parent, decodes and preprocesses every image and tokenises on one asyncio loop, "
+          "at 100 % of a core; requests queue in it and reach EngineCore no faster than it "
+          "passes them, and the GPU idles more than half the time",
+          ("R50_engine_frontend_bound",), "host_starvation",
+          notes="source: vllm-project/vllm issue #14931 (the API server process never above "
+                "100 % of a CPU; the maintainers: the HuggingFace processor's slow input "
+                "processing), issue #12705 (RFC 'Scale the API server across multiple CPUs': "
+                "one API server process on one CPU cannot keep fast GPUs busy) and issue "
+                "#580 (the API server at 50 % GPU utilisation where the LLM class reaches "
+                "90-100 %); docs.vllm.ai v0.10.0 vllm.entrypoints.cli.serve "
+                "(--api-server-count above 1 runs several API server processes). ~0.4 s of "
+                "CPU a request for a multi-megapixel photo, ~1,000 image tokens")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)
+    host.add(Inference(gpus=[0], rate=steady(2.8), tokens=8, iter_s=0.010,
+                       per_seq_s=0.00012, cpu_s_per_seq=0.00001, fb_mib=73500,
+                       kv_tokens=400_000, prompt_tokens=1000, prefill_s_per_token=0.00004,
+                       frontend_s=0.40, frontend_s_per_token=0.001,
+                       frontend_in="parent", cmdline=VLLM_V1_VL_SERVE))
+    return host
+
+
+@scenario("healthy-vllm-v1-api-server-busy", 521,
+          "none: vLLM V1 serving Qwen2.5-VL 7B on one H100, describing photos at length (a "
+          "few hundred tokens each): the API server's loop busy most of the time with the "
+          "images, but the GPU is the busy one, with every step, and requests flow",
+          notes="near miss of R50: the frontend process's thread near a core, but the GPU "
+                "busy: the engine, not the frontend, sets the pace. source: vLLM docs, "
+                "design/arch_overview (V1 process architecture: the API server process does "
+                "input processing, EngineCore the scheduling); vllm-project/vllm issue "
+                "#12705 (the API server's one core)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 2)     # GPU 1: no job
+    host.add(Inference(gpus=[0], rate=steady(2.8), tokens=300, iter_s=0.010,
+                       per_seq_s=0.00012, cpu_s_per_seq=0.00001, fb_mib=73500,
+                       kv_tokens=400_000, prompt_tokens=1000, prefill_s_per_token=0.00004,
+                       frontend_s=0.30, frontend_s_per_token=0.0001,
+                       frontend_in="parent", cmdline=VLLM_V1_VL_SERVE))
+    return host
