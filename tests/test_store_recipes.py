@@ -81,7 +81,10 @@ def test_schema_check_catches_a_changed_view_and_a_vanished_table():
     assert check_page(extra, live) == ["no_such_table: documented but not in the schema"]
     new_table_elsewhere = live.replace("### `cron_jobs` (table)", "### `cron_jobs_x` (table)")
     assert check_page(new_table_elsewhere, live) == [
+        "cron_jobs: in the schema but not documented (regenerate the page)",
         "cron_jobs_x: documented but not in the schema"]
+    added_column = live.replace("| cmdline | TEXT |", "| cmdline | TEXT |\n| new | TEXT |", 1)
+    assert [p.split(":")[0] for p in check_page(live, added_column)] == ["processes"]
 
 
 def test_views_answer_the_questions_on_simulated_days(filled_store):
