@@ -1,6 +1,6 @@
 """Engines source benchmark: the CPU that finding and scraping 4 inference engines costs.
 
-    .venv/bin/python scripts/bench_engines.py [--rounds 40] [--runs 5] [--profile]
+    .venv/bin/python scripts/bench_engines.py [--rounds 40] [--runs 5] [--profile] [--netns]
 
 Four stand-in engines (tests/engine_standin.py: started under the engines' own command lines,
 so that the real /proc discovery finds them) serve /metrics bodies shaped like the engines'
@@ -146,7 +146,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(folder: Path, rounds: int) -> tuple[list[subprocess.Popen], dict[str, int]]:
+def start(folder: Path, rounds: int, netns: bool = False
+          ) -> tuple[list[subprocess.Popen], dict[str, int]]:
+    """The four stand-ins; ``netns``: each in a network namespace of its own (a container's
+    network), reached through it (probes/engines/netns.py; root)."""
     procs, sizes = [], {}
     for name, how in STARTS.items():
         frames = folder / name
@@ -168,6 +171,11 @@ def start(folder: Path, rounds: int) -> tuple[list[subprocess.Popen], dict[str, 
         else:
             flag = "--metrics-port" if how == "tritonserver" else "--port"
             argv, executable = [how, str(STANDIN), flag, port], sys.executable
+        if netns:
+            # unshare and bash exec in place: the pid is the stand-in's, its argv[0] the same
+            argv = ["unshare", "--net", "bash", "-c", 'ip link set lo up && exec -a "$0" "$@"',
+                    argv[0], executable or argv[0], *argv[1:]]
+            executable = None
         proc = subprocess.Popen(argv, executable=executable, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, cwd=folder)
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready", name
@@ -179,6 +187,7 @@ def start(folder: Path, rounds: int) -> tuple[list[subprocess.Popen], dict[str, 
 # round with buffered open() and start a timer thread a scrape, as the source did before
 # scripts/bench_engines.py was written)
 VARIANTS = {"before": (False, True), "narrow parse only": (True, True), "after": (True, False)}
+NETNS = "after, in namespaces"     # --netns: the source as it is, engines in other namespaces
 
 
 def _buffered_read(path: str, limit: int) -> bytes:
@@ -215,24 +224,32 @@ class _TimerDeadline:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-def measure(rounds: int, runs: int, profile: bool = False) -> dict:
+def measure(rounds: int, runs: int, profile: bool = False, netns: bool = False) -> dict:
+    """The variants' CPU, round by round in turn; with ``netns`` a fourth arm: the source as
+    it is, on four more stand-ins each in a network namespace of its own (a socket made in
+    it by a one-shot thread a scrape), beside the same source on the first four."""
     from gpuwhy.probes.engines import discover
     from gpuwhy.probes.engines import metric_names as metrics
     from gpuwhy.probes.engines import source as engine_source
     from gpuwhy.probes.engines.source import EngineSource
 
     folder = Path(tempfile.mkdtemp(prefix="gpuwhy-bench-engines-"))
-    total_rounds = (rounds * runs + 2) * len(VARIANTS) + rounds + 4
+    variants = dict(VARIANTS, **({NETNS: VARIANTS["after"]} if netns else {}))
+    total_rounds = (rounds * runs + 2) * len(variants) + rounds + 4
     procs, sizes = start(folder, total_rounds)
+    if netns:
+        spaced = folder / "netns"
+        spaced.mkdir()
+        procs += start(spaced, total_rounds, netns=True)[0]
     full_parse, own_read, own_deadline = metrics.parse, discover._read, engine_source.Deadline
     sources: dict[str, EngineSource] = {}
     try:
-        figures: dict[str, list[float]] = {how: [] for how in VARIANTS}
-        parse_ms: dict[str, list[float]] = {how: [] for how in VARIANTS}
+        figures: dict[str, list[float]] = {how: [] for how in variants}
+        parse_ms: dict[str, list[float]] = {how: [] for how in variants}
         parse_cpu = [0.0]
 
         def use(how: str) -> None:
-            narrow, every_round = VARIANTS[how]
+            narrow, every_round = variants[how]
 
             def timed(engine: str, text: str) -> metrics.Parsed:
                 started = time.thread_time()
@@ -245,10 +262,17 @@ def measure(rounds: int, runs: int, profile: bool = False) -> dict:
             discover._read = _buffered_read if every_round else own_read
             engine_source.Deadline = _TimerDeadline if every_round else own_deadline
 
-        for how, (_, every_round) in VARIANTS.items():
+        for how, (_, every_round) in variants.items():
             sources[how] = source = EngineSource()
             if every_round:
                 source.finder.RESCAN_S = 0.0
+            if netns:
+                # each arm scrapes its own four: the netns arm those in namespaces, the
+                # others those in this one; every arm's discovery still reads all eight
+                find = source.finder.find
+                source.finder.find = (  # type: ignore[method-assign]
+                    lambda find=find, spaced=how == NETNS:
+                    [e for e in find() if bool(e.netns) == spaced])
             use(how)
             for _ in range(2):             # discovery of the 4, ports probed, rates started
                 source.round()
@@ -256,8 +280,8 @@ def measure(rounds: int, runs: int, profile: bool = False) -> dict:
             assert found == 4, f"{how}: {found} of 4 stand-in engines scraped"
         # round by round, the variants in turn: the machine's drift falls on all alike
         for _ in range(runs):
-            cpu = dict.fromkeys(VARIANTS, 0.0)
-            parsed = dict.fromkeys(VARIANTS, 0.0)
+            cpu = dict.fromkeys(variants, 0.0)
+            parsed = dict.fromkeys(variants, 0.0)
             for _ in range(rounds):
                 for how, source in sources.items():
                     use(how)
@@ -266,7 +290,7 @@ def measure(rounds: int, runs: int, profile: bool = False) -> dict:
                     source.round()
                     cpu[how] += time.process_time() - started
                     parsed[how] += parse_cpu[0]
-            for how in VARIANTS:
+            for how in variants:
                 figures[how].append(cpu[how] / rounds / INTERVAL_S * 100)
                 parse_ms[how].append(parsed[how] / rounds * 1e3)
         metrics.parse, discover._read = full_parse, own_read
@@ -293,8 +317,9 @@ def measure(rounds: int, runs: int, profile: bool = False) -> dict:
             proc.kill()
             proc.wait()
     out: dict = {"bodies_bytes": sizes, "rounds": rounds, "runs": runs,
-                 "processes": sum(1 for p in os.listdir("/proc") if p.isdigit())}
-    for how in VARIANTS:
+                 "processes": sum(1 for p in os.listdir("/proc") if p.isdigit()),
+                 "variants": list(variants)}
+    for how in variants:
         values = figures[how]
         out[how] = {"pct_of_core": statistics.median(values), "min": min(values),
                     "max": max(values), "parse_ms_per_round": statistics.median(parse_ms[how]),
@@ -307,15 +332,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--netns", action="store_true",
+                        help="also four engines each in a network namespace of its own (root)")
     args = parser.parse_args()
-    result = measure(args.rounds, args.runs, args.profile)
+    result = measure(args.rounds, args.runs, args.profile, args.netns)
     sizes = ", ".join(f"{k.split('.')[0]} {v / 1024:.0f} KiB" for k, v in
                       result["bodies_bytes"].items())
     print(f"bodies: {sizes}; {result['processes']} processes on the host; {args.rounds} "
           f"rounds × {args.runs} runs")
-    for how in VARIANTS:
+    for how in result["variants"]:
         r = result[how]
-        print(f"{how:17}: {r['pct_of_core']:.3f} % of a core [{r['min']:.3f} – {r['max']:.3f}] "
+        print(f"{how:20}: {r['pct_of_core']:.3f} % of a core [{r['min']:.3f} – {r['max']:.3f}] "
               f"at one round every {INTERVAL_S:g} s (goal ≤ {GOAL_PCT}); parse "
               f"{r['parse_ms_per_round']:.2f} ms a round")
 

@@ -515,8 +515,10 @@ def test_an_engine_in_another_network_namespace_is_scraped_through_it(engines):
             health.detail
         assert source.namespaces is not None and source.namespaces.entered >= 2
         assert source.namespaces.stuck == 0
-        # every thread of gpuwhy (the scrape workers among them) is in its own namespace
+        # every thread of gpuwhy (the scrape workers among them, and the one thread that
+        # made every socket in the engine's namespace, alive between scrapes) is in its own
         workers = [t for t in threading.enumerate() if t.name.startswith("gpuwhy-engines")]
+        assert len([t for t in threading.enumerate() if t.name == "gpuwhy-netns"]) == 1
         assert workers and _thread_namespaces() == {own}
     finally:
         source.close()
