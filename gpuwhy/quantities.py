@@ -49,7 +49,8 @@ LABELS = {"incident": "incident", "cause_incident": "cause", "incidents": "incid
           "waiting": "requests waiting", "running": "requests running",
           "max_waiting": "most requests waiting", "ttft_p95_s": "p95 time to first token",
           "itl_p95_s": "p95 inter-token latency", "itl_p50_s": "median inter-token latency",
-          "kv_cache_usage": "KV cache used"}
+          "kv_cache_usage": "KV cache used",
+          "batch_limit": "engine's batch limit (command line)"}
 # Words in keys written as people write them (``gpu_idle_share``: "GPU idle share")
 WORDS = {"gpu": "GPU", "gpus": "GPUs", "sm": "SM", "pcie": "PCIe", "nvl": "NVLink",
          "nvlink": "NVLink", "dram": "DRAM", "cpu": "CPU", "cpus": "CPUs", "mig": "MIG",

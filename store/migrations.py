@@ -754,3 +754,12 @@ def m129_sched_frontend(db: Database) -> None:
     for column in ("frontend_on_cpu_ns", "frontend_busiest_on_cpu_ns", "frontend_threads",
                    "frontend_processes"):
         db.table("sched_stats").add_column(column, int)
+
+
+@migrations()
+def m130_engine_batch_limit(db: Database) -> None:
+    """``engine_samples.batch_limit``: the requests the engine runs at once at most, as its
+    command line sets it (vLLM --max-num-seqs, SGLang --max-running-requests, TGI
+    --max-batch-size): a closed-loop client exactly at it looks like one below it without.
+    NULL when the command line sets none, and in rows stored before."""
+    db.table("engine_samples").add_column("batch_limit", float)

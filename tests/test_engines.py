@@ -30,7 +30,7 @@ from gpuwhy.events import EngineSample
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.engines import metric_names as metrics
 from gpuwhy.probes.engines import source as engines_source
-from gpuwhy.probes.engines.discover import find_engines, flag_ports, recognise
+from gpuwhy.probes.engines.discover import batch_limit, find_engines, flag_ports, recognise
 from gpuwhy.probes.engines.netns import can_enter
 from gpuwhy.probes.engines.source import EngineSource, ScrapeError, get
 from gpuwhy.proc import process_key
@@ -66,7 +66,8 @@ class Engines:
 
     def start(self, how: str, frames: str, port: int, mode: str = "",
               decoy: int | None = None, child: bool = False,
-              netns: bool = False, user: int | None = None) -> subprocess.Popen:
+              netns: bool = False, user: int | None = None,
+              extra: tuple[str, ...] = ()) -> subprocess.Popen:
         """A stand-in under ``how``'s argv; with ``netns`` in a network namespace of its own
         (a container's network: its loopback up, nothing else), the same pid and argv; with
         ``user`` run as that uid and gid, no other group (a binary's argv only: the modules
@@ -81,18 +82,20 @@ class Engines:
             # what /proc shows for `python -m vllm.entrypoints.openai.api_server --port P`
             env["PYTHONPATH"] = str(self._module(how))
             argv = [sys.executable, "-m", how, "--port", str(port)]
-        elif how == "vllm serve":
+        elif how in ("vllm serve", "sglang serve"):
             # the console script: /proc shows `python …/bin/vllm serve MODEL --port P`
-            script = self.tmp / "bin" / "vllm"
+            script = self.tmp / "bin" / how.split()[0]
             script.parent.mkdir(exist_ok=True)
             script.write_text(f"#!{sys.executable}\n" + RUN_STANDIN)
             script.chmod(0o755)
-            argv = [str(script), "serve", "meta-llama/Llama-3.1-8B-Instruct", "--port",
-                    str(port)]
+            model = ["meta-llama/Llama-3.1-8B-Instruct"] if how == "vllm serve" else \
+                ["--model-path", "meta-llama/Llama-3.1-8B-Instruct"]
+            argv = [str(script), "serve", *model, "--port", str(port)]
         else:   # a binary: tritonserver, text-generation-router (argv[0] is its name)
             executable = sys.executable
             flag = "--metrics-port" if how == "tritonserver" else "--port"
             argv = [how, str(STANDIN), flag, str(port)]
+        argv += list(extra)
         if netns:
             # unshare and bash exec in place: the pid is the stand-in's, its argv[0] the same
             argv = ["unshare", "--net", "bash", "-c", 'ip link set lo up && exec -a "$0" "$@"',
@@ -137,6 +140,8 @@ def key_of(proc: subprocess.Popen) -> ProcessKey:
     (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "vllm"),
     (["/opt/venv/bin/python3.11", "-u", "-m", "vllm.entrypoints.openai.api_server"], "vllm"),
     (["python", "-m", "sglang.launch_server", "--model-path", "m"], "sglang"),
+    (["/usr/bin/python3", "/usr/local/bin/sglang", "serve", "--model-path", "m"], "sglang"),
+    (["sglang", "generate", "--model-path", "m"], None),   # its other commands serve nothing
     (["text-generation-launcher", "--model-id", "m"], "tgi"),
     (["/usr/local/bin/text-generation-router", "--port", "80"], "tgi"),
     (["/opt/tritonserver/bin/tritonserver", "--model-repository=/models"], "triton"),
@@ -156,6 +161,21 @@ def test_the_metrics_port_a_command_line_names_comes_before_the_default():
     assert flag_ports("triton", ["tritonserver", "--metrics-port", "9002"]) == [9002, 8002]
     assert flag_ports("sglang", ["python", "-m", "sglang.launch_server", "--port", "x"]) == \
         [30000]
+
+
+@pytest.mark.parametrize("engine, argv, limit", [
+    ("vllm", ["vllm", "serve", "m", "--max-num-seqs", "128"], 128),
+    ("vllm", ["vllm", "serve", "m", "--max-num-seqs=64", "--max-num-seqs", "32"], 32),
+    ("sglang", ["sglang", "serve", "--max-running-requests", "48"], 48),
+    ("tgi", ["text-generation-launcher", "--max-batch-size=16"], 16),
+    ("vllm", ["vllm", "serve", "m"], None),                     # the default: not guessed
+    ("vllm", ["vllm", "serve", "m", "--max-num-seqs", "-1"], None),
+    ("vllm", ["vllm", "serve", "m", "--max-num-seqs", "9" * 40], None),
+    ("vllm", ["vllm", "serve", "m", "--max-num-seqs"], None),
+    ("triton", ["tritonserver", "--max-num-seqs", "8"], None),   # not Triton's flag
+])
+def test_the_batch_limit_is_the_command_lines_never_a_guess(engine, argv, limit):
+    assert batch_limit(engine, argv) == limit
 
 
 # --- discovery through the real /proc ------------------------------------------------------
@@ -217,6 +237,19 @@ def test_tgi_sglang_and_a_console_script_vllm_are_found_and_mapped(engines):
     v = by_engine["vllm"]
     assert v.version == "v0" and v.values["kv_cache_usage"] == 0.04   # gpu_cache_usage_perc
     assert "tpot_p50_s" not in v.values       # one frame: nothing moved between scrapes
+    assert "batch_limit" not in v.values      # its command line sets none
+
+
+def test_sglang_serve_is_found_and_its_batch_limit_travels_with_its_values(engines):
+    """`sglang serve` (the console script of recent SGLang) is an engine, and the limit
+    its command line sets is a value of its samples (engine.batch_limit for the rules)."""
+    port = free_port()
+    proc = engines.start("sglang serve", "sglang.txt", port,
+                         extra=("--max-running-requests", "48"))
+    source = EngineSource()
+    [sample] = [e for e in source.round() if isinstance(e, EngineSample)]
+    assert (sample.engine, sample.process) == ("sglang", key_of(proc))
+    assert sample.values["batch_limit"] == 48.0
 
 
 # --- the mapping, on the recorded text ------------------------------------------------------

@@ -337,6 +337,10 @@ ENGINE_VALUES: dict[str, tuple[str, str]] = {
     "prompt_tokens_per_s": ("1/s", "prompt (prefill) tokens processed per second"),
     "generation_tokens_per_s": ("1/s", "tokens generated per second"),
     "requests_per_s": ("1/s", "requests finished per second"),
+    "batch_limit": ("count", "requests the engine runs at once at most, as its command line "
+                             "sets it (vLLM --max-num-seqs, SGLang --max-running-requests, "
+                             "TGI --max-batch-size); absent when the command line sets none "
+                             "(the default depends on the engine's version and GPU)"),
 }
 for _what, _text in (("ttft", "time to first token"), ("tpot", "time per output token "
                                                                "(inter-token latency)"),

@@ -2,8 +2,9 @@
 
 A process is an engine when its command line says so (what /proc/PID/cmdline shows for the
 ways each is started): vLLM ``vllm serve`` (a console script: ``python …/bin/vllm serve``),
-``python -m vllm.entrypoints.openai.api_server``; SGLang ``python -m sglang.launch_server``;
-TGI ``text-generation-launcher`` and ``text-generation-router``; Triton ``tritonserver``.
+``python -m vllm.entrypoints.openai.api_server``; SGLang ``sglang serve`` (a console script)
+and ``python -m sglang.launch_server``; TGI ``text-generation-launcher`` and
+``text-generation-router``; Triton ``tritonserver``.
 Its listening TCP ports are its socket inodes (``/proc/PID/fd`` → ``socket:[N]``) looked up
 in ``/proc/PID/net/tcp`` and ``tcp6``, the tables of *its* network namespace. An engine
 listening on a wildcard or loopback address is reachable on loopback: in gpuwhy's own network
@@ -75,14 +76,29 @@ ENGINES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tupl
     # vLLM: /metrics on the API server's port (--port, default 8000) [vllm docs, serving/metrics]
     "vllm": (("vllm",), ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"),
              (8000,), ("--port",)),
-    # SGLang: /metrics on the server's port (--port, default 30000) with --enable-metrics
-    "sglang": ((), ("sglang.launch_server",), (30000,), ("--port",)),
+    # SGLang: /metrics on the server's port (--port, default 30000) with --enable-metrics;
+    # started as `sglang serve` (the console script sglang = sglang.cli.main:main, the
+    # recommended entry of recent releases) or `python -m sglang.launch_server` (still
+    # supported) [sgl-project/sglang python/pyproject.toml, python/sglang/cli/main.py]
+    "sglang": (("sglang",), ("sglang.launch_server",), (30000,), ("--port",)),
     # TGI: the router serves /metrics on its HTTP port (--port, default 3000; 80 in the image)
     "tgi": (("text-generation-launcher", "text-generation-router"), (), (3000, 80),
             ("--port",)),
     # Triton: /metrics on its own port (--metrics-port, default 8002) [triton metrics.md]
     "triton": (("tritonserver",), (), (8002,), ("--metrics-port",)),
 }
+# engine -> the subcommand its program must be given to serve (`vllm bench`, `vllm chat`,
+# `sglang generate`, `sglang version` serve nothing)
+SERVE_SUBCOMMAND = {"vllm": "serve", "sglang": "serve"}
+# engine -> the command-line flags that set how many requests it runs at once, its batch
+# limit: vLLM --max-num-seqs [vllm docs, engine args], SGLang --max-running-requests
+# [sglang docs, server arguments], TGI --max-batch-size (the launcher's and the router's;
+# optional: its batch is mostly bounded by --max-batch-total-tokens) [TGI docs, launcher].
+# Without the flag the limit is the engine's default, which depends on its version and GPU:
+# not guessed.
+BATCH_LIMIT_FLAGS = {"vllm": ("--max-num-seqs",), "sglang": ("--max-running-requests",),
+                     "tgi": ("--max-batch-size",)}
+MAX_BATCH_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,7 @@ class Engine:
     info: str = ""                        # how it was found, when that is worth saying (its
                                           # ports matched by number and owner): not an error
     owner: int | None = None              # the uid its ports were matched by, when they were
+    batch_limit: int | None = None        # requests it runs at once, as its command line sets
 
 
 def _read(path: str, limit: int) -> bytes:
@@ -164,7 +181,8 @@ def recognise(argv: list[str]) -> str | None:
                 return name
         elif program in programs:
             # `vllm serve`: the CLI's other commands (bench, chat, complete) serve nothing
-            if name == "vllm" and (not rest or rest[0] != "serve"):
+            wanted = SERVE_SUBCOMMAND.get(name)
+            if wanted is not None and (not rest or rest[0] != wanted):
                 continue
             return name
     return None
@@ -180,6 +198,20 @@ def _named_ports(engine: str, argv: list[str]) -> list[int]:
             if _PORT_VALUE.fullmatch(value) and 0 < int(value) < 65536:
                 named.append(int(value))
     return list(dict.fromkeys(named))
+
+
+def batch_limit(engine: str, argv: list[str]) -> int | None:
+    """The batch limit the command line sets (``--max-num-seqs 256``, ``=256``; the last one
+    given wins, as argparse's), None when it sets none or no number."""
+    flags = BATCH_LIMIT_FLAGS.get(engine, ())
+    found = None
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in flags:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value.isdigit() and len(value) <= 7 and 0 < int(value) <= MAX_BATCH_LIMIT:
+                found = int(value)
+    return found
 
 
 def flag_ports(engine: str, argv: list[str]) -> list[int]:
@@ -573,7 +605,7 @@ class Finder:
             members = tree(pid, proc_root)
             claimed.update(p for p in members if p in candidates)
             found_trees.update(members)
-            engine = Engine(name, key, [], listeners)
+            engine = Engine(name, key, [], listeners, batch_limit=batch_limit(name, argv))
             preferred = [p for p in flag_ports(name, argv) if p in listeners]
             engine.ports = preferred + sorted(p for p in listeners if p not in preferred)
             info = []

@@ -183,6 +183,7 @@ class Target:
     gpu_minors: list[int] = field(default_factory=list)
     netns: str = ""          # the engine's network namespace, entered for the socket
     netns_error: str = ""    # why its last socket could not be made there
+    batch_limit: int | None = None   # as the engine's command line sets it (discover.py)
     previous: metrics.Parsed | None = None
     previous_at: float = 0.0
     error: str = ""
@@ -269,6 +270,7 @@ class EngineSource:
             target = self.targets.get(engine.process)
             if target is not None:
                 target.members, target.gpu_minors = engine.members, engine.gpu_minors
+                target.batch_limit = engine.batch_limit
                 target.netns = engine.netns
             for key in [engine.process, *engine.members]:
                 if key not in self.seen:
@@ -347,7 +349,8 @@ class EngineSource:
                 continue
             for url in self._candidates(engine, now):     # probing: each port a try
                 jobs.append(Target(url, engine.engine, engine.process, engine.members,
-                                   engine.gpu_minors, engine.netns))
+                                   engine.gpu_minors, engine.netns,
+                                   batch_limit=engine.batch_limit))
         jobs = jobs[:MAX_ENDPOINTS]
         results = list(self._pool.map(self._scrape, jobs))
         ts = now_ns()
@@ -380,6 +383,8 @@ class EngineSource:
             values = metrics.values(target.engine or "", parsed, target.previous,
                                     done - target.previous_at)
             target.previous, target.previous_at = parsed, done
+            if target.batch_limit is not None:      # the command line's, not the metrics'
+                values["batch_limit"] = float(target.batch_limit)
             gpus = list(parsed.gpu_ids) or [GpuIdentity(minor=m).id for m in target.gpu_minors]
             events.append(EngineSample(
                 ts=ts, engine=target.engine or "", endpoint=target.url, process=process,
