@@ -24,17 +24,22 @@ alerter for the journal (:attr:`changes`).
 Decided as values from plain facts (no database; ``tests/correlator/test_incident_decide.py``):
 the stall check (:func:`decide_stalls` on :func:`gpu_activity.stall_facts`), what ends with its
 process or once settled (:func:`decide_exited`, :func:`decide_settled` on
-:func:`incident_rows.settled_facts`) and what a rule finding opens, joins, promotes or resolves
-(:func:`decide_finding` on :func:`incident_rows.finding_facts`); the builder applies them
-through the store (:func:`incident_changes.resolve_decided`, the open path). Opening, merging,
-adopting and the other detectors still read the store as they decide.
+:func:`incident_rows.settled_facts`), what a rule finding opens, joins, promotes or resolves
+(:func:`decide_finding` on :func:`incident_rows.finding_facts`), whether a wanted incident
+opens (and adopts or joins) or merges into, and reopens, the incident of its dedup key
+(:func:`decide_open` on :func:`incident_rows.merge_facts`), a process's death
+(:func:`decide_exit`), what GPU health's moves resolve (:func:`decide_health_moved`) and the
+log lines of a moved answer (:func:`decide_answer_changes`); the builder applies them through
+the store (:func:`incident_changes.resolve_decided`, :func:`incident_rows.insert_incident`,
+:func:`incident_rows.merge_repeat`, ...). The Xid and reset detectors still read their cause
+(:func:`cause_among`, :func:`incident_rows.needing_reset`) as they build what they want.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -80,7 +85,7 @@ from gpuwhy.store import health as store_health
 from gpuwhy.store import incident_changes as store_lifecycle
 from gpuwhy.store.gpu_activity import GpuIdle, StallFacts
 from gpuwhy.store.gpu_identity import resolve_gpu
-from gpuwhy.store.incident_rows import FindingFacts, SettledCause
+from gpuwhy.store.incident_rows import FindingFacts, MergeFacts, SettledCause
 from gpuwhy.xid import catalogue_fields, xid_info
 
 log = logging.getLogger(__name__)
@@ -135,6 +140,60 @@ class Opened:
 
 
 @dataclass(frozen=True)
+class Merge:
+    """A repeat merged into its incident (:func:`decide_open`): ``count``, the (worst)
+    ``severity``, seen at ``ts``, settling until ``settle_until``; ``reopened``, the log's
+    line when it was resolved within the reopen window (None: it is active); ``details``,
+    what its details become (None: unchanged: a reset or reboot it now asks for, the
+    processes it now names); ``named_new``, one of those is new (its chain is rebuilt);
+    ``named_full``, it names as many as it keeps (its later repeats read nothing more)."""
+
+    incident_id: int
+    count: int
+    severity: str
+    ts: int
+    settle_until: int
+    reopened: str | None = None
+    details: dict[str, Any] | None = None
+    named_new: bool = False
+    named_full: bool = False
+
+
+@dataclass(frozen=True)
+class Insert:
+    """A new incident (:func:`decide_open`): its ``row``; a cause adopts the effects of its
+    GPU found before it, opened in ``adopt`` (since, until); an effect ``joins`` its cause
+    (cause id, ts, the cause's settling until)."""
+
+    row: dict[str, Any]
+    adopt: tuple[int, int] | None = None
+    joins: tuple[int, int, int] | None = None
+
+
+OpenDecision = Merge | Insert
+
+
+@dataclass(frozen=True)
+class AnswerMove:
+    """A GPU whose answer's lead finding changed (:func:`answer_moves`): its ``label``, the
+    new lead (finding id, title), the one before (None: nothing led)."""
+
+    label: str
+    lead: tuple[str, str]
+    before: tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A line in an incident's log (``action``: a :mod:`gpuwhy.lifecycle` action) at ``ts``."""
+
+    incident_id: int
+    action: str
+    ts: int
+    text: str
+
+
+@dataclass(frozen=True)
 class Resolve:
     """Resolve an active incident, and its active effects with it, at ``ts``: ``how`` (a
     :mod:`gpuwhy.lifecycle` resolution), ``why`` (its log row's text)."""
@@ -146,10 +205,11 @@ class Resolve:
 
 
 @dataclass(frozen=True)
-class StallSeen:
-    """An ongoing stall seen again at ``ts``: its active incidents' ``last_seen``."""
+class SeenAt:
+    """An incident seen again at ``ts`` (its ``last_seen``): an ongoing stall's, a cleared
+    finding's (then resolved)."""
 
-    dedup_key: str
+    incident_id: int
     ts: int
 
 
@@ -165,15 +225,7 @@ class NewStall:
     dedup_key: str
 
 
-StallDecision = Resolve | StallSeen | NewStall
-
-
-@dataclass(frozen=True)
-class SeenAt:
-    """A cleared finding's incident was last seen at ``ts`` (then resolved)."""
-
-    incident_id: int
-    ts: int
+StallDecision = Resolve | SeenAt | NewStall
 
 
 @dataclass(frozen=True)
@@ -287,30 +339,19 @@ class IncidentBuilder:
         (the answer `gpuwhy why` gives, read from what this decide stored): "now the answer
         on GPU 2 (was: ...)" in the new lead's incident, "no longer the answer" in the old
         one's. Not at the first look after a start (nothing to compare with), not for a
-        cause that became its symptom's incident's answer here (logged as such)."""
-        leads: dict[str, tuple[str, str] | None] = {}
-        for verdict in queries.gpu_verdicts(db, {}, at=at):
-            gpu = verdict.gpu
-            lead = verdict.lead.finding if verdict.lead and not verdict.health_leads else None
-            leads[gpu.gpu_id] = (lead.finding_id, lead.title) if lead else None
-            if gpu.gpu_id not in self._leads or lead is None:
-                continue
-            before = self._leads[gpu.gpu_id]
-            if before is not None and before[0] == lead.finding_id:
-                continue
-            row = incident_rows.active_by_key(db, f"rule_finding:{lead.finding_id}")
-            if row is not None and row[0] not in self._realert:
-                was = f" (was: {before[1]})" if before else ""
-                self._logged(db, row[0], lc.ANSWERED, now,
-                             text=f"now the answer on {gpu.label}{was}"[:lc.NOTE_MAX])
-            old = incident_rows.active_by_key(db, f"rule_finding:{before[0]}") \
-                if before else None
-            if old is not None and incident_rows.is_cause(db, old[0]) and \
-                    (row is None or old[0] != row[0]):
-                self._logged(db, old[0], lc.NOTE, now,
-                             text=f"no longer the answer on {gpu.label}: {lead.title} "
-                                  f"ranks above it"[:lc.NOTE_MAX])
-        self._leads = leads
+        cause that became its symptom's incident's answer here (logged as such).
+        :func:`answer_moves`, then :func:`decide_answer_changes` on the incidents they name."""
+        moves, self._leads = answer_moves(queries.gpu_verdicts(db, {}, at=at), self._leads)
+        held = []
+        for move in moves:
+            row = incident_rows.active_by_key(db, f"rule_finding:{move.lead[0]}")
+            old = incident_rows.active_by_key(db, f"rule_finding:{move.before[0]}") \
+                if move.before else None
+            held.append((move, row[0] if row is not None else None,
+                         old[0] if old is not None else None,
+                         old is not None and incident_rows.is_cause(db, old[0])))
+        for line in decide_answer_changes(held, self._realert, now):
+            self._logged(db, line.incident_id, line.action, line.ts, text=line.text)
 
     def _route_table(self) -> dict[str, tuple[tuple[Callable[[Database, Any], None], ...],
                                                  Any]]:
@@ -336,23 +377,21 @@ class IncidentBuilder:
         """Apply what the GPU health machine just decided to the incidents resting on it: a
         transition that makes an unusable GPU usable resolves its health-backed incidents
         at once, dated at it and with its how, so that they never disagree; a source that
-        contradicts a lost GPU is kept on its incidents and shown in their chains."""
+        contradicts a lost GPU is kept on its incidents and shown in their chains
+        (:func:`decide_health_moved`, on each GPU's active health-backed incidents)."""
         if not (self.health.transitions or self.health.contradicted):
             return                          # the common case: a sample that moved nothing
         moved, contradicted = self.health.take()
         self._answers_moved = self._answers_moved or bool(moved)
-        for move in moved:
-            if not move.leaves_unusable:
-                continue
-            how = gh.RESOLUTION[move.how or gh.BY_READ]
-            for incident_id in store_health.active_health_incidents(db, move.gpu_id):
-                self._resolve(db, incident_id, how, move.ts,
-                              f"GPU {move.gpu_id} {move.state} again: {move.cause}"
-                              [:lc.NOTE_MAX])
-        for gpu_id, seen in contradicted:
-            for incident_id in store_health.active_health_incidents(db, gpu_id):
-                store_health.note_incident_contradiction(db, incident_id, seen)
-                chains.rebuild(db, incident_id)
+        gpus = {move.gpu_id for move in moved if move.leaves_unusable} | \
+            {gpu_id for gpu_id, _ in contradicted}
+        held = {gpu_id: store_health.active_health_incidents(db, gpu_id)
+                for gpu_id in sorted(gpus)}
+        resolved, noted = decide_health_moved(moved, contradicted, held)
+        self._apply(db, resolved)
+        for incident_id, seen in noted:
+            store_health.note_incident_contradiction(db, incident_id, seen)
+            chains.rebuild(db, incident_id)
 
     def counters(self) -> dict[str, int]:
         return {"incidents_opened": self.opened, "incidents_merged": self.merged,
@@ -365,65 +404,55 @@ class IncidentBuilder:
         return self.lag_ns + effects
 
     def _open(self, db: Database, wanted: Opened) -> tuple[int, bool]:
-        """Merge ``wanted`` into its active incident (or reopen one resolved within the
-        reopen window), else insert it; returns (id, inserted). Each reset is an event of its
-        own: a repeat is the same reset only within ``dedup_seconds``, and never reopens."""
-        if wanted.kind in EACH_ONE_ITS_OWN:
-            row = incident_rows.latest_active(db, wanted.dedup_key, wanted.ts - self.dedup_ns)
-        else:
-            # an effect whose cause was resolved is not reopened: a repeat is news again
-            row = incident_rows.latest_to_merge(db, wanted.dedup_key,
-                                                wanted.ts - self.reopen_ns)
-        settle = wanted.ts + self.settle_ns(wanted.kind)
-        if row:
-            incident_id, count, severity, state = row
-            worse = sev.worst([severity, wanted.severity])   # a legacy name is mapped
-            if state == lc.RESOLVED:
-                # The same cause again: its incident is open again, not a new one (a stall
-                # merged into while left resolved was found again at every check).
-                store_lifecycle.mark_reopened(db, incident_id, wanted.ts)
-                self._logged(db, incident_id, lc.REOPENED, wanted.ts,
-                             text=f"seen again: {wanted.summary}"[:lc.NOTE_MAX])
-                self.reopened += 1
-            self._needs_too(db, incident_id, wanted.details)
-            incident_rows.merge_repeat(db, incident_id, count + 1, worse, wanted.ts, settle)
-            self.merged += 1
-            if self._named_too(db, incident_id, wanted.details.get("named") or []):
-                chains.rebuild(db, incident_id)
-            return incident_id, False
-        process = wanted.process
-        incident_id = incident_rows.insert_incident(db, {
-            "opened_at": wanted.ts, "closed_at": None, "kind": wanted.kind,
-            "severity": sev.worst([wanted.severity]), "gpu_id": wanted.gpu_id,
-            "pid": process.pid if process else None,
-            "start_time": process.start_time if process else None,
-            "title": wanted.title, "summary": wanted.summary, "chain": "[]",
-            "dedup_key": wanted.dedup_key, "count": 1, "last_seen": wanted.ts,
-            "state": lc.OPEN, "settle_until": settle, "updated_at": wanted.ts,
-            "confidence": None, "details": json.dumps(wanted.details, sort_keys=True),
-            "cause_id": wanted.cause_id,
-        })
-        store_lifecycle.log_change(db, incident_id, lc.OPENED, wanted.ts, ACTOR)
-        if wanted.cause_id is None:
-            self.opened += 1
-            if wanted.kind in CAUSE_KINDS:
-                self._adopt(db, incident_id, wanted)
-        else:
-            self._attached(db, wanted.cause_id, wanted.ts)
-        chains.rebuild(db, incident_id)
-        return incident_id, True
+        """Merge ``wanted`` into its incident or insert it (:func:`decide_open`, from the
+        rows :func:`incident_rows.merge_facts` reads); returns (id, inserted)."""
+        active_only, since = merge_window(wanted.kind, wanted.ts, self.dedup_ns,
+                                          self.reopen_ns)
+        facts = incident_rows.merge_facts(db, wanted.dedup_key, active_only, since,
+                                          asks_health(wanted.details),
+                                          bool(wanted.details.get("named")), self._named_full)
+        decision = decide_open(wanted, facts, self.settle_ns(wanted.kind), self.lag_ns)
+        if isinstance(decision, Merge):
+            self._merged(db, decision)
+            return decision.incident_id, False
+        return self._inserted(db, decision), True
 
-    def _needs_too(self, db: Database, incident_id: int, wanted: dict[str, Any]) -> None:
-        """A repeat that asks for a reset or a reboot its incident did not (an Xid 154 whose
-        new recovery action is a reboot, merged into one that said none): the incident now
-        rests on the GPU's health, as the health state does."""
-        if not (wanted.get("gpu_reset") or wanted.get("reboot")):
-            return
-        details = incident_rows.details(db, incident_id)
-        changed = {flag: True for flag in ("gpu_reset", "reboot")
-                   if wanted.get(flag) and not details.get(flag)}
-        if changed:
-            incident_rows.set_details(db, incident_id, {**details, **changed})
+    def _merged(self, db: Database, merge: Merge) -> None:
+        """Apply a :class:`Merge`: reopen the incident (its log says so), count the repeat,
+        write what its details gained, rebuild its chain when it names a new process."""
+        incident_id = merge.incident_id
+        if merge.reopened is not None:
+            store_lifecycle.mark_reopened(db, incident_id, merge.ts)
+            self._logged(db, incident_id, lc.REOPENED, merge.ts, text=merge.reopened)
+            self.reopened += 1
+        if merge.details is not None:
+            incident_rows.set_details(db, incident_id, merge.details)
+        incident_rows.merge_repeat(db, incident_id, merge.count, merge.severity, merge.ts,
+                                   merge.settle_until)
+        self.merged += 1
+        if merge.named_full:
+            self._named_full.add(incident_id)
+        if merge.named_new:
+            chains.rebuild(db, incident_id)
+
+    def _inserted(self, db: Database, insert: Insert) -> int:
+        """Apply an :class:`Insert`: the row and its log's first line; a cause adopts the
+        effects found before it (they were counted as incidents: they are its links), an
+        effect's cause is updated and its chain rebuilt; the new chain. Returns its id."""
+        row = insert.row
+        incident_id = incident_rows.insert_incident(db, row)
+        store_lifecycle.log_change(db, incident_id, lc.OPENED, row["opened_at"], ACTOR)
+        if insert.joins is None:
+            self.opened += 1
+            if insert.adopt is not None:
+                self.opened -= incident_rows.adopt_effects(
+                    db, incident_id, row["gpu_id"], ADOPTED_KINDS, *insert.adopt)
+        else:
+            cause_id, ts, settle_until = insert.joins
+            incident_rows.effect_joined(db, cause_id, ts, settle_until)
+            chains.rebuild(db, cause_id)
+        chains.rebuild(db, incident_id)
+        return incident_id
 
     # --- one incident per cause ------------------------------------------------------------
     def _cause_of(self, db: Database, gpu_id: str | None, ts: int,
@@ -439,19 +468,6 @@ class IncidentBuilder:
     def _settles(self) -> dict[str, int]:
         """:meth:`settle_ns` of each cause kind."""
         return {kind: self.settle_ns(kind) for kind in CAUSE_KINDS}
-
-    def _adopt(self, db: Database, cause_id: int, cause: Opened) -> None:
-        """Effects found before their cause incident (a late kernel-log line): on its GPU,
-        active, begun at or after the cause and within its settling time."""
-        adopted = incident_rows.adopt_effects(db, cause_id, cause.gpu_id, ADOPTED_KINDS,
-                                              cause.ts, cause.ts + self.settle_ns(cause.kind))
-        if adopted:
-            self.opened -= adopted      # they were counted as incidents; they are its links
-
-    def _attached(self, db: Database, cause_id: int, ts: int) -> None:
-        """An effect joined ``cause_id``: its chain is rebuilt (and again while it settles)."""
-        incident_rows.effect_joined(db, cause_id, ts, ts + self.lag_ns)
-        chains.rebuild(db, cause_id)
 
     # --- lifecycle -------------------------------------------------------------------------
     def _logged(self, db: Database, incident_id: int, action: str, ts: int,
@@ -484,25 +500,6 @@ class IncidentBuilder:
         facts = incident_rows.settled_facts(db, now, gh.OK, UNRESOLVED_HEALTH)
         self._apply(db, decide_settled(facts, now, self.dedup_ns))
 
-    def _named_too(self, db: Database, incident_id: int, named: list) -> bool:
-        """Add the processes a merged repeat names (an Xid line's pid and name) to those the
-        incident names, up to chains.MAX_NAMED; True when one was new. Two programs faulting on one
-        GPU are one Xid incident, and both are its story; a storm of thousands names its
-        first few (the incident's count says how many lines there were), and once it names
-        that many its lines read nothing more."""
-        if not named or incident_id in self._named_full:
-            return False
-        details = incident_rows.details(db, incident_id)
-        known = details.setdefault("named", [])
-        pids = {n[0] for n in known}
-        new = [n for n in named if n[0] not in pids][:chains.MAX_NAMED - len(known)]
-        if new:
-            known += new
-            incident_rows.set_details(db, incident_id, details)
-        if len(known) >= chains.MAX_NAMED:
-            self._named_full.add(incident_id)
-        return bool(new)
-
     # --- detectors -------------------------------------------------------------------------
     def _xid(self, db: Database, ts: int, gpu_id: str | None, code: int, pid: int | None,
              name: str | None, origin: str, detail: str,
@@ -510,26 +507,15 @@ class IncidentBuilder:
         """``fields``: the catalogue fields as the line itself decided them (an Xid 154's new
         recovery action, an NVLink5 Xid's decoded status), the same ones GPU health used,
         so that the incident rests on what the health state does; else the code's entry."""
-        info = xid_info(code)
-        fields = fields or info.as_fields()
-        kind = "gpu_lost" if code == 79 else "xid"
         process = gpu_bindings.process_with_pid_at(db, pid, ts) if pid else None
-        details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
-                   **fields}
-        if pid is not None:   # every process the driver names, as repeats merge in: its
-            # start too where gpuwhy saw it (the probes did), so that it is the process's key
-            details["named"] = [[pid, name, process.start_time if process else None]]
         # A later Xid of a GPU that is off the bus, or one that follows a previous Xid (45),
         # is that incident's effect; a lost GPU is a cause of its own, whatever came before.
         cause = None
-        if kind == "xid":
+        if code != 79:
             cause = self._cause_of(db, gpu_id, ts, ("gpu_lost",))
             if cause is None and code in FOLLOW_ON_XIDS:
                 cause = self._cause_of(db, gpu_id, ts, ("xid", "gpu_lost"))
-        return [Opened(kind, str(fields.get("severity") or info.severity), ts,
-                       f"Xid {code}: {info.title}",
-                       f"GPU {gpu_id or '?'}: {fields.get('action') or info.action}",
-                       f"{kind}:{gpu_id}:{code}", gpu_id, process, details, cause)]
+        return [xid_opened(ts, gpu_id, code, pid, name, origin, detail, fields, process, cause)]
 
     def _detect_kernel_log_record(self, db: Database, event: KernelLogRecord) -> list[Opened]:
         gpu_id = resolve_gpu(db, uuid=event.uuid, pci=event.pci)
@@ -576,13 +562,7 @@ class IncidentBuilder:
 
     def _reset(self, db: Database, gpu_id: str | None, ts: int, how: str,
                details: dict) -> Opened:
-        # Wide dedup: the driver calls, the GPU source and NVRM all report the one reset.
-        # The reset a lost GPU or a reset-class Xid called for is that incident's remedy,
-        # a link of it (which resolves it once the GPU reads healthy), not a new alert.
-        return Opened("gpu_reset", "critical", ts, "GPU reset",
-                      f"GPU {gpu_id or '?'} was reset ({how}); its processes lost their "
-                      f"contexts", f"gpu_reset:{gpu_id}", gpu_id, None,
-                      {"seen_by": how, **details}, self._needed_reset_of(db, gpu_id, ts))
+        return reset_opened(gpu_id, ts, how, details, self._needed_reset_of(db, gpu_id, ts))
 
     def _needed_reset_of(self, db: Database, gpu_id: str | None, ts: int) -> int | None:
         """The active incident of ``gpu_id`` that needs a reset (lost; an Xid whose
@@ -603,30 +583,14 @@ class IncidentBuilder:
                              "path": event.path}) for gpu in gpus or [None]]
 
     def _detect_process_exited(self, db: Database, event: ProcessExited) -> list[Opened]:
-        key = event.process
+        """A death soon after an Xid or a reset on a GPU its process held
+        (:func:`decide_exit`, on the latest cause opened on each of them)."""
         if event.exit_code == 0 and not event.signal:
             return []                       # a clean exit is not a death
-        found = []
-        for gpu_id in set(gpu_bindings.gpus_of(db, key, event.ts - 1)):
-            cause = incident_rows.latest_cause_opened(db, gpu_id, event.ts - EXIT_WINDOW_NS,
-                                                      event.ts)
-            if cause is None:
-                continue
-            if cause[1] == "xid" and cause[4] is not None and cause[6] not in \
-                    UNRESOLVED_HEALTH and (cause[4], cause[5]) != (key.pid, key.start_time):
-                continue                    # an Xid about another process (13, 31, 43)
-            actor = json.loads(cause[3] or "{}")
-            if (actor.get("pid"), actor.get("start_time")) == (key.pid, key.start_time):
-                continue                    # the process that reset the GPU
-            how = (f"killed by signal {event.signal}" if event.signal else
-                   f"exit code {event.exit_code}" if event.exit_code is not None else "ended")
-            found.append(Opened("process_exit", "error", event.ts,
-                                f"Process {key.pid} died after {cause[2]}",
-                                f"pid {key.pid} on GPU {gpu_id} {how}",
-                                f"process_exit:{key}", gpu_id, key,
-                                {"cause_incident": cause[0], "exit_code": event.exit_code,
-                                 "signal": event.signal}, cause_id=cause[0]))
-        return found
+        causes = [(gpu_id, incident_rows.latest_cause_opened(
+            db, gpu_id, event.ts - EXIT_WINDOW_NS, event.ts))
+            for gpu_id in set(gpu_bindings.gpus_of(db, event.process, event.ts - 1))]
+        return decide_exit(event, causes)
 
     def _detect_rule_finding(self, db: Database, event: RuleFinding) -> list[Opened]:
         """A firing finding opens (or, on a severity change, updates) its incident, joins the
@@ -679,8 +643,8 @@ class IncidentBuilder:
         for decision in decide_stalls(facts, self.stall_ns):
             if isinstance(decision, Resolve):
                 self._apply(db, [decision])
-            elif isinstance(decision, StallSeen):
-                incident_rows.still_stalled(db, decision.dedup_key, decision.ts)
+            elif isinstance(decision, SeenAt):
+                incident_rows.seen_at(db, decision.incident_id, decision.ts)
             else:
                 key, since = decision.process, decision.idle_since
                 how = timeline.classify_stall(process_seconds.sched_totals(db, key, since,
@@ -713,29 +677,246 @@ def decide_stalls(facts: StallFacts, stall_ns: int) -> list[StallDecision]:
     """The stall check at ``facts.now``, in the bound processes' order: a process whose GPU
     is busy again ends its stall incidents opened before now (:class:`Resolve`); one whose GPU
     has been idle for ``stall_ns`` since being busy after it bound it (a process that never
-    saw it busy did not stall) is still stalled (:class:`StallSeen`) or stalls
-    (:class:`NewStall`)."""
+    saw it busy did not stall) is still stalled (:class:`SeenAt`: each of its active stall
+    incidents opened by now) or stalls (:class:`NewStall`)."""
     now = facts.now
     stalled_now: dict[str, list[tuple[int, int]]] = {}
     for stalled, dedup_key, opened_at in facts.stalls:
         stalled_now.setdefault(dedup_key, []).append((stalled, opened_at))
     decided: list[StallDecision] = []
+    ended: set[int] = set()     # resolved by a decision above (a process bound twice)
     for bound in facts.bound:
         key, gpu_id = bound.process, bound.gpu_id
         dedup_key = f"process_stall:{key}:{gpu_id}"
         idle_since = None if bound.busy is None else \
             idle_start(facts.idle[(gpu_id, bound.busy)], now)
+        mine = sorted(stalled_now.get(dedup_key, ()))
         if idle_since is None or now - idle_since < stall_ns:
             if idle_since is None:      # busy again: the stall is over
+                over = [stalled for stalled, opened_at in mine if opened_at < now]
                 decided += [Resolve(stalled, lc.RECOVERED, now, "the GPU is busy again")
-                            for stalled, opened_at in sorted(stalled_now.get(dedup_key, ()))
-                            if opened_at < now]
+                            for stalled in over]
+                ended.update(over)
             continue
-        if any(opened_at <= now for _, opened_at in stalled_now.get(dedup_key, ())):
-            decided.append(StallSeen(dedup_key, now))
+        seen = [stalled for stalled, opened_at in mine if opened_at <= now]
+        if seen:
+            decided += [SeenAt(stalled, now) for stalled in seen if stalled not in ended]
             continue
         decided.append(NewStall(key, gpu_id, idle_since, dedup_key))
     return decided
+
+
+def merge_window(kind: str, ts: int, dedup_ns: int, reopen_ns: int) -> tuple[bool, int]:
+    """Which incident a wanted one of ``kind`` at ``ts`` merges into (``active_only``,
+    ``since``, for :func:`incident_rows.merge_facts`): each reset is an event of its own, the
+    same reset only within ``dedup_ns`` of the last seen of an active one, and never
+    reopens; any other kind merges into its active incident or reopens one resolved within
+    ``reopen_ns`` (an effect whose cause was resolved is not reopened: a repeat is news
+    again)."""
+    if kind in EACH_ONE_ITS_OWN:
+        return True, ts - dedup_ns
+    return False, ts - reopen_ns
+
+
+def asks_health(details: Mapping[str, Any]) -> bool:
+    """A wanted incident that asks for a reset or a reboot (its catalogue action)."""
+    return bool(details.get("gpu_reset") or details.get("reboot"))
+
+
+def decide_open(wanted: Opened, facts: MergeFacts, settle_ns: int,
+                lag_ns: int) -> OpenDecision:
+    """What a wanted incident does (``facts``: :func:`incident_rows.merge_facts` for its
+    :func:`merge_window`): a repeat merges into the incident of its dedup key
+    (:class:`Merge`: counted, its worst severity, seen and settling ``settle_ns`` after it,
+    reopened if it was resolved, its details gaining what :func:`merged_details` says);
+    else it is a new incident (:class:`Insert`) that settles ``settle_ns`` after it: a cause
+    adopts its GPU's effects begun within that time, an effect joins its cause, which
+    settles ``lag_ns`` after it at least."""
+    ts = wanted.ts
+    settle = ts + settle_ns
+    if facts.row:
+        incident_id, count, severity, state = facts.row
+        details, named_new, named_full = merged_details(facts.details, wanted.details,
+                                                        facts.named_full)
+        # a resolved incident of the same cause again is open again, not a new one (a stall
+        # merged into while left resolved was found again at every check)
+        return Merge(incident_id, count + 1, sev.worst([severity, wanted.severity]), ts,
+                     settle, f"seen again: {wanted.summary}"[:lc.NOTE_MAX]
+                     if state == lc.RESOLVED else None, details, named_new, named_full)
+    process = wanted.process
+    row = {
+        "opened_at": ts, "closed_at": None, "kind": wanted.kind,
+        "severity": sev.worst([wanted.severity]), "gpu_id": wanted.gpu_id,
+        "pid": process.pid if process else None,
+        "start_time": process.start_time if process else None,
+        "title": wanted.title, "summary": wanted.summary, "chain": "[]",
+        "dedup_key": wanted.dedup_key, "count": 1, "last_seen": ts,
+        "state": lc.OPEN, "settle_until": settle, "updated_at": ts,
+        "confidence": None, "details": json.dumps(wanted.details, sort_keys=True),
+        "cause_id": wanted.cause_id,
+    }
+    if wanted.cause_id is not None:
+        return Insert(row, joins=(wanted.cause_id, ts, ts + lag_ns))
+    return Insert(row, adopt=(ts, settle) if wanted.kind in CAUSE_KINDS else None)
+
+
+def merged_details(held: Mapping[str, Any] | None, wanted: Mapping[str, Any],
+                   named_full: bool) -> tuple[dict[str, Any] | None, bool, bool]:
+    """What a merged repeat adds to its incident's details (``held``, as stored; read when
+    the repeat may add to them): (the details now, None when unchanged; whether a process
+    it names is new; whether the incident names as many as it keeps, ``named_full`` as
+    known before). A repeat that asks for a reset or a reboot its incident did not (an Xid
+    154 whose new recovery action is a reboot, merged into one that said none) makes the
+    incident rest on the GPU's health, as the health state does. The processes a repeat
+    names (an Xid line's pid and name) join those the incident names, up to
+    chains.MAX_NAMED: two programs faulting on one GPU are one Xid incident, and both are
+    its story; a storm of thousands names its first few (the incident's count says how many
+    lines there were), and once it names that many its lines read nothing more."""
+    details = dict(held or {})
+    changed = False
+    if asks_health(wanted):
+        flags = {flag: True for flag in ("gpu_reset", "reboot")
+                 if wanted.get(flag) and not details.get(flag)}
+        if flags:
+            details.update(flags)
+            changed = True
+    named = wanted.get("named") or []
+    if not named or named_full:
+        return (details if changed else None), False, named_full
+    known = list(details.get("named", []))
+    pids = {n[0] for n in known}
+    new = [n for n in named if n[0] not in pids][:chains.MAX_NAMED - len(known)]
+    if new:
+        details["named"] = known + new
+        changed = True
+    return (details if changed else None), bool(new), len(known) + len(new) >= chains.MAX_NAMED
+
+
+def decide_health_moved(moved: Sequence[gh.Transition],
+                        contradicted: Sequence[tuple[str, dict[str, Any]]],
+                        held: Mapping[str, Sequence[int]]
+                        ) -> tuple[list[Resolve], list[tuple[int, dict[str, Any]]]]:
+    """What the GPU health machine's decisions do to the incidents resting on it (``held``:
+    each GPU's active health-backed incidents, oldest first, as read before): a transition
+    that makes an unusable GPU usable resolves them at once, dated at it and with its how, so
+    that they never disagree; a source that contradicts a lost GPU is noted on those still
+    active (its chain shows it). Returns (resolutions, (incident, contradiction) notes)."""
+    resolved: list[Resolve] = []
+    ended: set[int] = set()
+    for move in moved:
+        if not move.leaves_unusable:
+            continue
+        how = gh.RESOLUTION[move.how or gh.BY_READ]
+        for incident_id in held.get(move.gpu_id, ()):
+            if incident_id not in ended:
+                ended.add(incident_id)
+                resolved.append(Resolve(incident_id, how, move.ts,
+                                        f"GPU {move.gpu_id} {move.state} again: "
+                                        f"{move.cause}"[:lc.NOTE_MAX]))
+    noted = [(incident_id, seen) for gpu_id, seen in contradicted
+             for incident_id in held.get(gpu_id, ()) if incident_id not in ended]
+    return resolved, noted
+
+
+def decide_exit(event: ProcessExited, causes: Sequence[tuple[str, tuple | None]]
+                ) -> list[Opened]:
+    """The deaths a process's unclean exit is (an effect, a link of its cause): on each GPU
+    it held, the latest cause incident opened within ``EXIT_WINDOW_NS`` before it (``causes``:
+    (GPU, row of :func:`incident_rows.latest_cause_opened`, or None)), but an Xid about
+    another process (13, 31, 43) on a usable GPU, and a reset this process made."""
+    key = event.process
+    found = []
+    for gpu_id, cause in causes:
+        if cause is None:
+            continue
+        if cause[1] == "xid" and cause[4] is not None and cause[6] not in \
+                UNRESOLVED_HEALTH and (cause[4], cause[5]) != (key.pid, key.start_time):
+            continue                    # an Xid about another process (13, 31, 43)
+        actor = json.loads(cause[3] or "{}")
+        if (actor.get("pid"), actor.get("start_time")) == (key.pid, key.start_time):
+            continue                    # the process that reset the GPU
+        how = (f"killed by signal {event.signal}" if event.signal else
+               f"exit code {event.exit_code}" if event.exit_code is not None else "ended")
+        found.append(Opened("process_exit", "error", event.ts,
+                            f"Process {key.pid} died after {cause[2]}",
+                            f"pid {key.pid} on GPU {gpu_id} {how}",
+                            f"process_exit:{key}", gpu_id, key,
+                            {"cause_incident": cause[0], "exit_code": event.exit_code,
+                             "signal": event.signal}, cause_id=cause[0]))
+    return found
+
+
+def answer_moves(verdicts: Sequence[answer.Verdict],
+                 before: Mapping[str, tuple[str, str] | None]
+                 ) -> tuple[list[AnswerMove], dict[str, tuple[str, str] | None]]:
+    """The GPUs whose lead finding (the rule answer that leads, not the health state; finding
+    id, title) changed to another since ``before`` (the leads as of the last look; a GPU not
+    in it was not looked at: nothing to compare with), and the leads now."""
+    leads: dict[str, tuple[str, str] | None] = {}
+    moves = []
+    for verdict in verdicts:
+        gpu = verdict.gpu
+        lead = verdict.lead.finding if verdict.lead and not verdict.health_leads else None
+        leads[gpu.gpu_id] = (lead.finding_id, lead.title) if lead else None
+        if gpu.gpu_id not in before or lead is None:
+            continue
+        was = before[gpu.gpu_id]
+        if was is not None and was[0] == lead.finding_id:
+            continue
+        moves.append(AnswerMove(gpu.label, (lead.finding_id, lead.title), was))
+    return moves, leads
+
+
+def decide_answer_changes(moves: Sequence[tuple[AnswerMove, int | None, int | None, bool]],
+                          realert: Collection[int], now: int) -> list[LogLine]:
+    """The log lines of answers that moved (each move with the active incident of its new
+    lead's finding, that of the old one's and whether that one is a cause): "now the answer
+    on GPU 2 (was: ...)" in the new lead's incident, but one whose cause became its
+    symptom's incident's answer here (``realert``: logged as such), "no longer the answer"
+    in the old one's."""
+    notes = []
+    for move, incident, old, old_is_cause in moves:
+        if incident is not None and incident not in realert:
+            was = f" (was: {move.before[1]})" if move.before else ""
+            notes.append(LogLine(incident, lc.ANSWERED, now,
+                              f"now the answer on {move.label}{was}"[:lc.NOTE_MAX]))
+        if old is not None and old_is_cause and (incident is None or old != incident):
+            notes.append(LogLine(old, lc.NOTE, now,
+                              f"no longer the answer on {move.label}: {move.lead[1]} "
+                              f"ranks above it"[:lc.NOTE_MAX]))
+    return notes
+
+
+def xid_opened(ts: int, gpu_id: str | None, code: int, pid: int | None, name: str | None,
+               origin: str, detail: str, fields: dict[str, Any] | None,
+               process: ProcessKey | None, cause: int | None) -> Opened:
+    """The incident an Xid line wants (a lost GPU's for 79): ``fields``, the catalogue
+    fields as the line decided them (else the code's entry); ``process``, the process of
+    ``pid`` as gpuwhy saw it; ``cause``, the active incident it is an effect of."""
+    info = xid_info(code)
+    fields = fields or info.as_fields()
+    kind = "gpu_lost" if code == 79 else "xid"
+    details = {"xid": code, "origin": origin, "pid": pid, "name": name, "detail": detail,
+               **fields}
+    if pid is not None:   # every process the driver names, as repeats merge in: its
+        # start too where gpuwhy saw it (the probes did), so that it is the process's key
+        details["named"] = [[pid, name, process.start_time if process else None]]
+    return Opened(kind, str(fields.get("severity") or info.severity), ts,
+                  f"Xid {code}: {info.title}",
+                  f"GPU {gpu_id or '?'}: {fields.get('action') or info.action}",
+                  f"{kind}:{gpu_id}:{code}", gpu_id, process, details, cause)
+
+
+def reset_opened(gpu_id: str | None, ts: int, how: str, details: dict[str, Any],
+                 needed: int | None) -> Opened:
+    """The incident a reset wants, however it was seen (``how``). Wide dedup: the driver
+    calls, the GPU source and NVRM all report the one reset. The reset a lost GPU or a
+    reset-class Xid called for (``needed``: that incident) is its remedy, a link of it
+    (which resolves it once the GPU reads healthy), not a new alert."""
+    return Opened("gpu_reset", "critical", ts, "GPU reset",
+                  f"GPU {gpu_id or '?'} was reset ({how}); its processes lost their "
+                  f"contexts", f"gpu_reset:{gpu_id}", gpu_id, None,
+                  {"seen_by": how, **details}, needed)
 
 
 def stall_opened(stall: NewStall, now: int, how: str, cause_id: int | None) -> Opened:

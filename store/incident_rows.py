@@ -10,7 +10,7 @@ incidents are :mod:`gpuwhy.store.health`'s.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -42,14 +42,6 @@ def active_stalls(db: Database) -> list[tuple[int, str, int]]:
         f"idx_incidents_state where {sql_active()} and kind = 'process_stall'").fetchall()
 
 
-def still_stalled(db: Database, dedup_key: str, now: int) -> bool:
-    """Note an ongoing stall as seen at ``now``; False when no active incident of
-    ``dedup_key`` opened by then (the stall is new)."""
-    return bool(db.execute(f"update incidents set last_seen = max(last_seen, ?) where "
-                           f"dedup_key = ? and {sql_active()} and opened_at <= ?",
-                           [now, dedup_key, now]).rowcount)
-
-
 # --- open, merge, reopen ---------------------------------------------------------------------
 def latest_active(db: Database, dedup_key: str, seen_since: int) -> tuple | None:
     """(id, count, severity, state) of the latest active incident of ``dedup_key`` last seen
@@ -68,6 +60,36 @@ def latest_to_merge(db: Database, dedup_key: str, closed_since: int) -> tuple | 
                       f"(i.closed_at >= ? and (c.id is null or "
                       f"{sql_active('c.state')}))) order by i.id desc limit 1",
                       [dedup_key, closed_since]).fetchone()
+
+
+@dataclass(frozen=True)
+class MergeFacts:
+    """What a wanted incident is opened or merged on (:func:`merge_facts`): the incident of
+    its dedup key it would merge into (``row``: id, count, severity, state; None: it opens
+    one), that incident's details where the repeat may add to them (``details``; None: not
+    read), and whether the incident names as many processes as it keeps already
+    (``named_full``: its details were not read for the processes the repeat names)."""
+
+    row: tuple | None = None
+    details: dict[str, Any] | None = None
+    named_full: bool = False
+
+
+def merge_facts(db: Database, dedup_key: str, active_only: bool, since: int, flags: bool,
+                names: bool, named_full: Collection[int]) -> MergeFacts:
+    """The rows a wanted incident of ``dedup_key`` is opened or merged on
+    (:class:`MergeFacts`): the latest active incident last seen at or after ``since``
+    (``active_only``: :func:`latest_active`), else the latest active or resolved at or after
+    ``since`` (:func:`latest_to_merge`); its details when the repeat asks for a reset or a
+    reboot (``flags``) or names processes (``names``) and the incident is not one of
+    ``named_full`` (those that name as many as they keep)."""
+    row = latest_active(db, dedup_key, since) if active_only else \
+        latest_to_merge(db, dedup_key, since)
+    if row is None:
+        return MergeFacts()
+    full = row[0] in named_full
+    read = flags or (names and not full)
+    return MergeFacts(tuple(row), details(db, row[0]) if read else None, full)
 
 
 def merge_repeat(db: Database, incident_id: int, count: int, severity: str, ts: int,
@@ -251,6 +273,7 @@ def active_by_key(db: Database, dedup_key: str) -> tuple | None:
 
 
 def seen_at(db: Database, incident_id: int, ts: int) -> None:
+    """The incident was seen (again) at ``ts``: an ongoing stall, a cleared finding."""
     db.execute("update incidents set last_seen = max(last_seen, ?) where id = ?",
                [ts, incident_id])
 

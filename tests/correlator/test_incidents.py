@@ -434,3 +434,23 @@ def test_a_device_file_of_a_minor_the_driver_named_binds_to_its_gpu_at_once(harn
     h.feed(h.process(1.0, TRAINER, "train"), h.opened(1.1, TRAINER))
     assert h.db.execute("select gpu_id from gpu_bindings").fetchall() == [(UUID0,)]
     assert h.db.execute("select count(*) from gpus where id = 'minor:0'").fetchone() == (0,)
+
+
+def test_a_finding_found_before_its_xid_is_adopted_when_the_late_line_comes(harness):
+    """The kernel-log line came late: the finding it explains opened an incident first;
+    the Xid's incident, dated before it, adopts it as a link of its chain."""
+    h = harness
+    h.feed(h.gpu(0))
+    h.feed(RuleFinding(ts=h.at(3), finding_id="R36:g", rule_id="R36_app_fault_xid13_31_43",
+                       title="Application fault on the GPU (Xid 13, 31, 43)",
+                       severity="warning", state="firing", gpu_id=UUID0, process=None,
+                       window_start=h.at(1), window_end=h.at(3), evidence={"xid43": 1.0},
+                       root_cause="an application fault", fixes=["restart it"], verify="",
+                       rule_kind="cause"))
+    [finding] = h.incidents("rule_finding")
+    assert finding["cause_id"] is None
+    opened = h.correlator.builder.opened
+    h.feed(h.xid(2, 31, pci=PCI0))
+    [xid] = h.incidents("xid")
+    assert h.incidents("rule_finding")[0]["cause_id"] == xid["id"]
+    assert h.correlator.builder.opened == opened      # one more cause, one incident less
