@@ -54,7 +54,9 @@ class Watched:
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(
             f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"pageerror: {e}"))
-        self._asked_from: dict = {}       # request -> the page's URL when it was made
+        # request -> (the page's URL, the page's navigations begun) when it was made
+        self._asked_from: dict = {}
+        self._navigations = 0             # main-frame navigations begun (a reload is one)
         self.page.on("request", self._asked)
         self.page.on("requestfinished", lambda r: self._asked_from.pop(r, None))
         self.page.on("requestfailed", self._failed)
@@ -63,13 +65,17 @@ class Watched:
         self.page.on("dialog", self._dialog)
 
     def _asked(self, request) -> None:
-        self._asked_from[request] = request.frame.url
+        if request.is_navigation_request() and request.frame == self.page.main_frame:
+            self._navigations += 1
+        self._asked_from[request] = (request.frame.url, self._navigations)
 
     def _failed(self, request) -> None:
-        # A live page's poll cut short because the page was left is no failure (a server's
-        # failure is an HTTP status, kept above); any other failed request is.
-        asked_from = self._asked_from.pop(request, None)
-        if request.failure == "net::ERR_ABORTED" and asked_from not in (None, request.frame.url):
+        # A live page's poll cut short because the page was left, or reloaded itself (the
+        # overview reloads for a GPU it has no card for: its URL stays), is no failure (a
+        # server's failure is an HTTP status, kept above); any other failed request is.
+        url, navigations = self._asked_from.pop(request, (None, self._navigations))
+        left = url not in (None, request.frame.url) or navigations != self._navigations
+        if request.failure == "net::ERR_ABORTED" and left:
             return
         self.problems.append(f"failed: {request.url} ({request.failure})")
 
