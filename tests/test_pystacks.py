@@ -335,24 +335,33 @@ sys.exit(1)
 '''
 
 
-def test_the_samplers_heartbeat_says_idle_sampling_refused_and_counts(tmp_path):
-    """Its health: ok and idle with no target; degraded, saying so, when the kernel refused
-    it a target's memory (py-spy's "Permission Denied": a ptrace refusal) or the targets
-    file is one it must not trust; its counters the targets, runs and errors."""
+def _sampler_with(tmp_path, script: str):
+    """A sampler whose py-spy is ``script`` (a stand-in that fails as py-spy does), its
+    targets file in a folder of its own, and the events it publishes."""
     import sys
-    import time
 
-    from gpuwhy.probes.stack_sampler import SOURCE, StackSampler
-    from gpuwhy.proc import process_key
+    from gpuwhy.probes.stack_sampler import StackSampler
 
     spy = tmp_path / "py-spy"
-    spy.write_text(DENIED_PY_SPY.format(python=sys.executable))
+    spy.write_text(script.format(python=sys.executable))
     spy.chmod(0o755)
     folder = tmp_path / "run"
     folder.mkdir(mode=0o700)
     path = str(folder / "targets.json")
     events: list[PythonStacks] = []
-    sampler = StackSampler(path, events.append, py_spy=str(spy))
+    return path, events, StackSampler(path, events.append, py_spy=str(spy))
+
+
+def test_the_samplers_heartbeat_says_idle_sampling_refused_and_counts(tmp_path):
+    """Its health: ok and idle with no target; degraded, saying so, when the kernel refused
+    it a target's memory (py-spy's "Permission Denied": a ptrace refusal) or the targets
+    file is one it must not trust; its counters the targets, runs and errors."""
+    import time
+
+    from gpuwhy.probes.stack_sampler import SOURCE
+    from gpuwhy.proc import process_key
+
+    path, events, sampler = _sampler_with(tmp_path, DENIED_PY_SPY)
     try:
         sampler.step()
         idle = sampler.health()
@@ -395,20 +404,12 @@ def test_the_heartbeat_turns_degraded_after_failures_in_a_row_not_after_one(tmp_
     """A failure that is no ptrace refusal (an interpreter py-spy cannot read) leaves the
     sampler ok once, a target may have exited mid-run; FAILURES_DEGRADE in a row, and
     nothing sampled between, is a sampler that samples nothing: degraded, saying why."""
-    import sys
     import time
 
-    from gpuwhy.probes.stack_sampler import FAILURES_DEGRADE, StackSampler
+    from gpuwhy.probes.stack_sampler import FAILURES_DEGRADE
     from gpuwhy.proc import process_key
 
-    spy = tmp_path / "py-spy"
-    spy.write_text(UNSUPPORTED_PY_SPY.format(python=sys.executable))
-    spy.chmod(0o755)
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    path = str(folder / "targets.json")
-    events: list[PythonStacks] = []
-    sampler = StackSampler(path, events.append, py_spy=str(spy))
+    path, events, sampler = _sampler_with(tmp_path, UNSUPPORTED_PY_SPY)
     me = process_key(os.getpid())
     states = []
     try:
