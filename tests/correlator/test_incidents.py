@@ -396,6 +396,16 @@ def test_a_second_faulting_process_the_probes_saw_is_held_by_its_key(harness):
     assert held == {(101, 5_000), (202, 6_000)}
 
 
+def _r36_finding(h) -> RuleFinding:
+    """R36's finding on GPU 0 at 3 s (scope gpu: it names no process)."""
+    return RuleFinding(ts=h.at(3), finding_id="R36:g", rule_id="R36_app_fault_xid13_31_43",
+                       title="Application fault on the GPU (Xid 13, 31, 43)",
+                       severity="warning", state="firing", gpu_id=UUID0, process=None,
+                       window_start=h.at(1), window_end=h.at(3), evidence={"xid43": 1.0},
+                       root_cause="an application fault", fixes=["restart it"], verify="",
+                       rule_kind="cause")
+
+
 def test_a_gpu_wide_finding_about_an_application_fault_joins_the_xid(harness):
     """R36 (scope gpu) reads the Xid lines themselves: its finding, which names no process,
     is part of the process-naming Xid's incident, not an incident of its own. A finding of
@@ -407,12 +417,7 @@ def test_a_gpu_wide_finding_about_an_application_fault_joins_the_xid(harness):
         h.feed(h.process(0.5, key, comm), h.opened(0.5, key))
     h.feed(h.xid(1, 43, pid=101, name="train", pci=PCI0))
     [xid] = h.incidents("xid")
-    h.feed(RuleFinding(ts=h.at(3), finding_id="R36:g", rule_id="R36_app_fault_xid13_31_43",
-                       title="Application fault on the GPU (Xid 13, 31, 43)",
-                       severity="warning", state="firing", gpu_id=UUID0, process=None,
-                       window_start=h.at(1), window_end=h.at(3), evidence={"xid43": 1.0},
-                       root_cause="an application fault", fixes=["restart it"], verify="",
-                       rule_kind="cause"))
+    h.feed(_r36_finding(h))
     h.feed(RuleFinding(ts=h.at(4), finding_id="R14:g", rule_id="R14_low_sm",
                        title="Low SM activity", severity="warning", state="firing",
                        gpu_id=UUID0, process=other, window_start=h.at(1), window_end=h.at(4),
@@ -441,12 +446,7 @@ def test_a_finding_found_before_its_xid_is_adopted_when_the_late_line_comes(harn
     the Xid's incident, dated before it, adopts it as a link of its chain."""
     h = harness
     h.feed(h.gpu(0))
-    h.feed(RuleFinding(ts=h.at(3), finding_id="R36:g", rule_id="R36_app_fault_xid13_31_43",
-                       title="Application fault on the GPU (Xid 13, 31, 43)",
-                       severity="warning", state="firing", gpu_id=UUID0, process=None,
-                       window_start=h.at(1), window_end=h.at(3), evidence={"xid43": 1.0},
-                       root_cause="an application fault", fixes=["restart it"], verify="",
-                       rule_kind="cause"))
+    h.feed(_r36_finding(h))
     [finding] = h.incidents("rule_finding")
     assert finding["cause_id"] is None
     opened = h.correlator.builder.opened
