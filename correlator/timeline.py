@@ -4,7 +4,8 @@ A process second holds the process's ioctl count and rate by operation, on-CPU /
 sleep / blocked time of its own threads and of its workers, its per-process GPU utilisation
 where NVML has it, and its CUDA launches, syncs, copies and allocations where the CUDA
 uprobes are on. This module computes the values and how a stall is classified from the
-scheduler's totals; :mod:`gpuwhy.store.process_seconds` writes them and reads them back.
+scheduler's totals; the handlers only compute and hold, and ``write_pending`` hands the
+batch's values to :mod:`gpuwhy.store.process_seconds`, which writes them and reads them back.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class TimelineBuilder:
         # Python, and these dicts are read for every operation of every flush.
         self._last_counts: dict[tuple[int, int], dict[tuple, int]] = {}
         self._held: dict[tuple[int, int, int], _HeldSecond] = {}
+        # CUDA and NVML per-process values of this batch, in arrival order: (process,
+        # second, values, added or set), applied by write_pending as they came
+        self._values: list[tuple[ProcessKey, int, dict, bool]] = []
         self._handlers = methods_by_kind(self, "_on_")
 
     def handler(self, kind: str) -> Callable[[Database, Event], None] | None:
@@ -85,15 +89,20 @@ class TimelineBuilder:
         return self._handlers.get(kind)
 
     def write_pending(self, db: Database) -> None:
-        """Write the held process seconds: call before anything reads process_seconds."""
+        """Write the held process seconds: call before anything reads process_seconds. The
+        handlers only compute; this is where the batch's process seconds are written."""
         held, self._held = self._held, {}
+        values, self._values = self._values, []
         stored = process_seconds.read_held(db, list(held))
         process_seconds.write_held(db, [[*key, *pending.row(stored.get(key))]
                                         for key, pending in held.items()])
+        for key, second, figures, add in values:
+            process_seconds.upsert_second(db, key, second, figures, add=add)
 
     def discard_pending(self) -> None:
         """Forget held seconds whose writes were rolled back (a failed decide)."""
         self._held.clear()
+        self._values.clear()
 
     def _hold(self, key: ProcessKey, ts: int) -> _HeldSecond:
         second = (key.pid, key.start_time, ts // NS_PER_SECOND)
@@ -131,14 +140,14 @@ class TimelineBuilder:
 
     def _on_cuda_stats(self, db: Database, event: CudaStats) -> None:
         figures = event.totals()
-        process_seconds.upsert_second(db, event.process, event.ts // NS_PER_SECOND, {
+        self._values.append((event.process, event.ts // NS_PER_SECOND, {
             "cuda_launches": figures["launches"] + figures["graph_launches"],
             "cuda_syncs": figures["syncs"], "cuda_sync_ms": figures["sync_blocked_ns"] / _MS,
             "cuda_htod_bytes": figures["htod_bytes"], "cuda_dtoh_bytes": figures["dtoh_bytes"],
             "cuda_pageable_bytes": figures["htod_pageable_bytes"]
             + figures["dtoh_pageable_bytes"],
             "cuda_allocs": figures["allocs"] + figures["host_allocs"],
-            "cuda_frees": figures["frees"]}, add=True)
+            "cuda_frees": figures["frees"]}, True))
 
     def _on_process_exited(self, db: Database, event: ProcessExited) -> None:
         self._last_counts.pop((event.process.pid, event.process.start_time), None)
@@ -147,10 +156,10 @@ class TimelineBuilder:
         for p in event.processes:
             if p.get("start_time") is None:
                 continue
-            process_seconds.upsert_second(
-                db, ProcessKey(p["pid"], p["start_time"]), event.ts // NS_PER_SECOND,
-                    {"gpu_id": event.gpu_id, "sm_util": p.get("sm_util"),
-                     "used_memory_mib": p.get("used_memory_mib")})
+            self._values.append((
+                ProcessKey(p["pid"], p["start_time"]), event.ts // NS_PER_SECOND,
+                {"gpu_id": event.gpu_id, "sm_util": p.get("sm_util"),
+                 "used_memory_mib": p.get("used_memory_mib")}, False))
 
 
 def classify_stall(row: Sequence[float | None] | None) -> str:

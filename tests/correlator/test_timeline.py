@@ -93,3 +93,33 @@ def test_a_stall_is_classified_from_the_scheduler_totals_alone():
     assert classify_stall((6, 1, 1, 2, 0)).startswith("on-CPU busy")
     assert classify_stall((1, 5, 4, 0, 9)).startswith("blocked")
     assert classify_stall((1, 2, 7, 0, 0)).startswith("waiting")
+
+
+def test_the_timeline_handlers_compute_without_a_store_and_write_pending_applies(harness):
+    """Deciding a batch's process seconds needs no database: the handlers only compute and
+    hold (given no store at all here); write_pending applies them, in arrival order."""
+    from gpuwhy.correlator.timeline import TimelineBuilder
+    from gpuwhy.events import GpuProcesses
+
+    h = harness
+    builder = TimelineBuilder()
+    events = [*cuda_seconds(h, {"launches": 3000, "syncs": 20}, [1.2, 1.9]),
+              _sched(h.at(1.5), 100_000_000),
+              GpuProcesses(ts=h.at(1.4), gpu_id="GPU-1", source="nvml", processes=[
+                  {"pid": TRAINER.pid, "start_time": TRAINER.start_time, "sm_util": 40,
+                   "used_memory_mib": 1024.0}])]
+    for event in events:
+        handler = builder.handler(event.kind)
+        assert handler is not None
+        handler(None, event)              # no store: a handler that wrote would fail here
+    second = h.at(1) // 10**9
+    assert h.db.execute("select count(*) from process_seconds").fetchone() == (0,)
+    builder.write_pending(h.db)
+    assert h.db.execute(
+        "select cuda_launches, cuda_syncs, on_cpu_ms, sm_util, used_memory_mib, gpu_id "
+        "from process_seconds where pid = ? and second = ?",
+        [TRAINER.pid, second]).fetchone() == (6000, 40, 100.0, 40, 1024.0, "GPU-1")
+    builder.discard_pending()
+    builder.write_pending(h.db)           # nothing held twice
+    assert h.db.execute("select cuda_launches from process_seconds where pid = ?",
+                        [TRAINER.pid]).fetchone() == (6000,)
