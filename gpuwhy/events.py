@@ -37,7 +37,10 @@ class ProcessSeen(Event):
     matters. ``comm``, ``cmdline``, ``exe`` and ``tag`` are controlled by the process:
     untrusted, already bounded in length, to be escaped wherever shown. ``started_at``: when
     the process started (realtime ns, from its start time), None when not known: a process
-    that ran an hour before gpuwhy first saw it is no young process."""
+    that ran an hour before gpuwhy first saw it is no young process. ``env``: only the
+    environment variables the ``probes.environment`` setting names that the process has set,
+    each value bounded (1,024 bytes); empty when none is set or the environment could
+    not be read. Controlled by the process too: untrusted, escaped wherever shown."""
 
     topic = "proc"
     kind = "process_seen"
@@ -55,6 +58,7 @@ class ProcessSeen(Event):
     pod_uid: str | None = None
     unit: str | None = None
     started_at: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,10 @@ class SchedStats(Event):
     (vLLM's API server, SGLang's tokenizer manager, TGI's router), those processes:
     ``on_cpu_ns``, ``busiest_on_cpu_ns`` (its busiest thread's), ``threads``, ``processes``;
     None where none is watched for it (no such engine, another GPU process of the engine
-    has it, or a recording made before)."""
+    has it, or a recording made before). ``engine_loop``: the same figures for the processes
+    between that engine and the process (vLLM V1's EngineCore above its tensor-parallel
+    workers: the engine's scheduling loop, holding no GPU), None where none is watched for
+    it."""
 
     topic = "sched"
     kind = "sched_stats"
@@ -227,6 +234,7 @@ class SchedStats(Event):
     worker_processes: int = 0
     node_on_cpu_ns: list[int] = field(default_factory=list)
     frontend: dict[str, int] | None = None
+    engine_loop: dict[str, int] | None = None
 
 # --- cuda uprobes events ---
 CUDA_COPY_DIRECTIONS = ("htod", "dtoh", "dtod", "htoh", "unknown")

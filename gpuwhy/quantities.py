@@ -21,7 +21,8 @@ RATIO_NAMES = frozenset({"busy", "gpu_busy", "max_busy", "util", "p05_util", "p9
                          "workers_oncpu", "cpu_on_other_nodes", "idle_share_hour",
                          "main_oncpu", "main_network_wait", "kv_cache_usage",
                          "main_thread_on_cpu", "busiest_worker_thread_on_cpu",
-                         "busiest_frontend_thread_on_cpu"})
+                         "busiest_frontend_thread_on_cpu",
+                         "busiest_engine_loop_thread_on_cpu"})
 RATIO_SUFFIXES = ("_share", "_frac", "_ratio")
 # (suffix, unit) for plain quantities, the suffix case-sensitive (``_Bps`` is bytes/s)
 UNIT_SUFFIXES = (("_per_s", "/s"), ("_per_minute", "/min"), ("_per_hour", "/h"),

@@ -2,8 +2,8 @@
 //
 // For the threads user space asks for (the `watched` map: threads of processes that hold
 // NVIDIA fds, and the processes they fork, e.g. DataLoader workers; and those of a serving
-// engine's frontend processes, flagged `frontend`), accumulate on-CPU
-// time, time runnable but waiting for a CPU (run-queue latency), time asleep
+// engine's other processes, its frontend and its engine loop, told by `role`), accumulate
+// on-CPU time, time runnable but waiting for a CPU (run-queue latency), time asleep
 // (interruptible) and blocked (uninterruptible, usually I/O), voluntary and involuntary
 // context switches and migrations. New threads and children of a watched thread are
 // watched from their birth. Any other thread costs an array lookup per event.
@@ -38,8 +38,10 @@ struct thread_t {
     u32 seeded;              // added by user space, its state read from /proc: see settle()
     u32 cpu;                 // where it last went on a CPU: user space credits the running
                              // slice not yet settled to that CPU's node
-    u32 frontend;            // 1: a thread of the owner's serving frontend (set by user space,
-                             // inherited at fork), kept out of its per-node time
+    u32 role;                // 0: the owner's or a worker's; 1: of the owner's serving
+                             // frontend, 2: of its engine loop (ROLE_* in sched.py; set by
+                             // user space, inherited at fork); not 0: kept out of its
+                             // per-node time
     u32 unused;              // (explicit: the entry's bytes are compared whole)
     u64 net_rx_bytes;        // received from TCP/IP sockets
     u64 net_wait_ns;         // asleep (interruptible) right before receiving from one
@@ -126,7 +128,7 @@ static __always_inline void settle(struct thread_t *t, u64 now, u32 proven)
     if (state == ST_RUNNING) {
         t->on_cpu_ns += delta;
 #if NUMA_NODES > 1
-        if (!t->frontend)        // node_time: the GPU process's and its workers' only
+        if (!t->role)            // node_time: the GPU process's and its workers' only
             credit_node(t->owner, delta);
 #endif
     } else if (state == ST_RUNNABLE)
@@ -194,7 +196,7 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
         return 0;
     u32 child = args->child_pid;
     struct thread_t born = {.last_ns = bpf_ktime_get_ns(), .state = ST_RUNNABLE,
-                            .owner = parent->owner, .frontend = parent->frontend};
+                            .owner = parent->owner, .role = parent->role};
     if (watched.update(&child, &born) != 0) {
         int zero = 0;
         u64 *counter = drops.lookup(&zero);

@@ -4,11 +4,13 @@ Loads ``sched.bpf.c`` and keeps its ``watched`` map filled: every thread of a pr
 that holds NVIDIA fds, and every thread of the processes it forked (the kernel adds
 threads and children born after that itself); where the GPU process runs under a serving
 engine that is no child of it (vLLM's API server above EngineCore, SGLang's launch_server
-above its schedulers, TGI's launcher and router), the engine's other processes too, as its
-frontend (gpuwhy.probes.engines.frontend). Each flush turns the per-thread counters
-into one SchedStats event per GPU process: its own threads, its workers and its frontend;
-on a host with several NUMA nodes, also its on-CPU time per node (which socket it ran on;
-its own threads' and workers', not its frontend's). Bytes received from TCP/IP sockets,
+above its schedulers, TGI's launcher and router), the engine's other processes too: those
+between the engine and the GPU process (vLLM's EngineCore above its tensor-parallel
+workers) as its engine loop, the rest as its frontend (gpuwhy.probes.engines.frontend).
+Each flush turns the per-thread counters into one SchedStats event per GPU process: its own
+threads, its workers, its engine loop and its frontend; on a host with several NUMA nodes,
+also its on-CPU time per node (which socket it ran on; its own threads' and workers', not
+its engine's other processes'). Bytes received from TCP/IP sockets,
 and the sleep that ended right before a receive (waiting for the network), are counted
 where the kernel lets us (:func:`net_rx_hook`).
 """
@@ -32,7 +34,7 @@ from gpuwhy.events import Event, SchedStats
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.bpfdefs import Define, cflags, enum_defines
 from gpuwhy.probes.bpfmaps import MapReader
-from gpuwhy.probes.engines.frontend import frontend_processes
+from gpuwhy.probes.engines.frontend import engine_processes
 from gpuwhy.probes.fdtrack import TRACEFS, load_bpf
 from gpuwhy.proc import read_tgid
 from gpuwhy.topology import cpu_nodes
@@ -122,8 +124,8 @@ class ThreadLayout:
             field = getattr(struct, name)
             return field.offset // 8, field.offset % 8 * 8, (1 << 8 * field.size) - 1
 
-        self.last_ns, self.state, self.owner, self.seeded, self.cpu, self.frontend = (
-            at(name) for name in ("last_ns", "state", "owner", "seeded", "cpu", "frontend"))
+        self.last_ns, self.state, self.owner, self.seeded, self.cpu, self.role = (
+            at(name) for name in ("last_ns", "state", "owner", "seeded", "cpu", "role"))
         figures = [at(name) for name in _THREAD_FIELDS]
         if any(shift or mask != (1 << 64) - 1 for _, shift, mask in figures):
             raise ValueError(f"{struct.__name__}: a figure is not a whole 8-byte word")
@@ -141,14 +143,22 @@ DEAD = NO_CREDIT + 1
 # the next flush did nothing but stay in its state, and is said without a step of its own.
 #   raw     its entry as read; b"" where the next flush must read it in full anyway
 #   owner   the GPU process it is accounted to
-#   side    OWN: a thread of the GPU process, WORKER: of a worker, FRONTEND: of its frontend
+#   side    OWN: a thread of the GPU process, WORKER: of a worker, FRONTEND: of its
+#           frontend, ENGINE_LOOP: of its engine loop
 #   credit  the TIMED_STATES index its time goes to while it stays; NO_CREDIT; DEAD
 #   tgid    its process
 #   totals  what was said of it up to the flush ``at`` (monotonic ns) that read it
 Seen = tuple[bytes, int, int, int, int, list[int], int]
-OWN, WORKER, FRONTEND = 0, 1, 2
-# What a flush says of a GPU process's frontend (SchedStats.frontend): a few figures, not
-# all of FIELDS: which thread of it is saturated is the question it answers.
+OWN, WORKER, FRONTEND, ENGINE_LOOP = 0, 1, 2, 3
+SIDES = 4
+# A thread entry's role (thread_t.role), set by user space and inherited at fork: 0, the GPU
+# process's own or a worker's (told apart by its process); or a process of its serving
+# engine that is no child of it
+ROLE_FRONTEND, ROLE_ENGINE_LOOP = 1, 2
+_ROLE_SIDES = {ROLE_FRONTEND: FRONTEND, ROLE_ENGINE_LOOP: ENGINE_LOOP}
+# What a flush says of a GPU process's frontend (SchedStats.frontend) and engine loop
+# (SchedStats.engine_loop): a few figures, not all of FIELDS: which thread of it is
+# saturated is the question each answers.
 FRONTEND_FIELDS = ("on_cpu_ns", "busiest_on_cpu_ns", "threads", "processes")
 
 
@@ -219,8 +229,8 @@ def _current_state(proc_root: str, pid: int, tid: int) -> int:
 
 def _group() -> list:
     """A GPU process's figures in a flush (see SchedProbe.flush)."""
-    return [[[], [], []], [0, 0, 0], set(), [[0] * (NO_CREDIT + 1) for _ in range(3)], 0,
-            [0, 0, 0], set()]
+    return [[[] for _ in range(SIDES)], [0] * SIDES, [set() for _ in range(SIDES)],
+            [[0] * (NO_CREDIT + 1) for _ in range(SIDES)], 0, [0] * SIDES]
 
 
 def _figures(said: list[list[int]], quiet: list[int], interval: int) -> list[int]:
@@ -247,8 +257,9 @@ class SchedProbe:
         self.owners: dict[int, ProcessKey] = {}          # tgid -> GPU process being watched
         self._seen: dict[bytes, Seen] = {}         # the tid's bytes (the map's key) -> Seen
         self._tgid: dict[int, int] = {}                  # tid -> its process
-        # frontend process -> the GPU process it is accounted to (the first one watched of
-        # those under its engine: see watch); the processes it forks are flagged in the map
+        # frontend or engine-loop process -> the GPU process it is accounted to (the first
+        # one watched of those under its engine: see watch); the processes it forks are
+        # flagged in the map
         self._frontends: dict[int, int] = {}
         self._last_flush = time.monotonic_ns()
         self.net_rx = NetRx.NONE
@@ -284,27 +295,27 @@ class SchedProbe:
         slot = ctypes.c_int(tid % HINT_SLOTS)
         self._hint_user[slot] = ctypes.c_int(self._hint_user[slot].value + delta)
 
-    def _add(self, tid: int, owner: int, state: int, frontend: int = 0) -> None:
+    def _add(self, tid: int, owner: int, state: int, role: int = 0) -> None:
         key = ctypes.c_uint32(tid)
         if key in self._watched:
             thread = self._watched[key]     # born in another watched process's tree
-            if thread.owner != owner or thread.frontend != frontend:
+            if thread.owner != owner or thread.role != role:
                 thread.owner = owner
-                thread.frontend = frontend
+                thread.role = role
                 self._watched[key] = thread
             return
         leaf = self._watched.Leaf()
         leaf.last_ns = time.monotonic_ns()
         leaf.state = state
         leaf.owner = owner
-        leaf.frontend = frontend
+        leaf.role = role
         leaf.seeded = 1        # the kernel's first event on it says what the state really was
         self._watched[key] = leaf
         self._hint(tid, 1)
 
     def watch(self, process: ProcessKey) -> None:
         """Watch every thread of ``process`` and of the processes it forked, and of its
-        serving engine's frontend processes (see _watch_frontend)."""
+        serving engine's frontend and engine-loop processes (see _watch_frontend)."""
         if process.pid in self.owners:
             return
         if self.idle():      # the flushes were far apart: its first interval starts now
@@ -321,31 +332,38 @@ class SchedProbe:
         self._watch_frontend(process.pid)
 
     def _watch_frontend(self, owner: int) -> None:
-        """Watch the frontend processes of the engine above GPU process ``owner`` (its
-        engine's tree less the GPU processes and their workers), flagged so, accounted to
-        it. A frontend already watched stays with the GPU process that has it: the first
-        one watched of those under the engine (tensor parallel: vLLM's API server, above
-        EngineCore above two GPU workers, goes to the worker that opened its GPU first; the
-        other's figures have no frontend), so its time is said once, not once per GPU."""
-        for pid in frontend_processes(owner, self.owners, self.proc_root):
-            if pid in self.owners or pid in self._frontends or \
-                    ctypes.c_uint32(pid) in self._watched:   # another's, or forked by one
-                continue
-            self._frontends[pid] = owner
-            self._add_threads(pid, owner, frontend=1)
+        """Watch the other processes of the engine above GPU process ``owner``, accounted to
+        it: those between the engine and it (vLLM's EngineCore above its tensor-parallel
+        workers) as its engine loop, the rest of its engine's tree less the GPU processes
+        and their workers as its frontend (engine_processes). One already watched stays
+        with the GPU process that has it: the first one watched of those under the engine
+        (tensor parallel: vLLM's API server and EngineCore, above four GPU workers, go to
+        the worker that opened its GPU first; the others' figures have none), so its time
+        is said once, not once per GPU."""
+        frontend, loop = engine_processes(owner, self.owners, self.proc_root)
+        for role, pids in ((ROLE_ENGINE_LOOP, loop), (ROLE_FRONTEND, frontend)):
+            for pid in pids:
+                # another's; or forked by one: a frontend's child stays its, but a process
+                # above the GPU process is its engine loop whoever forked it
+                if pid in self.owners or pid in self._frontends or \
+                        role == ROLE_FRONTEND and ctypes.c_uint32(pid) in self._watched:
+                    continue
+                self._frontends[pid] = owner
+                self._add_threads(pid, owner, role)
 
-    def _add_threads(self, pid: int, owner: int, frontend: int = 0) -> None:
+    def _add_threads(self, pid: int, owner: int, role: int = 0) -> None:
         try:
             tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
         except OSError:
             return
         for tid in tids:
-            self._add(tid, owner, _current_state(self.proc_root, pid, tid), frontend)
+            self._add(tid, owner, _current_state(self.proc_root, pid, tid), role)
             self._tgid[tid] = pid
 
     def unwatch(self, pid: int) -> None:
         """The GPU process exited: publish its last figures, then forget its threads (its
-        frontend's too: another GPU process of the engine still watched takes it over)."""
+        frontend's and engine loop's too: another GPU process of the engine still watched
+        takes them over)."""
         if pid in self.owners:
             self.flush(only_owner=pid)
             self._forget(lambda owner: owner == pid)
@@ -374,8 +392,8 @@ class SchedProbe:
         return not self.owners and not self._seen
 
     def flush(self, only_owner: int | None = None) -> None:
-        """Publish, per watched GPU process, what its threads, workers and frontend did since
-        the last flush; drop the entries of threads that ended.
+        """Publish, per watched GPU process, what its threads, workers, frontend and engine
+        loop did since the last flush; drop the entries of threads that ended.
 
         Most threads of a GPU process wait at any moment (pools between parallel sections,
         runtime threads): an entry read with the same bytes as at the last flush stayed in
@@ -383,11 +401,12 @@ class SchedProbe:
         for all such threads of its process and side."""
         now_ktime = time.monotonic_ns()
         interval = now_ktime - self._last_flush
-        # owner -> [by side (OWN, WORKER, FRONTEND): what was said of each thread read in
-        # full; threads; worker pids; quiet threads by credit, by side; the on-CPU ns of its
-        # main thread; by side, of its busiest thread (own: but the main one); frontend
-        # pids] (one thread on a CPU all the time: a serving engine's Python loop on its
-        # main thread, a frontend's or tokeniser's on another; the sums cannot tell)
+        # owner -> [by side (OWN, WORKER, FRONTEND, ENGINE_LOOP): what was said of each
+        # thread read in full; threads; processes; quiet threads by credit; then the on-CPU
+        # ns of its main thread; by side, of its busiest thread (own: but the main one)]
+        # (one thread on a CPU all the time: a serving engine's Python loop on its main
+        # thread or EngineCore's, a frontend's or tokeniser's on another; the sums cannot
+        # tell)
         per_owner: dict[int, list] = {}
         running: dict[int, list[int]] = {}     # owner -> the running slices not yet settled
         dead = []
@@ -419,16 +438,13 @@ class SchedProbe:
                     dead.append(int.from_bytes(key, "little"))
                     continue
             group[1][side] += 1
-            if side == WORKER:
-                group[2].add(tgid)
-            elif side == FRONTEND:
-                group[6].add(tgid)
+            group[2][side].add(tgid)
         for tid in dead:
             del self._watched[ctypes.c_uint32(tid)]
             self._hint(tid, -1)
             self._seen.pop(tid.to_bytes(4, "little"), None)
             self._tgid.pop(tid, None)
-        if dead and self._frontends:      # a frontend process that ended is no one's now
+        if dead and self._frontends:      # an engine's process that ended is no one's now
             alive = set(self._tgid.values())
             self._frontends = {p: o for p, o in self._frontends.items() if p in alive}
         if only_owner is None:
@@ -447,15 +463,17 @@ class SchedProbe:
             if self.net_rx == NetRx.NONE:     # not counted: unknown, never 0
                 for name in NET_FIELDS:
                     del own[name], workers[name]
-            frontend = None         # none watched for it: unknown, not an idle frontend
-            if group[1][FRONTEND] or group[0][FRONTEND]:     # living, or ended since
-                frontend = dict(zip(FRONTEND_FIELDS, (
-                    _figures(group[0][FRONTEND], group[3][FRONTEND], interval)[0],
-                    group[5][FRONTEND], group[1][FRONTEND], len(group[6])), strict=True))
+            frontend, loop = (
+                # None where none is watched for it: unknown, not an idle one
+                dict(zip(FRONTEND_FIELDS, (
+                    _figures(group[0][side], group[3][side], interval)[0], group[5][side],
+                    group[1][side], len(group[2][side])), strict=True))
+                if group[1][side] or group[0][side] else None     # living, or ended since
+                for side in (FRONTEND, ENGINE_LOOP))
             self._publish(SchedStats(ts=ts, process=process, interval_ns=interval, own=own,
-                                     workers=workers, worker_processes=len(group[2]),
+                                     workers=workers, worker_processes=len(group[2][WORKER]),
                                      node_on_cpu_ns=by_node.get(owner, []),
-                                     frontend=frontend))
+                                     frontend=frontend, engine_loop=loop))
 
     def _read(self, key: bytes, raw: bytes, seen: Seen | None, now_ktime: int,
               running: dict[int, list[int]]) -> tuple[Seen, list[int]]:
@@ -468,7 +486,7 @@ class SchedProbe:
         words = memoryview(raw).cast("Q").tolist()
         owner = words[owner_at] >> owner_shift & owner_mask
         state = words[state_at] >> state_shift & state_mask
-        frontend = _field(words, layout.frontend)
+        role = _field(words, layout.role)
         totals = list(layout.figures(words))
         # The time in its current state so far counts (a thread alone on a CPU may not
         # switch for seconds); not for a thread whose state is still the one read from
@@ -485,7 +503,7 @@ class SchedProbe:
                 totals[state] += now_ktime - last_ns
             else:              # settled after this flush began: read it in full next time
                 raw = b""
-            if self._node_time is not None and state == ThreadState.RUNNING and not frontend:
+            if self._node_time is not None and state == ThreadState.RUNNING and not role:
                 node = self.cpu_nodes.get(_field(words, layout.cpu), 0)
                 running.setdefault(owner, [0] * self.numa_nodes)[node] += \
                     max(0, now_ktime - last_ns)
@@ -505,7 +523,7 @@ class SchedProbe:
         if min(said) < 0:              # a state corrected after it was said: said_since
             said = said_since(totals, previous)
             totals = list(map(operator.add, previous, said))
-        side = FRONTEND if frontend else OWN if tgid == owner else WORKER
+        side = _ROLE_SIDES.get(role, OWN if tgid == owner else WORKER)
         return (raw, owner, side, credit, tgid, totals, now_ktime), said
 
     def _node_deltas(self, only_owner: int | None,

@@ -763,3 +763,25 @@ def m130_engine_batch_limit(db: Database) -> None:
     --max-batch-size): a closed-loop client exactly at it looks like one below it without.
     NULL when the command line sets none, and in rows stored before."""
     db.table("engine_samples").add_column("batch_limit", float)
+
+
+@migrations()
+def m131_sched_engine_loop(db: Database) -> None:
+    """``sched_stats.engine_loop_*``: the GPU process's engine loop, the processes between
+    the serving engine above it and it (vLLM V1's EngineCore above its tensor-parallel
+    workers, which runs the scheduler's busy loop and holds no GPU): ``engine_loop_on_cpu_ns``,
+    ``engine_loop_busiest_on_cpu_ns`` (its busiest thread's on-CPU ns in the interval: one on
+    a CPU all the time is a CPU-bound engine), ``engine_loop_threads``,
+    ``engine_loop_processes``. NULL where none is watched for it, and in rows stored before."""
+    for column in ("engine_loop_on_cpu_ns", "engine_loop_busiest_on_cpu_ns",
+                   "engine_loop_threads", "engine_loop_processes"):
+        db.table("sched_stats").add_column(column, int)
+
+
+@migrations()
+def m132_process_environment(db: Database) -> None:
+    """``processes.env``: the environment variables the probes record of the process (the
+    ``probes.environment`` setting: those rules read with env("NAME")), a JSON object of
+    the ones it has set; NULL when no sighting read its environment, and in rows stored
+    before. Untrusted: the process sets them."""
+    db.table("processes").add_column("env", str)

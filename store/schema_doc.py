@@ -23,7 +23,9 @@ STORE_OBJECTS = ("gpu_sample_data", "gpu_rollup_data", "store_state", "xid_codes
 
 DESCRIPTIONS = {
     "processes": "Every process seen, keyed by (pid, start_time); start_time is clock ticks "
-                 "since boot (/proc/PID/stat), so a reused pid is a different row.",
+                 "since boot (/proc/PID/stat), so a reused pid is a different row. `env`: "
+                 "the variables of `probes.environment` it has set (JSON object, untrusted), "
+                 "NULL when no sighting read its environment.",
     "gpus": "Every GPU, by gpuwhy's id (UUID first); `gpu_key` is the small integer the "
             "sample tables use. `xid_before_start`: the last Xid the GPU source showed at its "
             "first read, from before gpuwhy started (its time unknown), and "
@@ -154,7 +156,9 @@ DESCRIPTIONS = {
                    "its workers' busiest thread (`*_busiest_on_cpu_ns`); `frontend_*`: "
                    "its serving engine's processes that are no children of it (vLLM's API "
                    "server, SGLang's tokenizer manager, TGI's router), NULL where none is "
-                   "watched for it.",
+                   "watched for it; `engine_loop_*`: those between that engine and the "
+                   "GPU process (vLLM V1's EngineCore above its tensor-parallel workers), "
+                   "NULL where none is watched for it.",
     "source_cursors": "Where each log source resumes (journal cursor or kmsg sequence), "
                       "stored with the records it covers.",
     "process_seconds": "The correlator's per-process timeline, one row per process and second "

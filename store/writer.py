@@ -92,7 +92,7 @@ _JSON_TYPES = (dict, list, tuple)    # stored as JSON text
 # ProcessSeen's values for "not read": a bare sighting must not blank stored facts.
 UNKNOWN_PROCESS_FACT = {"ppid": (0, None), "uid": (-1, None)}
 _SEEN_FACTS = ("comm", "cmdline", "exe", "ppid", "uid", "cgroup", "tag", "container_id",
-               "pod_uid", "unit", "started_at")
+               "pod_uid", "unit", "started_at", "env")
 # A sighting's row: a process seen again keeps its first sighting, and each fact it knew
 # where this sighting's is unknown (UNKNOWN_PROCESS_FACT, else "" or NULL).
 _SEEN = (
@@ -142,7 +142,8 @@ _WRITE_DRIVER_CALL_STATS = _statement("driver_call_stats", _DRIVER_CALL_STATS_CO
                                       _DRIVER_CALL_STATS_PK)
 _SCHED_KEY_COLUMNS = ("pid", "start_time", "ts", "interval_ns", "worker_processes",
                       "node_on_cpu_ns")
-_SCHED_SIDES = ("own", "workers", "frontend")     # SchedStats' figures, column prefixes
+# SchedStats' figures, column prefixes
+_SCHED_SIDES = ("own", "workers", "frontend", "engine_loop")
 _KERNEL_LOG_COLUMNS = ("cursor", "ts", "raw_ts", "boot_id", "origin", "kind", "xid", "sxid",
                        "pci", "gpu_id", "pid", "name", "gpu_instance", "compute_instance",
                        "message", "details", "line", "driver_version")
@@ -183,8 +184,7 @@ class StoreWriter:
         self._bound: set[tuple[int, int, str]] = set()
         self._klog_cursors: set[str] = set()     # kernel-log rows held this batch
         self._table_columns: dict[str, set[str]] = {}
-        # sched_stats statements by the figures' names, (own, workers, frontend): see
-        # _sched_plan
+        # sched_stats statements by the figures' names, by _SCHED_SIDES: see _sched_plan
         self._sched_plans: dict[tuple, tuple] = {}
         self._sample_sql: dict[tuple[str, ...], str] = {}    # by the sample's columns
         self._held = HeldRows(after_order=(_CLOSE_FD, _CLOSE_PROCESS_FDS))
@@ -327,7 +327,9 @@ class StoreWriter:
         self.db.conn.execute(_SEEN, [
             event.process.pid, event.process.start_time, event.comm, event.cmdline, event.exe,
             event.ppid, event.uid, event.cgroup, event.tag, event.container_id, event.pod_uid,
-            event.unit, event.started_at, event.ts, event.ts])
+            event.unit, event.started_at,
+            # NULL when none is known: a sighting that could not read it keeps the stored one
+            json_text(event.env) if event.env else None, event.ts, event.ts])
 
     def _on_process_exited(self, envelope: Envelope, event: ProcessExited) -> None:
         key = (event.process.pid, event.process.start_time)
@@ -429,8 +431,9 @@ class StoreWriter:
         self._insert("driver_calls", row)
 
     def _on_sched_stats(self, envelope: Envelope, event: SchedStats) -> None:
-        # frontend: absent from recordings made before it (None: its columns stay NULL)
-        sides = (event.own, event.workers, event.frontend or {})
+        # frontend, engine_loop: absent from recordings made before them (None: their
+        # columns stay NULL)
+        sides = (event.own, event.workers, event.frontend or {}, event.engine_loop or {})
         shape = tuple(tuple(figures) for figures in sides)
         plan = self._sched_plans.get(shape) or self._sched_plan(shape)
         sql, *kept = plan
@@ -443,8 +446,8 @@ class StoreWriter:
                             else [figures[n] for n in names]))])
 
     def _sched_plan(self, shape: tuple[tuple[str, ...], ...]) -> tuple:
-        """The statement for sched figures of these names, (own, workers, frontend), and the
-        names it keeps of each (None: all): a figure the table has no column for (a newer
+        """The statement for sched figures of these names, by _SCHED_SIDES, and the names it
+        keeps of each (None: all): a figure the table has no column for (a newer
         probes process's) is left out, where it would fail every batch as a broken store
         does."""
         columns = self._columns("sched_stats")

@@ -1,10 +1,16 @@
-"""A GPU process's serving frontend found over a fake /proc: the engine above it (the topmost
-ancestor whose command line is an engine's, a few generations up at most) and that engine's
-tree less the GPU processes and their workers."""
+"""A GPU process's serving frontend and engine loop found over a fake /proc: the engine above
+it (the topmost ancestor whose command line is an engine's, a few generations up at most),
+the processes between the two (its engine loop) and that engine's tree less the GPU
+processes, their workers and the engine loop (its frontend)."""
 
 from pathlib import Path
 
-from gpuwhy.probes.engines.frontend import MAX_ANCESTORS, engine_root, frontend_processes
+from gpuwhy.probes.engines.frontend import (
+    MAX_ANCESTORS,
+    engine_processes,
+    engine_root,
+    frontend_processes,
+)
 
 
 def _proc(root: Path, pid: int, ppid: int, argv: list[str], children: tuple[int, ...] = (),
@@ -39,12 +45,21 @@ def test_vllm_api_server_is_the_workers_frontend_and_engine_core_is_not(tmp_path
     assert frontend_processes(301, [300], str(tmp_path)) == [100]
 
 
+def test_engine_core_between_the_api_server_and_the_workers_is_their_engine_loop(tmp_path):
+    _vllm_tp(tmp_path)
+    assert engine_processes(300, [301], str(tmp_path)) == ([100], [200])
+    assert engine_processes(301, [300], str(tmp_path)) == ([100], [200])
+    # EngineCore holding a GPU itself (one GPU, no workers): it is no one's engine loop
+    assert engine_processes(300, [200, 301], str(tmp_path)) == ([100], [])
+    assert engine_processes(200, [], str(tmp_path)) == ([100], [])
+
+
 def test_sglang_detokenizer_is_a_sibling_frontend(tmp_path):
     _proc(tmp_path, 100, 1, ["python3", "-m", "sglang.launch_server", "--model-path", "m"],
           (200, 201))
     _proc(tmp_path, 200, 100, ["python3", "-c", "spawn_main"], comm="sglang::schedul")
     _proc(tmp_path, 201, 100, ["python3", "-c", "spawn_main"], comm="sglang::detoken")
-    assert frontend_processes(200, [], str(tmp_path)) == [100, 201]
+    assert engine_processes(200, [], str(tmp_path)) == ([100, 201], [])   # no loop apart
 
 
 def test_no_engine_above_no_frontend(tmp_path):
@@ -53,8 +68,8 @@ def test_no_engine_above_no_frontend(tmp_path):
     _proc(tmp_path, 50, 1, ["grep", "vllm", "serve"], (60,), comm="grep")
     _proc(tmp_path, 60, 50, ["python3", "train.py"], (70,), comm="x) S 100 (y")
     _proc(tmp_path, 70, 60, ["python3", "train.py"])
-    assert frontend_processes(70, [], str(tmp_path)) == []
-    assert frontend_processes(12345, [], str(tmp_path)) == []      # gone
+    assert engine_processes(70, [], str(tmp_path)) == ([], [])
+    assert engine_processes(12345, [], str(tmp_path)) == ([], [])      # gone
 
 
 def test_an_engine_too_far_up_is_not_looked_for(tmp_path):

@@ -655,3 +655,25 @@ def test_a_saturated_frontend_process_is_r50s(frontend, gpu_busy, fires):
     assert bool(firing) == fires, engine.status()
     if fires:
         assert firing[0].evidence["busiest_frontend_thread_on_cpu"] > 0.9
+
+
+@pytest.mark.parametrize("engine_loop, gpu_busy, rule, fires", [
+    ({"busiest": 1.0, "on_cpu": 1.05}, 0.3, "R49_engine_cpu_bound", True),   # EngineCore
+    ({"busiest": 1.0, "on_cpu": 1.05}, 0.9, "R49_engine_cpu_bound", False),  # GPU-paced
+    ({"busiest": 0.6, "on_cpu": 0.65}, 0.3, "R49_engine_cpu_bound", False),  # not a core
+    (None, 0.3, "R49_engine_cpu_bound", False),          # none watched: unknown, not busy
+    # the engine loop saturated is R49's, not the frontend's
+    ({"busiest": 1.0, "on_cpu": 1.05}, 0.3, "R50_engine_frontend_bound", False),
+])
+def test_a_saturated_engine_loop_process_is_r49s(engine_loop, gpu_busy, rule, fires):
+    """Under tensor parallelism vLLM V1's loop runs in EngineCore, above the GPU workers
+    (issue #59): R49 reads the busier of the GPU process's main thread (a worker's, here
+    not busy) and its engine loop's busiest thread."""
+    spec = dataclasses.replace(serving(gpu_busy, main=0.3, worker=0.1, requests_per_s=6.0),
+                               engine_loop=engine_loop,
+                               frontend={"busiest": 1.0, "on_cpu": 1.1})
+    firing, engine = fired(rule, spec)
+    assert bool(firing) == fires, engine.status()
+    if fires:
+        assert firing[0].evidence["busiest_engine_loop_thread_on_cpu"] > 0.9
+        assert firing[0].evidence["main_thread_on_cpu"] < 0.5

@@ -372,18 +372,20 @@ def test_a_sched_figure_the_store_has_no_column_for_is_left_out(db, caplog):
     assert "gpu_wait_ns" in caplog.text
 
 
-def test_a_sched_frontend_is_stored_beside_and_null_without_it(db):
+def test_a_sched_frontend_and_engine_loop_are_stored_beside_and_null_without(db):
     from gpuwhy.events import SchedStats
 
     front = {"on_cpu_ns": 9, "busiest_on_cpu_ns": 8, "threads": 24, "processes": 1}
+    loop = {"on_cpu_ns": 7, "busiest_on_cpu_ns": 6, "threads": 30, "processes": 1}
     events = [SchedStats(ts=ts, process=KEY, interval_ns=10**9, own={"on_cpu_ns": 5},
-                         workers={"on_cpu_ns": 4}, frontend=frontend)
-              for ts, frontend in ((12, front), (13, None))]
+                         workers={"on_cpu_ns": 4}, frontend=frontend, engine_loop=engine_loop)
+              for ts, frontend, engine_loop in ((12, front, loop), (13, None, None))]
     writer = StoreWriter(db)
     assert writer.write_batch([Envelope("t", i, e) for i, e in enumerate(events)]) == 2
     assert db.execute("select ts, workers_on_cpu_ns, frontend_busiest_on_cpu_ns, "
-                      "frontend_processes from sched_stats order by ts").fetchall() == \
-        [(12, 4, 8, 1), (13, 4, None, None)]
+                      "frontend_processes, engine_loop_busiest_on_cpu_ns, engine_loop_threads "
+                      "from sched_stats order by ts").fetchall() == \
+        [(12, 4, 8, 1, 6, 30), (13, 4, None, None, None, None)]
 
 
 def test_a_close_ends_the_opens_of_its_fd_made_before_it_and_no_later_one(db, tmp_path):

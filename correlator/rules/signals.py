@@ -363,7 +363,8 @@ class RowWindow(Generic[_Rows]):
 class MemorySignals(Signals):
     """Signals from bus events kept in memory for ``retention_ns`` (replays and tests).
 
-    ``environ`` supplies process environments (bus events do not carry them).
+    ``environ`` supplies process environments besides those ProcessSeen events carry
+    (tests); it wins over theirs.
     """
 
     def __init__(self, retention_ns: int = 3600 * 10**9,
@@ -504,7 +505,9 @@ class MemorySignals(Signals):
                 comm=event.comm, cmdline=event.cmdline, exe=event.exe, cgroup=event.cgroup,
                 first_seen=old.first_seen if old else ts,
                 started_at=event.started_at if event.started_at is not None else
-                old.started_at if old else None)
+                old.started_at if old else None,
+                # as the store keeps it: a sighting that read no environment keeps the known
+                env=dict(event.env) if event.env else old.env if old else None)
         elif isinstance(event, ProcessExited):
             self.exited.add(event.process)
             facts = self.process_facts.get(event.process)
@@ -527,7 +530,8 @@ class MemorySignals(Signals):
             row = {"interval_ns": event.interval_ns, "worker_processes": event.worker_processes,
                    "node_on_cpu_ns": event.node_on_cpu_ns}
             for side, figures in (("own", event.own), ("workers", event.workers),
-                                  ("frontend", event.frontend or {})):
+                                  ("frontend", event.frontend or {}),
+                                  ("engine_loop", event.engine_loop or {})):
                 row.update({f"{side}_{k}": v for k, v in figures.items()})
             self._append(self._sched[event.process], ts, row)
         elif isinstance(event, DriverCallStats):

@@ -256,6 +256,23 @@ SIGNALS["frontend.cpu_cores"] = Signal("frontend.cpu_cores", "sched", "cores",
 SIGNALS["frontend.count"] = Signal("frontend.count", "sched", "count",
                                    "its serving engine's frontend processes watched",
                                    _column("frontend_processes"))
+# The engine loop of a GPU process: the processes between its serving engine and it (vLLM
+# V1's EngineCore above its tensor-parallel workers runs the scheduler's busy loop and holds
+# no GPU, so the GPU process's own main thread is a worker's, not the loop's): unknown
+# where none is watched for it (gpuwhy.probes.engines.frontend).
+SIGNALS["engine_loop.busiest_thread_oncpu"] = Signal(
+    "engine_loop.busiest_thread_oncpu", "sched", "ratio",
+    "share of the interval the busiest thread of its serving engine's loop processes (vLLM "
+    "V1's EngineCore above its tensor-parallel workers: the processes between the engine "
+    "and the GPU process) spent on a CPU (1: one core all the time; unknown where none is "
+    "watched for it)",
+    _ratio("engine_loop_busiest_on_cpu_ns", "interval_ns"))
+SIGNALS["engine_loop.cpu_cores"] = Signal("engine_loop.cpu_cores", "sched", "cores",
+                                          "CPU used by its serving engine's loop processes",
+                                          _cores("engine_loop", "on_cpu_ns"))
+SIGNALS["engine_loop.count"] = Signal("engine_loop.count", "sched", "count",
+                                      "its serving engine's loop processes watched",
+                                      _column("engine_loop_processes"))
 SIGNALS["proc.threads"] = Signal("proc.threads", "sched", "count", "threads of the process",
                                  _column("own_threads"))
 SIGNALS["workers.count"] = Signal("workers.count", "sched", "count",

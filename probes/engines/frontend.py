@@ -1,4 +1,4 @@
-"""Find a GPU process's serving frontend: the processes of its engine that are not its own.
+"""Find a GPU process's serving frontend and engine loop: its engine's processes not its own.
 
 A serving engine's frontend (HTTP, tokenisation, detokenisation) is rarely a child of the
 process that holds the GPU. vLLM's V1 engine (0.8+): the API server process (``vllm
@@ -10,10 +10,12 @@ engine.py: _launch_subprocesses); TGI's ``text-generation-launcher`` starts the 
 Rust HTTP frontend, which tokenises) and the model server shards (huggingface/
 text-generation-inference, docs/source/architecture.md). So the sched probe looks up the
 GPU process's ancestors (MAX_ANCESTORS up) for the topmost one whose command line is an
-engine's (discover.recognise); that engine's tree, less every GPU process's own subtree
-(their workers) and less the processes between the engine and the GPU process (vLLM's
-EngineCore above tensor-parallel workers runs the engine's loop, not its frontend), is the
-frontend.
+engine's (discover.recognise). The processes between the engine and the GPU process are
+its engine loop: vLLM's EngineCore above tensor-parallel workers runs the scheduler's busy
+loop and holds no GPU (docs.vllm.ai, design/arch_overview, V1 process architecture: the
+engine core process schedules and drives the GPU worker processes); it is R49's, not a
+frontend, whose fix (more API servers) would be wrong for it. That engine's tree, less
+every GPU process's own subtree (their workers) and less the engine loop, is the frontend.
 
 Everything read is the processes': /proc/PID/stat (gpuwhy.proc.read_stat), command lines
 only compared (discover.read_argv, bounded), the tree capped as discover's (MAX_TREE
@@ -68,19 +70,29 @@ def engine_root(pid: int, proc_root: str = "/proc") -> int | None:
 
 def frontend_processes(gpu_pid: int, gpu_pids: Collection[int],
                        proc_root: str = "/proc") -> list[int]:
-    """The frontend processes of the engine above ``gpu_pid``: its engine's tree (the engine
-    root and its descendants, MAX_TREE processes, MAX_DEPTH generations below the root) less
-    ``gpu_pid``, the other GPU processes ``gpu_pids`` and every descendant of theirs (a GPU
-    process's children are its workers). Empty when no ancestor is an engine."""
+    """The frontend processes of the engine above ``gpu_pid`` (engine_processes)."""
+    return engine_processes(gpu_pid, gpu_pids, proc_root)[0]
+
+
+def engine_processes(gpu_pid: int, gpu_pids: Collection[int],
+                     proc_root: str = "/proc") -> tuple[list[int], list[int]]:
+    """(frontend, engine loop) of the engine above ``gpu_pid``. The engine loop: its
+    ancestors below the engine root, less the GPU processes ``gpu_pids``. The frontend: its
+    engine's tree (the engine root and its descendants, MAX_TREE processes, MAX_DEPTH
+    generations below the root) less ``gpu_pid``, the other GPU processes and every
+    descendant of theirs (a GPU process's children are its workers), less the engine loop.
+    Both empty when no ancestor is an engine."""
     above = ancestors(gpu_pid, proc_root)
     engines = [p for p in above if recognise(read_argv(p, proc_root)) is not None]
     if not engines:
-        return []
+        return [], []
     root = engines[-1]
     skip = {gpu_pid, *gpu_pids}
     # The processes between the engine and the GPU process (vLLM's EngineCore above its
     # tensor-parallel workers) run the engine's loop, not its frontend: R50's "tokenising
-    # or detokenising process" and its fix would misname them. They are looked through.
+    # or detokenising process" and its fix would misname them. They are the engine loop,
+    # and the frontend's walk looks through them.
+    loop = [p for p in above[:above.index(root)] if p not in skip]
     between = set(above[:above.index(root)])
     found: list[int] = []
     seen = {root}
@@ -93,11 +105,11 @@ def frontend_processes(gpu_pid: int, gpu_pids: Collection[int],
             if pid not in between:
                 found.append(pid)
             if len(found) >= MAX_TREE:
-                return found
+                return found, loop
             if depth < MAX_DEPTH:
                 below += [k for k in children(pid, proc_root) if k not in seen]
                 seen.update(below)
         level = below
         if not level:
             break
-    return found
+    return found, loop

@@ -1,7 +1,9 @@
 """The scheduler probe watches a serving engine's frontend, a process that is no child of the
-GPU process (vLLM V1: the API server is EngineCore's parent), and says its busiest thread
-apart from the GPU process's own threads and workers, for the first GPU process watched;
-once that one is gone, for another of the engine's."""
+GPU process (vLLM V1: the API server is EngineCore's parent), and its engine loop, the
+process between the engine and the GPU processes (vLLM V1's EngineCore above its
+tensor-parallel workers), and says the busiest thread of each apart from the GPU process's
+own threads and workers, for the first GPU process watched; once that one is gone, for
+another of the engine's."""
 
 import os
 import signal
@@ -18,17 +20,27 @@ pytestmark = pytest.mark.root
 
 # A GPU process stand-in: a worker child, both asleep.
 GPU = "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\ntime.sleep(3600)\n"
+# The EngineCore stand-in: two GPU processes under it, its main thread spinning (the
+# scheduler's busy loop).
+CORE = f"""
+import subprocess, sys
+gpus = [subprocess.Popen([sys.executable, "-c", {GPU!r}]) for _ in range(2)]
+print(*(g.pid for g in gpus), flush=True)
+while True:
+    pass
+"""
 # The API server stand-in, run as `python -m vllm.entrypoints.openai.api_server` (what
-# discover.recognise calls vLLM): two GPU processes under it, a thread spinning (the
-# asyncio loop tokenising), and, on a line on stdin, a child forked (after the watch began).
+# discover.recognise calls vLLM): EngineCore under it, a thread spinning (the asyncio loop
+# tokenising), and, on a line on stdin, a child forked (after the watch began).
 SERVER = f"""
 import subprocess, sys, threading
-gpus = [subprocess.Popen([sys.executable, "-c", {GPU!r}]) for _ in range(2)]
+core = subprocess.Popen([sys.executable, "-c", {CORE!r}], stdout=subprocess.PIPE)
+gpus = core.stdout.readline().split()
 def spin():
     while True:
         pass
 threading.Thread(target=spin, daemon=True).start()
-print(*(g.pid for g in gpus), flush=True)
+print(*(int(g) for g in gpus), flush=True)
 sys.stdin.readline()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
 print(child.pid, flush=True)
@@ -44,8 +56,7 @@ def _has_child(pid: int, deadline: float) -> None:
     raise AssertionError(f"{pid} forked no worker")
 
 
-def test_the_frontends_busiest_thread_is_said_apart_for_the_first_gpu_process(tmp_config,
-                                                                               tmp_path):
+def test_the_frontends_and_engine_loops_busiest_threads_are_said_apart(tmp_config, tmp_path):
     from gpuwhy.probes.sched import SchedProbe
 
     module = tmp_path / "vllm" / "entrypoints" / "openai"
@@ -87,18 +98,23 @@ def test_the_frontends_busiest_thread_is_said_apart_for_the_first_gpu_process(tm
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
     assert taken_over and taken_over[0].frontend["busiest_on_cpu_ns"] > 0, taken_over
+    assert taken_over[0].engine_loop["busiest_on_cpu_ns"] > 0, taken_over
     by_pid = {}
     for event in watched:
         by_pid.setdefault(event.process.pid, []).append(event)
     assert len(by_pid[first]) == 3 and len(by_pid[second]) == 3
-    assert all(e.frontend is None for e in by_pid[second]), by_pid[second]
+    assert all(e.frontend is None and e.engine_loop is None for e in by_pid[second])
     ours = by_pid[first]
+    # the API server and its late child; EngineCore apart, as the engine loop
     assert all(e.frontend["processes"] == 2 for e in ours), [e.frontend for e in ours]
+    assert all(e.engine_loop["processes"] == 1 for e in ours), [e.engine_loop for e in ours]
     total = sum(e.interval_ns for e in ours)
-    busiest = sum(e.frontend["busiest_on_cpu_ns"] for e in ours) / total
-    # a busy host may give the spinning thread less than a core
-    assert busiest > 0.3, [e.frontend for e in ours]
-    assert busiest >= 0.9 * sum(e.frontend["on_cpu_ns"] for e in ours) / total
+    for side in ("frontend", "engine_loop"):
+        figures = [getattr(e, side) for e in ours]
+        busiest = sum(f["busiest_on_cpu_ns"] for f in figures) / total
+        # a busy host may give a spinning thread less than a core
+        assert busiest > 0.3, (side, figures)
+        assert busiest >= 0.9 * sum(f["on_cpu_ns"] for f in figures) / total, (side, figures)
     # the GPU process's own threads and its worker: asleep, one worker, as without it
     for events in by_pid.values():
         assert all(e.worker_processes == 1 for e in events)

@@ -102,6 +102,9 @@ class Synthetic:
     # the GPU process's serving frontend (its engine's processes that are no children of it,
     # SchedStats.frontend): "busiest" (share of a core), "on_cpu" (cores); None: none
     frontend: Varying | None = None
+    # its engine loop (processes between its engine and it: vLLM V1's EngineCore above its
+    # tensor-parallel workers, SchedStats.engine_loop): as ``frontend``; None: none
+    engine_loop: Varying | None = None
     cmdline: str = "python3 train.py --epochs 90"
     comm: str = "python3"
     env: Mapping[str, str] | None = None
@@ -146,7 +149,7 @@ class Synthetic:
                 out.append(ProcessSeen(
                     ts=BASE_TS, process=key, comm=self.comm, cmdline=self.cmdline,
                     exe="/usr/bin/python3", started_at=None if self.started_s is None
-                    else BASE_TS + int(self.started_s * NS)))
+                    else BASE_TS + int(self.started_s * NS), env=dict(self.env or {})))
                 out.append(DeviceOpened(ts=BASE_TS, process=key, fd=5 + g,
                                         path=f"/dev/nvidia{g}", device="nvidiaN", minor=g))
         totals: dict[tuple, float] = {}
@@ -200,15 +203,19 @@ class Synthetic:
             sides["workers"] = dict.fromkeys(sides["workers"], 0)
         on_cpu = sides["own"]["on_cpu_ns"] + sides["workers"]["on_cpu_ns"]
         nodes = [int(on_cpu * share) for share in self.cpu_nodes or ()]
-        frontend = None
-        if self.frontend is not None:
-            values = {"busiest": 0.3, "on_cpu": 0.4, **_at(self.frontend, t)}
-            frontend = {"on_cpu_ns": int(values["on_cpu"] * interval),
-                        "busiest_on_cpu_ns": int(values["busiest"] * interval),
-                        "threads": 24, "processes": 1}
+        def other(given: Varying | None) -> dict[str, int] | None:
+            """A process of its engine's (frontend or engine loop) as given; None: none."""
+            if given is None:
+                return None
+            values = {"busiest": 0.3, "on_cpu": 0.4, **_at(given, t)}
+            return {"on_cpu_ns": int(values["on_cpu"] * interval),
+                    "busiest_on_cpu_ns": int(values["busiest"] * interval),
+                    "threads": 24, "processes": 1}
+
         return SchedStats(ts=ts, process=key, interval_ns=interval, own=sides["own"],
                           workers=sides["workers"], worker_processes=workers,
-                          node_on_cpu_ns=nodes, frontend=frontend)
+                          node_on_cpu_ns=nodes, frontend=other(self.frontend),
+                          engine_loop=other(self.engine_loop))
 
     def _calls(self, key: ProcessKey, t: float, ts: int, totals: dict) -> DriverCallStats:
         rates = {**HEALTHY_CALLS, **_at(self.calls, t)}

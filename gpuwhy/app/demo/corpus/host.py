@@ -200,6 +200,10 @@ class Trace:
         # a frontend process's busiest thread: one of the engine's, no child of this one
         # (vLLM V1's API server above EngineCore); None: it has none (SchedStats.frontend)
         self.p_front: Bins | None = None
+        # an engine-loop process's busiest thread: one between the engine and this one
+        # (vLLM V1's EngineCore above its tensor-parallel workers); None: it has none
+        # (SchedStats.engine_loop)
+        self.p_loop: Bins | None = None
         self.loop_on = Bins(n)               # an engine loop on a thread other than main
         self.w_on = Bins(n)
         self.w_blocked = Bins(n)
@@ -261,6 +265,8 @@ class Proc:
     cgroup: str = ""
     placement: str = "local"
     instance: str = ""                # the MIG GPU instance it runs in ("" the whole GPU)
+    # the variables of probes.environment it has set, in its sightings (its workers inherit)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 # --- jobs ---------------------------------------------------------------------------------
@@ -381,6 +387,15 @@ class Inference:
     frontend_s: float = 0.0
     frontend_s_per_token: float = 0.0
     frontend_in: str = "own"
+    # Where the engine's loop runs (simulated with ``kv_tokens``): "own", the main thread of
+    # each GPU process; "between", a process between the engine and its GPU processes
+    # (vLLM V1's EngineCore above its tensor-parallel workers, holding no GPU: the sched
+    # probe watches it as the first GPU process's engine loop), each GPU process's main
+    # thread then on a CPU only while its step runs (it prepares, launches and waits on
+    # it). ``loop_wait``: the share of a core that loop takes while a step runs (1.0: it
+    # spins waiting for the workers' outputs).
+    loop_in: str = "own"
+    loop_wait: float = 1.0
     workers: int = 0
     # Which engine's /metrics the scrapes are (engine_sample.engine), and so which values
     # it gives: Triton's only pending requests (of every model: its ensemble's pre- and
@@ -718,7 +733,7 @@ class Host:
         t = proc.since + 0.2
         emit(t, "probes", ProcessSeen(ts=0, process=proc.key, comm=proc.comm,
                                       cmdline=proc.cmdline, exe=proc.exe, ppid=proc.ppid,
-                                      uid=proc.uid, cgroup=proc.cgroup))
+                                      uid=proc.uid, cgroup=proc.cgroup, env=proc.env))
         fds = [("/dev/nvidiactl", "nvidiactl", None)]
         if proc.trace is not None:
             fds.append(("/dev/nvidia-uvm", "nvidia-uvm", None))
@@ -729,7 +744,8 @@ class Host:
         for worker in proc.worker_keys:
             emit(t, "probes", ProcessSeen(ts=0, process=worker, comm="pt_data_worker",
                                           cmdline=proc.cmdline, exe=proc.exe,
-                                          ppid=proc.key.pid, uid=proc.uid, cgroup=proc.cgroup))
+                                          ppid=proc.key.pid, uid=proc.uid, cgroup=proc.cgroup,
+                                          env=proc.env))
             for fd, (path, device, minor) in enumerate(fds, 3):
                 emit(t, "probes", DeviceOpened(ts=0, process=worker, fd=fd, path=path,
                                                device=device, minor=minor, how="fork"))
@@ -1023,11 +1039,18 @@ class Host:
             frontend = {"on_cpu_ns": int(NS * (busiest + jitter(0.03))),
                         "busiest_on_cpu_ns": int(NS * busiest), "threads": 24,
                         "processes": 1}
+        engine_loop = None
+        if tr is not None and tr.p_loop is not None and k < tr.end:
+            # EngineCore's busiest thread (its busy loop) and its others (~5 %)
+            busiest = min(1.0, jitter(tr.p_loop.v[k] + 0.01))
+            engine_loop = {"on_cpu_ns": int(NS * (busiest + jitter(0.05))),
+                           "busiest_on_cpu_ns": int(NS * busiest), "threads": 30,
+                           "processes": 1}
         return SchedStats(ts=0, process=proc.key, interval_ns=NS, own=own, workers=workers,
                           worker_processes=count,
                           node_on_cpu_ns=self._nodes(proc, k, own["on_cpu_ns"]
                                                      + workers["on_cpu_ns"]),
-                          frontend=frontend)
+                          frontend=frontend, engine_loop=engine_loop)
 
     def _nodes(self, proc: Proc, k: int, on_cpu_ns: int) -> list[int]:
         """The second's on-CPU ns per NUMA node as the placement puts them (a monitor is
@@ -1406,6 +1429,8 @@ def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[T
     for tr in traces:
         tr.mix = job.mix
         tr.fb_mib = lambda t, fb=job.fb_mib: fb
+    if job.loop_in == "between":
+        traces[0].p_loop = Bins(n)
     # [prompt, output, generated, arrival, prefill left, first token at, admitted at]
     waiting: list[list[float]] = []
     running: list[list[float]] = []
@@ -1507,8 +1532,14 @@ def simulate_kv_engine(job: Inference, host: Host, rng: random.Random) -> list[T
         it = job.iter_s + job.per_seq_s * seqs + job.prefill_s_per_token * prefill
         if job.gpu_speed is not None:
             it /= job.gpu_speed(t)
+        if traces[0].p_loop is not None:     # the loop schedules, then waits for the step
+            traces[0].p_loop.span(t, t + gap)
+            traces[0].p_loop.span(t + gap, t + gap + it, job.loop_wait)
         for tr in traces:
-            (tr.loop_on if job.engine == "triton" else tr.main_on).span(t, t + gap + it)
+            if job.loop_in == "between":
+                tr.main_on.span(t + gap, t + gap + it)
+            else:
+                (tr.loop_on if job.engine == "triton" else tr.main_on).span(t, t + gap + it)
             tr.aux_on.span(t, t + gap + it, 0.2)
             tr.compute.span(t + gap, t + gap + it)
             tr.util.span(t + gap, t + gap + it)

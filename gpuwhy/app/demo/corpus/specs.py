@@ -463,11 +463,12 @@ def _(seed: int) -> Host:
 @scenario("cuda-launch-blocking", 214,
           "CUDA_LAUNCH_BLOCKING=1 left in the pod's environment: every launch waits for "
           "its kernel, host and GPU serialise",
-          ("R08_debug_or_limiting_env",), "host_starvation",
-          notes="captures carry no environments: the rule that names it cannot see it")
+          ("R08_debug_or_limiting_env",), "host_starvation")
 def _(seed: int) -> Host:
     host = node(seed, A100, 2)
-    host.add(resnet50([0], serial_s=0.06, comm_bytes=0.0))
+    for proc in host.add(resnet50([0], serial_s=0.06, comm_bytes=0.0)):
+        # the probes record it (probes.environment) in the process's ProcessSeen
+        proc.env = {"CUDA_LAUNCH_BLOCKING": "1"}
     return host
 
 
@@ -1411,4 +1412,54 @@ def _(seed: int) -> Host:
                        kv_tokens=400_000, prompt_tokens=1000, prefill_s_per_token=0.00004,
                        frontend_s=0.30, frontend_s_per_token=0.0001,
                        frontend_in="parent", cmdline=VLLM_V1_VL_SERVE))
+    return host
+
+
+# vLLM V1 with tensor parallelism: the API server forks EngineCore, which runs the
+# scheduler's busy loop and holds no GPU, and EngineCore forks one worker per GPU; the
+# sched probe watches EngineCore as the first worker's engine loop.
+VLLM_V1_70B_TP4_SERVE = "/usr/bin/python3 /usr/local/bin/vllm serve " \
+                        "meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4"
+
+
+@scenario("vllm-v1-tp4-enginecore-cpu-bound", 522,
+          "vLLM V1 serving Llama-3.1 70B with tensor parallelism 4 on four H100 at high "
+          "concurrency: EngineCore, the process between the API server and the four GPU "
+          "workers, schedules and updates up to 256 running requests a step in Python on "
+          "one core, at 100 % of it; the workers wait for it, the GPUs idle more than half "
+          "the time and requests queue. The workers' own main threads are not busy",
+          ("R49_engine_cpu_bound",), "host_starvation",
+          notes="source: vllm-project/vllm issue #14538 (tensor parallel 2 on two H100: two "
+                "CPU cores constantly above 100 %, a bottleneck; the maintainers: the GIL "
+                "keeps a process to one core), issue #23233 (RFC: V1's core loop, schedule "
+                "then execute then update, cannot use the CPU while the GPU runs the model) "
+                "and pull request #19970 (async scheduling, to hide the scheduler's overhead "
+                "behind model execution; the scheduler and the GPU workers run in separate "
+                "processes); docs.vllm.ai design/arch_overview (V1 process architecture). CPU "
+                "per running request and step heuristic (0.2 ms)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 4)
+    host.add(Inference(gpus=[0, 1, 2, 3], rate=steady(14.0), tokens=250, iter_s=0.020,
+                       per_seq_s=0.00006, cpu_s_per_seq=0.0002, fb_mib=76000,
+                       kv_tokens=1_000_000, prompt_tokens=600, prefill_s_per_token=0.00002,
+                       loop_in="between", cmdline=VLLM_V1_70B_TP4_SERVE))
+    return host
+
+
+@scenario("healthy-vllm-v1-tp4-enginecore-busy", 523,
+          "none: vLLM V1 serving Llama-3.1 70B with tensor parallelism 4 on four H100 at "
+          "moderate load: EngineCore's loop busy ~60 % of a core, the GPUs busy with every "
+          "step, nothing waiting long",
+          notes="near miss of R49: the engine loop (EngineCore, above the GPU workers) is "
+                "well on a CPU, but below a core and the GPUs are busy: the GPUs set the "
+                "pace. source: docs.vllm.ai design/arch_overview (V1 process architecture: "
+                "the engine core process schedules, one worker process per GPU); "
+                "vllm-project/vllm pull request #19970 (the scheduler in a process apart "
+                "from the GPU workers)")
+def _(seed: int) -> Host:
+    host = node(seed, H100, 4)
+    host.add(Inference(gpus=[0, 1, 2, 3], rate=steady(6.0), tokens=250, iter_s=0.020,
+                       per_seq_s=0.00006, cpu_s_per_seq=0.00001, fb_mib=76000,
+                       kv_tokens=1_000_000, prompt_tokens=600, prefill_s_per_token=0.00002,
+                       loop_in="between", loop_wait=0.55, cmdline=VLLM_V1_70B_TP4_SERVE))
     return host
