@@ -43,6 +43,12 @@ SIM_SCENARIOS = ("healthy-training", "input-starved", "pageable-h2d", "pcie-allr
                  "fabric-manager-down", "mig-idle-instance")
 KLOG_BACKENDS = ("auto", "journald", "kmsg", "file")
 KLOG_STARTS = ("boot", "all", "now")
+# The environment variables the shipped rules read with env("NAME") (R08): the probes
+# record these of every process by default; tests/test_config.py holds the list complete.
+SHIPPED_ENVIRONMENT = ("CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "NCCL_P2P_DISABLE",
+                       "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE")
+MAX_ENVIRONMENT_NAMES = 64     # each one is searched for in every process's environment
+MAX_ENVIRONMENT_NAME = 128
 # A long-lived connection's SQLite page cache, KiB (SQLite's own default is 2,000).
 MIN_CACHE_KIB, MAX_CACHE_KIB = 64, 1 << 20
 
@@ -72,6 +78,10 @@ SETTINGS: tuple[Setting, ...] = (
             "where procfs is mounted (containers mount the host's elsewhere)"),
     Setting("probes.sys_root", "/sys", "GPUWHY_SYS_ROOT",
             "where sysfs is mounted: the NUMA nodes of CPUs and of GPUs"),
+    Setting("probes.environment", ",".join(SHIPPED_ENVIRONMENT), "GPUWHY_ENVIRONMENT",
+            "comma-separated environment variables the probes record of each process they "
+            "see (rules read them with env(\"NAME\"); others are never read), at most "
+            f"{MAX_ENVIRONMENT_NAMES}; default: those the shipped rules read"),
     Setting("probes.driver_version", "", "GPUWHY_DRIVER_VERSION",
             "the NVIDIA driver's version, for the UVM calls whose layout changed; empty: "
             "read from {probes.sys_root}/module/nvidia/version (none there: the newest)"),
@@ -354,6 +364,8 @@ MAX_WEB_CONNECTIONS = 1024      # a worker thread each: more is a typo, not a ho
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HEX = re.compile(r"[0-9a-fA-F]{2,128}")
 _VERSION = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
+# upper case, as the rules' env("NAME") must be: a lower-case name is a typo here
+_ENV_NAME = re.compile(rf"[A-Z_][A-Z0-9_]{{0,{MAX_ENVIRONMENT_NAME - 1}}}")
 # web.host reaches the server's bind() and http.client's request line: a name or an address
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
@@ -476,6 +488,20 @@ def _build_ids(value: str) -> str | None:
     return f"not a build id: {_short(bad[0])}" if bad else None
 
 
+def _environment(value: str) -> str | None:
+    """Why the comma-separated environment variable names are not all valid."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if len(items) > MAX_ENVIRONMENT_NAMES:
+        return f"{len(items)} names, more than {MAX_ENVIRONMENT_NAMES}"
+    bad = [item for item in items if not _ENV_NAME.fullmatch(item)]
+    return f"not a variable name: {_short(bad[0])}" if bad else None
+
+
+def environment_names(value: str) -> frozenset[str]:
+    """The names of a ``probes.environment`` value (checked by its loading)."""
+    return frozenset(item.strip() for item in value.split(",") if item.strip())
+
+
 def _host_list(value: str) -> str | None:
     """Why the comma-separated names, addresses or NAME:PORTs are not all valid."""
     items = [item.strip().removeprefix(".") for item in value.split(",") if item.strip()]
@@ -504,6 +530,9 @@ ALLOWED: dict[str, Allowed] = {
     "probes.poll_interval": _range(0.01, 600, " seconds"),
     "probes.proc_root": _path(),
     "probes.sys_root": _path(),
+    "probes.environment": Allowed(
+        f"comma-separated names of the form [A-Z_][A-Z0-9_]*, at most "
+        f"{MAX_ENVIRONMENT_NAMES}, or empty", _environment),
     "probes.driver_version": Allowed(
         "a driver version (digits and dots, e.g. 580.95.05) or empty",
         lambda value: None if not value or _VERSION.fullmatch(value) else "not a version"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpuwhy.clock import realtime_from_ticks
@@ -17,6 +18,8 @@ MAX_FIELD = 512
 MAX_TAG = 128
 MAX_CGROUP_FILE = 16384   # cgroup v1 lists one line per hierarchy: read them all to parse
 TAG_VARIABLES = (b"GPUWHY_TAG", b"AI_PROFILER_TAG")
+MAX_ENVIRON = 1 << 20       # the environment read: the variables past it are not seen
+MAX_ENV_VALUE = 1024       # bytes of one variable's value recorded
 
 
 def _read(path: str, limit: int) -> bytes:
@@ -47,18 +50,49 @@ def process_key(pid: int, proc_root: str = "/proc") -> ProcessKey:
     return ProcessKey(pid, read_stat(pid, proc_root)[2])
 
 
-def read_tag(pid: int, proc_root: str = "/proc") -> str | None:
-    """The value of GPUWHY_TAG (or AI_PROFILER_TAG) in the process's environment, if any."""
+def _read_environ(pid: int, proc_root: str) -> bytes | None:
+    """The first MAX_ENVIRON bytes of the process's environment, NUL-led so that every
+    entry is found as ``\\0NAME=``; None when unreadable (gone, or another user's)."""
     try:
-        environ = b"\0" + _read(f"{proc_root}/{pid}/environ", 1 << 20)
+        return b"\0" + _read(f"{proc_root}/{pid}/environ", MAX_ENVIRON)
     except OSError:
         return None
-    for name in TAG_VARIABLES:     # searched, not split: an environment can be a megabyte
-        at = environ.rfind(b"\0" + name + b"=")     # the last one set is the one in force
-        if at >= 0:
-            value = environ[at + len(name) + 2:]
-            return _text(value[:value.find(b"\0")] if b"\0" in value else value, MAX_TAG)
+
+
+def _variable(environ: bytes, name: bytes, limit: int) -> str | None:
+    # searched, not split: an environment can be a megabyte
+    at = environ.rfind(b"\0" + name + b"=")     # the last one set is the one in force
+    if at < 0:
+        return None
+    value = environ[at + len(name) + 2:]
+    end = value.find(b"\0", 0, limit + 1)
+    return _text(value[:end] if end >= 0 else value, limit)
+
+
+def _tag(environ: bytes | None) -> str | None:
+    if environ is None:
+        return None
+    for name in TAG_VARIABLES:
+        value = _variable(environ, name, MAX_TAG)
+        if value is not None:
+            return value
     return None
+
+
+def _environment(environ: bytes | None, names: Collection[str]) -> dict[str, str]:
+    if environ is None:
+        return {}
+    found = {}
+    for name in sorted(names):
+        value = _variable(environ, name.encode(), MAX_ENV_VALUE)
+        if value is not None:
+            found[name] = value
+    return found
+
+
+def read_tag(pid: int, proc_root: str = "/proc") -> str | None:
+    """The value of GPUWHY_TAG (or AI_PROFILER_TAG) in the process's environment, if any."""
+    return _tag(_read_environ(pid, proc_root))
 
 
 def read_tgid(pid: int, proc_root: str = "/proc") -> int | None:
@@ -138,8 +172,11 @@ def parse_cgroup(text: str) -> CgroupIdentity:
     return CgroupIdentity(first("container_id"), first("pod_uid"), first("unit"))
 
 
-def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
-    """Everything gpuwhy records about a live process; raises :class:`NoSuchProcess`."""
+def read_process(pid: int, ts: int, proc_root: str = "/proc",
+                 environment: Collection[str] = ()) -> ProcessSeen:
+    """Everything gpuwhy records about a live process; raises :class:`NoSuchProcess`.
+    ``environment``: the variables recorded in its ``env`` (the ``probes.environment``
+    setting), read with its tag from one bounded read of its environment."""
     comm, ppid, start_time = read_stat(pid, proc_root)
     base = f"{proc_root}/{pid}"
     try:
@@ -154,8 +191,10 @@ def read_process(pid: int, ts: int, proc_root: str = "/proc") -> ProcessSeen:
     except OSError:
         exe = ""
     owner = parse_cgroup(cgroup_text)
+    environ = _read_environ(pid, proc_root)
     return ProcessSeen(ts=ts, process=ProcessKey(pid, start_time), comm=comm, cmdline=cmdline,
                        exe=exe, ppid=ppid, uid=uid, cgroup=cgroup_text[:MAX_FIELD],
-                       tag=read_tag(pid, proc_root), container_id=owner.container_id,
+                       tag=_tag(environ), env=_environment(environ, environment),
+                       container_id=owner.container_id,
                        pod_uid=owner.pod_uid, unit=owner.unit,
                        started_at=realtime_from_ticks(start_time))

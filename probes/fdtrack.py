@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuwhy.caps import can_load_bpf
 from gpuwhy.clock import CLOCK_TICKS_PER_SECOND, NS_PER_SECOND, ClockConverter, now_ns
-from gpuwhy.config import SETTINGS_BY_NAME, Config
+from gpuwhy.config import SETTINGS_BY_NAME, Config, environment_names
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
 from gpuwhy.events import DriverCall, Event, ProcessSeen, SourceHealth
 from gpuwhy.identity import classify_device
@@ -261,6 +261,8 @@ class FdTrackProbe:
         self.device_glob: str = config["probes.device_glob"]
         self.poll_interval: float = config["probes.poll_interval"]
         self.proc_root: str = config["probes.proc_root"]
+        # root reads any process's environment: the variables rules read travel in ProcessSeen
+        self.environment = environment_names(config["probes.environment"])
         self.max_call_stats: int = config["probes.max_call_stats"]
         self.slow_ns = int(config["probes.slow_call_ms"] * 1_000_000)
         self.big_bytes: int = config["probes.big_alloc_bytes"]
@@ -290,7 +292,7 @@ class FdTrackProbe:
 
     def _resolve(self, pid: int, ts: int) -> ProcessSeen | None:
         try:
-            return read_process(pid, ts, self.proc_root)
+            return read_process(pid, ts, self.proc_root, self.environment)
         except NoSuchProcess:
             return None
 

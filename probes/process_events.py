@@ -21,7 +21,7 @@ from gpuwhy.clock import (
     ClockConverter,
     realtime_from_ticks,
 )
-from gpuwhy.config import Config
+from gpuwhy.config import Config, environment_names
 from gpuwhy.errors import NoSuchProcess, ProbeLoadError
 from gpuwhy.events import Event, ProcessExec, ProcessExited, ProcessForked, ProcessSeen
 from gpuwhy.identity import ProcessKey
@@ -79,6 +79,8 @@ class LifecycleProbe:
                  clock: ClockConverter | None = None,
                  on_event: Callable[[Event], None] | None = None):
         self.proc_root: str = config["probes.proc_root"]
+        # root reads any process's environment: the variables rules read travel in ProcessSeen
+        self.environment = environment_names(config["probes.environment"])
         self._publish = publish
         self._on_event = on_event
         self._clock = clock or ClockConverter()
@@ -129,7 +131,7 @@ class LifecycleProbe:
         if record.type == _EXEC:
             filename = bytes(record.filename).split(b"\0", 1)[0].decode("utf-8", "replace")
             try:
-                seen = read_process(record.tgid, ts, self.proc_root)
+                seen = read_process(record.tgid, ts, self.proc_root, self.environment)
             except NoSuchProcess:
                 seen = None
             if seen is None or seen.process != key:

@@ -8,6 +8,7 @@ are inclusive at both ends.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from sqlite_utils import Database
@@ -67,11 +68,33 @@ def listed_processes_on(db: Database, gpu_id: str, since: int) -> list[dict] | N
 
 
 def process_row(db: Database, key: ProcessKey) -> list[dict]:
-    """The process's comm, cmdline, exe, cgroup, first_seen and started_at (no rows when
-    unknown)."""
+    """The process's comm, cmdline, exe, cgroup, first_seen, started_at and env (its JSON
+    text; no rows when unknown)."""
     return _rows(db,
-        "select comm, cmdline, exe, cgroup, first_seen, started_at from processes "
+        "select comm, cmdline, exe, cgroup, first_seen, started_at, env from processes "
         "where pid = ? and start_time = ?", [key.pid, key.start_time])
+
+
+def environment(text: str | None) -> dict[str, str] | None:
+    """``processes.env`` as a dict: None when no sighting read it (NULL) or the text is no
+    JSON object of strings (the store holds what the probes sent, not checked again)."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    return {str(k): v for k, v in value.items() if isinstance(v, str)}
+
+
+def process_environment(db: Database, key: ProcessKey) -> dict[str, str] | None:
+    """The environment variables the probes recorded of the process (those of the
+    ``probes.environment`` setting it had set); None when unknown or never read."""
+    rows = _rows(db, "select env from processes where pid = ? and start_time = ?",
+                 [key.pid, key.start_time])
+    return environment(rows[0]["env"]) if rows else None
 
 
 def gpu_samples_between(db: Database, gpu_id: str, start: int, end: int,

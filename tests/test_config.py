@@ -104,3 +104,17 @@ def test_every_setting_is_documented_with_its_default_and_variable():
     for setting in SETTINGS:
         assert f"`{setting.env}`" in rows[setting.name]
         assert f"`{json.dumps(setting.default)}`" in rows[setting.name]
+
+
+def test_the_recorded_environment_covers_the_shipped_rules_and_takes_only_names():
+    from gpuwhy.config import environment_names
+    from gpuwhy.correlator.rules.runner import env_keys
+    from gpuwhy.rules.loader import load_rules
+
+    default = environment_names(load_config(environ={})["probes.environment"])
+    assert env_keys(load_rules()) <= default       # every env("NAME") the shipped rules read
+    config = load_config(environ={"GPUWHY_ENVIRONMENT": " NCCL_DEBUG, MY_VAR_2 ,"})
+    assert environment_names(config["probes.environment"]) == {"NCCL_DEBUG", "MY_VAR_2"}
+    for bad in ("lower_case", "1ST", "A-B", ",".join(f"V{n}" for n in range(65))):
+        with pytest.raises(ConfigError, match="probes.environment"):
+            load_config(environ={"GPUWHY_ENVIRONMENT": bad})

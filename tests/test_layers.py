@@ -260,3 +260,35 @@ def test_the_cycle_finder_finds_one(tmp_path, monkeypatch):
     (tmp_path / "store" / "a.py").write_text("def f():\n    from gpuwhy.store import b\n")
     (tmp_path / "store" / "b.py").write_text("from gpuwhy.store.a import f\n")
     assert import_cycles() == [["gpuwhy.store.a", "gpuwhy.store.b"]]
+
+
+def procfs_uses(source: str) -> list[str]:
+    """Where a module's code (not its comments or docstrings) names a /proc path, takes a
+    ``proc_root`` or imports gpuwhy.proc (the readers of procfs)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings and "/proc" in node.value:
+            found.append(f"{line}: {node.value[:40]!r}")
+        elif (isinstance(node, ast.Name) and node.id == "proc_root") or \
+                (isinstance(node, ast.arg) and node.arg == "proc_root") or \
+                (isinstance(node, ast.keyword) and node.arg == "proc_root") or \
+                (isinstance(node, ast.Attribute) and node.attr == "proc_root"):
+            found.append(f"{line}: proc_root")
+        elif isinstance(node, ast.ImportFrom) and node.module == "gpuwhy.proc":
+            found.append(f"{line}: from gpuwhy.proc")
+    return found
+
+
+def test_the_correlator_reads_no_procfs():
+    """Issue #55: what the decide stage and the rules know of a process comes from the
+    probes, through the bus and the store (its environment too: ProcessSeen.env)."""
+    uses = {str(path.relative_to(REPO)): found for path in sorted((REPO / "correlator").rglob(
+        "*.py")) if (found := procfs_uses(path.read_text()))}
+    assert uses == {}
+    assert procfs_uses('"""Reads /proc."""\n# /proc\nx = 1\n') == []
+    assert len(procfs_uses('open("/proc/1/environ")\ndef f(proc_root): pass\n')) == 2

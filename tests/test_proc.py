@@ -5,7 +5,15 @@ import pytest
 
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.identity import ProcessKey
-from gpuwhy.proc import MAX_CMDLINE, MAX_TAG, process_key, read_process, read_stat, read_tag
+from gpuwhy.proc import (
+    MAX_CMDLINE,
+    MAX_ENV_VALUE,
+    MAX_TAG,
+    process_key,
+    read_process,
+    read_stat,
+    read_tag,
+)
 
 PROC = str(Path(__file__).parent / "data" / "proc")
 
@@ -58,3 +66,21 @@ def test_the_tag_is_the_variable_in_force(tmp_path, environ, tag):
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "environ").write_bytes(environ)
     assert read_tag(7, str(tmp_path)) == tag
+
+
+def test_read_process_records_only_the_named_variables_bounded(tmp_path):
+    base = tmp_path / "1"
+    base.mkdir()
+    (base / "stat").write_text("1 (x) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n")
+    (base / "cmdline").write_bytes(b"python3\0")
+    (base / "cgroup").write_text("0::/\n")
+    (base / "status").write_text("Uid:\t0\t0\t0\t0\n")
+    (base / "environ").write_bytes(b"SECRET=x\0CUDA_LAUNCH_BLOCKING=1\0XNCCL_DEBUG=no\0"
+                                   b"GPUWHY_TAG=nightly\0NCCL_DEBUG=" + b"T" * 5000 + b"\0")
+    names = {"CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "NCCL_P2P_LEVEL"}
+    seen = read_process(1, ts=1, proc_root=str(tmp_path), environment=names)
+    assert seen.env == {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_DEBUG": "T" * MAX_ENV_VALUE}
+    assert seen.tag == "nightly"                  # from the same read
+    assert read_process(1, ts=1, proc_root=str(tmp_path)).env == {}   # none named: none
+    (base / "environ").unlink()                   # unreadable (another user's): none
+    assert read_process(1, ts=1, proc_root=str(tmp_path), environment=names).env == {}

@@ -15,7 +15,7 @@ from gpuwhy.clock import now_ns
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.runner import env_keys, run_rules
 from gpuwhy.correlator.rules.signals import FORGET_NS, TRIM_NS, Scope
-from gpuwhy.correlator.rules.storesignals import StoreSignals, read_environ
+from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.events import (
     DeviceOpened,
     DriverCall,
@@ -172,18 +172,46 @@ def test_overrides_are_kept_in_the_store_and_reach_the_engine(db_path):
     db.close()
 
 
-def test_environment_is_read_only_for_the_same_process_and_named_variables(tmp_path):
-    proc = tmp_path / "proc" / "77"
-    proc.mkdir(parents=True)
-    stat = "77 (python3) S 1 " + " ".join(["0"] * 17) + " 4242 0 0"
-    (proc / "stat").write_text(stat)
-    (proc / "environ").write_bytes(b"PATH=/bin\0CUDA_LAUNCH_BLOCKING=1\0SECRET=x\0")
-    names = frozenset({"CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG"})
-    root = str(tmp_path / "proc")
-    assert read_environ(ProcessKey(77, 4242), names, root) == {"CUDA_LAUNCH_BLOCKING": "1"}
-    assert read_environ(ProcessKey(77, 4243), names, root) is None     # pid reused
-    assert read_environ(ProcessKey(78, 4242), names, root) is None     # gone
+def test_environment_comes_from_the_store_and_a_bare_sighting_keeps_it(tmp_path):
+    """env() reads what the probes recorded (ProcessSeen.env, processes.env), no /proc."""
+    from gpuwhy.store.streams import process_environment
+
+    db = open_store(str(tmp_path / "g.db"))
+    other = ProcessKey(4322, 98766)
+    StoreWriter(db).write_batch([
+        Envelope("proc", 0, ProcessSeen(ts=NS, process=TRAINER, comm="python3",
+                                        env={"CUDA_LAUNCH_BLOCKING": "1"})),
+        # seen again by a source that could not read its environment: the known one stays
+        Envelope("proc", 1, ProcessSeen(ts=2 * NS, process=TRAINER, comm="python3")),
+        Envelope("proc", 2, ProcessSeen(ts=2 * NS, process=other, comm="python3"))])
+    assert process_environment(db, TRAINER) == {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert process_environment(db, other) is None           # never read: unknown, not ""
+    signals = StoreSignals(db)
+    signals.begin(3 * NS)
+    assert signals.facts(TRAINER).env == {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert signals.facts(other).env is None
     assert env_keys(RULES) >= {"CUDA_LAUNCH_BLOCKING", "NCCL_P2P_DISABLE"}
+    db.close()
+
+
+def test_r08_fires_through_the_live_path_on_a_capture_that_carries_the_environment(tmp_path):
+    """A capture whose ProcessSeen carries CUDA_LAUNCH_BLOCKING=1, replayed through the
+    writer, the store and the rules over the store (gpuwhy rules eval's live path)."""
+    from gpuwhy.correlator.rules.live_replay import replay_live
+
+    r08 = [r for r in RULES if r.id == "R08_debug_or_limiting_env"]
+    start = now_ns()
+    events = [ProcessSeen(ts=start, process=TRAINER, comm="python3",
+                          cmdline="python3 train.py", env={"CUDA_LAUNCH_BLOCKING": "1"}),
+              DeviceOpened(ts=start, process=TRAINER, fd=7, path="/dev/nvidia0",
+                           device="nvidiaN", minor=0)]
+    events += [dataclasses.replace(e, ts=start + tick * NS)
+               for tick in range(1, 40) for e in host_events(start, tick)]
+    fired: list = []
+    replay_live(events, r08, 10 * NS, tmp_path,
+                lambda now, new, verdicts: fired.extend(f for f in new if f.state == "firing"))
+    assert [f.rule_id for f in fired] == ["R08_debug_or_limiting_env"]
+    assert fired[0].process == TRAINER
 
 
 def _first_finding_and_health(config) -> tuple:
@@ -450,3 +478,35 @@ def test_rows_are_held_only_as_far_back_as_the_windows_asked_lately(db_path):
         assert ask(t, 60) == ask(t, 60, StoreSignals(db))
     assert signals.held_rows() <= 61 + TRIM_NS // NS + 1    # the half hour and the process gone
     assert TRAINER not in signals._snapshots
+
+
+def test_the_runners_health_names_env_a_rule_reads_that_the_probes_do_not_record(tmp_path):
+    from gpuwhy.config import load_config
+    from gpuwhy.correlator.rules.runner import RulesRunner, unrecorded_env
+    from gpuwhy.rules.loader import rules_from_bytes
+
+    user = rules_from_bytes(b'rule X9_env {\n  title: "t"\n  scope: process\n'
+                            b'  when: env("MY_FLAG") == "1" or env("NCCL_DEBUG") == "INFO"\n}\n',
+                            "user.rules").rules
+    assert [r.id for r in user] == ["X9_env"]
+    config = load_config(environ={"GPUWHY_DB": str(tmp_path / "g.db")})
+    assert unrecorded_env(RULES, config) == []           # the default covers the shipped
+    assert unrecorded_env([*RULES, *user], config) == ["MY_FLAG"]
+
+    class Bus:
+        def __init__(self):
+            self.sent = []
+
+        def publish(self, event):
+            self.sent.append(event)
+            return True
+
+    db = open_store(config["store.path"])
+    signals = StoreSignals(db)
+    bus = Bus()
+    RulesRunner(Engine([*RULES, *user], signals), signals, bus, 1.0,
+                unrecorded=unrecorded_env([*RULES, *user], config)).publish_health()
+    [health] = bus.sent
+    assert health.state == "degraded" and health.counters["env_unrecorded"] == 1
+    assert "add them to probes.environment): MY_FLAG" in health.detail
+    db.close()

@@ -21,7 +21,6 @@ from gpuwhy.config import load_config
 from gpuwhy.correlator.alerts import Alerter
 from gpuwhy.correlator.pipeline import Correlator
 from gpuwhy.correlator.rules.engine import Engine
-from gpuwhy.correlator.rules.runner import env_keys
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.events import Envelope, Event, RuleFinding
 from gpuwhy.rules.answer import Verdict
@@ -45,8 +44,7 @@ class LivePath:
                                      Alerter(self.config["correlator.url"], enabled=False))
         self.correlator.wall_clock = lambda: None      # the capture's time only
         self.reader = open_store(self.config["store.path"], readonly=True)
-        self.signals = StoreSignals(self.reader, proc_root=self.config["probes.proc_root"],
-                                    env_keys=env_keys(rules))
+        self.signals = StoreSignals(self.reader)
         self.engine = Engine(rules, self.signals, interval_ns=every_ns)
         self._seq = itertools.count()
 

@@ -17,7 +17,7 @@ from typing import cast
 
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
-from gpuwhy.config import Config
+from gpuwhy.config import Config, environment_names
 from gpuwhy.correlator.rules.engine import Engine
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.events import SourceHealth
@@ -52,16 +52,26 @@ def env_keys(rules: list) -> frozenset[str]:
     return frozenset(found)
 
 
+def unrecorded_env(rules: list, config: Config) -> list[str]:
+    """The variables the rules read with env("NAME") that ``probes.environment`` does not
+    name: the probes never record them, so those env() calls read nothing."""
+    return sorted(env_keys(rules) - environment_names(config["probes.environment"]))
+
+
 class RulesRunner:
     """Evaluates every ``interval`` s and publishes what the engine finds."""
 
     def __init__(self, engine: Engine, signals: StoreSignals, publisher: Publisher,
-                 interval: float, problems: list[str] | tuple[str, ...] = ()):
+                 interval: float, problems: list[str] | tuple[str, ...] = (),
+                 unrecorded: list[str] | tuple[str, ...] = ()):
         self.engine, self.signals, self.publisher = engine, signals, publisher
         self.interval = interval
         # "file:line:col: message" of every rule that did not load: the health names them
         # for as long as the engine runs without them.
         self.problems = list(problems)
+        # env("NAME") of a loaded (user) rule that the probes do not record: the health
+        # names them, or the rule would be silently blind to them
+        self.unrecorded = list(unrecorded)
         self.counters: Counter[str] = Counter()
         self.cpu_seconds = 0.0
         self.error: str | None = None
@@ -95,12 +105,18 @@ class RulesRunner:
             more = len(self.problems) - len(shown)
             detail += (f"; {len(self.problems)} broken rule(s) not loaded: " + "; ".join(shown)
                        + (f"; and {more} more (gpuwhy rules lint)" if more else ""))
+        if self.unrecorded:
+            detail += ("; env() reads variables the probes do not record (add them to "
+                       "probes.environment): " + ", ".join(self.unrecorded[:SHOWN_PROBLEMS])
+                       + (f" and {len(self.unrecorded) - SHOWN_PROBLEMS} more"
+                          if len(self.unrecorded) > SHOWN_PROBLEMS else ""))
         if self.error:
             detail += f"; ERROR: {self.error}"
         self.publisher.publish(SourceHealth(
             ts=now_ns(), source="rules",
-            state="degraded" if self.error or self.problems else "ok",
+            state="degraded" if self.error or self.problems or self.unrecorded else "ok",
             detail=detail, counters={**self.counters, "rule_problems": len(self.problems),
+                                     "env_unrecorded": len(self.unrecorded),
                                      # what the signals keep between rounds: their memory
                                      "rows_held": self.signals.held_rows(),
                                      **{f"instances_{k}": v for k, v in states.items()}}))
@@ -128,14 +144,13 @@ def run_rules(config: Config, stop: threading.Event) -> None:
             log.warning("rule not loaded: %s", problem)
         db = open_store(config["store.path"], readonly=True, cache_kib=config["store.cache_kib"])
         try:
-            signals = StoreSignals(db, proc_root=config["probes.proc_root"],
-                                   env_keys=env_keys(rules))
+            signals = StoreSignals(db)
             engine = Engine(rules, signals, shadow_all=config["rules.shadow"],
                             interval_ns=int(config["rules.interval"] * 1e9))
             publisher.wait_for_subscriber(1.0)
             log.info("rules engine: %d rules every %s s", len(rules), config["rules.interval"])
-            RulesRunner(engine, signals, publisher, config["rules.interval"],
-                        problems).run(stop)
+            RulesRunner(engine, signals, publisher, config["rules.interval"], problems,
+                        unrecorded_env(rules, config)).run(stop)
         finally:
             db.close()
     finally:

@@ -19,7 +19,6 @@ from typing import overload
 from sqlite_utils import Database
 
 from gpuwhy.correlator.rules.engine import Engine
-from gpuwhy.correlator.rules.runner import env_keys
 from gpuwhy.correlator.rules.storesignals import StoreSignals
 from gpuwhy.events import RuleFinding
 from gpuwhy.rules import model as m
@@ -104,13 +103,13 @@ def sureness(rule: m.Rule | None, watched_ns: int) -> float:
     return max(0.0, min(1.0, watched_ns / max(1, longest_window(rule))))
 
 
-def evaluate_watch(db: Database, rules: list[m.Rule], start_ns: int, end_ns: int,
-                   proc_root: str = "/proc") -> list[RuleFinding]:
+def evaluate_watch(db: Database, rules: list[m.Rule], start_ns: int,
+                   end_ns: int) -> list[RuleFinding]:
     """The findings of ``rules``, fitted to ``[start_ns, end_ns]``, over the watch's store
     ``db``: one evaluation at ``end_ns`` that reads the whole watch."""
     watched = max(1, end_ns - start_ns)
     fitted = fit_rules(rules, watched)
-    signals = StoreSignals(db, proc_root=proc_root, env_keys=env_keys(fitted))
+    signals = StoreSignals(db)
     return list(Engine(fitted, signals, interval_ns=watched).evaluate(end_ns))
 
 

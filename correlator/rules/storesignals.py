@@ -10,8 +10,9 @@ per evaluation round, so call rates need two rounds), ``driver_calls``,
 ``kernel_log``, ``cron_runs``, ``events`` (gpu_xid, gpu_state, process_exec,
 process_exited), ``processes``, ``gpu_bindings``, ``gpu_processes``, ``gpus``.
 Everything read in a round is cached for that round: the same window is read once for all
-the rules that ask for it. Process environments are read from /proc (bounded, only the
-variables rules name), and only while the pid still has the same start time.
+the rules that ask for it. Process environments are read from ``processes.env``: the
+probes recorded them (the variables of ``probes.environment``), so the engine reads no
+procfs and sees them whoever it runs as.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict, deque
 from collections.abc import Mapping
-from pathlib import Path
 from typing import cast
 
 from sqlite_utils import Database
@@ -37,15 +37,12 @@ from gpuwhy.correlator.rules.signals import (
     names_a_monitor,
     pci_key,
 )
-from gpuwhy.errors import NoSuchProcess
 from gpuwhy.gpu_actions import gpu_action
 from gpuwhy.identity import ProcessKey
-from gpuwhy.proc import read_stat
 from gpuwhy.reset import action_kind, reset_kind, state_kind
 from gpuwhy.rules.vocabulary import Row, call_class_totals
 from gpuwhy.store import streams
 
-MAX_ENVIRON = 1 << 20
 GPU_RECENT_NS = 3600 * 10**9
 NVML_RECENT_NS = 60 * 10**9
 SNAPSHOTS_KEPT = 400
@@ -64,39 +61,15 @@ def _fields(row: dict) -> dict:
     return row
 
 
-def read_environ(process: ProcessKey, names: frozenset[str],
-                 proc_root: str = "/proc") -> dict[str, str] | None:
-    """The variables ``names`` of a live process's environment; None when it is gone (or
-    the pid now belongs to another process) or unreadable."""
-    try:
-        if read_stat(process.pid, proc_root)[2] != process.start_time:
-            return None
-        with open(Path(proc_root, str(process.pid), "environ"), "rb") as f:
-            raw = f.read(MAX_ENVIRON)
-    except (NoSuchProcess, OSError, ValueError, IndexError):
-        return None
-    found = {}
-    for entry in raw.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        text = name.decode("utf-8", errors="replace")
-        if sep and text in names:
-            found[text] = value[:1024].decode("utf-8", errors="replace")
-    return found
-
-
 class StoreSignals(Signals):
     """Signals over an open store; ``begin(now)`` starts a round (and drops the caches)."""
 
-    def __init__(self, db: Database, proc_root: str = "/proc",
-                 env_keys: frozenset[str] = frozenset()):
+    def __init__(self, db: Database):
         self.db = db
-        self.proc_root = proc_root
-        self.env_keys = env_keys
         self._now: int | None = None
         self._cache: dict[tuple, object] = {}
         self._snapshots: dict[ProcessKey, deque] = defaultdict(
             lambda: deque(maxlen=SNAPSHOTS_KEPT))
-        self._environ: dict[ProcessKey, dict[str, str] | None] = {}
         self._events: dict[str, RowWindow[list]] = {}   # per live stream, kept between rounds
         # the processes asked about since the last prune: the others' figures are let go
         self._asked: set[ProcessKey] = set()
@@ -108,10 +81,9 @@ class StoreSignals(Signals):
         self._cache.clear()
         if self._pruned_at is None:
             self._pruned_at = now
-        elif now - self._pruned_at > FORGET_NS:      # the gone processes' snapshots, environ
-            for held in (self._snapshots, self._environ):
-                for process in [p for p in held if p not in self._asked]:
-                    del held[process]
+        elif now - self._pruned_at > FORGET_NS:      # the gone processes' snapshots
+            for process in [p for p in self._snapshots if p not in self._asked]:
+                del self._snapshots[process]
             self._asked, self._pruned_at = set(), now
 
     def now(self) -> int:
@@ -158,15 +130,9 @@ class StoreSignals(Signals):
         if not rows:
             return None
         row = rows[0]
-        env = None
-        if self.env_keys:
-            self._asked.add(process)
-            if process not in self._environ:
-                self._environ[process] = read_environ(process, self.env_keys, self.proc_root)
-            env = self._environ[process]
         return ProcessFacts(comm=row["comm"] or "", cmdline=row["cmdline"] or "",
                             exe=row["exe"] or "", cgroup=row["cgroup"] or "",
-                            first_seen=row["first_seen"], env=env,
+                            first_seen=row["first_seen"], env=streams.environment(row["env"]),
                             started_at=row["started_at"])
 
     def instances(self, gpu_id: str) -> dict[str, str]:

@@ -350,8 +350,8 @@ def test_rules(files: tuple[str, ...], capture: str, builtin: bool, every: float
                as_json: bool) -> None:
     """Run rules over a recorded capture and print the findings, in capture time.
 
-    Process environments are not in a capture, so rules that read env() are not
-    evaluable here.
+    Rules that read env() see the variables the probes recorded in the capture's
+    ProcessSeen events (the probes.environment setting of the host that recorded it).
 
     \b
     Examples:

@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 
 from gpuwhy.app.clitypes import InputDir
-from gpuwhy.events import RuleFinding
+from gpuwhy.events import ProcessSeen, RuleFinding
 from gpuwhy.rules.answer import answers
 
 NS = 10**9
@@ -65,8 +65,9 @@ class Outcome:
     timeline: list[tuple[float, str | None]] = field(default_factory=list)
     events: int = 0
     seconds: float = 0.0
-    # False when every expected rule reads env(): captures carry no process environment
-    # (`gpuwhy record` leaves it out), so such a fault is listed, not scored
+    # False when every expected rule reads env() and no process of the capture carries an
+    # environment (ProcessSeen.env: a capture made before the probes recorded it, or with
+    # probes.environment empty), so such a fault is listed, not scored
     evaluable: bool = True
 
     @property
@@ -209,7 +210,8 @@ def evaluate_case(case: Case, rules: list, rank: Callable, every_ns: int = 10 * 
     else:
         replay(events, rules, every_ns, engine_round)
     if not case.healthy and case.expected and all(
-            r in by_id and env_keys([by_id[r]]) for r in case.expected):
+            r in by_id and env_keys([by_id[r]]) for r in case.expected) and not any(
+            isinstance(e, ProcessSeen) and e.env for e in events):
         out.evaluable = False
     out.top, out.top_kind = current
     out.hit = not case.healthy and out.top in case.expected
@@ -267,7 +269,7 @@ def _line(o: Outcome) -> str:
         result = "hit" if o.hit else "miss" if o.evaluable else "n/e"
         tail = f"+{o.first_led_s:.0f}s" if o.first_led_s is not None else ""
         if not o.evaluable:
-            tail = "(reads env(): captures carry no process environment)"
+            tail = "(reads env(): the capture's processes carry no environment)"
         elif not o.hit and tail:
             tail = f"(led at {tail}, not at the end)"
     half = f"  [{c.half}]" if c.half else ""
@@ -363,7 +365,7 @@ def evaluate(corpus_dir: str | None, corpus_set: str, as_json: bool, only: tuple
     if misses:
         click.echo("missed: " + ", ".join(misses))
     if total["not_evaluable"]:
-        click.echo("not evaluable from captures (their rules read env()): "
+        click.echo("not evaluable (their rules read env(), their processes carry none): "
                    + ", ".join(total["not_evaluable"]))
     if alarms:
         click.echo("false alarms: " + ", ".join(alarms))

@@ -153,8 +153,7 @@ def _watch(config: Config, rules: Mapping[str, Rule], duration: float
     with Watch(config, Target(), duration, source="standalone", progress=sys.stderr) as watch:
         watched = watch.run()
         with contextlib.closing(watch.reader()) as db:
-            findings = evaluate_watch(db, list(rules.values()), watched.start, watched.end,
-                                      proc_root=config["probes.proc_root"])
+            findings = evaluate_watch(db, list(rules.values()), watched.start, watched.end)
             yield (verdicts(answer_gpus(db, watched.end), findings, rules), db,
                    watched.end - watched.start)
 

@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 from gpuwhy import __version__
 from gpuwhy.bus import Publisher
 from gpuwhy.clock import now_ns
-from gpuwhy.config import Config
+from gpuwhy.config import Config, environment_names
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.events import EngineSample, Event, SourceHealth
 from gpuwhy.identity import GpuIdentity, ProcessKey
@@ -210,10 +210,12 @@ class EngineSource:
 
     def __init__(self, endpoints: str = "", proc_root: str = "/proc",
                  timeout: float = TIMEOUT_S, max_body: int = MAX_BODY,
-                 enter_netns: bool | None = None):
+                 enter_netns: bool | None = None, environment: frozenset[str] = frozenset()):
         """``enter_netns``: scrape engines in other network namespaces through them; None:
-        when this process holds CAP_SYS_ADMIN (:func:`netns.can_enter`)."""
+        when this process holds CAP_SYS_ADMIN (:func:`netns.can_enter`). ``environment``:
+        the variables its ProcessSeen events carry, where this user may read them."""
         self.proc_root, self.timeout, self.max_body = proc_root, timeout, max_body
+        self.environment = environment
         self.named = [Target(url, engine) for engine, url in parse_endpoints(endpoints)]
         self.targets: dict[ProcessKey, Target] = {}     # found engines, by process
         self.engines: list[Engine] = []
@@ -275,7 +277,7 @@ class EngineSource:
             for key in [engine.process, *engine.members]:
                 if key not in self.seen:
                     try:
-                        seen = read_process(key.pid, ts, self.proc_root)
+                        seen = read_process(key.pid, ts, self.proc_root, self.environment)
                     except (NoSuchProcess, OSError):
                         continue
                     if seen.process == key:
@@ -424,7 +426,8 @@ class EngineSource:
 def run_engine_source(config: Config, stop: threading.Event) -> None:
     """The ``engines`` runner of :func:`gpuwhy.app.service.unprivileged_sources`."""
     publisher = Publisher(config["bus.endpoint"], src=SOURCE, hwm=config["bus.hwm"])
-    source = EngineSource(config["engines.endpoints"], config["probes.proc_root"])
+    source = EngineSource(config["engines.endpoints"], config["probes.proc_root"],
+                          environment=environment_names(config["probes.environment"]))
     try:
         publisher.wait_for_subscriber(1.0)
         while not stop.is_set():

@@ -367,3 +367,23 @@ def test_a_tail_call_that_does_not_load_fails_the_load_with_its_name(tmp_config,
         probe.load()
     assert "tail call ENTER_INHERIT" in str(failed.value)
     probe.close()
+
+
+def test_a_process_seen_carries_only_the_recorded_environment(pipeline_for, probe_config,
+                                                              replay):
+    """The probes (root) read the process's environment: the variables of
+    probes.environment it has set reach processes.env, and no other."""
+    pipe = pipeline_for(probe_config.replace({"probes.environment":
+                                              "CUDA_LAUNCH_BLOCKING,NCCL_DEBUG"}))
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "GPUWHY_TEST_SECRET": "not-recorded"}
+    env.pop("NCCL_DEBUG", None)
+    proc = subprocess.Popen([*replay.command, str(replay.directory), "--rounds", "1",
+                             "--threads", "1", "--hold"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        key = process_key(json.loads(proc.stdout.readline())["pid"])
+        rows = pipe.wait_for("select env from processes where pid = ? and start_time = ?",
+                             [key.pid, key.start_time], lambda r: r and r[0][0] is not None)
+        assert rows and json.loads(rows[0][0]) == {"CUDA_LAUNCH_BLOCKING": "1"}
+    finally:
+        proc.communicate("\n", timeout=10)

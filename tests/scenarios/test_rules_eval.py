@@ -56,6 +56,8 @@ HITS = {
     # the engine's loop on one core while requests wait; a tokenising worker on one core
     "vllm-cpu-bound-scheduler": "R49_engine_cpu_bound",
     "triton-trtllm-postprocessing-bound": "R50_engine_frontend_bound",
+    # CUDA_LAUNCH_BLOCKING=1 in the process's ProcessSeen (the probes record it)
+    "cuda-launch-blocking": "R08_debug_or_limiting_env",
 }
 # healthy hosts; the two multi-rank jobs hold every GPU's device files in each rank
 QUIET = ("healthy-cuda-uprobes", "idle-host", "healthy-llm-fsdp-torchrun", "healthy-vllm-tp2",
@@ -142,9 +144,18 @@ def test_unreadable_input_exits_2(tmp_path):
     assert invoke(tmp_path, "--only", "no-such-scenario").exit_code == 2
 
 
-def test_a_fault_whose_rules_read_env_is_listed_not_scored(tmp_path):
-    # R08 reads the process environment, which captures leave out
-    result = invoke(tmp_path, "--only", "cuda-launch-blocking,stuck-on-lock", "--json")
+def test_a_fault_whose_rules_read_env_is_listed_not_scored_without_environments(tmp_path):
+    # R08 reads the process environment: a capture whose processes carry none (recorded
+    # before the probes recorded it) cannot show it, so it is listed, not scored
+    folder = tmp_path / "corpus"
+    for scenario in select(["cuda-launch-blocking", "stuck-on-lock"]):
+        write_scenario(scenario, folder)
+    capture = folder / "cuda-launch-blocking.jsonl"
+    lines = [json.loads(line) for line in capture.read_text().splitlines()]
+    assert any(line.get("env") for line in lines)
+    capture.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "env"}) + "\n"
+                               for line in lines))
+    result = invoke(tmp_path, "--corpus", str(folder), "--json")
     report = json.loads(result.output)
     rows = {row["name"]: row for row in report["scenarios"]}
     assert rows["cuda-launch-blocking"]["result"] == "not evaluable"
