@@ -320,7 +320,9 @@ def test_proc_command_binds_a_process_to_its_gpu_by_its_device_fds(tmp_path):
         [sys.executable, "-c", "import os, sys, time\n"
          f"fds = [os.open(os.path.join({str(devices)!r}, n), os.O_RDONLY) "
          "for n in ('nvidiactl', 'nvidia1', 'nvidia-uvm')]\nprint('ready', flush=True)\n"
-         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "CUDA_"))},
+             "NCCL_DEBUG": "TRACE", "NOT_RECORDED": "x"})
     try:
         assert holder.stdout.readline().strip() == "ready"
         proc_root = tmp_path / "proc"
@@ -343,6 +345,11 @@ def test_proc_command_binds_a_process_to_its_gpu_by_its_device_fds(tmp_path):
                                    "uuid": "GPU-11111111-2222-3333-4444-555555555555",
                                    "pci_bus_id": "0000:3b:00.0", "known_to_driver": True}]
         assert report["cgroup"]
+        # the variables the probes record (probes.environment), no other
+        assert report["env"] == {"NCCL_DEBUG": "TRACE"}
+        text = CliRunner().invoke(cli, ["proc", str(holder.pid), "--proc-root",
+                                        str(proc_root)]).output
+        assert "env:     NCCL_DEBUG=TRACE" in text and "NOT_RECORDED" not in text
     finally:
         holder.kill()
         holder.wait()

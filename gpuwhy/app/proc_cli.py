@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from gpuwhy.app.clitypes import InputDir
+from gpuwhy.config import environment_names
 from gpuwhy.errors import NoSuchProcess
 from gpuwhy.identity import GpuIdentity, classify_device
 from gpuwhy.probes.gpu.source import proc_identities
@@ -17,11 +18,13 @@ from gpuwhy.proc import read_process
 from gpuwhy.text import printable
 
 
-def process_report(pid: int, device_glob: str, proc_root: str = "/proc") -> dict:
-    """The process as gpuwhy records it, its open NVIDIA device fds (the start-up scan's
-    view) and the GPUs those fds bind it to (``/dev/nvidiaN`` minor → the driver's list).
+def process_report(pid: int, device_glob: str, proc_root: str = "/proc",
+                   environment: frozenset[str] = frozenset()) -> dict:
+    """The process as gpuwhy records it (``environment``: the variables the probes record,
+    ``probes.environment``), its open NVIDIA device fds (the start-up scan's view) and the
+    GPUs those fds bind it to (``/dev/nvidiaN`` minor → the driver's list).
     Raises :class:`NoSuchProcess`."""
-    seen = read_process(pid, time.time_ns(), proc_root)
+    seen = read_process(pid, time.time_ns(), proc_root, environment)
     fds: list[dict[str, Any]] = []
     for device in scan_open_devices(device_glob, proc_root, only_pid=pid):
         kind, minor = classify_device(device.path)
@@ -37,7 +40,8 @@ def process_report(pid: int, device_glob: str, proc_root: str = "/proc") -> dict
     return {"pid": seen.process.pid, "start_time": seen.process.start_time, "comm": seen.comm,
             "cmdline": seen.cmdline, "exe": seen.exe, "ppid": seen.ppid, "uid": seen.uid,
             "cgroup": seen.cgroup, "container_id": seen.container_id, "pod_uid": seen.pod_uid,
-            "unit": seen.unit, "tag": seen.tag, "device_glob": device_glob,
+            "unit": seen.unit, "tag": seen.tag, "env": dict(seen.env),
+            "device_glob": device_glob,
             "device_fds": sorted(fds, key=lambda f: f["fd"]), "gpus": gpus}
 
 
@@ -47,17 +51,20 @@ def process_report(pid: int, device_glob: str, proc_root: str = "/proc") -> dict
 @click.option("--proc-root", default="/proc", show_default=True, hidden=True, type=InputDir())
 @click.pass_obj
 def proc(ctx: Any, pid: int, as_json: bool, proc_root: str) -> None:
-    """One process as gpuwhy sees it in /proc: identity, cgroup, NVIDIA device fds and the
-    GPUs they bind it to. Needs no root for your own processes (root for others' fds).
+    """One process as gpuwhy sees it in /proc: identity, cgroup, the environment variables
+    the probes record (probes.environment), NVIDIA device fds and the GPUs they bind it to.
+    Needs no root for your own processes (root for others' fds and environment).
 
     \b
     Examples:
       gpuwhy proc 4242
       gpuwhy proc "$(pgrep -f train.py | head -1)" --json | jq .gpus
     """
-    glob = ctx.config()["probes.device_glob"]
+    config = ctx.config()
+    glob = config["probes.device_glob"]
     try:
-        report = process_report(pid, glob, proc_root)
+        report = process_report(pid, glob, proc_root,
+                                environment_names(config["probes.environment"]))
     except NoSuchProcess:
         raise click.ClickException(f"no process {pid}") from None
     if as_json:
@@ -67,6 +74,8 @@ def proc(ctx: Any, pid: int, as_json: bool, proc_root: str) -> None:
                f"{report['start_time']} uid {report['uid']}")
     click.echo(f"  cmdline: {printable(report['cmdline'], 200)}")
     click.echo(f"  cgroup:  {printable(report['cgroup'], 200)}")
+    for name, value in sorted(report["env"].items()):      # the process set them: escaped
+        click.echo(f"  env:     {printable(name, 64)}={printable(value, 200)}")
     for f in report["device_fds"]:
         click.echo(f"  fd {f['fd']:>4} {printable(f['path'])} ({f['kind']})")
     if not report["device_fds"]:
