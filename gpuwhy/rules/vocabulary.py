@@ -240,39 +240,30 @@ for _name, _column_name, _help in (
     SIGNALS[_name] = Signal(_name, "sched", "ratio", f"share of the interval {_help} spent "
                             "on a CPU (1: one core all the time)",
                             _ratio(_column_name, "interval_ns"))
-# The serving frontend of a GPU process under an engine whose other processes are no
-# children of it (vLLM's API server, SGLang's tokenizer manager, TGI's router): unknown
-# where none is watched for it (gpuwhy.probes.engines.frontend).
-SIGNALS["frontend.busiest_thread_oncpu"] = Signal(
-    "frontend.busiest_thread_oncpu", "sched", "ratio",
-    "share of the interval the busiest thread of its serving engine's frontend processes "
-    "(vLLM's API server, SGLang's tokenizer manager, TGI's router: processes of the engine "
-    "that are no children of the GPU process) spent on a CPU (1: one core all the time; "
-    "unknown where none is watched for it)",
-    _ratio("frontend_busiest_on_cpu_ns", "interval_ns"))
-SIGNALS["frontend.cpu_cores"] = Signal("frontend.cpu_cores", "sched", "cores",
-                                       "CPU used by its serving engine's frontend processes",
-                                       _cores("frontend", "on_cpu_ns"))
-SIGNALS["frontend.count"] = Signal("frontend.count", "sched", "count",
-                                   "its serving engine's frontend processes watched",
-                                   _column("frontend_processes"))
-# The engine loop of a GPU process: the processes between its serving engine and it (vLLM
-# V1's EngineCore above its tensor-parallel workers runs the scheduler's busy loop and holds
-# no GPU, so the GPU process's own main thread is a worker's, not the loop's): unknown
-# where none is watched for it (gpuwhy.probes.engines.frontend).
-SIGNALS["engine_loop.busiest_thread_oncpu"] = Signal(
-    "engine_loop.busiest_thread_oncpu", "sched", "ratio",
-    "share of the interval the busiest thread of its serving engine's loop processes (vLLM "
-    "V1's EngineCore above its tensor-parallel workers: the processes between the engine "
-    "and the GPU process) spent on a CPU (1: one core all the time; unknown where none is "
-    "watched for it)",
-    _ratio("engine_loop_busiest_on_cpu_ns", "interval_ns"))
-SIGNALS["engine_loop.cpu_cores"] = Signal("engine_loop.cpu_cores", "sched", "cores",
-                                          "CPU used by its serving engine's loop processes",
-                                          _cores("engine_loop", "on_cpu_ns"))
-SIGNALS["engine_loop.count"] = Signal("engine_loop.count", "sched", "count",
-                                      "its serving engine's loop processes watched",
-                                      _column("engine_loop_processes"))
+# The processes of a GPU process's serving engine that are not its own (probes/engines/
+# frontend.py; unknown where none is watched for it). Its frontend: processes of the engine
+# that are no children of the GPU process (vLLM's API server, SGLang's tokenizer manager,
+# TGI's router). Its engine loop: the processes between the engine and the GPU process
+# (vLLM V1's EngineCore above its tensor-parallel workers runs the scheduler's busy loop and
+# holds no GPU, so the GPU process's own main thread is a worker's, not the loop's).
+for _role, _what in (
+        ("frontend", "frontend processes (vLLM's API server, SGLang's tokenizer manager, "
+                     "TGI's router: processes of the engine that are no children of the GPU "
+                     "process)"),
+        ("engine_loop", "loop processes (vLLM V1's EngineCore above its tensor-parallel "
+                        "workers: the processes between the engine and the GPU process)")):
+    _short = _what.split(" (")[0]
+    SIGNALS[f"{_role}.busiest_thread_oncpu"] = Signal(
+        f"{_role}.busiest_thread_oncpu", "sched", "ratio",
+        f"share of the interval the busiest thread of its serving engine's {_what} spent on "
+        "a CPU (1: one core all the time; unknown where none is watched for it)",
+        _ratio(f"{_role}_busiest_on_cpu_ns", "interval_ns"))
+    SIGNALS[f"{_role}.cpu_cores"] = Signal(f"{_role}.cpu_cores", "sched", "cores",
+                                           f"CPU used by its serving engine's {_short}",
+                                           _cores(_role, "on_cpu_ns"))
+    SIGNALS[f"{_role}.count"] = Signal(f"{_role}.count", "sched", "count",
+                                       f"its serving engine's {_short} watched",
+                                       _column(f"{_role}_processes"))
 SIGNALS["proc.threads"] = Signal("proc.threads", "sched", "count", "threads of the process",
                                  _column("own_threads"))
 SIGNALS["workers.count"] = Signal("workers.count", "sched", "count",
