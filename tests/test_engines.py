@@ -30,7 +30,8 @@ from gpuwhy.events import EngineSample
 from gpuwhy.identity import ProcessKey
 from gpuwhy.probes.engines import metric_names as metrics
 from gpuwhy.probes.engines import source as engines_source
-from gpuwhy.probes.engines.discover import batch_limit, find_engines, flag_ports, recognise
+from gpuwhy.probes.engines.commandline import batch_limit, flag_ports, recognise
+from gpuwhy.probes.engines.discover import find_engines
 from gpuwhy.probes.engines.netns import can_enter
 from gpuwhy.probes.engines.source import EngineSource, ScrapeError, get
 from gpuwhy.proc import process_key

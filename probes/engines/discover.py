@@ -1,7 +1,8 @@
 """Find inference engines from /proc alone, without touching them.
 
 A process is an engine when its command line says so (what /proc/PID/cmdline shows for the
-ways each is started): vLLM ``vllm serve`` (a console script: ``python …/bin/vllm serve``),
+ways each is started, read by :mod:`gpuwhy.probes.engines.commandline`): vLLM ``vllm serve``
+(a console script: ``python …/bin/vllm serve``),
 ``python -m vllm.entrypoints.openai.api_server``; SGLang ``sglang serve`` (a console script)
 and ``python -m sglang.launch_server``; TGI ``text-generation-launcher`` and
 ``text-generation-router``; Triton ``tritonserver``.
@@ -44,6 +45,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpuwhy.identity import ProcessKey
+from gpuwhy.probes.engines.commandline import (
+    batch_limit,
+    candidate_ports,
+    flag_ports,
+    named_ports,
+    recognise,
+)
 
 MAX_CMDLINE = 4096        # bytes of a command line read (the engine's words come first)
 MAX_ARGS = 64             # arguments looked at
@@ -67,38 +75,7 @@ NOT_OPENED = ("in another network namespace (its /proc/PID/net/tcp is not gpuwhy
 BY_OWNER = ("ports matched by number and owner (uid {uid}), not by its fds (gpuwhy may not "
             "read another user's /proc/PID/fd)")
 _MINOR = re.compile(r"/dev/nvidia([0-9]{1,4})")
-_PYTHON = re.compile(r"python[0-9.]*")
-_PORT_VALUE = re.compile(r"[0-9]{1,5}")
 
-# engine -> (program names that are it, python -m modules that are it, default metrics
-# ports, command-line flags naming the metrics port, most preferred first)
-ENGINES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]] = {
-    # vLLM: /metrics on the API server's port (--port, default 8000) [vllm docs, serving/metrics]
-    "vllm": (("vllm",), ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"),
-             (8000,), ("--port",)),
-    # SGLang: /metrics on the server's port (--port, default 30000) with --enable-metrics;
-    # started as `sglang serve` (the console script sglang = sglang.cli.main:main, the
-    # recommended entry of recent releases) or `python -m sglang.launch_server` (still
-    # supported) [sgl-project/sglang python/pyproject.toml, python/sglang/cli/main.py]
-    "sglang": (("sglang",), ("sglang.launch_server",), (30000,), ("--port",)),
-    # TGI: the router serves /metrics on its HTTP port (--port, default 3000; 80 in the image)
-    "tgi": (("text-generation-launcher", "text-generation-router"), (), (3000, 80),
-            ("--port",)),
-    # Triton: /metrics on its own port (--metrics-port, default 8002) [triton metrics.md]
-    "triton": (("tritonserver",), (), (8002,), ("--metrics-port",)),
-}
-# engine -> the subcommand its program must be given to serve (`vllm bench`, `vllm chat`,
-# `sglang generate`, `sglang version` serve nothing)
-SERVE_SUBCOMMAND = {"vllm": "serve", "sglang": "serve"}
-# engine -> the command-line flags that set how many requests it runs at once, its batch
-# limit: vLLM --max-num-seqs [vllm docs, engine args], SGLang --max-running-requests
-# [sglang docs, server arguments], TGI --max-batch-size (the launcher's and the router's;
-# optional: its batch is mostly bounded by --max-batch-total-tokens) [TGI docs, launcher].
-# Without the flag the limit is the engine's default, which depends on its version and GPU:
-# not guessed.
-BATCH_LIMIT_FLAGS = {"vllm": ("--max-num-seqs",), "sglang": ("--max-running-requests",),
-                     "tgi": ("--max-batch-size",)}
-MAX_BATCH_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -154,70 +131,6 @@ def read_argv(pid: int, proc_root: str = "/proc") -> list[str]:
     except OSError:
         return []
     return [a.decode("utf-8", errors="replace") for a in raw.split(b"\0")[:MAX_ARGS] if a]
-
-
-def recognise(argv: list[str]) -> str | None:
-    """Which engine a command line runs, or None. Only the program (or the script or module
-    Python runs) counts, never a later argument: ``grep vllm serve`` is no engine."""
-    if not argv:
-        return None
-    program = os.path.basename(argv[0])
-    rest = argv[1:]
-    module = None
-    if _PYTHON.fullmatch(program):
-        i = 0
-        while i < len(rest) and rest[i].startswith("-") and rest[i] != "-m":
-            i += 2 if rest[i] in ("-W", "-X") else 1     # interpreter options
-        if i < len(rest) and rest[i] == "-m":
-            module = rest[i + 1] if i + 1 < len(rest) else None
-            rest = rest[i + 2:]
-        elif i < len(rest):
-            program, rest = os.path.basename(rest[i]), rest[i + 1:]
-        else:
-            return None
-    for name, (programs, modules, _, _) in ENGINES.items():
-        if module is not None:
-            if module in modules:
-                return name
-        elif program in programs:
-            # `vllm serve`: the CLI's other commands (bench, chat, complete) serve nothing
-            wanted = SERVE_SUBCOMMAND.get(name)
-            if wanted is not None and (not rest or rest[0] != wanted):
-                continue
-            return name
-    return None
-
-
-def _named_ports(engine: str, argv: list[str]) -> list[int]:
-    flags = ENGINES[engine][3]
-    named = []
-    for i, arg in enumerate(argv):
-        flag, eq, value = arg.partition("=")
-        if flag in flags:
-            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            if _PORT_VALUE.fullmatch(value) and 0 < int(value) < 65536:
-                named.append(int(value))
-    return list(dict.fromkeys(named))
-
-
-def batch_limit(engine: str, argv: list[str]) -> int | None:
-    """The batch limit the command line sets (``--max-num-seqs 256``, ``=256``; the last one
-    given wins, as argparse's), None when it sets none or no number."""
-    flags = BATCH_LIMIT_FLAGS.get(engine, ())
-    found = None
-    for i, arg in enumerate(argv):
-        flag, eq, value = arg.partition("=")
-        if flag in flags:
-            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            if value.isdigit() and len(value) <= 7 and 0 < int(value) <= MAX_BATCH_LIMIT:
-                found = int(value)
-    return found
-
-
-def flag_ports(engine: str, argv: list[str]) -> list[int]:
-    """The metrics ports a command line names (``--port 8080``, ``--port=8080``), then the
-    engine's defaults."""
-    return list(dict.fromkeys(_named_ports(engine, argv) + list(ENGINES[engine][2])))
 
 
 def fd_links(pid: int, proc_root: str = "/proc") -> list[str]:
@@ -380,13 +293,6 @@ def owned(ports: list[int], uids: frozenset[int],
         if port in ports and uid in uids:
             _add(found, port, host)
     return found
-
-
-def candidate_ports(engine: str, argv: list[str]) -> list[int]:
-    """The ports an engine listens on for its metrics, by its command line alone: those it
-    names, else its engine's defaults (a default of an engine told to listen elsewhere is
-    more likely another engine's, of the same user, than its own)."""
-    return _named_ports(engine, argv) or list(ENGINES[engine][2])
 
 
 def children(pid: int, proc_root: str = "/proc") -> list[int]:
@@ -674,7 +580,7 @@ class Finder:
             if len(claimants) < 2:
                 continue
             naming = [e for e in claimants if e.process.pid in candidates and
-                      port in _named_ports(e.engine, candidates[e.process.pid][1])]
+                      port in named_ports(e.engine, candidates[e.process.pid][1])]
             keep = naming[0] if len(naming) == 1 else None
             for engine in claimants:
                 if engine is keep or port not in engine.ports:

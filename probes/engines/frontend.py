@@ -10,7 +10,7 @@ engine.py: _launch_subprocesses); TGI's ``text-generation-launcher`` starts the 
 Rust HTTP frontend, which tokenises) and the model server shards (huggingface/
 text-generation-inference, docs/source/architecture.md). So the sched probe looks up the
 GPU process's ancestors (MAX_ANCESTORS up) for the topmost one whose command line is an
-engine's (discover.recognise). The processes between the engine and the GPU process are
+engine's (commandline.recognise). The processes between the engine and the GPU process are
 its engine loop: vLLM's EngineCore above tensor-parallel workers runs the scheduler's busy
 loop and holds no GPU (docs.vllm.ai, design/arch_overview, V1 process architecture: the
 engine core process schedules and drives the GPU worker processes); it is R49's, not a
@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from gpuwhy.errors import NoSuchProcess
-from gpuwhy.probes.engines.discover import MAX_DEPTH, MAX_TREE, children, read_argv, recognise
+from gpuwhy.probes.engines.commandline import recognise
+from gpuwhy.probes.engines.discover import MAX_DEPTH, MAX_TREE, children, read_argv
 from gpuwhy.proc import read_stat
 
 # Generations looked up: the GPU process is EngineCore (vLLM), a scheduler (SGLang) or a

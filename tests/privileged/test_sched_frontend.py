@@ -30,7 +30,7 @@ while True:
     pass
 """
 # The API server stand-in, run as `python -m vllm.entrypoints.openai.api_server` (what
-# discover.recognise calls vLLM): EngineCore under it, a thread spinning (the asyncio loop
+# commandline.recognise calls vLLM): EngineCore under it, a thread spinning (the asyncio loop
 # tokenising), and, on a line on stdin, a child forked (after the watch began).
 SERVER = f"""
 import subprocess, sys, threading
