@@ -574,8 +574,13 @@ def test_a_reused_pid_or_another_namespace_is_never_entered(engines):
         with pytest.raises(NamespaceError, match="not the net:\\[1\\] it was found in"):
             namespaces.socket_in(key, "net:[1]", socket.AF_INET)
         assert namespaces.entered == 1 and _thread_namespaces() == {namespaces.own}
+        [maker] = [t for t in threading.enumerate() if t.name == "gpuwhy-netns"]
     finally:
         namespaces.close()
+    maker.join(2)
+    assert not maker.is_alive()                  # closing ends the namespace thread
+    with pytest.raises(NamespaceError, match="closed"):
+        namespaces.socket_in(key, theirs, socket.AF_INET)
     # a scrape through a namespace that is no longer the one found fails, saying why
     source = EngineSource(enter_netns=True)
     try:

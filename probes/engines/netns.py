@@ -119,13 +119,13 @@ class Namespaces:
     def close(self) -> None:
         with self._lock:
             fd, self._own_fd = self._own_fd, -1
-            self._closed = True
+            self._closed = True             # no request is queued from here on
             thread, self._thread = self._thread, None
+        self._drain()                       # before the stop: a drain would take it too
         if thread is not None:
             self._requests.put(None)        # it ends after the request in hand, if any
         if fd >= 0:
             os.close(fd)
-        self._drain()
 
     def _drain(self) -> None:
         """Close the namespace files of requests no thread will take (closed, or stuck)."""
