@@ -540,6 +540,9 @@ def test_an_engine_in_another_network_namespace_is_scraped_through_it(engines):
         assert sample.values["requests_running"] == 48 and sample.values["kv_cache_usage"] == 0.95
         [engine] = [e for e in source.engines if e.process == key]
         assert engine.netns == theirs and engine.note == ""
+        assert source.namespaces is not None
+        maker = source.namespaces._thread         # the thread that made the socket there
+        assert maker is not None and maker.is_alive()
         time.sleep(0.2)
         [second] = [e for e in source.round()
                     if isinstance(e, EngineSample) and e.process == key]
@@ -549,13 +552,15 @@ def test_an_engine_in_another_network_namespace_is_scraped_through_it(engines):
             health.detail
         assert source.namespaces is not None and source.namespaces.entered >= 2
         assert source.namespaces.stuck == 0
-        # every thread of gpuwhy (the scrape workers among them, and the one thread that
-        # made every socket in the engine's namespace, alive between scrapes) is in its own
+        # one thread made every socket in the engine's namespace, alive between scrapes;
+        # every thread of gpuwhy (the scrape workers and it among them) is in its own
+        assert source.namespaces._thread is maker and maker.is_alive()
         workers = [t for t in threading.enumerate() if t.name.startswith("gpuwhy-engines")]
-        assert len([t for t in threading.enumerate() if t.name == "gpuwhy-netns"]) == 1
         assert workers and _thread_namespaces() == {own}
     finally:
         source.close()
+    maker.join(2)
+    assert not maker.is_alive()                   # closing the source ends it
 
 
 @needs_netns
