@@ -106,11 +106,28 @@ def read_tgid(pid: int, proc_root: str = "/proc") -> int | None:
     return None
 
 
-def _uid(pid: int, proc_root: str) -> int:
+def _status_uids(pid: int, proc_root: str) -> tuple[int, int] | None:
+    """Real and filesystem uids from ``Uid:`` in /proc/PID/status; raises OSError."""
     for line in _read(f"{proc_root}/{pid}/status", 8192).splitlines():
         if line.startswith(b"Uid:"):
-            return int(line.split()[1])
-    return -1
+            ids = line.split()[1:]
+            return int(ids[0]), int(ids[3])
+    return None
+
+
+def read_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
+    """The process's real and filesystem uids (/proc/PID/status, readable by anyone): a
+    socket's owner in /proc/net/tcp is the fsuid that created it, which is the real uid but
+    for a process that changed one of them. None for a process gone or unreadable."""
+    try:
+        return _status_uids(pid, proc_root)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _uid(pid: int, proc_root: str) -> int:
+    uids = _status_uids(pid, proc_root)
+    return uids[0] if uids else -1
 
 
 # A container's cgroup leaf, by runtime: docker-<id>.scope (docker, systemd driver),

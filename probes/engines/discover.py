@@ -52,6 +52,7 @@ from gpuwhy.probes.engines.commandline import (
     named_ports,
     recognise,
 )
+from gpuwhy.proc import read_uids
 
 MAX_CMDLINE = 4096        # bytes of a command line read (the engine's words come first)
 MAX_ARGS = 64             # arguments looked at
@@ -183,20 +184,6 @@ def device_minors(pid: int, proc_root: str = "/proc") -> set[int]:
         return _minors(fd_links(pid, proc_root))
     except PermissionError:
         return set()
-
-
-def process_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
-    """The process's real and filesystem uids (``Uid:`` in /proc/PID/status, readable by
-    anyone): a socket's owner in /proc/net/tcp is the fsuid that created it, which is the
-    real uid but for a process that changed one of them. None for a process gone."""
-    try:
-        for line in _read(f"{proc_root}/{pid}/status", 8192).splitlines():
-            if line.startswith(b"Uid:"):
-                ids = line.split()[1:]
-                return int(ids[0]), int(ids[3])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def tables_inode(pid: int | str, proc_root: str = "/proc") -> int | None:
@@ -332,9 +319,10 @@ def start_time(pid: int, proc_root: str = "/proc") -> int | None:
 
 
 def netns(pid: int | str, proc_root: str = "/proc") -> str | None:
+    """/proc/PID/ns/net's link, None when gone or refused (:func:`net_link` tells those apart)."""
     try:
-        return os.readlink(f"{proc_root}/{pid}/ns/net")
-    except OSError:
+        return net_link(pid, proc_root)
+    except PermissionError:
         return None
 
 
@@ -436,7 +424,7 @@ class Finder:
         if held is not None and now - held[2] < (self.RECHECK_S if held[0] else
                                                  self.PENDING_S):
             return held[0], True, held[1]
-        uids = process_uids(key.pid, self.proc_root)
+        uids = read_uids(key.pid, self.proc_root)
         space = self._space(key.pid)
         found = owned(candidate_ports(name, argv), frozenset(uids),
                       self._tables(space, key.pid, tables)) if uids else {}
