@@ -106,13 +106,13 @@ def read_tgid(pid: int, proc_root: str = "/proc") -> int | None:
     return None
 
 
-def _status_uids(pid: int, proc_root: str) -> tuple[int, int] | None:
-    """Real and filesystem uids from ``Uid:`` in /proc/PID/status; raises OSError."""
+def _status_uids(pid: int, proc_root: str) -> list[int]:
+    """The ids of ``Uid:`` in /proc/PID/status (real, effective, saved, filesystem; empty
+    without the line); raises OSError."""
     for line in _read(f"{proc_root}/{pid}/status", 8192).splitlines():
         if line.startswith(b"Uid:"):
-            ids = line.split()[1:]
-            return int(ids[0]), int(ids[3])
-    return None
+            return [int(i) for i in line.split()[1:]]
+    return []
 
 
 def read_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
@@ -120,14 +120,15 @@ def read_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
     socket's owner in /proc/net/tcp is the fsuid that created it, which is the real uid but
     for a process that changed one of them. None for a process gone or unreadable."""
     try:
-        return _status_uids(pid, proc_root)
+        ids = _status_uids(pid, proc_root)
+        return ids[0], ids[3]
     except (OSError, ValueError, IndexError):
         return None
 
 
 def _uid(pid: int, proc_root: str) -> int:
-    uids = _status_uids(pid, proc_root)
-    return uids[0] if uids else -1
+    ids = _status_uids(pid, proc_root)
+    return ids[0] if ids else -1
 
 
 # A container's cgroup leaf, by runtime: docker-<id>.scope (docker, systemd driver),
